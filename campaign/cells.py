@@ -1,0 +1,181 @@
+"""What a cell is, what it produced, and the pure arithmetic from raw request records to its columns."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaign import stats
+from campaign.client import RequestRecord
+
+Phase = Literal["prefill", "decode"]
+DecodeMode = Literal["sustained", "fixed"]
+Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
+
+# A client that used more than this share of one core may have measured itself, not the server.
+CLIENT_CPU_LIMIT = 0.90
+
+
+class CellSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Phase
+    context_tokens: int = Field(gt=0)
+    concurrency: int = Field(default=1, gt=0)
+    mode: DecodeMode = "sustained"
+    max_tokens: int = Field(default=256, gt=0)
+    window_s: float = Field(default=30.0, gt=0)
+    warmup_s: float = Field(default=2.0, ge=0)
+
+    @property
+    def label(self) -> str:
+        """Every number is labelled: one stream is what a user feels, many is what the card produces."""
+        return "single-stream" if self.concurrency == 1 else "aggregate"
+
+    @property
+    def key(self) -> str:
+        if self.phase == "prefill":
+            return f"prefill-L{self.context_tokens}"
+        return f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
+
+
+class Attempt(BaseModel):
+    """One try at a step; a discarded one says why and by how many tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: bool
+    reason: str | None = None
+    expected_generation_tokens: int
+    counted_generation_tokens: float | None = None
+    expected_prompt_tokens: int
+    counted_prompt_tokens: float | None = None
+    excess_tokens: int = 0
+
+
+class CellResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: CellSpec
+    phase: Phase
+    context_tokens: int
+    concurrency: int
+    label: str
+    status: Status
+    reasons: list[str] = Field(default_factory=list)
+    total_tok_s: float | None = None
+    per_request_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    avg_active: float | None = None
+    completed: int | None = None
+    output_tokens: int | None = None
+    measured_s: float | None = None
+    discarded_steps: int = 0
+    discarded_tokens: int = 0
+    max_tokens: int | None = None
+    client_cpu: float | None = None
+    running_median: float | None = None
+    waiting_max: float | None = None
+    preemptions: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    spec_acceptance_rate: float | None = None
+    spec_mean_acceptance_length: float | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    requests: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return [RequestRecord.from_dict(r) for r in self.requests]
+
+
+def over_capacity(*, context_tokens: int, output_tokens: int, concurrency: int, kv_cache_tokens: int | None,
+                  block_size: int | None) -> bool:
+    """C x (L + N) tokens, each sequence rounded up to whole KV blocks, more than the cache holds."""
+    if kv_cache_tokens is None:
+        return False
+    block = block_size or 1
+    per_sequence = math.ceil((context_tokens + output_tokens) / block) * block
+    return concurrency * per_sequence > kv_cache_tokens
+
+
+def _itl_samples(records: list[RequestRecord], start: float, end: float) -> list[float]:
+    """Gap between consecutive chunks divided by the tokens the later chunk carried, inside [start, end]."""
+    samples: list[float] = []
+    for rec in records:
+        for i in range(1, len(rec.chunk_t)):
+            if start <= rec.chunk_t[i - 1] and rec.chunk_t[i] <= end:
+                samples.append((rec.chunk_t[i] - rec.chunk_t[i - 1]) / rec.chunk_tokens[i])
+    return samples
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def window_metrics(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
+    """Seed 004's sustained-decode columns, counting only tokens that arrived inside [start, end]."""
+    span = end - start
+    in_window = 0
+    per_request: list[float] = []
+    active_time = 0.0
+    completed = 0
+    for rec in records:
+        times = [t for t in rec.chunk_t if start <= t <= end]
+        tokens = [n for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True) if start <= t <= end]
+        in_window += sum(tokens)
+        if len(times) >= 2 and times[-1] > times[0]:
+            per_request.append((sum(tokens) - tokens[0]) / (times[-1] - times[0]))
+        finish = rec.end_t if rec.end_t is not None else end
+        active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
+        if rec.ok and rec.end_t is not None and start <= rec.end_t <= end:
+            completed += 1
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    return {
+        "total_tok_s": in_window / span if span > 0 else None,
+        "per_request_tok_s": stats.median(per_request),
+        "ttft_ms": _ms(stats.median(ttfts)),
+        "itl_ms": _ms(stats.median(_itl_samples(records, start, end))),
+        "avg_active": active_time / span if span > 0 else None,
+        "completed": completed,
+        "output_tokens": in_window,
+        "measured_s": span,
+    }
+
+
+def fixed_metrics(records: list[RequestRecord]) -> dict[str, Any]:
+    """Seed 000's fixed-count columns: every request emits exactly N tokens; the step is its whole wall time."""
+    sends = [r.send_t for r in records]
+    ends = [r.end_t for r in records if r.end_t is not None]
+    if not sends or not ends:
+        return {}
+    wall = max(ends) - min(sends)
+    tokens = sum(r.tokens for r in records)
+    decode_rates = [r.decode_tok_s for r in records if r.decode_tok_s is not None]
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    active = sum((r.end_t or max(ends)) - r.send_t for r in records)
+    return {
+        "total_tok_s": tokens / wall if wall > 0 else None,
+        "per_request_tok_s": stats.median(decode_rates),
+        "ttft_ms": _ms(stats.median(ttfts)),
+        "itl_ms": _ms(stats.median(_itl_samples(records, min(sends), max(ends)))),
+        "avg_active": active / wall if wall > 0 else None,
+        "completed": sum(1 for r in records if r.ok),
+        "output_tokens": tokens,
+        "measured_s": wall,
+    }
+
+
+def prefill_metrics(records: list[RequestRecord]) -> dict[str, Any]:
+    rec = records[0]
+    ttft = rec.ttft_s
+    return {
+        "prompt_tok_s": rec.prompt_tokens / ttft if ttft else None,
+        "ttft_ms": _ms(ttft),
+        "completed": 1 if rec.ok else 0,
+        "measured_s": ttft,
+    }

@@ -1,0 +1,170 @@
+"""One streamed /v1/completions request -> one raw RequestRecord. Never retried.
+
+The stream is read as raw bytes and split on the SSE event separator; the only JSON work per event is
+finding the cumulative `completion_tokens` of vLLM's continuous usage stats, because a chunk is not a token
+(speculative decoding puts several in one). Every chunk is stamped with the monotonic clock on arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+_COMPLETION_KEY = b'"completion_tokens":'
+_PROMPT_KEY = b'"prompt_tokens":'
+_DONE = b"data: [DONE]"
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestRecord:
+    """The truth about one request. Times are `time.perf_counter()` seconds; derived values are None if undefined."""
+
+    id: str
+    prompt_tokens: int
+    max_tokens: int
+    send_t: float
+    chunk_t: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    end_t: float | None = None
+    status: int | None = None
+    error: str | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    cancelled: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and not self.cancelled
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.chunk_t[0] - self.send_t if self.chunk_t else None
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Tokens after the first chunk over the time from first to last chunk: the speed a reader sees."""
+        if len(self.chunk_t) < 2:
+            return None
+        span = self.chunk_t[-1] - self.chunk_t[0]
+        return (self.tokens - self.chunk_tokens[0]) / span if span > 0 else None
+
+    @property
+    def short(self) -> bool:
+        """Fewer completion tokens than asked for: vLLM >= 0.32 silently clamps at the context window."""
+        done = self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
+        return self.ok and done < self.max_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
+        return cls(**data)
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
+def _int_after(event: bytes, key: bytes) -> int | None:
+    at = event.rfind(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    while start < len(event) and event[start] == 0x20:
+        start += 1
+    end = start
+    while end < len(event) and 0x30 <= event[end] <= 0x39:
+        end += 1
+    return int(event[start:end]) if end > start else None
+
+
+def new_client(*, max_streams: int, api_key: str | None = None, read_timeout_s: float = 600.0,
+               base_url: str = "") -> httpx.AsyncClient:
+    """The one shared client of a measurement: enough connections for every stream, explicit timeouts."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=max(256, max_streams), max_keepalive_connections=max(256, max_streams))
+    timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=30.0, pool=read_timeout_s)
+    return httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=timeout)
+
+
+async def stream_completion(
+    client: httpx.AsyncClient, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
+    path: str = "/v1/completions", first_token: asyncio.Event | None = None,
+) -> RequestRecord:
+    """Stream one request to its end. `first_token` (if given) is set when the first token arrives."""
+    record = RequestRecord(id=request_id, prompt_tokens=len(prompt), max_tokens=max_tokens,
+                           send_t=time.perf_counter())
+    body = completion_body(model, prompt, max_tokens)
+    seen = 0
+    try:
+        async with client.stream("POST", path, json=body) as response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                raw = await response.aread()
+                record.error = _error_message(raw) or f"HTTP {response.status_code}"
+                return record
+            buffer = b""
+            async for data in response.aiter_raw():
+                now = time.perf_counter()
+                buffer += data
+                while True:
+                    cut = buffer.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buffer = buffer[:cut], buffer[cut + 2:]
+                    if event.startswith(_DONE):
+                        continue
+                    total = _int_after(event, _COMPLETION_KEY)
+                    if total is None:
+                        if b'"error"' in event:
+                            record.error = _error_message(event.removeprefix(b"data: ")) or "stream error"
+                        continue
+                    if record.usage_prompt_tokens is None:
+                        record.usage_prompt_tokens = _int_after(event, _PROMPT_KEY)
+                    record.usage_completion_tokens = total
+                    if total > seen:
+                        if first_token is not None and not record.chunk_t:
+                            first_token.set()
+                        record.chunk_t.append(now)
+                        record.chunk_tokens.append(total - seen)
+                        seen = total
+    except asyncio.CancelledError:
+        record.cancelled = True
+        record.end_t = time.perf_counter()
+        raise
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:300]
+    record.end_t = time.perf_counter()
+    return record
+
+
+def _error_message(raw: bytes) -> str | None:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw[:300].decode("utf-8", "replace") or None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message", error))[:500]
+    if isinstance(error, str):
+        return error[:500]
+    return str(data)[:500]

@@ -1,0 +1,44 @@
+"""Launch a profile, learn what the server became (log + live cross-check), always stop it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from campaign import argv, startup_log
+from campaign.control import ControlClient, cross_check
+from campaign.profiles import FlagValue, LaunchProfile
+from campaign.server import ReadyInfo, ServerProcess
+
+
+@dataclass(kw_only=True)
+class LaunchedServer:
+    spec: argv.LaunchSpec
+    process: ServerProcess
+    ready: ReadyInfo
+    facts: startup_log.StartupFacts
+    warnings: list[str] = field(default_factory=list)
+
+    def control(self) -> ControlClient:
+        return ControlClient(self.spec.base_url, api_key=self.spec.api_key)
+
+
+@contextmanager
+def launched(
+    profile: LaunchProfile,
+    log_path: Path,
+    overrides: Mapping[str, FlagValue] | None = None,
+    *,
+    engine: str | None = None,
+    startup_timeout_s: float | None = None,
+) -> Iterator[LaunchedServer]:
+    spec = argv.build(profile, overrides, engine=engine)
+    process = ServerProcess(spec, log_path, startup_timeout_s=startup_timeout_s or profile.startup_timeout_s)
+    with process:
+        ready = process.wait_ready()
+        facts = startup_log.parse(log_path.read_text(errors="replace"))
+        with ControlClient(spec.base_url, api_key=spec.api_key) as control:
+            facts, warnings = cross_check(facts, control)
+        yield LaunchedServer(spec=spec, process=process, ready=ready, facts=facts, warnings=warnings)

@@ -1,0 +1,328 @@
+"""Measure one cell against a running server, with the study's hygiene.
+
+Every step is bracketed by the server's cumulative counters. With ignore_eos and min_tokens = max_tokens our
+own output is known exactly (requests straddling the window are drained, not aborted, so their tokens are
+counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
+`max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import psutil
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from campaign import metrics as m
+from campaign import stats
+from campaign.cells import (
+    CLIENT_CPU_LIMIT,
+    Attempt,
+    CellResult,
+    CellSpec,
+    Status,
+    fixed_metrics,
+    over_capacity,
+    prefill_metrics,
+    window_metrics,
+)
+from campaign.client import RequestRecord, new_client, stream_completion
+from campaign.errors import MetricMissingError
+from campaign.prompts import PromptSource
+
+SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
+SAMPLE_EVERY_S = 0.5
+
+
+@dataclass(kw_only=True)
+class Target:
+    """A running server and what is known of it (from the startup log or from /metrics)."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    kv_cache_tokens: int | None = None
+    block_size: int | None = None
+    max_model_len: int | None = None
+    server_version: str | None = None
+
+
+@dataclass
+class _Step:
+    records: list[RequestRecord]
+    window: tuple[float, float] | None
+    running: list[float]
+    waiting: list[float]
+    cpu: float | None
+
+
+class Measurer:
+    def __init__(
+        self,
+        target: Target,
+        *,
+        max_attempts: int = 3,
+        prompts: PromptSource | None = None,
+        on_event: Callable[[str], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.max_attempts = max_attempts
+        self.prompts = prompts or PromptSource()
+        self.on_event = on_event or (lambda _msg: None)
+        self._ids = 0
+        self._checked_metrics = False
+
+    # --- control plane -----------------------------------------------------------------------------------
+    async def scrape(self, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_delay(10),
+            wait=wait_exponential(multiplier=0.1, max=1.0), reraise=True,
+        ):
+            with attempt:
+                response = await client.get("/metrics")
+                response.raise_for_status()
+                return m.parse(response.text, server_version=self.target.server_version)
+        raise AssertionError("unreachable")
+
+    async def check_metrics(self, control: httpx.AsyncClient) -> None:
+        """Before measuring: every family the run relies on must exist; a missing one is an error, not 0."""
+        snapshot = await self.scrape(control)
+        snapshot.require(m.MEASUREMENT_METRICS)
+        info = snapshot.info(m.CACHE_CONFIG_INFO)
+        if info is not None:
+            if self.target.kv_cache_tokens is None and info.get("kv_cache_size_tokens", "None") != "None":
+                self.target.kv_cache_tokens = int(float(info["kv_cache_size_tokens"]))
+            if self.target.block_size is None and info.get("block_size", "None") != "None":
+                self.target.block_size = int(float(info["block_size"]))
+        self._checked_metrics = True
+
+    def _next_id(self) -> str:
+        self._ids += 1
+        return f"r{self._ids}"
+
+    # --- one cell ----------------------------------------------------------------------------------------
+    async def run_cell(self, spec: CellSpec) -> CellResult:
+        base: dict[str, Any] = {
+            "spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
+            "concurrency": spec.concurrency, "label": spec.label,
+        }
+        max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
+        base["max_tokens"] = max_tokens
+        if spec.phase == "decode" and over_capacity(
+            context_tokens=spec.context_tokens, output_tokens=max_tokens, concurrency=spec.concurrency,
+            kv_cache_tokens=self.target.kv_cache_tokens, block_size=self.target.block_size,
+        ):
+            return CellResult(**base, status="Over capacity", reasons=[
+                f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) tokens exceed the "
+                f"server's KV cache of {self.target.kv_cache_tokens:,} tokens"])
+        if self.target.max_model_len is not None and spec.context_tokens + max_tokens > self.target.max_model_len:
+            return CellResult(**base, status="Invalid", reasons=[
+                f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed max_model_len "
+                f"{self.target.max_model_len:,}"])
+
+        attempts: list[Attempt] = []
+        async with httpx.AsyncClient(base_url=self.target.base_url, timeout=10.0) as control, new_client(
+            max_streams=spec.concurrency, api_key=self.target.api_key, base_url=self.target.base_url
+        ) as client:
+            if not self._checked_metrics:
+                await self.check_metrics(control)
+            for number in range(1, self.max_attempts + 1):
+                before = await self.scrape(control)
+                step = await self._run_step(spec, max_tokens, client, control)
+                after, attempt = await self._bracket(control, before, step.records)
+                attempts.append(attempt)
+                if attempt.accepted:
+                    return self._result(base, spec, step, m.Delta(before, after), attempts)
+                self.on_event(f"{spec.key}: attempt {number} discarded ({attempt.reason}); "
+                              "rerunning with fresh prompts")
+        discarded = [a for a in attempts if not a.accepted]
+        return CellResult(
+            **base, status="Contaminated", attempts=attempts, discarded_steps=len(discarded),
+            discarded_tokens=sum(a.excess_tokens for a in discarded),
+            reasons=[f"foreign traffic in all {len(attempts)} attempts "
+                     f"({', '.join(str(a.excess_tokens) for a in discarded)} extra tokens)"],
+        )
+
+    async def _bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
+                       records: list[RequestRecord]) -> tuple[m.MetricsSnapshot, Attempt]:
+        expected_gen = sum(r.tokens for r in records)
+        expected_prompt = sum(r.prompt_tokens for r in records if r.status == 200)
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            after = await self.scrape(control)
+            delta = m.Delta(before, after)
+            gen, prompt = delta(m.GENERATION_TOKENS), delta(m.PROMPT_TOKENS)
+            if (gen >= expected_gen and prompt >= expected_prompt) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        excess = int(round(max(0.0, gen - expected_gen) + max(0.0, prompt - expected_prompt)))
+        reason = None
+        if excess > 0:
+            reason = (f"server counted {gen:.0f} generated / {prompt:.0f} prompt tokens, ours were "
+                      f"{expected_gen} / {expected_prompt}: {excess} foreign tokens")
+        return after, Attempt(
+            accepted=excess == 0, reason=reason, expected_generation_tokens=expected_gen,
+            counted_generation_tokens=gen, expected_prompt_tokens=expected_prompt,
+            counted_prompt_tokens=prompt, excess_tokens=excess,
+        )
+
+    async def _sampler(self, control: httpx.AsyncClient, running: list[tuple[float, float]],
+                       waiting: list[tuple[float, float]], stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                snap = await self.scrape(control)
+                running.append((snap.t, snap.value(m.RUNNING)))
+                waiting.append((snap.t, snap.value(m.WAITING)))
+            except (httpx.HTTPError, MetricMissingError):
+                pass  # a missed sample is a missing sample, never a zero
+            try:
+                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+            except TimeoutError:
+                pass
+
+    async def _run_step(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
+                        control: httpx.AsyncClient) -> _Step:
+        records: list[RequestRecord] = []
+        running: list[tuple[float, float]] = []
+        waiting: list[tuple[float, float]] = []
+        stop_sampling = asyncio.Event()
+        sampler = asyncio.create_task(self._sampler(control, running, waiting, stop_sampling))
+        me = psutil.Process()
+        cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
+        window: tuple[float, float] | None = None
+        try:
+            if spec.phase == "prefill" or spec.mode == "fixed":
+                n = 1 if spec.phase == "prefill" else spec.concurrency
+                records = list(await asyncio.gather(*(
+                    self._one(client, spec.context_tokens, max_tokens) for _ in range(n))))
+            else:
+                window = await self._sustained(spec, max_tokens, client, records)
+        finally:
+            stop_sampling.set()
+            await sampler
+        cpu = (sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0)
+        lo, hi = window if window else (float("-inf"), float("inf"))
+        # Perf-counter and monotonic share a clock basis on Linux (CLOCK_MONOTONIC).
+        return _Step(records=records, window=window,
+                     running=[v for t, v in running if lo <= t <= hi],
+                     waiting=[v for t, v in waiting if lo <= t <= hi], cpu=cpu)
+
+    async def _one(self, client: httpx.AsyncClient, context: int, max_tokens: int,
+                   first_token: asyncio.Event | None = None) -> RequestRecord:
+        return await stream_completion(client, model=self.target.model, prompt=self.prompts.unique(context),
+                                       max_tokens=max_tokens, request_id=self._next_id(),
+                                       first_token=first_token)
+
+    async def _sustained(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
+                         records: list[RequestRecord]) -> tuple[float, float]:
+        """Keep exactly C streams busy; the window opens once every first stream has produced a token and
+        the warm-up has passed; at its end no new request starts and the running ones are drained."""
+        stop = asyncio.Event()
+        first_round = [asyncio.Event() for _ in range(spec.concurrency)]
+        failed = asyncio.Event()
+
+        async def worker(index: int) -> None:
+            first: asyncio.Event | None = first_round[index]
+            while not stop.is_set():
+                rec = await self._one(client, spec.context_tokens, max_tokens, first)
+                first = None
+                records.append(rec)
+                first_round[index].set()  # also when the request failed before any token
+                if not rec.ok:
+                    failed.set()
+                    return
+
+        started = asyncio.Event()  # every stream has a token, or one failed
+
+        async def watch(event: asyncio.Event) -> None:
+            await event.wait()
+            if failed.is_set() or all(e.is_set() for e in first_round):
+                started.set()
+
+        watchers = [asyncio.create_task(watch(e)) for e in [*first_round, failed]]
+        tasks = [asyncio.create_task(worker(i)) for i in range(spec.concurrency)]
+        try:
+            try:
+                await started.wait()
+            finally:
+                for watcher in watchers:
+                    watcher.cancel()
+            await asyncio.sleep(spec.warmup_s)
+            start = time.perf_counter()
+            try:
+                await asyncio.wait_for(failed.wait(), spec.window_s)
+            except TimeoutError:
+                pass
+            end = time.perf_counter()
+            stop.set()
+            await asyncio.gather(*tasks)
+        except BaseException:
+            stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        return start, end
+
+    # --- verdict -----------------------------------------------------------------------------------------
+    def _result(self, base: dict[str, Any], spec: CellSpec, step: _Step, delta: m.Delta,
+                attempts: list[Attempt]) -> CellResult:
+        records = step.records
+        if spec.phase == "prefill":
+            values = prefill_metrics(records)
+        elif step.window is not None:
+            values = window_metrics(records, *step.window)
+        else:
+            values = fixed_metrics(records)
+        reasons: list[str] = []
+        status: Status = "Valid"
+        errors = [r for r in records if not r.ok]
+        if errors:
+            status = "Failed"
+            reasons.append(f"{len(errors)} of {len(records)} requests failed: {errors[0].error}")
+        short = [r for r in records if r.short]
+        if short:
+            got = short[0].usage_completion_tokens if short[0].usage_completion_tokens is not None \
+                else short[0].tokens
+            reasons.append(f"{len(short)} request(s) returned fewer completion tokens than asked "
+                           f"({got} of {short[0].max_tokens}): the server clamped max_tokens")
+        hits = delta.optional(m.PREFIX_HITS)
+        queries = delta.optional(m.PREFIX_QUERIES)
+        if hits:
+            reasons.append(f"prefix cache served {hits:.0f} tokens in a step designed to share nothing")
+        preemptions = delta.optional(m.PREEMPTIONS)
+        if preemptions:
+            reasons.append(f"{preemptions:.0f} preemption(s) during the step: the KV cache ran out")
+        running_median = stats.median(step.running)
+        waiting_max = max(step.waiting) if step.waiting else None
+        sustained = spec.phase == "decode" and spec.mode == "sustained"
+        if sustained and waiting_max:
+            # A queued request is one not running: the server ran fewer than C at once.
+            reasons.append(f"fewer than {spec.concurrency} requests running: up to {waiting_max:g} waited in the "
+                           "server queue during the window (max-num-seqs or KV cache too small?)")
+        avg_active = values.get("avg_active")
+        if sustained and avg_active is not None and avg_active < 0.9 * spec.concurrency:
+            reasons.append(f"the client kept only {avg_active:.1f} of {spec.concurrency} streams active")
+        if step.cpu is not None and step.cpu > CLIENT_CPU_LIMIT:
+            reasons.append(f"the client used {step.cpu:.0%} of a core: it may have measured itself")
+        if status == "Valid" and reasons:
+            status = "Invalid"
+
+        drafts = delta.optional(m.SPEC_DRAFTS)
+        draft_tokens = delta.optional(m.SPEC_DRAFT_TOKENS)
+        accepted = delta.optional(m.SPEC_ACCEPTED)
+        discarded = [a for a in attempts if not a.accepted]
+        return CellResult(
+            **base, status=status, reasons=reasons, **values,
+            discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
+            client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
+            preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,
+            spec_acceptance_rate=(accepted / draft_tokens) if accepted is not None and draft_tokens else None,
+            spec_mean_acceptance_length=(1 + accepted / drafts) if accepted is not None and drafts else None,
+            attempts=attempts, requests=[r.to_dict() for r in records],
+        )

@@ -1,0 +1,162 @@
+"""Launch profiles (`launch_profiles/*.yaml`): how to start vLLM on one target machine.
+
+A profile is validated once, here, into a frozen model; every error names the file, the key path inside it
+and, where a spelling is close, what was probably meant.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from campaign.errors import ConfigError, did_you_mean
+
+PROFILE_SCHEMA_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROFILES_DIR = PROJECT_ROOT / "launch_profiles"
+
+FlagValue = bool | int | float | str | dict[str, Any] | list[Any] | None
+
+# The runner owns these: it binds the host/port it checked and passes the key through the environment.
+RUNNER_OWNED_FLAGS = {
+    "host": "set `host:` at the top of the profile; the runner picks the port",
+    "port": "set `port:` at the top of the profile (a number, or auto)",
+    "api-key": "set `api_key_env:` to the NAME of an environment variable holding the key",
+    "model": "set `model:` at the top of the profile",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def normalize_flag(name: str) -> str:
+    """`max_num_seqs`, `--max-num-seqs` and `max-num-seqs` are one flag."""
+    return name.strip().lstrip("-").replace("_", "-")
+
+
+class LaunchProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    description: str = ""
+    engine: Literal["vllm", "sim"] = "vllm"
+    # `serve`: `<executable> serve MODEL`; `api_server`: `<executable> -m vllm.entrypoints.openai.api_server
+    # --model MODEL` (the CPU build's `vllm` script dies with "Illegal instruction" on AVX2-only CPUs).
+    command: Literal["serve", "api_server"] = "serve"
+    executable: str = "vllm"
+    model: str
+    served_model_name: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | Literal["auto"] = "auto"
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    api_key_env: str | None = None
+    # What the simulator imitates, and what roofline figures are computed against.
+    hardware: str | None = None
+    model_shape: str | None = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name_not_key(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError("must be the name of an environment variable (e.g. VLLM_API_KEY), never the key")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def raise_validation(path: str, error: ValidationError, model: type[BaseModel]) -> None:
+    """Turn pydantic's first error into a ConfigError naming the file, key and a fix."""
+    first = error.errors()[0]
+    key = _key_path(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        leaf = str(first["loc"][-1])
+        suggestion = did_you_mean(leaf, model.model_fields)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(model.model_fields)}"
+        raise ConfigError(path, key, "unknown key", hint=hint)
+    if first["type"] == "missing":
+        raise ConfigError(path, key, "required key is missing")
+    raise ConfigError(path, key, first["msg"])
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", f"not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "expected a mapping at the top level")
+    return data
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """A profile by name (`cpu-tiny`) from launch_profiles/, or by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
+        return candidate
+    path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        suggestion = did_you_mean(name_or_path, known)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known profiles: {', '.join(known)}"
+        raise ConfigError(str(path), "", f"no launch profile named {name_or_path!r}", hint=hint)
+    return path
+
+
+def check_flags(path: str, key_prefix: str, flags: dict[str, FlagValue]) -> None:
+    """Runner-owned flags and close misspellings of known vLLM flags are errors."""
+    from campaign.vllm_flags import KNOWN_FLAGS
+
+    for raw in flags:
+        name = normalize_flag(raw)
+        if name in RUNNER_OWNED_FLAGS:
+            raise ConfigError(path, f"{key_prefix}.{raw}", "this flag is owned by the runner",
+                              hint=RUNNER_OWNED_FLAGS[name])
+        bare = name.removeprefix("no-")
+        if name in KNOWN_FLAGS or bare in KNOWN_FLAGS:
+            continue
+        suggestion = did_you_mean(name, KNOWN_FLAGS)
+        if suggestion is not None:
+            raise ConfigError(path, f"{key_prefix}.{raw}", "unknown flag", hint=f"did you mean {suggestion}?")
+        # Not close to anything we know: a newer vLLM may have it; the server's own argparse decides.
+
+
+def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:
+    path = resolve_profile_path(name_or_path)
+    data = load_yaml(path)
+    version = data.get("schema_version", PROFILE_SCHEMA_VERSION)
+    if isinstance(version, int) and version > PROFILE_SCHEMA_VERSION:
+        raise ConfigError(str(path), "schema_version",
+                          f"version {version} is newer than this tool understands ({PROFILE_SCHEMA_VERSION})",
+                          hint="upgrade vllm-campaign")
+    try:
+        profile = LaunchProfile.model_validate(data)
+    except ValidationError as exc:
+        raise_validation(str(path), exc, LaunchProfile)
+        raise  # unreachable: raise_validation always raises
+    check_flags(str(path), "flags", profile.flags)
+    return profile, path
