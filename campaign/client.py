@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -18,6 +19,9 @@ import httpx
 _COMPLETION_KEY = b'"completion_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'
 _DONE = b"data: [DONE]"
+# vLLM >= 0.32 lowers max_tokens to fit the context window; with min_tokens = max_tokens that surfaces as
+# a 400 naming the clamped value instead of a silently short reply.
+_CLAMP_ERROR = re.compile(r"min_tokens must be less than or equal to max_tokens=(\d+)")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -62,6 +66,14 @@ class RequestRecord:
         """Fewer completion tokens than asked for: vLLM >= 0.32 silently clamps at the context window."""
         done = self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
         return self.ok and done < self.max_tokens
+
+    @property
+    def clamped_to(self) -> int | None:
+        """The reply length the server cut this request to, when it did (silently or through min_tokens)."""
+        if self.short:
+            return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
+        match = _CLAMP_ERROR.search(self.error or "")
+        return int(match.group(1)) if match else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

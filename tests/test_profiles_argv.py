@@ -1,0 +1,128 @@
+"""Launch profiles and argv building: lists never shell strings, path-qualified errors, no secrets in argv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from campaign import argv
+from campaign.errors import ConfigError
+from campaign.profiles import PROFILES_DIR, load_profile
+
+
+def test_flag_mapping_rules() -> None:
+    args = argv.flag_args({
+        "max_num_seqs": 64, "enable-prefix-caching": False, "trust-remote-code": True,
+        "speculative-config": {"method": "mtp", "num_speculative_tokens": 2}, "gpu-memory-utilization": 0.883643,
+        "kv-cache-dtype": None,
+    })
+    assert args == [
+        "--max-num-seqs", "64", "--no-enable-prefix-caching", "--trust-remote-code",
+        "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}',
+        "--gpu-memory-utilization", "0.883643",
+    ]
+
+
+def test_overrides_replace_whatever_the_spelling() -> None:
+    merged = argv.merge_flags({"max_num_seqs": 256, "dtype": "bfloat16"}, {"max-num-seqs": 64})
+    assert merged == {"max-num-seqs": 64, "dtype": "bfloat16"}
+
+
+def test_parse_set_reads_yaml_values() -> None:
+    assert argv.parse_set(["gpu-memory-utilization=0.95", "enforce_eager=true", "speculative-config={method: mtp}"]
+                          ) == {"gpu-memory-utilization": 0.95, "enforce-eager": True,
+                                "speculative-config": {"method": "mtp"}}
+
+
+@pytest.mark.parametrize("name", ["cpu-tiny", "a5000-tp2", "h200"])
+def test_shipped_profiles_validate(name: str) -> None:
+    profile, path = load_profile(name)
+    assert path == PROFILES_DIR / f"{name}.yaml"
+    spec = argv.build(profile, port=8123)
+    assert isinstance(spec.argv, list) and all(isinstance(a, str) for a in spec.argv)
+    assert spec.argv[-4:-2] == ["--host", "127.0.0.1"] or "--host" in spec.argv
+
+
+def test_h200_profile_is_seed_004s_command() -> None:
+    profile, _ = load_profile("h200")
+    spec = argv.build(profile, port=8000)
+    assert spec.argv[:3] == ["vllm", "serve", "Qwen/Qwen3.5-27B-GPTQ-Int4"]
+    joined = " ".join(spec.argv)
+    for piece in ["--served-model-name qwen", "--trust-remote-code", "--tensor-parallel-size 1",
+                  "--reasoning-parser qwen3", "--enable-auto-tool-choice", "--tool-call-parser qwen3_coder",
+                  "--max-model-len 262144", "--gpu-memory-utilization 0.883643"]:
+        assert piece in joined
+    config = spec.argv[spec.argv.index("--speculative-config") + 1]
+    assert json.loads(config) == {"method": "mtp", "num_speculative_tokens": 2}
+
+
+def test_a5000_profile_pins_two_gpus() -> None:
+    profile, _ = load_profile("a5000-tp2")
+    spec = argv.build(profile, port=8000)
+    assert spec.env_overrides["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert spec.argv[spec.argv.index("--max-model-len") + 1] == "131072"
+
+
+def test_cpu_profile_uses_the_api_server_shape() -> None:
+    profile, _ = load_profile("cpu-tiny")
+    spec = argv.build(profile, port=8000)
+    assert spec.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.argv[3] == "--model"
+
+
+def test_api_key_travels_in_the_environment_not_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "sk-very-secret")
+    profile, _ = load_profile("h200")
+    spec = argv.build(profile, port=8000)
+    assert "sk-very-secret" not in " ".join(spec.argv)
+    assert "--api-key" not in spec.argv
+    assert spec.child_env()["VLLM_API_KEY"] == "sk-very-secret"
+    assert "sk-very-secret" not in repr(spec)
+    assert argv.redact("key=sk-very-secret", spec.api_key) == "key=<redacted>"
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write(tmp_path, "model: m\nstartup_timout_s: 10\n"))
+    assert "p.yaml: startup_timout_s: unknown key" in str(caught.value)
+    assert "did you mean startup_timeout_s?" in str(caught.value)
+
+
+def test_misspelt_flag_is_named_with_a_suggestion(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write(tmp_path, "model: m\nflags:\n  gpu-memory-utilisation: 0.9\n"))
+    assert "flags.gpu-memory-utilisation: unknown flag" in str(caught.value)
+    assert "did you mean gpu-memory-utilization?" in str(caught.value)
+
+
+def test_runner_owned_flags_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write(tmp_path, "model: m\nflags:\n  api-key: abc\n"))
+    assert "flags.api-key" in str(caught.value) and "api_key_env" in str(caught.value)
+
+
+def test_api_key_env_must_be_a_name_not_a_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write(tmp_path, "model: m\napi_key_env: sk-abc/123\n"))
+    assert "api_key_env" in str(caught.value)
+
+
+def test_missing_model_and_bad_types(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model: required key is missing"):
+        load_profile(write(tmp_path, "engine: vllm\n"))
+    with pytest.raises(ConfigError, match="port"):
+        load_profile(write(tmp_path, "model: m\nport: somewhere\n"))
+
+
+def test_unknown_profile_name_suggests() -> None:
+    with pytest.raises(ConfigError, match="did you mean h200"):
+        load_profile("h20")

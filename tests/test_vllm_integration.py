@@ -1,0 +1,205 @@
+"""Against the real CPU build of vLLM with the tiny model (one shared server for the whole session)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from campaign import metrics, startup_log
+from campaign.argv import port_is_free
+from campaign.cells import CellSpec
+from campaign.client import new_client, stream_completion
+from campaign.errors import MetricMissingError
+from campaign.launcher import LaunchedServer
+from campaign.measure import Measurer, Target
+from campaign.prompts import PromptSource
+
+pytestmark = pytest.mark.vllm
+
+
+class RecordingPrompts(PromptSource):
+    """A prompt source that remembers every prompt it handed out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed_out: list[list[int]] = []
+
+    def unique(self, length: int) -> list[int]:
+        prompt = super().unique(length)
+        self.handed_out.append(prompt)
+        return prompt
+
+
+def test_launch_parses_the_cpu_kv_line_and_reads_block_size_from_metrics(vllm_server: LaunchedServer) -> None:
+    log_facts = startup_log.parse(vllm_server.process.log_path.read_text())
+    # "CPU KV cache size: 32,768 tokens, Maximum concurrency for 2,048 tokens per request: 16.00x"
+    assert log_facts.device == "CPU"
+    assert log_facts.kv_cache_tokens == 32_768
+    assert log_facts.max_concurrency_tokens_per_request == 2048
+    assert log_facts.block_size is None  # the CPU build never logs it ...
+    assert vllm_server.facts.block_size == 128  # ... so the cross-check reads vllm:cache_config_info
+    assert vllm_server.facts.vllm_version == "0.32.0"
+    assert vllm_server.facts.max_model_len == 2048
+    assert vllm_server.warnings == []
+
+
+def test_decode_matrix_and_prefill_row(target: Target) -> None:
+    measurer = Measurer(target)
+    specs = [CellSpec(phase="prefill", context_tokens=256), CellSpec(phase="prefill", context_tokens=1024)]
+    specs += [CellSpec(phase="decode", context_tokens=256, concurrency=c, max_tokens=64, window_s=2.0, warmup_s=0.5)
+              for c in (1, 2)]
+
+    async def run() -> list:
+        return [await measurer.run_cell(s) for s in specs]
+
+    results = asyncio.run(run())
+    for cell in results:
+        assert cell.status == "Valid", (cell.spec.key, cell.reasons)
+        assert cell.discarded_steps == 0
+        assert cell.prefix_cache_hits == 0
+    prefill = results[:2]
+    assert [c.label for c in prefill] == ["single-stream", "single-stream"]
+    assert all(c.prompt_tok_s is not None and c.prompt_tok_s > 0 for c in prefill)
+    assert prefill[1].records[0].usage_prompt_tokens == 1024
+    decode = results[2:]
+    assert [c.label for c in decode] == ["single-stream", "aggregate"]
+    for cell in decode:
+        assert cell.total_tok_s is not None and cell.total_tok_s > 0
+        assert cell.output_tokens is not None and cell.output_tokens > 0
+        assert cell.measured_s is not None and cell.measured_s >= 2.0
+        assert all(r.tokens == 64 for r in cell.records)  # drained, never cut: every reply complete
+
+
+def test_fixed_count_mode_emits_exactly_n_tokens_per_request(target: Target) -> None:
+    cell = asyncio.run(Measurer(target).run_cell(
+        CellSpec(phase="decode", context_tokens=128, concurrency=3, mode="fixed", max_tokens=48)))
+    assert cell.status == "Valid", cell.reasons
+    assert cell.output_tokens == 3 * 48
+    assert [r.usage_completion_tokens for r in cell.records] == [48, 48, 48]
+    assert cell.attempts[0].counted_generation_tokens == 3 * 48
+
+
+def test_foreign_traffic_is_discarded_counted_and_rerun_with_fresh_prompts(target: Target) -> None:
+    stop_foreign = threading.Event()
+    foreign_done = threading.Event()
+    foreign_sent: list[int] = []
+
+    def foreign_client() -> None:
+        with httpx.Client(base_url=target.base_url, timeout=30) as client:
+            while not stop_foreign.is_set():
+                response = client.post("/v1/completions", json={
+                    "model": target.model, "prompt": [7, 8, 9, 10], "max_tokens": 5, "min_tokens": 5,
+                    "ignore_eos": True})
+                foreign_sent.append(response.status_code)
+        foreign_done.set()
+
+    def on_event(message: str) -> None:
+        # The foreign client stops once a discard is reported, so the rerun is clean.
+        stop_foreign.set()
+        foreign_done.wait(30)
+
+    prompts = RecordingPrompts()
+    thread = threading.Thread(target=foreign_client, daemon=True)
+    thread.start()
+    while not foreign_sent:  # the intruder is active before the step starts
+        threading.Event().wait(0.05)
+    measurer = Measurer(target, prompts=prompts, on_event=on_event)
+    cell = asyncio.run(measurer.run_cell(
+        CellSpec(phase="decode", context_tokens=256, concurrency=2, mode="fixed", max_tokens=256)))
+    stop_foreign.set()
+    thread.join(30)
+
+    assert cell.status == "Valid", cell.reasons
+    assert cell.discarded_steps >= 1
+    assert cell.discarded_tokens > 0
+    discarded = [a for a in cell.attempts if not a.accepted]
+    assert all(a.excess_tokens > 0 and "foreign" in (a.reason or "") for a in discarded)
+    assert cell.attempts[-1].accepted
+    # The rerun used prompts never sent before, and the prefix cache served none of them.
+    accepted_prompts = prompts.handed_out[-2:]
+    earlier_prompts = prompts.handed_out[:-2]
+    assert len(earlier_prompts) >= 2
+    assert all(p[:6] != q[:6] for p in accepted_prompts for q in earlier_prompts)
+    assert cell.prefix_cache_hits == 0
+
+
+def test_silently_clamped_reply_is_flagged(target: Target) -> None:
+    prompt = PromptSource().unique(2000)
+    # vLLM 0.32 answers 200 with fewer tokens than asked when prompt + reply exceed the window ...
+    raw = httpx.post(f"{target.base_url}/v1/completions", timeout=60, json={
+        "model": target.model, "prompt": prompt, "max_tokens": 100, "ignore_eos": True}).json()
+    assert raw["usage"]["completion_tokens"] == 48
+
+    async def one() -> None:
+        async with new_client(max_streams=1, base_url=target.base_url) as client:
+            record = await stream_completion(client, model=target.model, prompt=PromptSource().unique(2000),
+                                             max_tokens=100, request_id="clamp")
+        # ... and with min_tokens = max_tokens the clamp surfaces as a 400 naming the clamped length.
+        assert record.status == 400
+        assert record.clamped_to == 48
+
+    asyncio.run(one())
+    # Where the window is unknown (probing), the cell runs and comes out Invalid with the reason.
+    unknown_window = Target(base_url=target.base_url, model=target.model, kv_cache_tokens=target.kv_cache_tokens)
+    cell = asyncio.run(Measurer(unknown_window).run_cell(
+        CellSpec(phase="decode", context_tokens=2000, concurrency=1, mode="fixed", max_tokens=100)))
+    assert cell.status == "Invalid"
+    assert any("max_tokens 100 clamped to 48" in r for r in cell.reasons), cell.reasons
+
+
+def test_misspelt_metric_name_is_an_error_not_a_zero(target: Target) -> None:
+    snapshot = metrics.parse(httpx.get(f"{target.base_url}/metrics").text, server_version="0.32.0")
+    assert snapshot.value(metrics.GENERATION_TOKENS) >= 0
+    with pytest.raises(MetricMissingError) as caught:
+        snapshot.value("vllm:generation_token_total")
+    assert "vllm:generation_token_total" in str(caught.value) and "0.32.0" in str(caught.value)
+    with pytest.raises(MetricMissingError, match="renamed to vllm:prefix_cache_hits_total"):
+        snapshot.require(["vllm:gpu_prefix_cache_hits_total"])
+
+
+def test_over_capacity_cell_is_skipped_when_the_kv_cache_is_small(target: Target) -> None:
+    assert target.kv_cache_tokens == 32_768
+    cell = asyncio.run(Measurer(target).run_cell(
+        CellSpec(phase="decode", context_tokens=1024, concurrency=32, max_tokens=128, window_s=1.0)))
+    assert cell.status == "Over capacity"
+    assert cell.requests == [] and cell.total_tok_s is None
+    assert "32,768" in cell.reasons[0]
+
+
+def test_probe_cli_json(vllm_server: LaunchedServer) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "campaign", "probe", vllm_server.spec.base_url, "--contexts", "256",
+         "--concurrency", "1,2", "--window", "1", "--max-tokens", "16", "--prefill", "--json"],
+        capture_output=True, text=True, timeout=300, check=True)
+    cells = json.loads(out.stdout)["cells"]
+    assert [c["phase"] for c in cells] == ["prefill", "decode", "decode"]
+    for cell in cells:
+        for key in ["phase", "context_tokens", "concurrency", "status", "reasons", "total_tok_s",
+                    "per_request_tok_s", "ttft_ms", "itl_ms", "avg_active", "completed", "output_tokens",
+                    "measured_s", "discarded_steps", "discarded_tokens", "requests"]:
+            assert key in cell, key
+        assert cell["status"] == "Valid", cell["reasons"]
+    assert cells[1]["label"] == "single-stream" and cells[2]["label"] == "aggregate"
+
+
+@pytest.mark.stops_shared_server
+def test_stop_leaves_no_process_and_a_free_port(vllm_server: LaunchedServer) -> None:
+    tree = {vllm_server.process.pid} | set(vllm_server.process._seen)
+    assert len(tree) >= 2  # API server, EngineCore, worker: vLLM spawns several processes
+    stop = vllm_server.process.stop()
+    assert stop.mode in {"sigint", "sigterm"}
+    assert stop.port_free and port_is_free(vllm_server.spec.host, vllm_server.spec.port)
+    alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+
+
+def test_log_of_the_shared_server_is_kept(vllm_server: LaunchedServer) -> None:
+    assert Path(vllm_server.process.log_path).stat().st_size > 0
