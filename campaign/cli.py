@@ -210,6 +210,177 @@ def probe(
     _measure(target, specs, as_json=as_json)
 
 
+def _load_for_run(matrix_name: str, profile_name: str | None, window: float | None,
+                  repeats: int | None) -> tuple[Any, Path, Any, Path]:
+    from campaign.matrix import load_matrix
+    from campaign.profiles import load_profile
+
+    matrix, matrix_path, _ = load_matrix(matrix_name)
+    updates: dict[str, Any] = {}
+    if window is not None:
+        updates["window_s"] = window
+        updates["workloads"] = [w.model_copy(update={"window_s": None}) if w.kind == "decode" else w
+                                for w in matrix.workloads]
+    if repeats is not None:
+        updates["repeats"] = repeats
+    if updates:
+        matrix = matrix.model_copy(update=updates)
+    profile, profile_path = load_profile(profile_name or matrix.profile)
+    return matrix, matrix_path, profile, profile_path
+
+
+@app.command()
+def plan(
+    matrix: Annotated[str, typer.Argument(help="matrix name (matrices/NAME.yaml) or path")],
+    profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
+    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats")] = None,
+    out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
+) -> None:
+    """Print what a campaign will run: launches, cells per server, known over-capacity cells, duration."""
+    from campaign.cells import over_capacity
+    from campaign.matrix import schedule
+    from campaign.orchestrate import LAUNCH_ESTIMATE_S, estimate_s
+    from campaign.progress import fmt_duration
+    from campaign.store import latest_run
+
+    loaded, matrix_path, prof, _ = _load_for_run(matrix, profile, window, repeats)
+    order = schedule(loaded)
+    cells = loaded.cells()
+    previous = latest_run(out, loaded.name)
+    known: dict[str, dict[str, Any]] = {}
+    ready: list[float] = []
+    if previous is not None:
+        for server in previous.servers():
+            if server.get("kind") == "server":
+                known.setdefault(server["variant"], server["facts"])
+                ready.append(float(server["ready_s"]))
+    typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {prof.served_name}")
+    typer.echo(f"{len(order)} server launches, in this order (A B ... B A, so drift cannot read as a difference):")
+    for i, (variant, rep) in enumerate(order, 1):
+        sentinel = " (drift sentinel)" if rep >= loaded.repeats else ""
+        typer.echo(f"  {i:>2}. {variant} repeat {rep + 1}{sentinel}")
+    typer.echo(f"{len(cells)} cells per launch:")
+    for variant in loaded.ordered_variants():
+        facts = known.get(variant.name, {})
+        skipped = [c.key for c in cells if c.phase == "decode" and over_capacity(
+            context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
+            kv_cache_tokens=facts.get("kv_cache_tokens"), block_size=facts.get("block_size"))]
+        kv = facts.get("kv_cache_tokens")
+        typer.echo(f"  {variant.name}: flags {variant.flags or '{}'}; KV cache "
+                   f"{f'{kv:,} tokens (from {previous.root.name})' if kv and previous else 'unknown until launched'}"
+                   + (f"; over capacity, will be skipped: {', '.join(skipped)}" if skipped else ""))
+    for spec in cells:
+        typer.echo(f"    {spec.key} ({spec.label})")
+    launch_s = sum(ready) / len(ready) if ready else LAUNCH_ESTIMATE_S
+    typer.echo(f"estimated duration: {fmt_duration(estimate_s(loaded, len(order), launch_s))} "
+               f"(launch ~{launch_s:.0f} s each{' from the last run' if ready else ', a guess'})")
+
+
+@app.command()
+def run(
+    matrix: Annotated[str | None, typer.Argument(help="matrix name (matrices/NAME.yaml) or path")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="vllm (default: the profile's engine)")] = None,
+    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats")] = None,
+    out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
+    resume: Annotated[Path | None, typer.Option("--resume", help="continue this run directory")] = None,
+    live: Annotated[bool | None, typer.Option("--live/--plain", help="progress display (default: on a TTY)")] = None,
+) -> None:
+    """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
+    from campaign import store
+    from campaign.matrix import Matrix, schedule
+    from campaign.orchestrate import Campaign, Options, estimate_s, manifest
+    from campaign.profiles import LaunchProfile
+    from campaign.progress import Progress
+
+    if engine is not None and engine != "vllm":
+        raise CampaignError(f"--engine {engine!r}: only vllm is available in this version")
+    if resume is not None:
+        run_dir = store.RunDir(resume)
+        stored = run_dir.manifest()
+        loaded = Matrix.model_validate(stored["matrix"]["raw"])
+        prof = LaunchProfile.model_validate(stored["profile"]["raw"])
+        engine = engine or stored.get("engine")
+        _err(f"resuming {run_dir.root}: {len(run_dir.cells())} cells already stored")
+    else:
+        if matrix is None:
+            raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
+        loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
+        run_dir = store.RunDir.create(out, loaded.name)
+        options = Options(engine=engine, max_attempts=loaded.max_attempts)
+        store.write_new(run_dir.manifest_path, manifest(loaded, matrix_path, prof, profile_path, options))
+        _err(f"run directory: {run_dir.root}")
+    options = Options(engine=engine, max_attempts=loaded.max_attempts)
+    order = schedule(loaded)
+    total = sum(1 for v, r in order for c in loaded.cells() if not run_dir.done(v, c.key, r))
+    with Progress(total_cells=total, estimate_s=estimate_s(loaded, len(order)), live=live) as progress:
+        try:
+            Campaign(run_dir, loaded, prof, options=options, progress=progress).execute()
+        except KeyboardInterrupt:
+            progress.note(f"interrupted: every finished cell is stored in {run_dir.root}; continue with\n"
+                          f"  campaign run --resume {run_dir.root}")
+            raise typer.Exit(130) from None
+    _finish(run_dir)
+
+
+def _finish(run_dir: Any) -> None:
+    from campaign import compare, store
+
+    drift = compare.drift(run_dir)
+    diffs = compare.diff_run(run_dir)
+    typer.echo(report.cells_by_variant_text(run_dir))
+    typer.echo("")
+    typer.echo(report.diff_text(diffs))
+    typer.echo("")
+    typer.echo(f"drift: {drift.message}")
+    summary_path = run_dir.root / "summary.json"
+    if not summary_path.exists():
+        store.write_new(summary_path, {
+            "kind": "summary", "drift": drift.__dict__,
+            "recommendations": {d.variant: d.recommendation for d in diffs},
+        })
+    typer.echo(f"results: {run_dir.root}")
+
+
+@app.command()
+def diff(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    other: Annotated[Path | None, typer.Argument(help="a second run directory to compare against the first")] = None,
+    baseline: Annotated[str | None, typer.Option("--baseline", help="baseline variant (default: the matrix's)")
+                        ] = None,
+    force: Annotated[bool, typer.Option("--force", help="compare cells that are not comparable")] = False,
+) -> None:
+    """Diff every variant against the baseline: flags, facts, per-cell verdicts, recommendation."""
+    from campaign import compare, store
+
+    first = store.RunDir(run_dir)
+    diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
+    typer.echo(report.diff_text(diffs))
+    typer.echo(f"\ndrift: {compare.drift(first).message}")
+
+
+@app.command()
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
+    out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout)")] = None,
+) -> None:
+    """One row per cell, variant and repeat."""
+    from campaign import store
+
+    if fmt not in {"json", "csv"}:
+        raise CampaignError(f"--format {fmt!r}: expected json or csv")
+    rows = report.export_rows(store.RunDir(run_dir).cells())
+    text = report.rows_json(rows) if fmt == "json" else report.rows_csv(rows)
+    if out is None:
+        typer.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        _err(f"wrote {len(rows)} rows to {out}")
+
+
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 

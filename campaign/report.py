@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from campaign.cells import CellResult
 
@@ -110,3 +111,89 @@ def cell_json(cell: CellResult, *, with_requests: bool = True) -> dict[str, obje
     if not with_requests:
         data.pop("requests")
     return data
+
+
+def _fmt_fact(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return DASH if value is None else str(value)
+
+
+def diff_text(diffs: Sequence[Any]) -> str:
+    """Flag and facts diffs, per-cell verdicts with 95% intervals, and the closing recommendations."""
+    blocks = []
+    for d in diffs:
+        lines = [f"== {d.variant} vs {d.baseline} =="]
+        if not d.comparable:
+            lines.append(f"NOT COMPARABLE: {d.not_comparable_reason} (use --force to compare anyway)")
+        for key, a, b in d.flag_changes:
+            lines.append(f"flag  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}")
+        for key, a, b, pct in d.fact_changes:
+            change = "" if pct is None else f" ({pct:+.1f}%)"
+            lines.append(f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{change}")
+        rows = []
+        for cell in d.cells:
+            for m in cell.metrics:
+                ci = DASH if m.ci95_pct is None else f"[{m.ci95_pct[0]:+.1f}%, {m.ci95_pct[1]:+.1f}%]"
+                rows.append([
+                    cell.key, cell.label, m.metric, fmt_num(m.baseline), fmt_num(m.variant),
+                    DASH if m.change_pct is None else f"{m.change_pct:+.1f}%", ci, f"{m.n_baseline}/{m.n_variant}",
+                    m.verdict + (f" ({m.note})" if m.note else ""),
+                ])
+            if cell.status_note:
+                rows.append([cell.key, cell.label, "status", "", "", "", "", "", cell.status_note])
+        if rows:
+            lines.append(table(["Cell", "Label", "Metric", "Baseline", "Variant", "Change", "95% CI", "n",
+                                "Verdict"], rows))
+        lines.append(f"recommendation: {d.recommendation}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "nothing to compare: the run has only the baseline"
+
+
+EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
+                 "per_request_tok_s", "prompt_tok_s", "ttft_ms", "itl_ms", "avg_active", "completed",
+                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons"]
+
+
+def export_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
+    rows = []
+    for stored in cells:
+        data = stored.result.model_dump(mode="json")
+        row = {k: data.get(k) for k in EXPORT_FIELDS}
+        row["variant"] = stored.variant
+        row["repeat"] = stored.repeat
+        row["reasons"] = "; ".join(data.get("reasons") or [])
+        rows.append(row)
+    return rows
+
+
+def rows_json(rows: list[dict[str, Any]]) -> str:
+    import json
+
+    return json.dumps({"rows": rows}, indent=1) + "\n"
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=EXPORT_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buffer.getvalue()
+
+
+def cells_by_variant_text(run: Any) -> str:
+    """Per variant, the speed-test matrix and all measurements (the latest repeat of each cell)."""
+    by_variant: dict[str, dict[str, Any]] = {}
+    for stored in run.cells():
+        by_variant.setdefault(stored.variant, {})[stored.result.spec.key] = stored.result
+    parts = []
+    for variant, cells in by_variant.items():
+        parts.append(f"### {variant}\n{cells_report(list(cells.values()))}")
+    failures = [s for s in run.servers() if s.get("kind") == "failure"]
+    for failure in failures:
+        parts.append(f"### {failure['variant']}: FAILED TO START ({failure['failure_kind']}): {failure['message']}")
+    return "\n\n".join(parts)

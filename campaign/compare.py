@@ -1,0 +1,305 @@
+"""A/B analysis of stored runs: flag and facts diffs, per-cell verdicts that know what noise is, drift.
+
+Reads stored files only (through store.RunDir), so any run can be re-analysed later without a server.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from campaign.store import RunDir, StoredCell
+
+Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"]
+
+# (metric, +1 when higher is better, -1 when lower is better)
+DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1))
+PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
+FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
+               "gpu_memory_utilization", "max_model_len")
+MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when the interval excludes zero
+SINGLE_RUN_NOISE = 0.05  # with one measurement a side there is no interval: 5% is the noise floor
+DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
+AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
+
+
+def welch_ci95(base: list[float], other: list[float]) -> tuple[float, float] | None:
+    """95% interval of mean(other) - mean(base) (Welch); None with fewer than two values a side."""
+    if len(base) < 2 or len(other) < 2:
+        return None
+    from scipy import stats as sps
+
+    vb, vo = statistics.variance(base) / len(base), statistics.variance(other) / len(other)
+    diff = statistics.fmean(other) - statistics.fmean(base)
+    se = math.sqrt(vb + vo)
+    if se == 0:
+        return diff, diff
+    df = (vb + vo) ** 2 / ((vb**2) / (len(base) - 1) + (vo**2) / (len(other) - 1))
+    half = float(sps.t.ppf(0.975, df)) * se
+    return diff - half, diff + half
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    metric: str
+    baseline: float | None
+    variant: float | None
+    change_pct: float | None
+    ci95_pct: tuple[float, float] | None
+    n_baseline: int
+    n_variant: int
+    verdict: Verdict
+    note: str = ""
+
+
+def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "") -> MetricVerdict:
+    """Baseline vs variant samples of one metric -> change, 95% interval and a verdict."""
+    if not base or not other:
+        return MetricVerdict(metric, statistics.fmean(base) if base else None,
+                             statistics.fmean(other) if other else None, None, None, len(base), len(other),
+                             "no data")
+    mb, mo = statistics.fmean(base), statistics.fmean(other)
+    if mb == 0:
+        return MetricVerdict(metric, mb, mo, None, None, len(base), len(other), "no data", "baseline is zero")
+    change = (mo - mb) / mb
+    ci = welch_ci95(base, other)
+    ci_pct = None if ci is None else (100 * ci[0] / mb, 100 * ci[1] / mb)
+    note = ""
+    if ci is None:
+        inside = abs(change) < SINGLE_RUN_NOISE
+        note = "single measurement: no confidence interval"
+    else:
+        inside = ci[0] <= 0 <= ci[1] or abs(change) < MIN_EFFECT
+    verdict: Verdict = "inside noise" if inside else ("better" if change * direction > 0 else "worse")
+    return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note)
+
+
+@dataclass
+class CellDiff:
+    key: str
+    phase: str
+    context_tokens: int
+    concurrency: int
+    label: str
+    metrics: list[MetricVerdict] = field(default_factory=list)
+    status_note: str = ""
+
+
+@dataclass
+class VariantDiff:
+    variant: str
+    baseline: str
+    flag_changes: list[tuple[str, Any, Any]]
+    fact_changes: list[tuple[str, Any, Any, float | None]]
+    cells: list[CellDiff]
+    comparable: bool
+    not_comparable_reason: str = ""
+    recommendation: str = ""
+
+
+def agents_that_fit(kv_cache_tokens: int | None, context: int, block_size: int | None) -> int | None:
+    if kv_cache_tokens is None:
+        return None
+    block = block_size or 1
+    return kv_cache_tokens // (math.ceil(context / block) * block)
+
+
+def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The first successful launch's facts and flags per variant."""
+    facts: dict[str, dict[str, Any]] = {}
+    flags: dict[str, dict[str, Any]] = {}
+    for server in run.servers():
+        if server.get("kind") == "server" and server["variant"] not in facts:
+            facts[server["variant"]] = server["facts"]
+            flags[server["variant"]] = server["flags"]
+    return facts, flags
+
+
+def _pct(before: Any, after: Any) -> float | None:
+    if isinstance(before, int | float) and isinstance(after, int | float) and before:
+        return 100.0 * (after - before) / before
+    return None
+
+
+def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None = None,
+             force: bool = False) -> list[VariantDiff]:
+    """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline."""
+    manifest = run.manifest()
+    base_name = baseline or manifest["matrix"]["raw"]["baseline"]
+    cells = run.cells()
+    facts, flags = _facts_by_variant(run)
+    if other is not None:
+        other_cells = other.cells()
+        other_facts, other_flags = _facts_by_variant(other)
+        # Name the other run's variants apart so the same names can be compared across runs.
+        cells += [StoredCell(f"{c.variant}@B", c.repeat, c.result, c.path) for c in other_cells]
+        facts.update({f"{k}@B": v for k, v in other_facts.items()})
+        flags.update({f"{k}@B": v for k, v in other_flags.items()})
+    by_variant: dict[str, list[StoredCell]] = defaultdict(list)
+    for cell in cells:
+        by_variant[cell.variant].append(cell)
+    if base_name not in by_variant and base_name not in facts:
+        from campaign.errors import CampaignError
+
+        raise CampaignError(f"baseline {base_name!r} has no measurements in {run.root}",
+                            hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
+    diffs = []
+    for variant in sorted(set(by_variant) | set(facts)):
+        if variant == base_name:
+            continue
+        reason = _incomparable(facts.get(base_name), facts.get(variant), manifest,
+                               other.manifest() if other is not None and variant.endswith("@B") else manifest)
+        comparable = force or not reason
+        diff = VariantDiff(
+            variant=variant, baseline=base_name,
+            flag_changes=_flag_changes(flags.get(base_name, {}), flags.get(variant, {})),
+            fact_changes=[(f, (facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f),
+                           _pct((facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f)))
+                          for f in FACT_FIELDS
+                          if (facts.get(base_name) or {}).get(f) != (facts.get(variant) or {}).get(f)],
+            cells=_cell_diffs(by_variant.get(base_name, []), by_variant.get(variant, []), comparable),
+            comparable=comparable, not_comparable_reason=reason,
+        )
+        diff.recommendation = recommend(diff, facts.get(base_name), facts.get(variant))
+        diffs.append(diff)
+    return diffs
+
+
+def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, manifest_a: dict[str, Any],
+                  manifest_b: dict[str, Any]) -> str:
+    if base is None or other is None:
+        return ""
+    for key, label in (("vllm_version", "vLLM version"), ("device", "device")):
+        if base.get(key) != other.get(key):
+            return f"different {label}: {base.get(key)} vs {other.get(key)}"
+    model_a = manifest_a.get("profile", {}).get("raw", {}).get("model")
+    model_b = manifest_b.get("profile", {}).get("raw", {}).get("model")
+    if model_a != model_b:
+        return f"different model: {model_a} vs {model_b}"
+    gpus_a = [g.get("name") for g in (manifest_a.get("machine", {}).get("gpu") or {}).get("gpus", [])]
+    gpus_b = [g.get("name") for g in (manifest_b.get("machine", {}).get("gpu") or {}).get("gpus", [])]
+    if gpus_a != gpus_b:
+        return f"different GPUs: {gpus_a} vs {gpus_b}"
+    return ""
+
+
+def _flag_changes(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    keys = sorted(set(base) | set(other))
+    return [(k, base.get(k), other.get(k)) for k in keys if base.get(k) != other.get(k)]
+
+
+def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
+    values = []
+    for cell in cells:
+        value = getattr(cell.result, metric)
+        if cell.result.spec.key == key and cell.result.status == "Valid" and value is not None:
+            values.append(float(value))
+    return values
+
+
+def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
+    specs = {c.result.spec.key: c.result for c in base + other}
+    out = []
+    for key in sorted(specs, key=lambda k: (specs[k].phase, specs[k].context_tokens, specs[k].concurrency)):
+        result = specs[key]
+        diff = CellDiff(key=key, phase=result.phase, context_tokens=result.context_tokens,
+                        concurrency=result.concurrency, label=result.label)
+        statuses = {c.result.status for c in other if c.result.spec.key == key} - {"Valid"}
+        base_statuses = {c.result.status for c in base if c.result.spec.key == key} - {"Valid"}
+        if statuses or base_statuses:
+            diff.status_note = "; ".join(
+                part for part in (
+                    f"variant: {', '.join(sorted(statuses))}" if statuses else "",
+                    f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
+        metrics = DECODE_METRICS if result.phase == "decode" else PREFILL_METRICS
+        for metric, direction in metrics:
+            if not comparable:
+                diff.metrics.append(MetricVerdict(metric, None, None, None, None, 0, 0, "not comparable"))
+                continue
+            diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
+                                            metric))
+        out.append(diff)
+    return out
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[str, Any] | None) -> str:
+    """One plain sentence: what changed, what it did, keep or revert."""
+    changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or "no flag change"
+    if not diff.comparable:
+        return f"{changes}: not comparable ({diff.not_comparable_reason})"
+    if facts is None:
+        return f"{changes}: the server never became ready; nothing to compare"
+    verdicts = [m for c in diff.cells for m in c.metrics if m.verdict in {"better", "worse", "inside noise"}]
+    better = [f"{m.metric} at {c.key}" for c in diff.cells for m in c.metrics if m.verdict == "better"]
+    worse = [f"{m.metric} at {c.key}" for c in diff.cells for m in c.metrics if m.verdict == "worse"]
+    newly_invalid = [c.key for c in diff.cells if c.status_note.startswith("variant")]
+    parts = []
+    if not verdicts:
+        parts.append("no comparable measurements")
+    elif not better and not worse:
+        parts.append("throughput and latency inside noise in every cell")
+    else:
+        if better:
+            parts.append(f"better: {', '.join(better[:3])}" + (" ..." if len(better) > 3 else ""))
+        if worse:
+            parts.append(f"worse: {', '.join(worse[:3])}" + (" ..." if len(worse) > 3 else ""))
+    if newly_invalid:
+        parts.append(f"not valid in {', '.join(newly_invalid[:3])}")
+    kv_base = (base_facts or {}).get("kv_cache_tokens")
+    kv = facts.get("kv_cache_tokens")
+    kv_change = _pct(kv_base, kv)
+    if kv_change is not None and abs(kv_change) >= 0.05:
+        text = f"KV cache {kv_change:+.1f}%"
+        agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"))
+        agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"))
+        if agents_a is not None and agents_b is not None and agents_a != agents_b:
+            text += f", agents at 8K context {agents_a} -> {agents_b}"
+        parts.append(text)
+    keep = bool(better) and not worse and not newly_invalid
+    if not better and not worse and not newly_invalid:
+        keep = kv_change is not None and kv_change >= 1.0
+    return f"{changes}: {'; '.join(parts)}: {'keep' if keep else 'revert'}"
+
+
+@dataclass(frozen=True)
+class Drift:
+    checked: bool
+    drifted: bool
+    median_change_pct: float | None
+    message: str
+
+
+def drift(run: RunDir) -> Drift:
+    """The baseline's first launch against its last: did the machine change through the night?"""
+    baseline = run.manifest()["matrix"]["raw"]["baseline"]
+    cells = [c for c in run.cells() if c.variant == baseline and c.result.status == "Valid"]
+    repeats = sorted({c.repeat for c in cells})
+    if len(repeats) < 2:
+        return Drift(False, False, None, "drift not checked: the baseline was measured once")
+    first, last = repeats[0], repeats[-1]
+    changes = []
+    for cell in (c for c in cells if c.repeat == first):
+        metric = "total_tok_s" if cell.result.phase == "decode" else "prompt_tok_s"
+        later = [c for c in cells if c.repeat == last and c.result.spec.key == cell.result.spec.key]
+        a, b = getattr(cell.result, metric), getattr(later[0].result, metric) if later else None
+        if a and b is not None:
+            changes.append((b - a) / a)
+    if not changes:
+        return Drift(False, False, None, "drift not checked: no cell measured in both the first and last launch")
+    median = statistics.median(changes)
+    drifted = abs(median) > DRIFT_LIMIT
+    message = (f"baseline moved {100 * median:+.1f}% (median over {len(changes)} cells) between its first and last "
+               f"launch; " + ("DRIFTED: differences below this size are not trustworthy" if drifted
+                              else f"within the {100 * DRIFT_LIMIT:.0f}% drift limit"))
+    return Drift(True, drifted, 100 * median, message)

@@ -1,0 +1,223 @@
+"""Campaign matrices (`matrices/*.yaml`): which flag sets to launch and what to measure on each.
+
+Validated into frozen models; every error names the file, the key path and a suggestion. The expansion into
+variants and cells is deterministic, so a resumed run finds the same cell keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from campaign.cells import CellSpec
+from campaign.errors import ConfigError, did_you_mean
+from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, normalize_flag
+
+MATRIX_SCHEMA_VERSION = 1
+MATRICES_DIR = PROJECT_ROOT / "matrices"
+SUGGESTED = "suggested"  # `gpu-memory-utilization: suggested` takes the baseline log's recommendation
+
+
+def tokens(value: Any) -> int:
+    """8k -> 8192; 6616 -> 6616; '26.5k' -> 27136."""
+    if isinstance(value, bool):
+        raise ValueError("expected a token count")
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    scale = 1024 if text.endswith("k") else 1
+    number = float(text[:-1] if text.endswith("k") else text)
+    return int(number * scale)
+
+
+TokenList = list[int]
+
+
+def _token_list(value: Any) -> Any:
+    if isinstance(value, list):
+        return [tokens(v) for v in value]
+    return value
+
+
+class _Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PrefillWorkload(_Workload):
+    kind: Literal["prefill"]
+    contexts: TokenList
+
+    _contexts = field_validator("contexts", mode="before")(_token_list)
+
+    def cells(self, window_s: float) -> list[CellSpec]:
+        return [CellSpec(phase="prefill", context_tokens=c) for c in self.contexts]
+
+
+class DecodeWorkload(_Workload):
+    """Seed 004's sustained decode (fixed window) or seed 000's fixed count (every request emits N tokens)."""
+
+    kind: Literal["decode"]
+    mode: Literal["sustained", "fixed"] = "sustained"
+    contexts: TokenList
+    concurrency: list[int] = Field(min_length=1)
+    max_tokens: int = Field(default=256, gt=0)
+    window_s: float | None = Field(default=None, gt=0)
+    warmup_s: float = Field(default=2.0, ge=0)
+
+    _contexts = field_validator("contexts", mode="before")(_token_list)
+
+    def cells(self, window_s: float) -> list[CellSpec]:
+        return [
+            CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=self.mode,
+                     max_tokens=self.max_tokens, window_s=self.window_s or window_s, warmup_s=self.warmup_s)
+            for ctx in self.contexts for conc in self.concurrency
+        ]
+
+
+Workload = Annotated[PrefillWorkload | DecodeWorkload, Field(discriminator="kind")]
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._=,+-]*$")
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    description: str = ""
+
+
+class Matrix(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = MATRIX_SCHEMA_VERSION
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    profile: str
+    baseline: str
+    variants: list[Variant] = Field(default_factory=list)
+    # A grid expands into one variant per combination, named by its values (e.g. max-num-seqs=8).
+    grid: dict[str, list[FlagValue]] = Field(default_factory=dict)
+    workloads: list[Workload] = Field(min_length=1)
+    repeats: int = Field(default=1, ge=1)
+    window_s: float = Field(default=30.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+
+    @model_validator(mode="after")
+    def _baseline_exists(self) -> Matrix:
+        names = [v.name for v in self.all_variants()]
+        if len(set(names)) != len(names):
+            duplicate = next(n for n in names if names.count(n) > 1)
+            raise ValueError(f"variant name {duplicate!r} appears twice")
+        if self.baseline not in names:
+            suggestion = did_you_mean(self.baseline, names)
+            raise ValueError(f"baseline {self.baseline!r} is not a variant"
+                             + (f"; did you mean {suggestion}?" if suggestion else f" (variants: {', '.join(names)})"))
+        return self
+
+    def all_variants(self) -> list[Variant]:
+        variants = list(self.variants)
+        if self.grid:
+            keys = list(self.grid)
+            for values in itertools.product(*(self.grid[k] for k in keys)):
+                flags = dict(zip(keys, values, strict=True))
+                name = ",".join(f"{normalize_flag(k)}={v}" for k, v in flags.items())
+                variants.append(Variant(name=name.replace(" ", ""), flags=flags))
+        return variants
+
+    def ordered_variants(self) -> list[Variant]:
+        """Baseline first: it is measured first and its log resolves `suggested` values."""
+        variants = self.all_variants()
+        return sorted(variants, key=lambda v: v.name != self.baseline)
+
+    def cells(self) -> list[CellSpec]:
+        seen: dict[str, CellSpec] = {}
+        for workload in self.workloads:
+            for spec in workload.cells(self.window_s):
+                seen.setdefault(spec.key, spec)
+        return list(seen.values())
+
+
+def schedule(matrix: Matrix) -> list[tuple[str, int]]:
+    """Launch order (variant, repeat): rounds alternate direction (A B C, C B A, ...) so slow drift through
+    the night does not read as a difference; a final baseline launch is the drift sentinel where the last
+    round does not already end on the baseline."""
+    names = [v.name for v in matrix.ordered_variants()]
+    order: list[tuple[str, int]] = []
+    for repeat in range(matrix.repeats):
+        round_names = names if repeat % 2 == 0 else list(reversed(names))
+        order.extend((name, repeat) for name in round_names)
+    if len(names) > 1 and order[-1][0] != matrix.baseline:
+        order.append((matrix.baseline, matrix.repeats))
+    return order
+
+
+def resolve_matrix_path(name_or_path: str) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
+        return candidate
+    path = MATRICES_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in MATRICES_DIR.glob("*.yaml"))
+        suggestion = did_you_mean(name_or_path, known)
+        raise ConfigError(str(path), "", f"no matrix named {name_or_path!r}",
+                          hint=f"did you mean {suggestion}?" if suggestion else f"known: {', '.join(known)}")
+    return path
+
+
+def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
+    """The validated matrix, its path, and the raw mapping as written (stored with the run)."""
+    path = resolve_matrix_path(name_or_path)
+    data = load_yaml(path)
+    version = data.get("schema_version", MATRIX_SCHEMA_VERSION)
+    if isinstance(version, int) and version > MATRIX_SCHEMA_VERSION:
+        raise ConfigError(str(path), "schema_version", f"version {version} is newer than this tool understands",
+                          hint="upgrade vllm-campaign")
+    for index, workload in enumerate(data.get("workloads") or []):
+        kind = workload.get("kind") if isinstance(workload, dict) else None
+        if isinstance(kind, str) and kind not in {"prefill", "decode"}:
+            suggestion = did_you_mean(kind, ["prefill", "decode"])
+            raise ConfigError(str(path), f"workloads[{index}].kind", f"unknown workload kind {kind!r}",
+                              hint=f"did you mean {suggestion}?" if suggestion else "kinds: prefill, decode")
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as exc:
+        _raise_matrix_error(str(path), exc)
+        raise
+    for index, variant in enumerate(matrix.variants):
+        check_flags(str(path), f"variants[{index}].flags", variant.flags)
+        for key, value in variant.flags.items():
+            if value == SUGGESTED and normalize_flag(key) != "gpu-memory-utilization":
+                raise ConfigError(str(path), f"variants[{index}].flags.{key}",
+                                  "only gpu-memory-utilization can be `suggested`")
+    check_flags(str(path), "grid", {k: None for k in matrix.grid})
+    return matrix, path, data
+
+
+def _raise_matrix_error(path: str, exc: ValidationError) -> None:
+    # An unknown key is usually the cause of a "missing" one (a misspelling): report it first.
+    first = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = list(first["loc"])
+    # Workload errors carry the union tag in their location (workloads.0.decode.concurrency): drop it.
+    if len(loc) > 2 and loc[0] == "workloads" and loc[2] in {"prefill", "decode"}:
+        del loc[2]
+    key = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+    if first["type"] == "extra_forbidden":
+        fields: set[str] = set(Matrix.model_fields)
+        if loc[0] == "workloads":
+            fields = set(PrefillWorkload.model_fields) | set(DecodeWorkload.model_fields)
+        elif loc[0] == "variants":
+            fields = set(Variant.model_fields)
+        suggestion = did_you_mean(str(loc[-1]), fields)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(sorted(fields))}"
+        raise ConfigError(path, key, "unknown key", hint=hint)
+    if first["type"] == "missing":
+        raise ConfigError(path, key, "required key is missing")
+    raise ConfigError(path, key or "matrix", str(first["msg"]).removeprefix("Value error, "))
+
+
+def definition_hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

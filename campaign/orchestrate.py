@@ -1,0 +1,251 @@
+"""The campaign loop: the only module that wires launch, measurement, telemetry and storage together.
+
+Per launch in the schedule: start the variant's server, record what it became, measure its unfinished cells,
+stop it. Failures are data: a launch that never becomes ready is recorded and the campaign goes on; a server
+that dies mid-cell is relaunched and the cell retried once, then marked Failed. Every cell is written the
+moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `--resume` picks up there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from campaign import gpu, store
+from campaign.argv import redact
+from campaign.cells import CellResult, CellSpec
+from campaign.envinfo import machine_info, tool_info
+from campaign.errors import CampaignError, LaunchError, MetricMissingError
+from campaign.launcher import LaunchedServer, launched
+from campaign.matrix import SUGGESTED, Matrix, Variant, definition_hash, schedule
+from campaign.measure import Measurer, Target
+from campaign.profiles import FlagValue, LaunchProfile, normalize_flag
+from campaign.progress import Progress
+
+LAUNCH_ESTIMATE_S = 90.0
+
+
+def estimate_cell_s(spec: CellSpec) -> float:
+    if spec.phase == "prefill":
+        return 3.0 + spec.context_tokens / 1000.0
+    if spec.mode == "sustained":
+        return spec.warmup_s + spec.window_s + 5.0
+    return 10.0
+
+
+def estimate_s(matrix: Matrix, launches: int, launch_s: float = LAUNCH_ESTIMATE_S) -> float:
+    per_launch = sum(estimate_cell_s(c) for c in matrix.cells())
+    return launches * (launch_s + per_launch)
+
+
+@dataclass(kw_only=True)
+class Options:
+    engine: str | None = None
+    max_attempts: int = 3
+
+
+class Campaign:
+    def __init__(self, run: store.RunDir, matrix: Matrix, profile: LaunchProfile, *, options: Options,
+                 progress: Progress) -> None:
+        self.run = run
+        self.matrix = matrix
+        self.profile = profile
+        self.options = options
+        self.progress = progress
+        self.cells = matrix.cells()
+        self.variants = {v.name: v for v in matrix.all_variants()}
+        self._baseline_facts: dict[str, Any] | None = None
+
+    # --- the loop ----------------------------------------------------------------------------------------
+    def execute(self) -> None:
+        for variant_name, repeat in schedule(self.matrix):
+            pending = [c for c in self.cells if not self.run.done(variant_name, c.key, repeat)]
+            if not pending:
+                continue  # resumed: this launch's cells are all stored
+            self._serve(self.variants[variant_name], repeat, pending)
+
+    def _resolve_flags(self, variant: Variant) -> dict[str, FlagValue]:
+        flags: dict[str, FlagValue] = {}
+        for key, value in variant.flags.items():
+            if value == SUGGESTED:
+                suggested = self._baseline_suggestion()
+                if suggested is None:
+                    raise LaunchError(
+                        f"{key}: suggested, but the baseline's startup log carries no memory-utilisation advice",
+                        kind="unresolved_flag",
+                        hint="vLLM prints the advice on CUDA GPUs from 0.21 on; set a number instead")
+                value = suggested
+            flags[normalize_flag(key)] = value
+        return flags
+
+    def _baseline_suggestion(self) -> float | None:
+        for server in self.run.servers():
+            if server.get("kind") == "server" and server["variant"] == self.matrix.baseline:
+                value = server["facts"].get("gpu_memory_utilization_suggested")
+                return float(value) if value is not None else None
+        return None
+
+    def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec]) -> None:
+        queue = list(pending)
+        retried: set[str] = set()
+        while queue:
+            launch_dir = self.run.new_launch_dir(variant.name)
+            label = f"{variant.name} (repeat {repeat + 1})"
+            self.progress.status(f"launching {label}")
+            try:
+                flags = self._resolve_flags(variant)
+                with launched(self.profile, launch_dir / "server.log", flags, engine=self.options.engine) as server:
+                    self._record_server(launch_dir, variant, repeat, flags, server)
+                    died = self._measure(server, variant, repeat, queue, retried, launch_dir)
+                self._record_stop(launch_dir, server)
+                if not died:
+                    return
+                self.progress.note(f"{label}: the server died during a cell; relaunching to retry it once")
+            except LaunchError as exc:
+                self._record_failure(launch_dir, variant, repeat, exc)
+                self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {exc.message}; the campaign goes on")
+                return
+            except MetricMissingError as exc:
+                self.progress.note(f"{label}: {exc}; skipping this variant's cells")
+                self._record_failure(launch_dir, variant, repeat,
+                                     LaunchError(exc.message, kind="metric_missing", hint=exc.hint))
+                return
+            finally:
+                self._scrub_log(launch_dir / "server.log")
+
+    def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
+                 retried: set[str], launch_dir: Path) -> bool:
+        """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
+        facts = server.facts
+        measurer = Measurer(
+            Target(base_url=server.spec.base_url, model=server.spec.served_model_name, api_key=server.spec.api_key,
+                   kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
+                   max_model_len=facts.max_model_len, server_version=facts.vllm_version),
+            max_attempts=self.options.max_attempts,
+            on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
+        )
+        while queue:
+            spec = queue[0]
+            self.progress.status(f"{variant.name} (repeat {repeat + 1}): {spec.key} ({spec.label})")
+            sampler = _Telemetry()
+            try:
+                with sampler:
+                    result = asyncio.run(measurer.run_cell(spec))
+            except httpx.HTTPError as exc:
+                if server.process.alive():
+                    raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
+                result = None
+            if not server.process.alive():
+                if spec.key not in retried:
+                    retried.add(spec.key)
+                    return True
+                result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
+                                    concurrency=spec.concurrency, label=spec.label, status="Failed",
+                                    reasons=["the server died during this cell twice"])
+            assert result is not None
+            self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=sampler.samples)
+            queue.pop(0)
+            self.progress.cell_done(_cell_line(variant.name, repeat, result))
+        return False
+
+    # --- records -----------------------------------------------------------------------------------------
+    def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
+                       server: LaunchedServer) -> None:
+        store.write_new(launch_dir / "server.json", {
+            "kind": "server", "variant": variant.name, "repeat": repeat,
+            "started_utc": datetime.now(UTC).isoformat(),
+            "command": server.spec.redacted_argv(), "flags": server.spec.flags, "variant_flags": flags,
+            "ready_s": server.ready.ready_s, "facts": server.facts.model_dump(mode="json"),
+            "warnings": server.warnings,
+        })
+
+    def _record_stop(self, launch_dir: Path, server: LaunchedServer) -> None:
+        stop = server.process.stop_info
+        if stop is not None:
+            store.write_new(launch_dir / "stop.json", {
+                "kind": "stop", "mode": stop.mode, "exit_code": stop.exit_code, "stop_s": stop.stop_s,
+                "swept": stop.swept, "port_free": stop.port_free, "gpu_memory_released": stop.gpu_memory_released,
+            })
+
+    def _record_failure(self, launch_dir: Path, variant: Variant, repeat: int, exc: LaunchError) -> None:
+        store.write_new(launch_dir / "failure.json", {
+            "kind": "failure", "variant": variant.name, "repeat": repeat,
+            "failure_kind": exc.kind, "message": exc.message, "hint": exc.hint,
+            "log_tail": redact(exc.log_tail, self._api_key()),
+        })
+
+    def _api_key(self) -> str | None:
+        import os
+
+        return os.environ.get(self.profile.api_key_env) if self.profile.api_key_env else None
+
+    def _scrub_log(self, log: Path) -> None:
+        """vLLM redacts --api-key in its own args line, and the key travels in the environment; this is the
+        last guard that no secret stays in a stored log."""
+        key = self._api_key()
+        if key and log.exists():
+            text = log.read_text(errors="replace")
+            if key in text:
+                store.replace_text(log, text.replace(key, "<redacted>"))
+
+
+def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
+    if result.phase == "prefill" and result.prompt_tok_s is not None:
+        value = f"{result.prompt_tok_s:,.0f} prompt tok/s"
+    elif result.total_tok_s is not None:
+        value = f"{result.total_tok_s:,.1f} tok/s total ({result.label})"
+    else:
+        value = "—"
+    why = f" — {result.reasons[0]}" if result.reasons else ""
+    return f"  {variant} r{repeat + 1} {result.spec.key}: {result.status}, {value}{why}"
+
+
+class _Telemetry:
+    """GPU samples (memory, utilisation, clocks, power, throttle reasons) each second during a cell."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.samples: list[Any] | None = [] if gpu.available() else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            sample = gpu.sample()
+            if sample is not None and self.samples is not None:
+                self.samples.append(sample)
+
+    def __enter__(self) -> _Telemetry:
+        if self.samples is not None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
+             options: Options) -> dict[str, Any]:
+    raw_matrix = matrix.model_dump(mode="json")
+    raw_profile = profile.model_dump(mode="json")
+    return {
+        "kind": "manifest",
+        "campaign": matrix.name,
+        "created_utc": datetime.now(UTC).isoformat(),
+        "tool": tool_info(),
+        "matrix": {"path": str(matrix_path), "raw": raw_matrix, "hash": definition_hash(raw_matrix)},
+        "profile": {"path": str(profile_path), "raw": raw_profile, "hash": definition_hash(raw_profile)},
+        "engine": options.engine or profile.engine,
+        "machine": machine_info(),
+        "schedule": [{"variant": v, "repeat": r} for v, r in schedule(matrix)],
+        "cells": [c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
+    }

@@ -1,0 +1,180 @@
+"""The runs/ tree: versioned JSON, written atomically, never overwritten; the resume index.
+
+Layout of one run, `runs/<campaign>/<UTC timestamp>/`:
+    manifest.json                                   what was run, on what, by which tool version
+    variants/<variant>/launch-<k>/server.log        the full server log (secrets redacted)
+    variants/<variant>/launch-<k>/server.json       argv (redacted), flags as run, parsed facts, ready time
+    variants/<variant>/launch-<k>/stop.json         how it stopped: mode, exit code, swept processes
+    variants/<variant>/launch-<k>/failure.json      instead of the above when it never became ready
+    variants/<variant>/cells/<cell-key>/rep-<n>.json   one measured cell: result, raw requests, telemetry
+    summary.json                                    written at the end: short answers, drift, diff
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from campaign.cells import CellResult
+from campaign.errors import ResultFormatError
+
+# Format history:
+# 1 - first format (vllm-campaign 0.1.0)
+SCHEMA_VERSION = 1
+
+
+def _dumps(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
+
+
+def write_new(path: Path, data: dict[str, Any]) -> Path:
+    """Write JSON atomically (temp file, fsync, link into place); refuse to overwrite an existing file."""
+    payload = {"schema_version": SCHEMA_VERSION, **data}
+    return write_text_new(path, _dumps(payload))
+
+
+def write_text_new(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if the file exists: nothing measured is overwritten
+        except FileExistsError:
+            raise ResultFormatError(f"{path} already exists; results are never overwritten",
+                                    hint="resume the run, or start a new one") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Atomic replace, for the one file we rewrite on purpose: a server log scrubbed of a secret."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultFormatError(f"{path}: no such file") from None
+    except json.JSONDecodeError as exc:
+        raise ResultFormatError(f"{path}: not valid JSON ({exc})") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if not isinstance(version, int):
+        raise ResultFormatError(f"{path}: no schema_version; not a vllm-campaign result file")
+    if version > SCHEMA_VERSION:
+        raise ResultFormatError(
+            f"{path} is stored in format {version}, newer than this vllm-campaign understands ({SCHEMA_VERSION})",
+            hint="upgrade vllm-campaign to read it")
+    # Older formats would be upgraded here, one step at a time (upgrade_to_2, ...); there are none yet.
+    return dict(data)
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+
+
+@dataclass(frozen=True)
+class StoredCell:
+    variant: str
+    repeat: int
+    result: CellResult
+    path: Path
+
+
+class RunDir:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def create(cls, base: Path, campaign: str) -> RunDir:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        root = base / safe_name(campaign) / stamp
+        suffix = 1
+        while root.exists():
+            suffix += 1
+            root = base / safe_name(campaign) / f"{stamp}-{suffix}"
+        root.mkdir(parents=True)
+        return cls(root)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    def manifest(self) -> dict[str, Any]:
+        return read(self.manifest_path)
+
+    def variant_dir(self, variant: str) -> Path:
+        return self.root / "variants" / safe_name(variant)
+
+    def cell_path(self, variant: str, cell_key: str, repeat: int) -> Path:
+        return self.variant_dir(variant) / "cells" / safe_name(cell_key) / f"rep-{repeat}.json"
+
+    def done(self, variant: str, cell_key: str, repeat: int) -> bool:
+        return self.cell_path(variant, cell_key, repeat).exists()
+
+    def new_launch_dir(self, variant: str) -> Path:
+        base = self.variant_dir(variant)
+        base.mkdir(parents=True, exist_ok=True)
+        index = 1
+        while True:
+            path = base / f"launch-{index}"
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                index += 1
+
+    def launches(self, variant: str | None = None) -> Iterator[Path]:
+        pattern = f"variants/{safe_name(variant)}/launch-*" if variant else "variants/*/launch-*"
+        yield from sorted(self.root.glob(pattern), key=lambda p: (p.parent.name, int(p.name.split("-")[1])))
+
+    def write_cell(self, variant: str, repeat: int, result: CellResult, *, launch: str,
+                   telemetry: list[Any] | None) -> Path:
+        return write_new(self.cell_path(variant, result.spec.key, repeat), {
+            "kind": "cell", "variant": variant, "repeat": repeat, "launch": launch,
+            "written_utc": datetime.now(UTC).isoformat(), "result": result.model_dump(mode="json"),
+            "gpu_telemetry": telemetry,
+        })
+
+    def cells(self) -> list[StoredCell]:
+        out = []
+        for path in sorted(self.root.glob("variants/*/cells/*/rep-*.json")):
+            data = read(path)
+            out.append(StoredCell(variant=str(data["variant"]), repeat=int(data["repeat"]),
+                                  result=CellResult.model_validate(data["result"]), path=path))
+        return out
+
+    def servers(self) -> list[dict[str, Any]]:
+        """Every launch's server.json or failure.json, in launch order."""
+        out = []
+        for launch in self.launches():
+            for name in ("server.json", "failure.json"):
+                if (launch / name).exists():
+                    data = read(launch / name)
+                    data["launch_dir"] = str(launch.relative_to(self.root))
+                    out.append(data)
+        return out
+
+
+def latest_run(base: Path, campaign: str) -> RunDir | None:
+    runs = sorted(p for p in (base / safe_name(campaign)).glob("*") if (p / "manifest.json").exists())
+    return RunDir(runs[-1]) if runs else None

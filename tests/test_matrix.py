@@ -1,0 +1,104 @@
+"""Matrix files: validation with file/key/suggestion, grid expansion, interleaved schedule, shipped matrices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from campaign.errors import ConfigError
+from campaign.matrix import load_matrix, schedule
+
+BASE = """
+name: t
+profile: cpu-tiny
+baseline: a
+variants:
+  - name: a
+  - name: b
+    flags: {max-num-seqs: 8}
+workloads:
+  - kind: decode
+    contexts: [512]
+    concurrency: [1, 2]
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_misspelt_flag_in_a_variant(tmp_path: Path) -> None:
+    text = BASE + "  - name: c\n    flags: {gpu-memory-utilisation: 0.95}\n".replace("  - name: c", "")
+    text = BASE.replace("    flags: {max-num-seqs: 8}", "    flags: {max-num-seqs: 8}\n  - name: c\n    flags: {}\n"
+                        "  - name: d\n    flags: {gpu-memory-utilisation: 0.95}")
+    with pytest.raises(ConfigError) as caught:
+        load_matrix(write(tmp_path, text))
+    assert str(caught.value) == (f"{tmp_path / 'm.yaml'}: variants[3].flags.gpu-memory-utilisation: unknown flag\n"
+                                 "hint: did you mean gpu-memory-utilization?")
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"m.yaml: repeat: unknown key\nhint: did you mean repeats\?"):
+        load_matrix(write(tmp_path, BASE + "repeat: 3\n"))
+
+
+def test_unknown_workload_key_and_kind(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"workloads\[0\].concurency: unknown key\nhint: did you mean concurrency"):
+        load_matrix(write(tmp_path, BASE.replace("concurrency: [1, 2]", "concurency: [1, 2]")))
+    with pytest.raises(ConfigError, match=r"workloads\[0\].kind: unknown workload kind 'decod'"):
+        load_matrix(write(tmp_path, BASE.replace("kind: decode", "kind: decod")))
+
+
+def test_baseline_must_be_a_variant(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="baseline 'aa' is not a variant; did you mean a"):
+        load_matrix(write(tmp_path, BASE.replace("baseline: a", "baseline: aa")))
+
+
+def test_suggested_only_for_memory_utilisation(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="only gpu-memory-utilization can be `suggested`"):
+        load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{max-num-seqs: suggested}")))
+    matrix, _, _ = load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{gpu-memory-utilization: suggested}")))
+    assert matrix.variants[1].flags["gpu-memory-utilization"] == "suggested"
+
+
+def test_grid_expands_into_named_variants(tmp_path: Path) -> None:
+    text = BASE + "grid:\n  max-num-batched-tokens: [512, 2048]\n  enable-prefix-caching: [true, false]\n"
+    matrix, _, _ = load_matrix(write(tmp_path, text))
+    names = [v.name for v in matrix.all_variants()]
+    assert names[:2] == ["a", "b"]
+    assert "max-num-batched-tokens=512,enable-prefix-caching=True" in names
+    assert len(names) == 6
+
+
+def test_token_counts_accept_k_suffix(tmp_path: Path) -> None:
+    matrix, _, _ = load_matrix(write(tmp_path, BASE.replace("contexts: [512]", "contexts: [8k, 6616]")))
+    assert [c.context_tokens for c in matrix.cells()][:1] == [8192]
+    assert {c.context_tokens for c in matrix.cells()} == {8192, 6616}
+
+
+def test_schedule_interleaves_and_ends_on_the_baseline() -> None:
+    matrix, _, _ = load_matrix("a5000-tuning")
+    order = schedule(matrix)
+    assert order[:6] == [("baseline", 0), ("memory", 0), ("batch", 0), ("batch", 1), ("memory", 1), ("baseline", 1)]
+    assert order[-1] == ("baseline", 3)  # three repeats end on "batch": a drift sentinel is added
+    demo, _, _ = load_matrix("demo")
+    assert schedule(demo)[-1] == ("baseline", 1)  # two repeats already end on the baseline
+
+
+def test_shipped_matrices_reproduce_the_seeds() -> None:
+    a5000, _, _ = load_matrix("a5000-tuning")
+    flags = {v.name: v.flags for v in a5000.all_variants()}
+    assert flags == {
+        "baseline": {"gpu-memory-utilization": 0.90, "max-num-batched-tokens": 2048},
+        "memory": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 2048},
+        "batch": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 8192},
+    }
+    decode = [c for c in a5000.cells() if c.phase == "decode"]
+    assert [c.concurrency for c in decode] == [1, 2, 4, 8, 16, 32, 64]
+    assert {c.max_tokens for c in decode} == {256}
+    h200, _, _ = load_matrix("h200-speed-matrix")
+    assert len([c for c in h200.cells() if c.phase == "decode"]) == 6 * 8
+    assert a5000.profile == "a5000-tp2" and h200.profile == "h200"

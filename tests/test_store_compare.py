@@ -1,0 +1,145 @@
+"""Storage rules and the noise-aware diff, on constructed runs (no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from campaign import compare, store
+from campaign.cells import CellResult, CellSpec
+from campaign.errors import ResultFormatError
+
+SPEC = CellSpec(phase="decode", context_tokens=1024, concurrency=8, mode="fixed", max_tokens=256)
+PREFILL = CellSpec(phase="prefill", context_tokens=6616)
+
+
+def cell(spec: CellSpec, value: float, status: str = "Valid") -> CellResult:
+    metric = "prompt_tok_s" if spec.phase == "prefill" else "total_tok_s"
+    return CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
+                      concurrency=spec.concurrency, label=spec.label, status=status,  # type: ignore[arg-type]
+                      **{metric: value})
+
+
+def facts(kv: int, **extra: object) -> dict[str, object]:
+    return {"kv_cache_tokens": kv, "block_size": 800, "vllm_version": "0.33.0", "device": "GPU",
+            "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.9, **extra}
+
+
+def make_run(tmp_path: Path, values: dict[str, list[float]], kv: dict[str, int],
+             flags: dict[str, dict[str, object]], prefill: dict[str, list[float]] | None = None) -> store.RunDir:
+    run = store.RunDir.create(tmp_path, "t")
+    store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "baseline"}},
+                                        "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
+    for variant, series in values.items():
+        launch = run.new_launch_dir(variant)
+        store.write_new(launch / "server.json", {"kind": "server", "variant": variant, "repeat": 0,
+                                                 "flags": flags[variant], "facts": facts(kv[variant]),
+                                                 "ready_s": 60.0})
+        for repeat, value in enumerate(series):
+            run.write_cell(variant, repeat, cell(SPEC, value), launch=launch.name, telemetry=None)
+        for repeat, value in enumerate((prefill or {}).get(variant, [])):
+            run.write_cell(variant, repeat, cell(PREFILL, value), launch=launch.name, telemetry=None)
+    return run
+
+
+@pytest.mark.parametrize("shift, verdict", [(0.02, "inside noise"), (0.15, "better"), (-0.15, "worse")])
+def test_verdicts_on_constructed_repeats(shift: float, verdict: str) -> None:
+    base = [100.0, 102.0, 98.0, 101.0, 99.0]
+    other = [v * (1 + shift) for v in base]
+    result = compare.verdict_for(base, other, direction=1)
+    assert result.verdict == verdict
+    assert result.change_pct == pytest.approx(100 * shift)
+    assert result.ci95_pct is not None and result.ci95_pct[0] < 100 * shift < result.ci95_pct[1]
+
+
+def test_lower_is_better_for_latency() -> None:
+    assert compare.verdict_for([100.0, 101.0, 99.0], [80.0, 81.0, 79.0], direction=-1).verdict == "better"
+
+
+def test_single_measurements_say_they_have_no_interval() -> None:
+    result = compare.verdict_for([100.0], [101.0], direction=1)
+    assert result.verdict == "inside noise" and "no confidence interval" in result.note
+    assert result.ci95_pct is None
+
+
+def test_seed_000_batch_size_revert_and_memory_keep(tmp_path: Path) -> None:
+    # Seed 000: aggregate at 8 concurrent 312 -> 309 (batch), prefill 1,002 -> 1,019; KV 567,464 -> 562,838.
+    run = make_run(
+        tmp_path,
+        values={"baseline": [312.0, 310.0, 313.0], "memory": [311.0, 313.0, 312.0], "batch": [309.0, 311.0, 308.0]},
+        prefill={"baseline": [1002.0, 995.0, 1010.0], "memory": [1000.0, 1008.0, 998.0],
+                 "batch": [1019.0, 1001.0, 1012.0]},
+        kv={"baseline": 493_447, "memory": 567_464, "batch": 562_838},
+        flags={"baseline": {"gpu-memory-utilization": 0.90, "max-num-batched-tokens": 2048},
+               "memory": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 2048},
+               "batch": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 8192}},
+    )
+    diffs = {d.variant: d for d in compare.diff_run(run)}
+    memory = diffs["memory"].recommendation
+    assert memory.startswith("gpu-memory-utilization 0.9 -> 0.95:")
+    assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
+    assert all(m.verdict == "inside noise" for c in diffs["batch"].cells for m in c.metrics if m.baseline)
+    # Against "memory" (its own predecessor) the bigger chunk only costs cache.
+    against_memory = {d.variant: d for d in compare.diff_run(run, baseline="memory")}["batch"].recommendation
+    assert "max-num-batched-tokens 2,048 -> 8,192" in against_memory
+    assert "inside noise in every cell" in against_memory and "KV cache -0.8%" in against_memory
+    assert against_memory.endswith(": revert")
+
+
+def test_incomparable_versions_are_marked(tmp_path: Path) -> None:
+    run = make_run(tmp_path, values={"baseline": [100.0, 101.0], "other": [150.0, 151.0]},
+                   kv={"baseline": 1000, "other": 1000}, flags={"baseline": {}, "other": {"x": 1}})
+    server = next(run.root.glob("variants/other/launch-1/server.json"))
+    data = json.loads(server.read_text())
+    data["facts"]["vllm_version"] = "0.32.0"
+    server.unlink()
+    server.write_text(json.dumps(data))
+    diff = compare.diff_run(run)[0]
+    assert not diff.comparable and "vLLM version" in diff.not_comparable_reason
+    assert {m.verdict for c in diff.cells for m in c.metrics} == {"not comparable"}
+    forced = compare.diff_run(run, force=True)[0]
+    assert {m.verdict for c in forced.cells for m in c.metrics if m.metric == "total_tok_s"} == {"better"}
+
+
+def test_drift_sentinel(tmp_path: Path) -> None:
+    steady = make_run(tmp_path / "a", values={"baseline": [100.0, 101.0, 99.5]}, kv={"baseline": 1},
+                      flags={"baseline": {}})
+    assert compare.drift(steady).checked and not compare.drift(steady).drifted
+    drifting = make_run(tmp_path / "b", values={"baseline": [100.0, 95.0, 88.0]}, kv={"baseline": 1},
+                        flags={"baseline": {}})
+    result = compare.drift(drifting)
+    assert result.drifted and "DRIFTED" in result.message and result.median_change_pct == pytest.approx(-12.0)
+
+
+def test_files_are_versioned_and_never_overwritten(tmp_path: Path) -> None:
+    path = store.write_new(tmp_path / "x.json", {"a": 1})
+    assert json.loads(path.read_text())["schema_version"] == store.SCHEMA_VERSION
+    with pytest.raises(ResultFormatError, match="never overwritten"):
+        store.write_new(path, {"a": 2})
+    assert json.loads(path.read_text())["a"] == 1
+    assert list(tmp_path.glob(".*tmp")) == []
+
+
+def test_newer_schema_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    path = tmp_path / "rep-0.json"
+    path.write_text(json.dumps({"schema_version": store.SCHEMA_VERSION + 1, "result": {}}))
+    with pytest.raises(ResultFormatError) as caught:
+        store.read(path)
+    assert "newer than this vllm-campaign understands" in str(caught.value)
+    assert "upgrade vllm-campaign" in str(caught.value)
+
+
+def test_export_rows(tmp_path: Path) -> None:
+    from campaign import report
+
+    run = make_run(tmp_path, values={"baseline": [100.0, 101.0]}, kv={"baseline": 1}, flags={"baseline": {}})
+    rows = report.export_rows(run.cells())
+    assert [r["repeat"] for r in rows] == [0, 1]
+    for key in ["variant", "phase", "context_tokens", "concurrency", "status", "total_tok_s", "per_request_tok_s",
+                "ttft_ms", "itl_ms", "avg_active", "completed", "output_tokens", "measured_s", "discarded_steps",
+                "repeat"]:
+        assert key in rows[0]
+    csv_text = report.rows_csv(rows)
+    assert csv_text.splitlines()[0].startswith("variant,phase,context_tokens")
