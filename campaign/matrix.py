@@ -79,7 +79,89 @@ class DecodeWorkload(_Workload):
         ]
 
 
-Workload = Annotated[PrefillWorkload | DecodeWorkload, Field(discriminator="kind")]
+class _Experiment(_Workload):
+    """A workload of the study issue: measured after the cells of each launch, stored under experiments/."""
+
+    def cells(self, window_s: float) -> list[CellSpec]:
+        return []
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+
+class ContextWindowExperiment(_Experiment):
+    kind: Literal["context-window"]
+    reply_tokens: int = Field(default=200, gt=1)
+
+    @property
+    def key(self) -> str:
+        return "context-window"
+
+
+class LongContextExperiment(_Experiment):
+    kind: Literal["long-context"]
+    contexts: TokenList = Field(min_length=1)
+    reply_tokens: int = Field(default=128, gt=1)
+
+    _contexts = field_validator("contexts", mode="before")(_token_list)
+
+    @property
+    def key(self) -> str:
+        return "long-context"
+
+
+class OverloadExperiment(_Experiment):
+    kind: Literal["overload"]
+    factor: float = Field(default=1.25, gt=1.0)
+    max_num_seqs: int | None = Field(default=None, gt=0)  # default: the launched flags' max-num-seqs
+    prompt_tokens: int = Field(default=64, gt=0)
+    reply_tokens: int = Field(default=64, gt=0)
+
+    @property
+    def key(self) -> str:
+        return f"overload-x{self.factor:g}"
+
+
+class PrefixOrderExperiment(_Experiment):
+    kind: Literal["prefix-order"]
+    agents: int = Field(default=4, ge=2)
+    shared_tokens: int = Field(default=2400, gt=0)
+    task_tokens: int = Field(default=200, gt=0)
+    reply_tokens: int = Field(default=64, gt=0)
+
+    @property
+    def key(self) -> str:
+        return f"prefix-order-K{self.agents}"
+
+
+class RepeatExperiment(_Experiment):
+    """One decode cell measured `times` times in a row, to see bimodal behaviour (seed 000's 4-wide runs)."""
+
+    kind: Literal["repeat"]
+    context: int
+    concurrency: int = Field(gt=0)
+    mode: Literal["sustained", "fixed"] = "fixed"
+    max_tokens: int = Field(default=256, gt=0)
+    window_s: float | None = Field(default=None, gt=0)
+    times: int = Field(default=4, ge=2)
+
+    _context = field_validator("context", mode="before")(tokens)
+
+    def spec(self, window_s: float) -> CellSpec:
+        return CellSpec(phase="decode", context_tokens=self.context, concurrency=self.concurrency, mode=self.mode,
+                        max_tokens=self.max_tokens, window_s=self.window_s or window_s)
+
+    @property
+    def key(self) -> str:
+        return f"repeat-{self.spec(30.0).key}"
+
+
+Experiment = ContextWindowExperiment | LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | \
+    RepeatExperiment
+WORKLOAD_KINDS = ("prefill", "decode", "context-window", "long-context", "overload", "prefix-order", "repeat")
+Workload = Annotated[PrefillWorkload | DecodeWorkload | ContextWindowExperiment | LongContextExperiment |
+                     OverloadExperiment | PrefixOrderExperiment | RepeatExperiment, Field(discriminator="kind")]
 
 
 class Variant(BaseModel):
@@ -133,6 +215,9 @@ class Matrix(BaseModel):
         variants = self.all_variants()
         return sorted(variants, key=lambda v: v.name != self.baseline)
 
+    def experiments(self) -> list[Experiment]:
+        return [w for w in self.workloads if isinstance(w, _Experiment)]
+
     def cells(self) -> list[CellSpec]:
         seen: dict[str, CellSpec] = {}
         for workload in self.workloads:
@@ -178,10 +263,10 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
                           hint="upgrade vllm-campaign")
     for index, workload in enumerate(data.get("workloads") or []):
         kind = workload.get("kind") if isinstance(workload, dict) else None
-        if isinstance(kind, str) and kind not in {"prefill", "decode"}:
-            suggestion = did_you_mean(kind, ["prefill", "decode"])
-            raise ConfigError(str(path), f"workloads[{index}].kind", f"unknown workload kind {kind!r}",
-                              hint=f"did you mean {suggestion}?" if suggestion else "kinds: prefill, decode")
+        if isinstance(kind, str) and kind not in WORKLOAD_KINDS:
+            suggestion = did_you_mean(kind, WORKLOAD_KINDS)
+            hint = f"did you mean {suggestion}?" if suggestion else f"kinds: {', '.join(WORKLOAD_KINDS)}"
+            raise ConfigError(str(path), f"workloads[{index}].kind", f"unknown workload kind {kind!r}", hint=hint)
     try:
         matrix = Matrix.model_validate(data)
     except ValidationError as exc:
@@ -202,13 +287,15 @@ def _raise_matrix_error(path: str, exc: ValidationError) -> None:
     first = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
     loc = list(first["loc"])
     # Workload errors carry the union tag in their location (workloads.0.decode.concurrency): drop it.
-    if len(loc) > 2 and loc[0] == "workloads" and loc[2] in {"prefill", "decode"}:
+    if len(loc) > 2 and loc[0] == "workloads" and loc[2] in WORKLOAD_KINDS:
         del loc[2]
     key = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
     if first["type"] == "extra_forbidden":
         fields: set[str] = set(Matrix.model_fields)
         if loc[0] == "workloads":
-            fields = set(PrefillWorkload.model_fields) | set(DecodeWorkload.model_fields)
+            fields = {f for model in (PrefillWorkload, DecodeWorkload, ContextWindowExperiment, LongContextExperiment,
+                                      OverloadExperiment, PrefixOrderExperiment, RepeatExperiment)
+                      for f in model.model_fields}
         elif loc[0] == "variants":
             fields = set(Variant.model_fields)
         suggestion = did_you_mean(str(loc[-1]), fields)

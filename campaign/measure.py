@@ -36,7 +36,10 @@ from campaign.errors import MetricMissingError
 from campaign.prompts import PromptSource
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
-SAMPLE_EVERY_S = 0.5
+# Rendering /metrics blocks vLLM's API server (the process that streams every token) for a noticeable time,
+# so sampling the queue gauges during a window perturbs what is measured: on the 2-core CPU build, scraping
+# every 0.5 s turned smooth 2-3 ms token gaps into 130 ms bursts. Sample sparsely, inside the window only.
+SAMPLE_EVERY_S = 5.0
 
 
 @dataclass(kw_only=True)
@@ -50,6 +53,8 @@ class Target:
     block_size: int | None = None
     max_model_len: int | None = None
     server_version: str | None = None
+    # The scheduler cap, when the launch passed it (vLLM logs it only then): exact, unlike a sampled gauge.
+    max_num_seqs: int | None = None
 
 
 @dataclass
@@ -171,46 +176,52 @@ class Measurer:
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )
 
-    async def _sampler(self, control: httpx.AsyncClient, running: list[tuple[float, float]],
-                       waiting: list[tuple[float, float]], stop: asyncio.Event) -> None:
-        while not stop.is_set():
+    async def _sampler(self, control: httpx.AsyncClient, running: list[float], waiting: list[float],
+                       window_open: asyncio.Event, stop: asyncio.Event, interval_s: float) -> None:
+        """Running/waiting gauges: first at half an interval into the window, then every interval."""
+        await window_open.wait()
+        delay = interval_s / 2
+        while True:
             try:
-                snap = await self.scrape(control)
-                running.append((snap.t, snap.value(m.RUNNING)))
-                waiting.append((snap.t, snap.value(m.WAITING)))
-            except (httpx.HTTPError, MetricMissingError):
-                pass  # a missed sample is a missing sample, never a zero
-            try:
-                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY_S)
+                await asyncio.wait_for(stop.wait(), delay)
+                return
             except TimeoutError:
                 pass
+            try:
+                snap = await self.scrape(control)
+                running.append(snap.value(m.RUNNING))
+                waiting.append(snap.value(m.WAITING))
+            except (httpx.HTTPError, MetricMissingError):
+                pass  # a missed sample is a missing sample, never a zero
+            delay = interval_s
 
     async def _run_step(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
                         control: httpx.AsyncClient) -> _Step:
         records: list[RequestRecord] = []
-        running: list[tuple[float, float]] = []
-        waiting: list[tuple[float, float]] = []
+        running: list[float] = []
+        waiting: list[float] = []
+        window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
-        sampler = asyncio.create_task(self._sampler(control, running, waiting, stop_sampling))
+        interval = min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
+        sampler = asyncio.create_task(self._sampler(control, running, waiting, window_open, stop_sampling, interval))
         me = psutil.Process()
         cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
         window: tuple[float, float] | None = None
         try:
             if spec.phase == "prefill" or spec.mode == "fixed":
+                if spec.phase == "decode":
+                    window_open.set()
                 n = 1 if spec.phase == "prefill" else spec.concurrency
                 records = list(await asyncio.gather(*(
                     self._one(client, spec.context_tokens, max_tokens) for _ in range(n))))
             else:
-                window = await self._sustained(spec, max_tokens, client, records)
+                window = await self._sustained(spec, max_tokens, client, records, window_open)
         finally:
             stop_sampling.set()
+            window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
             await sampler
         cpu = (sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0)
-        lo, hi = window if window else (float("-inf"), float("inf"))
-        # Perf-counter and monotonic share a clock basis on Linux (CLOCK_MONOTONIC).
-        return _Step(records=records, window=window,
-                     running=[v for t, v in running if lo <= t <= hi],
-                     waiting=[v for t, v in waiting if lo <= t <= hi], cpu=cpu)
+        return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu)
 
     async def _one(self, client: httpx.AsyncClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None) -> RequestRecord:
@@ -219,7 +230,7 @@ class Measurer:
                                        first_token=first_token)
 
     async def _sustained(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
-                         records: list[RequestRecord]) -> tuple[float, float]:
+                         records: list[RequestRecord], window_open: asyncio.Event) -> tuple[float, float]:
         """Keep exactly C streams busy; the window opens once every first stream has produced a token and
         the warm-up has passed; at its end no new request starts and the running ones are drained."""
         stop = asyncio.Event()
@@ -254,6 +265,7 @@ class Measurer:
                     watcher.cancel()
             await asyncio.sleep(spec.warmup_s)
             start = time.perf_counter()
+            window_open.set()
             try:
                 await asyncio.wait_for(failed.wait(), spec.window_s)
             except TimeoutError:
@@ -299,7 +311,11 @@ class Measurer:
         running_median = stats.median(step.running)
         waiting_max = max(step.waiting) if step.waiting else None
         sustained = spec.phase == "decode" and spec.mode == "sustained"
-        if sustained and waiting_max:
+        cap = self.target.max_num_seqs
+        if spec.phase == "decode" and cap is not None and spec.concurrency > cap:
+            reasons.append(f"{spec.concurrency} requests at once exceed max-num-seqs {cap}: at most {cap} run, "
+                           "the rest queue")
+        elif sustained and waiting_max:
             # A queued request is one not running: the server ran fewer than C at once.
             reasons.append(f"fewer than {spec.concurrency} requests running: up to {waiting_max:g} waited in the "
                            "server queue during the window (max-num-seqs or KV cache too small?)")
@@ -311,16 +327,13 @@ class Measurer:
         if status == "Valid" and reasons:
             status = "Invalid"
 
-        drafts = delta.optional(m.SPEC_DRAFTS)
-        draft_tokens = delta.optional(m.SPEC_DRAFT_TOKENS)
-        accepted = delta.optional(m.SPEC_ACCEPTED)
+        acceptance_rate, acceptance_length = m.spec_decode(delta)
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
             **base, status=status, reasons=reasons, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,
-            spec_acceptance_rate=(accepted / draft_tokens) if accepted is not None and draft_tokens else None,
-            spec_mean_acceptance_length=(1 + accepted / drafts) if accepted is not None and drafts else None,
+            spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             attempts=attempts, requests=[r.to_dict() for r in records],
         )

@@ -106,3 +106,14 @@ class Delta:
         if self.before.has(name) and self.after.has(name):
             return self.after.values[name] - self.before.values[name]
         return None
+
+
+def spec_decode(delta: Delta) -> tuple[float | None, float | None]:
+    """(acceptance rate, mean acceptance length) over a step; None without speculative decoding.
+    Rate = accepted / drafted tokens; length = 1 + accepted / drafts (vLLM's own definitions)."""
+    drafts = delta.optional(SPEC_DRAFTS)
+    draft_tokens = delta.optional(SPEC_DRAFT_TOKENS)
+    accepted = delta.optional(SPEC_ACCEPTED)
+    rate = accepted / draft_tokens if accepted is not None and draft_tokens else None
+    length = 1 + accepted / drafts if accepted is not None and drafts else None
+    return rate, length

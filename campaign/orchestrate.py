@@ -17,13 +17,25 @@ from typing import Any
 
 import httpx
 
-from campaign import gpu, store
+from campaign import gpu, store, study
 from campaign.argv import redact
 from campaign.cells import CellResult, CellSpec
 from campaign.envinfo import machine_info, tool_info
 from campaign.errors import CampaignError, LaunchError, MetricMissingError
 from campaign.launcher import LaunchedServer, launched
-from campaign.matrix import SUGGESTED, Matrix, Variant, definition_hash, schedule
+from campaign.matrix import (
+    SUGGESTED,
+    ContextWindowExperiment,
+    Experiment,
+    LongContextExperiment,
+    Matrix,
+    OverloadExperiment,
+    PrefixOrderExperiment,
+    RepeatExperiment,
+    Variant,
+    definition_hash,
+    schedule,
+)
 from campaign.measure import Measurer, Target
 from campaign.profiles import FlagValue, LaunchProfile, normalize_flag
 from campaign.progress import Progress
@@ -39,8 +51,18 @@ def estimate_cell_s(spec: CellSpec) -> float:
     return 10.0
 
 
+def estimate_experiment_s(experiment: Experiment, window_s: float) -> float:
+    """A rough guess, assuming about 1,000 prompt tokens/s (the A5000 pair's rate) for long prompts."""
+    if isinstance(experiment, LongContextExperiment):
+        return sum(5.0 + c / 1000.0 for c in experiment.contexts)
+    if isinstance(experiment, RepeatExperiment):
+        return experiment.times * estimate_cell_s(experiment.spec(window_s))
+    return 10.0
+
+
 def estimate_s(matrix: Matrix, launches: int, launch_s: float = LAUNCH_ESTIMATE_S) -> float:
     per_launch = sum(estimate_cell_s(c) for c in matrix.cells())
+    per_launch += sum(estimate_experiment_s(e, matrix.window_s) for e in matrix.experiments())
     return launches * (launch_s + per_launch)
 
 
@@ -66,9 +88,11 @@ class Campaign:
     def execute(self) -> None:
         for variant_name, repeat in schedule(self.matrix):
             pending = [c for c in self.cells if not self.run.done(variant_name, c.key, repeat)]
-            if not pending:
-                continue  # resumed: this launch's cells are all stored
-            self._serve(self.variants[variant_name], repeat, pending)
+            experiments = [e for e in self.matrix.experiments()
+                           if not self.run.experiment_path(variant_name, e.key, repeat).exists()]
+            if not pending and not experiments:
+                continue  # resumed: this launch's work is all stored
+            self._serve(self.variants[variant_name], repeat, pending, experiments)
 
     def _resolve_flags(self, variant: Variant) -> dict[str, FlagValue]:
         flags: dict[str, FlagValue] = {}
@@ -91,19 +115,21 @@ class Campaign:
                 return float(value) if value is not None else None
         return None
 
-    def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec]) -> None:
+    def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec], experiments: list[Experiment]) -> None:
         queue = list(pending)
         retried: set[str] = set()
-        while queue:
+        while True:
             launch_dir = self.run.new_launch_dir(variant.name)
             label = f"{variant.name} (repeat {repeat + 1})"
             self.progress.status(f"launching {label}")
+            server: LaunchedServer | None = None
             try:
                 flags = self._resolve_flags(variant)
                 with launched(self.profile, launch_dir / "server.log", flags, engine=self.options.engine) as server:
                     self._record_server(launch_dir, variant, repeat, flags, server)
                     died = self._measure(server, variant, repeat, queue, retried, launch_dir)
-                self._record_stop(launch_dir, server)
+                    if not died:
+                        self._experiments(server, variant, repeat, experiments, launch_dir)
                 if not died:
                     return
                 self.progress.note(f"{label}: the server died during a cell; relaunching to retry it once")
@@ -117,16 +143,16 @@ class Campaign:
                                      LaunchError(exc.message, kind="metric_missing", hint=exc.hint))
                 return
             finally:
+                # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
+                if server is not None:
+                    self._record_stop(launch_dir, server)
                 self._scrub_log(launch_dir / "server.log")
 
     def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
-        facts = server.facts
         measurer = Measurer(
-            Target(base_url=server.spec.base_url, model=server.spec.served_model_name, api_key=server.spec.api_key,
-                   kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
-                   max_model_len=facts.max_model_len, server_version=facts.vllm_version),
+            self._target(server),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
         )
@@ -153,6 +179,47 @@ class Campaign:
             queue.pop(0)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
         return False
+
+    def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],
+                     launch_dir: Path) -> None:
+        for experiment in experiments:
+            self.progress.status(f"{variant.name} (repeat {repeat + 1}): experiment {experiment.key}")
+            try:
+                result = asyncio.run(self._experiment(server, experiment))
+            except httpx.HTTPError as exc:
+                result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
+                                                reasons=[f"{type(exc).__name__}: {exc}"])
+            self.run.write_experiment(variant.name, repeat, result, launch=launch_dir.name)
+            self.progress.note(f"  {variant.name} r{repeat + 1} {experiment.key}: {result.status}: "
+                               f"{result.verdict or '; '.join(result.reasons)}")
+
+    async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
+        target = self._target(server)
+        if isinstance(experiment, ContextWindowExperiment):
+            return await study.context_window(target, reply_tokens=experiment.reply_tokens)
+        if isinstance(experiment, LongContextExperiment):
+            return await study.long_context(target, experiment.contexts, reply_tokens=experiment.reply_tokens)
+        if isinstance(experiment, OverloadExperiment):
+            seqs = experiment.max_num_seqs or _int_flag(server.spec.flags.get("max-num-seqs"))
+            if seqs is None:
+                return study.ExperimentResult(
+                    kind="overload", key=experiment.key, status="Invalid",
+                    reasons=["max-num-seqs unknown (vLLM logs it only when passed): set it in the profile, "
+                             "the variant, or the experiment's max_num_seqs"])
+            return await study.overload(target, max_num_seqs=seqs, factor=experiment.factor,
+                                        prompt_tokens=experiment.prompt_tokens, reply_tokens=experiment.reply_tokens)
+        if isinstance(experiment, PrefixOrderExperiment):
+            return await study.prefix_order(target, block_size=server.facts.block_size, agents=experiment.agents,
+                                            shared_tokens=experiment.shared_tokens, task_tokens=experiment.task_tokens,
+                                            reply_tokens=experiment.reply_tokens)
+        return await study.repeat_cell(target, experiment.spec(self.matrix.window_s), times=experiment.times)
+
+    def _target(self, server: LaunchedServer) -> Target:
+        facts = server.facts
+        return Target(base_url=server.spec.base_url, model=server.spec.served_model_name, api_key=server.spec.api_key,
+                      kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
+                      max_model_len=facts.max_model_len, server_version=facts.vllm_version,
+                      max_num_seqs=_int_flag(server.spec.flags.get("max-num-seqs")))
 
     # --- records -----------------------------------------------------------------------------------------
     def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
@@ -193,6 +260,13 @@ class Campaign:
             text = log.read_text(errors="replace")
             if key in text:
                 store.replace_text(log, text.replace(key, "<redacted>"))
+
+
+def _int_flag(value: object) -> int | None:
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _cell_line(variant: str, repeat: int, result: CellResult) -> str:

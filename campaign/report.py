@@ -197,3 +197,61 @@ def cells_by_variant_text(run: Any) -> str:
     for failure in failures:
         parts.append(f"### {failure['variant']}: FAILED TO START ({failure['failure_kind']}): {failure['message']}")
     return "\n\n".join(parts)
+
+
+def short_answers_text(variant: str, a: dict[str, Any]) -> str:
+    """Seed 000's first table, generated: every number says whether it is one stream or the whole card."""
+    def num(value: Any, unit: str = "") -> str:
+        return DASH if value is None else f"{fmt_num(value)}{unit}"
+
+    floor = a.get("useful_floor_tok_s")
+    rows = [
+        ["One request, nothing else running (single-stream)",
+         f"{num(a.get('single_stream_tok_s'), ' tok/s')}, first token in {fmt_ms(a.get('single_stream_ttft_ms'))}"],
+        ["The whole server, batched (aggregate peak)",
+         f"{num(a.get('aggregate_peak_tok_s'), ' tok/s')}"
+         + (f" at {a['aggregate_peak_concurrency']} concurrent" if a.get("aggregate_peak_concurrency") else "")],
+        ["Prompt processing", num(a.get("prompt_tok_s"), " tok/s")],
+        ["Context window", f"{num(a.get('context_window'))} tokens, prompt and completion share it"],
+        ["Concurrent requests accepted (max-num-seqs)", num(a.get("max_num_seqs"))],
+        [f"Concurrent requests that are useful (at {floor:g} tok/s each)" if floor else "Useful concurrency",
+         num(a.get("useful_concurrency"))],
+    ]
+    lines = [f"Short answers: {variant}", table(["Question", "Answer"], rows)]
+    capacity = a.get("capacity_at_floor") or {}
+    if capacity:
+        lines.append("Agents at a speed floor: " + ", ".join(
+            f"{f} tok/s -> {DASH if c is None else c}" for f, c in capacity.items()))
+    knee = a.get("knee")
+    if knee:
+        lines.append(f"Knee: {knee['concurrency']} -> {knee['next_concurrency']} concurrent buys "
+                     f"{knee['aggregate_gain_pct']:+.0f}% aggregate and costs {knee['per_request_loss_pct']:.0f}% of "
+                     "each request's speed: past it the server only queues")
+    if a.get("naive_capacity_warning"):
+        lines.append(f"warning: {a['naive_capacity_warning']}")
+    roof = a.get("roofline") or {}
+    if roof.get("known"):
+        parts = [f"Roofline ({roof['gpus']} x {roof['hardware']}, {roof['model']}): single-stream decode bound "
+                 f"{fmt_num(roof['decode_bound_tok_s'])} tok/s (weights/TP read per token, the group's bandwidth "
+                 f"pooled), prefill bound {fmt_num(roof['prefill_bound_tok_s'])} tok/s (dense BF16 peak)"]
+        if roof.get("decode_ratio") is not None:
+            parts.append(f"decode runs at {100 * roof['decode_ratio']:.0f}% of its bandwidth bound")
+        if roof.get("prefill_ratio") is not None:
+            parts.append(f"prompt processing runs at {100 * roof['prefill_ratio']:.0f}% of the cards' compute")
+        lines.append("; ".join(parts))
+    elif roof.get("note"):
+        lines.append(str(roof["note"]))
+    fit = a.get("agents_that_fit") or {}
+    if any(v is not None for v in fit.values()):
+        lines.append("Agents that fit in the KV cache: " + ", ".join(
+            f"{int(c):,} tokens -> {DASH if n is None else n}" for c, n in fit.items()))
+    return "\n".join(lines)
+
+
+def experiments_text(stored: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for item in stored:
+        result = item["result"]
+        text = result.get("verdict") or "; ".join(result.get("reasons") or [])
+        lines.append(f"  {item['variant']} r{item['repeat'] + 1} {result['key']}: {result['status']}: {text}")
+    return "Experiments\n" + "\n".join(lines) if lines else ""

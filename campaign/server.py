@@ -98,6 +98,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env=self.spec.child_env(),
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -270,6 +271,19 @@ class ServerProcess:
         # Also on KeyboardInterrupt: Ctrl-C during a launch still tears the server down.
         if self.proc is not None:
             self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: if the controller is killed outright (SIGKILL, OOM), the server gets
+    SIGTERM instead of living on unowned in its own session. Linux only; elsewhere a no-op."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _running(proc: psutil.Process) -> bool:

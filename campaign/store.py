@@ -131,6 +131,19 @@ class RunDir:
     def done(self, variant: str, cell_key: str, repeat: int) -> bool:
         return self.cell_path(variant, cell_key, repeat).exists()
 
+    def experiment_path(self, variant: str, key: str, repeat: int) -> Path:
+        return self.variant_dir(variant) / "experiments" / safe_name(key) / f"rep-{repeat}.json"
+
+    def write_experiment(self, variant: str, repeat: int, result: Any, *, launch: str) -> Path:
+        return write_new(self.experiment_path(variant, result.key, repeat), {
+            "kind": "experiment", "variant": variant, "repeat": repeat, "launch": launch,
+            "written_utc": datetime.now(UTC).isoformat(), "result": result.model_dump(mode="json"),
+        })
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """Stored experiment results: dicts with variant, repeat and result (study.ExperimentResult fields)."""
+        return [read(p) for p in sorted(self.root.glob("variants/*/experiments/*/rep-*.json"))]
+
     def new_launch_dir(self, variant: str) -> Path:
         base = self.variant_dir(variant)
         base.mkdir(parents=True, exist_ok=True)

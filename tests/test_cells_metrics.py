@@ -118,3 +118,20 @@ def test_missing_family_is_an_error_naming_it_and_the_version() -> None:
         snapshot.require(metrics.MEASUREMENT_METRICS)
     text = str(caught.value)
     assert "vllm:generation_tokens_total" in text and "0.33.0" in text and "--disable-log-stats" in text
+
+
+def test_speculative_counters_give_acceptance_rate_and_length() -> None:
+    def snap(drafts: float, draft_tokens: float, accepted: float) -> metrics.MetricsSnapshot:
+        return metrics.parse(
+            "# TYPE vllm:spec_decode_num_drafts counter\n"
+            f'vllm:spec_decode_num_drafts_total{{engine="0"}} {drafts}\n'
+            "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {draft_tokens}\n'
+            "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}\n')
+
+    # MTP with 2 speculative tokens: 1,000 drafts of 2 tokens, 1,400 accepted.
+    rate, length = metrics.spec_decode(metrics.Delta(snap(500, 1000, 600), snap(1500, 3000, 2000)))
+    assert rate == pytest.approx(0.70) and length == pytest.approx(2.4)
+    plain = metrics.parse("# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total 1.0\n")
+    assert metrics.spec_decode(metrics.Delta(plain, plain)) == (None, None)

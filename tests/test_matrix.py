@@ -31,7 +31,6 @@ def write(tmp_path: Path, text: str) -> str:
 
 
 def test_misspelt_flag_in_a_variant(tmp_path: Path) -> None:
-    text = BASE + "  - name: c\n    flags: {gpu-memory-utilisation: 0.95}\n".replace("  - name: c", "")
     text = BASE.replace("    flags: {max-num-seqs: 8}", "    flags: {max-num-seqs: 8}\n  - name: c\n    flags: {}\n"
                         "  - name: d\n    flags: {gpu-memory-utilisation: 0.95}")
     with pytest.raises(ConfigError) as caught:
@@ -60,7 +59,8 @@ def test_baseline_must_be_a_variant(tmp_path: Path) -> None:
 def test_suggested_only_for_memory_utilisation(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="only gpu-memory-utilization can be `suggested`"):
         load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{max-num-seqs: suggested}")))
-    matrix, _, _ = load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{gpu-memory-utilization: suggested}")))
+    text = BASE.replace("{max-num-seqs: 8}", "{gpu-memory-utilization: suggested}")
+    matrix, _, _ = load_matrix(write(tmp_path, text))
     assert matrix.variants[1].flags["gpu-memory-utilization"] == "suggested"
 
 

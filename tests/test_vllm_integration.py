@@ -203,3 +203,55 @@ def test_stop_leaves_no_process_and_a_free_port(vllm_server: LaunchedServer) -> 
 
 def test_log_of_the_shared_server_is_kept(vllm_server: LaunchedServer) -> None:
     assert Path(vllm_server.process.log_path).stat().st_size > 0
+
+
+def test_context_window_experiment_reports_the_silent_clamp(target: Target) -> None:
+    from campaign import study
+
+    result = asyncio.run(study.context_window(target))
+    assert result.status == "Valid"
+    assert result.details["over_total"]["behaviour"] == "clamps silently"
+    assert result.details["over_prompt"]["status"] == 400
+    assert "silently clamps" in result.verdict and "refused with 400" in result.verdict
+
+
+def test_long_context_experiment(target: Target) -> None:
+    from campaign import study
+
+    result = asyncio.run(study.long_context(target, [256, 1024, 1792], reply_tokens=32))
+    assert result.status == "Valid", result.reasons
+    assert [r["context_tokens"] for r in result.details["rows"]] == [256, 1024, 1792]
+    assert result.values["prompt_tok_s"] and result.values["silence_s_per_1k_prompt_tokens"]
+    assert "seconds of silence" in result.verdict or "s of silence per 1,000 prompt tokens" in result.verdict
+
+
+def test_overload_experiment_shows_the_queue(target: Target) -> None:
+    from campaign import study
+
+    result = asyncio.run(study.overload(target, max_num_seqs=64, factor=1.25, reply_tokens=64))
+    assert result.details["requests"] == 80
+    assert result.values["completed"] == 80 and result.values["errored"] == 0
+    assert result.values["peak_running"] is not None and result.values["peak_running"] <= 64
+    assert result.values["peak_waiting"] is not None and result.values["peak_waiting"] >= 1
+    assert "ran concurrently" in result.verdict and "hiding a queue" in result.verdict
+
+
+def test_prefix_order_experiment_sizes_the_block_from_the_server(target: Target) -> None:
+    from campaign import study
+
+    result = asyncio.run(study.prefix_order(target, block_size=target.block_size, agents=4, shared_tokens=1000,
+                                            task_tokens=128, reply_tokens=32))
+    assert result.status == "Valid", result.reasons
+    assert result.details["shared_tokens"] == 1024  # 1,000 rounded up to whole 128-token blocks
+    arms = result.details["arms"]
+    assert arms["shared-first"]["hit_rate"] > 0
+    assert arms["task-first"]["hit_rate"] == 0 and arms["unrelated"]["hit_rate"] == 0
+
+
+def test_repeat_experiment_keeps_every_run(target: Target) -> None:
+    from campaign import study
+
+    spec = CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=32)
+    result = asyncio.run(study.repeat_cell(target, spec, times=4))
+    assert result.status == "Valid"
+    assert len(result.details["runs"]) == 4

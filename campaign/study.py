@@ -1,0 +1,275 @@
+"""Seed 000's experiments, each measured against a running server and stored like any cell.
+
+- context window: does prompt + reply over max_model_len get a 400, or a silently clamped reply?
+- long-context cost: time to first token and generation speed after prompts of growing size
+- scheduler cap and overload: more simultaneous requests than max-num-seqs; peak running and waiting
+- prefix order: shared block first, task first, unrelated; wall time and prefix-cache hit rate
+- repeat: one cell measured N times, to see bimodal behaviour instead of averaging it away
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaign import answers, stats
+from campaign import metrics as m
+from campaign.cells import CellSpec
+from campaign.client import RequestRecord, new_client, stream_completion
+from campaign.measure import Measurer, Target
+from campaign.prompts import PromptSource
+
+ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat"]
+
+
+class ExperimentResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ExperimentKind
+    key: str
+    status: Literal["Valid", "Invalid", "Failed"]
+    reasons: list[str] = Field(default_factory=list)
+    # Headline numbers, compared across variants like cell metrics (None when undefined).
+    values: dict[str, float | None] = Field(default_factory=dict)
+    verdict: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+    requests: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# Direction of each headline value for diffs: +1 higher is better, -1 lower is better.
+VALUE_DIRECTIONS = {
+    "prompt_tok_s": 1, "silence_s_per_1k_prompt_tokens": -1, "generation_tok_s_drop_pct": -1,
+    "peak_running": 1, "peak_waiting": -1, "errored": -1, "completed": 1,
+    "shared_first_wall_s": -1, "shared_first_hit_rate": 1, "speedup": 1,
+    "mean_total_tok_s": 1,
+}
+
+
+async def _scrape(target: Target, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+    response = await client.get(f"{target.base_url}/metrics")
+    response.raise_for_status()
+    return m.parse(response.text, server_version=target.server_version)
+
+
+# --- context window -----------------------------------------------------------------------------------
+async def context_window(target: Target, *, reply_tokens: int = 200) -> ExperimentResult:
+    """Two requests a user would send: prompt + reply just over the window, and a prompt alone over it.
+    Sent without min_tokens, as an ordinary client would, so a silent clamp shows as a short reply."""
+    if target.max_model_len is None:
+        return ExperimentResult(kind="context-window", key="context-window", status="Invalid",
+                                reasons=["max_model_len unknown: nothing to probe"])
+    window = target.max_model_len
+    prompts = PromptSource()
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    over_total = prompts.unique(window - reply_tokens // 2)
+    over_prompt = prompts.unique(window + 16)
+    async with httpx.AsyncClient(base_url=target.base_url, headers=headers, timeout=600) as client:
+        a = await client.post("/v1/completions", json={"model": target.model, "prompt": over_total,
+                                                       "max_tokens": reply_tokens, "ignore_eos": True})
+        b = await client.post("/v1/completions", json={"model": target.model, "prompt": over_prompt,
+                                                       "max_tokens": 1})
+    got = a.json().get("usage", {}).get("completion_tokens") if a.status_code == 200 else None
+    if a.status_code == 400:
+        behaviour = "refuses with 400"
+        verdict = (f"prompt + reply over the {window:,}-token window: the server refuses with a 400, rather than "
+                   "quietly truncating (what you want)")
+    elif a.status_code == 200 and got is not None and got < reply_tokens:
+        behaviour = "clamps silently"
+        verdict = (f"prompt + reply over the {window:,}-token window: the server answered 200 with {got} of "
+                   f"{reply_tokens} tokens: it silently clamps the reply (vLLM >= 0.32 does). Check "
+                   "usage.completion_tokens on every reply you depend on")
+    else:
+        behaviour = f"HTTP {a.status_code}"
+        verdict = f"prompt + reply over the window: unexpected answer HTTP {a.status_code}"
+    prompt_refused = b.status_code == 400
+    verdict += ("; a prompt alone over the window is refused with 400" if prompt_refused
+                else f"; a prompt alone over the window got HTTP {b.status_code}")
+    return ExperimentResult(
+        kind="context-window", key="context-window", status="Valid", verdict=verdict,
+        values={"clamped": 1.0 if behaviour == "clamps silently" else 0.0},
+        details={"max_model_len": window, "over_total": {"status": a.status_code, "completion_tokens": got,
+                                                         "asked": reply_tokens, "behaviour": behaviour},
+                 "over_prompt": {"status": b.status_code, "message": _message(b)}},
+    )
+
+
+def _message(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except ValueError:
+        return None
+    return str(error.get("message") if isinstance(error, dict) else error)[:300] if error else None
+
+
+# --- long-context cost ---------------------------------------------------------------------------------
+async def long_context(target: Target, contexts: list[int], *, reply_tokens: int = 128) -> ExperimentResult:
+    """TTFT against prompt size and the generation speed after it (seed 000's 6.6K / 26K / 82K table)."""
+    prompts = PromptSource()
+    rows: list[dict[str, Any]] = []
+    records: list[RequestRecord] = []
+    async with new_client(max_streams=1, api_key=target.api_key, base_url=target.base_url) as client:
+        for i, context in enumerate(sorted(contexts)):
+            if target.max_model_len is not None and context + reply_tokens > target.max_model_len:
+                rows.append({"context_tokens": context, "skipped": "over max_model_len"})
+                continue
+            rec = await stream_completion(client, model=target.model, prompt=prompts.unique(context),
+                                          max_tokens=reply_tokens, request_id=f"long{i}")
+            records.append(rec)
+            ttft = rec.ttft_s
+            rows.append({"context_tokens": context, "ttft_s": ttft, "generation_tok_s": rec.decode_tok_s,
+                         "prompt_tok_s": context / ttft if ttft else None, "error": rec.error})
+    measured = [r for r in rows if r.get("ttft_s")]
+    reasons = [f"{r['context_tokens']:,}: {r['error']}" for r in rows if r.get("error")]
+    if not measured:
+        return ExperimentResult(kind="long-context", key="long-context", status="Failed",
+                                reasons=reasons or ["nothing measured"], details={"rows": rows})
+    rate = stats.median([r["prompt_tok_s"] for r in measured if r["prompt_tok_s"]])
+    silence = 1000.0 / rate if rate else None
+    gens = [r["generation_tok_s"] for r in measured if r["generation_tok_s"]]
+    drop = 100.0 * (gens[0] - gens[-1]) / gens[0] if len(gens) >= 2 and gens[0] else None
+    verdict = (f"prompt processing about {rate:,.0f} tok/s: budget {silence:.2f} s of silence per 1,000 prompt "
+               "tokens" if rate and silence else "no prompt rate")
+    if drop is not None:
+        verdict += f"; generation slows {drop:.0f}% from the shortest to the longest prompt"
+    return ExperimentResult(
+        kind="long-context", key="long-context", status="Failed" if reasons else "Valid", reasons=reasons,
+        verdict=verdict, values={"prompt_tok_s": rate, "silence_s_per_1k_prompt_tokens": silence,
+                                 "generation_tok_s_drop_pct": drop},
+        details={"rows": rows}, requests=[r.to_dict() for r in records])
+
+
+# --- scheduler cap and overload ------------------------------------------------------------------------
+async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, prompt_tokens: int = 64,
+                   reply_tokens: int = 64, sample_every_s: float = 0.25) -> ExperimentResult:
+    """Fire factor x max-num-seqs requests at once; sample running and waiting during the burst."""
+    n = max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
+    prompts = PromptSource()
+    running: list[float] = []
+    waiting: list[float] = []
+    done = asyncio.Event()
+
+    async def sampler(client: httpx.AsyncClient) -> None:
+        while not done.is_set():
+            try:
+                snap = await _scrape(target, client)
+                running.append(snap.value(m.RUNNING))
+                waiting.append(snap.value(m.WAITING))
+            except httpx.HTTPError:
+                pass
+            try:
+                await asyncio.wait_for(done.wait(), sample_every_s)
+            except TimeoutError:
+                pass
+
+    async with new_client(max_streams=n, api_key=target.api_key, base_url=target.base_url) as client, \
+            httpx.AsyncClient(timeout=10) as control:
+        task = asyncio.create_task(sampler(control))
+        began = time.perf_counter()
+        records = list(await asyncio.gather(*(
+            stream_completion(client, model=target.model, prompt=prompts.unique(prompt_tokens),
+                              max_tokens=reply_tokens, request_id=f"burst{i}") for i in range(n))))
+        wall = time.perf_counter() - began
+        done.set()
+        await task
+    completed = sum(1 for r in records if r.ok and not r.short)
+    errored = sum(1 for r in records if not r.ok)
+    peak_running = max(running) if running else None
+    peak_waiting = max(waiting) if waiting else None
+    verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: "
+               f"{_g(peak_running)} ran concurrently, {_g(peak_waiting)} queued, {completed} completed, "
+               f"{errored} errors")
+    if errored == 0 and peak_waiting:
+        verdict += ("; overload degrades into queueing rather than failure, so a load test can report total "
+                    "success while hiding a queue")
+    return ExperimentResult(
+        kind="overload", key=f"overload-x{factor:g}", status="Valid" if running else "Invalid",
+        reasons=[] if running else ["no /metrics sample during the burst"], verdict=verdict,
+        values={"peak_running": peak_running, "peak_waiting": peak_waiting, "completed": float(completed),
+                "errored": float(errored)},
+        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running)},
+        requests=[r.to_dict() for r in records])
+
+
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+# --- prefix order --------------------------------------------------------------------------------------
+async def prefix_order(target: Target, *, block_size: int | None, agents: int = 4, shared_tokens: int = 2400,
+                       task_tokens: int = 200, reply_tokens: int = 64) -> ExperimentResult:
+    """Same tokens, three layouts. The shared block is a whole number of KV blocks (at least one), sized from
+    the server's real block size, and new for every arm so no arm is served by another's cache."""
+    block = block_size or 16
+    shared_len = max(block, math.ceil(shared_tokens / block) * block)
+    prompts = PromptSource()
+    arms: dict[str, dict[str, Any]] = {}
+    async with new_client(max_streams=agents, api_key=target.api_key, base_url=target.base_url) as client, \
+            httpx.AsyncClient(timeout=10) as control:
+        for arm in ("shared-first", "task-first", "unrelated"):
+            shared = prompts.shared_block(shared_len)
+            tasks = [prompts.unique(task_tokens) for _ in range(agents)]
+            if arm == "shared-first":
+                batch = [shared + t for t in tasks]
+            elif arm == "task-first":
+                batch = [t + shared for t in tasks]
+            else:
+                batch = [prompts.unique(shared_len + task_tokens) for _ in range(agents)]
+            before = await _scrape(target, control)
+            began = time.perf_counter()
+            records = await asyncio.gather(*(
+                stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
+                                  request_id=f"{arm}{i}") for i, p in enumerate(batch)))
+            wall = time.perf_counter() - began
+            after = await _scrape(target, control)
+            delta = m.Delta(before, after)
+            queries, hits = delta(m.PREFIX_QUERIES), delta(m.PREFIX_HITS)
+            arms[arm] = {"wall_s": wall, "hit_rate": hits / queries if queries else None, "hits": hits,
+                         "queries": queries, "errors": [r.error for r in records if not r.ok]}
+    sf, tf, un = arms["shared-first"], arms["task-first"], arms["unrelated"]
+    speedup = min(tf["wall_s"], un["wall_s"]) / sf["wall_s"] if sf["wall_s"] else None
+    verdict = (f"{agents} agents, {shared_len:,}-token shared block ({shared_len // block} blocks of {block}): "
+               f"shared first {sf['wall_s']:.2f} s / {_pct(sf['hit_rate'])} cache hits, task first "
+               f"{tf['wall_s']:.2f} s / {_pct(tf['hit_rate'])}, unrelated {un['wall_s']:.2f} s / "
+               f"{_pct(un['hit_rate'])}")
+    if speedup is not None:
+        verdict += (f": putting the shared text first is {speedup:.1f}x faster" if speedup >= 1.1 else
+                    ": prompt order made no measurable difference here")
+    errors = [e for a in arms.values() for e in a["errors"]]
+    return ExperimentResult(
+        kind="prefix-order", key=f"prefix-order-K{agents}", status="Failed" if errors else "Valid",
+        reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
+        values={"shared_first_wall_s": sf["wall_s"], "shared_first_hit_rate": sf["hit_rate"], "speedup": speedup},
+        details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms})
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{100 * value:.1f}%"
+
+
+# --- repeat a cell: bimodality -------------------------------------------------------------------------
+async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> ExperimentResult:
+    """Measure one cell `times` times; report two modes when there are two, never their average."""
+    measurer = Measurer(target)
+    results = [await measurer.run_cell(spec) for _ in range(times)]
+    values = [r.total_tok_s for r in results if r.status == "Valid" and r.total_tok_s is not None]
+    modes = answers.bimodality(values)
+    if modes.bimodal:
+        verdict = (f"{spec.key}: BIMODAL: {modes.low_count} of {len(values)} runs near {modes.low:,.0f} tok/s and "
+                   f"{modes.high_count} near {modes.high:,.0f} tok/s ({modes.ratio:.1f}x apart); no single average "
+                   "describes it")
+        mean = None
+    else:
+        mean = stats.mean(values)
+        verdict = f"{spec.key}: one mode over {len(values)} runs" + (f", {mean:,.1f} tok/s" if mean else "")
+    invalid = [r for r in results if r.status != "Valid"]
+    return ExperimentResult(
+        kind="repeat", key=f"repeat-{spec.key}", status="Valid" if values else "Failed",
+        reasons=[f"run {i + 1}: {r.status}: {'; '.join(r.reasons)}" for i, r in enumerate(results) if r in invalid],
+        verdict=verdict, values={"mean_total_tok_s": mean},
+        details={"runs": values, "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
+                 "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})
