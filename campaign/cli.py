@@ -285,7 +285,8 @@ def plan(
 def run(
     matrix: Annotated[str | None, typer.Argument(help="matrix name (matrices/NAME.yaml) or path")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="vllm (default: the profile's engine)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
+                      ] = None,
     window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats")] = None,
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
@@ -299,8 +300,8 @@ def run(
     from campaign.profiles import LaunchProfile
     from campaign.progress import Progress
 
-    if engine is not None and engine != "vllm":
-        raise CampaignError(f"--engine {engine!r}: only vllm is available in this version")
+    if engine is not None and engine not in {"vllm", "sim"}:
+        raise CampaignError(f"--engine {engine!r}: expected vllm or sim")
     if resume is not None:
         run_dir = store.RunDir(resume)
         stored = run_dir.manifest()

@@ -123,6 +123,9 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline."""
     manifest = run.manifest()
     base_name = baseline or manifest["matrix"]["raw"]["baseline"]
+    # Per-variant references (compare_to) apply when no baseline is forced on the command line.
+    references = {} if baseline else {v["name"]: v.get("compare_to") for v in manifest["matrix"]["raw"].get(
+        "variants", []) if v.get("compare_to")}
     cells = run.cells()
     facts, flags = _facts_by_variant(run)
     if other is not None:
@@ -147,8 +150,10 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         raise CampaignError(f"baseline {base_name!r} has no measurements in {run.root}",
                             hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
     diffs = []
+    default_base = base_name
     for variant in sorted(set(by_variant) | set(facts)):
-        if variant == base_name:
+        base_name = references.get(variant) or default_base
+        if variant == base_name or (variant == default_base and variant not in references):
             continue
         reason = _incomparable(facts.get(base_name), facts.get(variant), manifest,
                                other.manifest() if other is not None and variant.endswith("@B") else manifest)

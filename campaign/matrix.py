@@ -170,6 +170,9 @@ class Variant(BaseModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._=,+-]*$")
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     description: str = ""
+    # Compare this variant with another than the baseline: a chain of changes (seed 000 judged the bigger
+    # chunk against the memory change it was made on top of).
+    compare_to: str | None = None
 
 
 class Matrix(BaseModel):
@@ -194,6 +197,9 @@ class Matrix(BaseModel):
         if len(set(names)) != len(names):
             duplicate = next(n for n in names if names.count(n) > 1)
             raise ValueError(f"variant name {duplicate!r} appears twice")
+        for variant in self.variants:
+            if variant.compare_to is not None and variant.compare_to not in names:
+                raise ValueError(f"variant {variant.name!r}: compare_to {variant.compare_to!r} is not a variant")
         if self.baseline not in names:
             suggestion = did_you_mean(self.baseline, names)
             raise ValueError(f"baseline {self.baseline!r} is not a variant"

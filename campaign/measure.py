@@ -315,10 +315,11 @@ class Measurer:
         if spec.phase == "decode" and cap is not None and spec.concurrency > cap:
             reasons.append(f"{spec.concurrency} requests at once exceed max-num-seqs {cap}: at most {cap} run, "
                            "the rest queue")
-        elif sustained and waiting_max:
-            # A queued request is one not running: the server ran fewer than C at once.
-            reasons.append(f"fewer than {spec.concurrency} requests running: up to {waiting_max:g} waited in the "
-                           "server queue during the window (max-num-seqs or KV cache too small?)")
+        elif sustained and stats.median(step.waiting):
+            # Persistently queued requests are requests not running: the server ran fewer than C at once. (A
+            # request that has just arrived waits until the next engine step; one such sample means nothing.)
+            reasons.append(f"fewer than {spec.concurrency} requests running: requests waited in the server queue "
+                           f"through the window (up to {waiting_max:g}; max-num-seqs or KV cache too small?)")
         avg_active = values.get("avg_active")
         if sustained and avg_active is not None and avg_active < 0.9 * spec.concurrency:
             reasons.append(f"the client kept only {avg_active:.1f} of {spec.concurrency} streams active")

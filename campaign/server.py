@@ -175,6 +175,8 @@ class ServerProcess:
         kind = kind or (failure.kind if failure else outcome)
         if failure is not None and hint is None:
             hint = failure.hint
+        if failure is not None and failure.message not in message:
+            message = f"{message}: {failure.message}"
         tail = log_tail(self.log_path, secret=self.spec.api_key)
         raise LaunchError(f"{message} ({outcome})", kind=kind, log_tail=tail, hint=hint)
 

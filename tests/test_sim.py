@@ -1,0 +1,230 @@
+"""The simulator: its memory model and roofline against the seeds' tables, the A/B reproduced, the faults,
+and a contract test against the real CPU build's log lines and metric names."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from campaign import sim_model, startup_log, study
+from campaign.cells import CellSpec, over_capacity
+from campaign.errors import LaunchError
+from campaign.launcher import LaunchedServer, launched
+from campaign.measure import Measurer, Target
+from campaign.profiles import PROJECT_ROOT, load_profile
+
+TIME_SCALE = 10.0
+
+
+@pytest.fixture(autouse=True)
+def fast_sim(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", str(TIME_SCALE))
+
+
+@pytest.mark.parametrize("util, chunk, tokens", [(0.90, 2048, 493_447), (0.95, 2048, 567_464), (0.95, 8192, 562_838)])
+def test_a5000_kv_cache_matches_the_study(util: float, chunk: int, tokens: int) -> None:
+    mem = sim_model.memory(hardware="a5000x2", model="qwen-27b-hybrid", tp=2, utilization=util,
+                           max_num_batched_tokens=chunk)
+    assert mem.kv_tokens == pytest.approx(tokens, rel=0.005)
+
+
+def test_the_memory_note_of_the_study() -> None:
+    mem = sim_model.memory(hardware="a5000x2", model="qwen-27b-hybrid", tp=2, utilization=0.90,
+                           max_num_batched_tokens=2048)
+    assert round(mem.equivalent_utilization, 3) == 0.812 and round(mem.suggested_utilization, 3) == 0.988
+
+
+def test_h200_over_capacity_pattern_of_seed_004() -> None:
+    mem = sim_model.memory(hardware="h200-nvl", model="qwen3.5-27b-gptq-int4", tp=1, utilization=0.883643,
+                           max_num_batched_tokens=8192, num_speculative_tokens=2)
+    block = sim_model.block_size("h200-nvl", "qwen3.5-27b-gptq-int4")
+    runnable = {8: 64, 16: 64, 32: 32, 64: 16, 128: 8, 251: 4}  # largest concurrency seed 004 ran per context
+    for k, largest in runnable.items():
+        for conc in (1, 2, 4, 8, 16, 32, 64, 128):
+            over = over_capacity(context_tokens=k * 1024, output_tokens=4096, concurrency=conc,
+                                 kv_cache_tokens=mem.kv_tokens, block_size=block)
+            assert over is (conc > largest), (k, conc)
+
+
+@pytest.fixture(scope="module")
+def a5000() -> Iterator[LaunchedServer]:
+    os.environ["CAMPAIGN_SIM_TIME_SCALE"] = str(TIME_SCALE)
+    profile, _ = load_profile("a5000-tp2")
+    with launched(profile, Path("/tmp") / f"sim-a5000-{os.getpid()}.log", engine="sim") as server:
+        yield server
+
+
+def target_of(server: LaunchedServer) -> Target:
+    f = server.facts
+    return Target(base_url=server.spec.base_url, model=server.spec.served_model_name, kv_cache_tokens=f.kv_cache_tokens,
+                  block_size=f.block_size, max_model_len=f.max_model_len, server_version=f.vllm_version,
+                  max_num_seqs=256)
+
+
+def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
+    facts = a5000.facts
+    assert facts.vllm_version == "0.33.0" and facts.device == "GPU"
+    assert facts.block_size == 800 and facts.tensor_parallel_size == 2 and facts.max_model_len == 131_072
+    assert facts.kv_cache_tokens == pytest.approx(493_447, rel=0.005)
+    assert facts.max_concurrency == pytest.approx(3.76, abs=0.01)
+    assert (facts.gpu_memory_utilization_equivalent, facts.gpu_memory_utilization_suggested) == (0.812, 0.988)
+    assert a5000.warnings == []  # the log and /metrics agree
+
+
+SEED_000_PER_REQUEST = {1: 59.4, 2: 52.3, 4: 47.1, 8: 39.0, 16: 29.2, 32: 18.4, 64: 10.0}
+
+
+def test_a5000_decode_ladder_within_ten_percent(a5000: LaunchedServer) -> None:
+    measurer = Measurer(target_of(a5000))
+
+    async def ladder() -> dict[int, float]:
+        out = {}
+        for conc in SEED_000_PER_REQUEST:
+            cell = await measurer.run_cell(CellSpec(phase="decode", context_tokens=128, concurrency=conc,
+                                                    max_tokens=256, window_s=2.0, warmup_s=0.3))
+            assert cell.status == "Valid", cell.reasons
+            assert cell.per_request_tok_s is not None
+            out[conc] = cell.per_request_tok_s / TIME_SCALE
+        return out
+
+    measured = asyncio.run(ladder())
+    for conc, expected in SEED_000_PER_REQUEST.items():
+        assert measured[conc] == pytest.approx(expected, rel=0.10), (conc, measured)
+
+
+def test_a5000_prefill_and_long_context(a5000: LaunchedServer) -> None:
+    result = asyncio.run(study.long_context(target_of(a5000), [6616, 26452, 82660], reply_tokens=64))
+    rows = {r["context_tokens"]: r for r in result.details["rows"]}
+    assert rows[6616]["ttft_s"] * TIME_SCALE == pytest.approx(6.6, rel=0.10)
+    assert rows[26452]["ttft_s"] * TIME_SCALE == pytest.approx(27.0, rel=0.10)
+    for context, expected in ((6616, 58.8), (26452, 57.1), (82660, 53.5)):
+        assert rows[context]["generation_tok_s"] / TIME_SCALE == pytest.approx(expected, rel=0.10), context
+
+
+def test_prefix_order_doubles_with_800_token_blocks(a5000: LaunchedServer) -> None:
+    result = asyncio.run(study.prefix_order(target_of(a5000), block_size=a5000.facts.block_size, agents=4,
+                                            shared_tokens=2400, task_tokens=200, reply_tokens=64))
+    arms = result.details["arms"]
+    assert result.details["shared_tokens"] == 2400
+    assert arms["task-first"]["hit_rate"] == 0 and arms["unrelated"]["hit_rate"] == 0
+    assert arms["shared-first"]["hit_rate"] == pytest.approx(0.63, abs=0.08)   # seed 000: 62.9%
+    assert result.values["speedup"] is not None and result.values["speedup"] >= 1.7
+
+
+def test_h200_seed_004_decode_and_prefill() -> None:
+    os.environ["CAMPAIGN_SIM_TIME_SCALE"] = str(TIME_SCALE)
+    profile, _ = load_profile("h200")
+    with launched(profile, Path("/tmp") / f"sim-h200-{os.getpid()}.log", engine="sim") as server:
+        assert server.facts.speculative_method == "mtp" and server.facts.num_speculative_tokens == 2
+        measurer = Measurer(target_of(server))
+
+        async def cells() -> list:
+            return [await measurer.run_cell(spec) for spec in (
+                CellSpec(phase="prefill", context_tokens=8192),
+                # Seed 004's method: sustained decode with up to 4,096-token replies.
+                CellSpec(phase="decode", context_tokens=8192, concurrency=1, max_tokens=4096, window_s=2,
+                         warmup_s=0.2),
+                CellSpec(phase="decode", context_tokens=8192, concurrency=64, max_tokens=4096, window_s=2,
+                         warmup_s=0.2),
+            )]
+
+        prefill, single, wide = asyncio.run(cells())
+    assert prefill.prompt_tok_s is not None and prefill.prompt_tok_s / TIME_SCALE == pytest.approx(10_100, rel=0.10)
+    assert single.total_tok_s is not None and single.total_tok_s / TIME_SCALE == pytest.approx(148.2, rel=0.10)
+    assert wide.total_tok_s is not None and wide.total_tok_s / TIME_SCALE == pytest.approx(3_104.6, rel=0.10)
+    # Per-position acceptance 0.7 with 2 draft tokens: accepted/drafted = (0.7 + 0.49) / 2, length 1 + 0.7 + 0.49.
+    assert single.spec_acceptance_rate == pytest.approx(0.595, abs=0.05)
+    assert single.spec_mean_acceptance_length == pytest.approx(2.19, abs=0.1)
+
+
+def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path) -> None:
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": str(TIME_SCALE)}
+    out = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/a5000-ab-sim.yaml", "--engine", "sim",
+         "--out", str(tmp_path), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("recommendation:")]
+    memory = next(line for line in lines if "gpu-memory-utilization 0.9 -> 0.95" in line)
+    assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
+    batch = next(line for line in lines if "max-num-batched-tokens 2,048 -> 8,192" in line)
+    assert "inside noise in every cell" in batch and "KV cache -0.8%" in batch and batch.endswith(": revert")
+
+
+@pytest.mark.parametrize("fault, kind", [("start-oom", "out_of_memory"), ("hang-startup", "deadline")])
+def test_startup_faults(fault: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", fault)
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"startup_timeout_s": 3.0})
+    with pytest.raises(LaunchError) as caught, launched(profile, tmp_path / "log", engine="sim"):
+        pass
+    assert caught.value.kind == kind
+
+
+def test_too_long_max_model_len_fails_like_vllm(tmp_path: Path) -> None:
+    profile, _ = load_profile("a5000-tp2")
+    with pytest.raises(LaunchError) as caught, launched(profile, tmp_path / "log", {"max-model-len": 900_000},
+                                                         engine="sim"):
+        pass
+    assert caught.value.kind == "kv_cache_insufficient"
+    assert "estimated maximum model length" in caught.value.message
+
+
+def test_unknown_flag_is_an_argparse_error(tmp_path: Path) -> None:
+    profile, _ = load_profile("a5000-tp2")
+    with pytest.raises(LaunchError) as caught, launched(profile, tmp_path / "log", {"no-such-flag-here": 1},
+                                                         engine="sim"):
+        pass
+    assert caught.value.kind == "bad_argument"
+
+
+def test_crash_after_n_requests_and_ignored_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "crash-after:2,ignore-sigterm,grandchild")
+    profile, _ = load_profile("a5000-tp2")
+    with launched(profile, tmp_path / "log", engine="sim") as server:
+        server.process.grace_sigint_s = 0.5
+        server.process.grace_sigterm_s = 0.5
+        cell = asyncio.run(Measurer(target_of(server)).run_cell(
+            CellSpec(phase="decode", context_tokens=64, concurrency=1, mode="fixed", max_tokens=8)))
+        assert cell.status == "Valid"
+        with pytest.raises(Exception):  # noqa: B017 - the server is gone: any transport error
+            asyncio.run(Measurer(target_of(server)).run_cell(
+                CellSpec(phase="decode", context_tokens=64, concurrency=2, mode="fixed", max_tokens=8)))
+        assert not server.process.alive()
+    stop = server.process.stop_info
+    assert stop is not None and stop.swept >= 1  # the grandchild left behind was swept
+
+
+def test_foreign_traffic_fault_is_caught_by_the_bracket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "foreign:50")
+    profile, _ = load_profile("a5000-tp2")
+    with launched(profile, tmp_path / "log", engine="sim") as server:
+        cell = asyncio.run(Measurer(target_of(server), max_attempts=2).run_cell(
+            CellSpec(phase="decode", context_tokens=64, concurrency=1, mode="fixed", max_tokens=32)))
+    assert cell.status == "Contaminated" and cell.discarded_steps == 2
+
+
+@pytest.mark.vllm
+def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: LaunchedServer) -> None:
+    """Where both have them, the simulator's metric names and log facts match the real server's."""
+    import httpx
+
+    from campaign import metrics
+
+    real = metrics.parse(httpx.get(f"{vllm_server.spec.base_url}/metrics").text)
+    sim = metrics.parse(httpx.get(f"{a5000.spec.base_url}/metrics").text)
+    for name in (*metrics.MEASUREMENT_METRICS, "vllm:kv_cache_usage_perc", "vllm:cache_config_info"):
+        assert real.has(name) and sim.has(name), name
+    for label in ("block_size", "kv_cache_size_tokens", "num_gpu_blocks", "gpu_memory_utilization"):
+        assert label in (real.info(metrics.CACHE_CONFIG_INFO) or {}) and label in (sim.info(metrics.CACHE_CONFIG_INFO)
+                                                                                    or {})
+    real_facts = startup_log.parse(vllm_server.process.log_path.read_text())
+    sim_facts = startup_log.parse(a5000.process.log_path.read_text())
+    for key in ("vllm_version", "kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_batched_tokens",
+                "engine_init_s", "tensor_parallel_size"):
+        assert getattr(real_facts, key) is not None and getattr(sim_facts, key) is not None, key
