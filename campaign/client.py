@@ -1,8 +1,8 @@
 """One streamed /v1/completions request -> one raw RequestRecord. Never retried.
 
-The stream is read as raw bytes and split on the SSE event separator; the only JSON work per event is
-finding the cumulative `completion_tokens` of vLLM's continuous usage stats, because a chunk is not a token
-(speculative decoding puts several in one). Every chunk is stamped with the monotonic clock on arrival.
+Events arrive from streamclient already split; the only JSON work per event is finding the cumulative
+`completion_tokens` of vLLM's continuous usage stats, because a chunk is not a token (speculative decoding
+puts several in one). Every chunk carries the monotonic time its bytes arrived.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import httpx
+from campaign.streamclient import StreamClient, StreamError
 
 _COMPLETION_KEY = b'"completion_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'
@@ -110,60 +110,50 @@ def _int_after(event: bytes, key: bytes) -> int | None:
 
 
 def new_client(*, max_streams: int, api_key: str | None = None, read_timeout_s: float = 600.0,
-               base_url: str = "") -> httpx.AsyncClient:
-    """The one shared client of a measurement: enough connections for every stream, explicit timeouts."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max(256, max_streams), max_keepalive_connections=max(256, max_streams))
-    timeout = httpx.Timeout(connect=10.0, read=read_timeout_s, write=30.0, pool=read_timeout_s)
-    return httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=timeout)
+               base_url: str = "") -> StreamClient:
+    """The one shared client of a measurement. Connections are opened as streams need them (no pool limit:
+    `max_streams` is documentation of intent) and kept alive; timeouts are explicit."""
+    return StreamClient(base_url, api_key=api_key, read_timeout_s=read_timeout_s)
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
+    client: StreamClient, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
     path: str = "/v1/completions", first_token: asyncio.Event | None = None,
 ) -> RequestRecord:
     """Stream one request to its end. `first_token` (if given) is set when the first token arrives."""
     record = RequestRecord(id=request_id, prompt_tokens=len(prompt), max_tokens=max_tokens,
                            send_t=time.perf_counter())
-    body = completion_body(model, prompt, max_tokens)
     seen = 0
+
+    def on_event(now: float, event: bytes) -> None:
+        nonlocal seen
+        if event.startswith(_DONE):
+            return
+        total = _int_after(event, _COMPLETION_KEY)
+        if total is None:
+            if b'"error"' in event:
+                record.error = _error_message(event.removeprefix(b"data: ")) or "stream error"
+            return
+        if record.usage_prompt_tokens is None:
+            record.usage_prompt_tokens = _int_after(event, _PROMPT_KEY)
+        record.usage_completion_tokens = total
+        if total > seen:
+            if first_token is not None and not record.chunk_t:
+                first_token.set()
+            record.chunk_t.append(now)
+            record.chunk_tokens.append(total - seen)
+            seen = total
+
     try:
-        async with client.stream("POST", path, json=body) as response:
-            record.status = response.status_code
-            if response.status_code != 200:
-                raw = await response.aread()
-                record.error = _error_message(raw) or f"HTTP {response.status_code}"
-                return record
-            buffer = b""
-            async for data in response.aiter_raw():
-                now = time.perf_counter()
-                buffer += data
-                while True:
-                    cut = buffer.find(b"\n\n")
-                    if cut < 0:
-                        break
-                    event, buffer = buffer[:cut], buffer[cut + 2:]
-                    if event.startswith(_DONE):
-                        continue
-                    total = _int_after(event, _COMPLETION_KEY)
-                    if total is None:
-                        if b'"error"' in event:
-                            record.error = _error_message(event.removeprefix(b"data: ")) or "stream error"
-                        continue
-                    if record.usage_prompt_tokens is None:
-                        record.usage_prompt_tokens = _int_after(event, _PROMPT_KEY)
-                    record.usage_completion_tokens = total
-                    if total > seen:
-                        if first_token is not None and not record.chunk_t:
-                            first_token.set()
-                        record.chunk_t.append(now)
-                        record.chunk_tokens.append(total - seen)
-                        seen = total
+        status, body = await client.post_stream(path, completion_body(model, prompt, max_tokens), on_event)
+        record.status = status
+        if status != 200:
+            record.error = _error_message(body) or f"HTTP {status}"
     except asyncio.CancelledError:
         record.cancelled = True
         record.end_t = time.perf_counter()
         raise
-    except httpx.HTTPError as exc:
+    except StreamError as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:300]
     record.end_t = time.perf_counter()
     return record

@@ -34,6 +34,7 @@ from campaign.cells import (
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.errors import MetricMissingError
 from campaign.prompts import PromptSource
+from campaign.streamclient import StreamClient
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 # Rendering /metrics blocks vLLM's API server (the process that streams every token) for a noticeable time,
@@ -195,7 +196,7 @@ class Measurer:
                 pass  # a missed sample is a missing sample, never a zero
             delay = interval_s
 
-    async def _run_step(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
+    async def _run_step(self, spec: CellSpec, max_tokens: int, client: StreamClient,
                         control: httpx.AsyncClient) -> _Step:
         records: list[RequestRecord] = []
         running: list[float] = []
@@ -223,13 +224,13 @@ class Measurer:
         cpu = (sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0)
         return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu)
 
-    async def _one(self, client: httpx.AsyncClient, context: int, max_tokens: int,
+    async def _one(self, client: StreamClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None) -> RequestRecord:
         return await stream_completion(client, model=self.target.model, prompt=self.prompts.unique(context),
                                        max_tokens=max_tokens, request_id=self._next_id(),
                                        first_token=first_token)
 
-    async def _sustained(self, spec: CellSpec, max_tokens: int, client: httpx.AsyncClient,
+    async def _sustained(self, spec: CellSpec, max_tokens: int, client: StreamClient,
                          records: list[RequestRecord], window_open: asyncio.Event) -> tuple[float, float]:
         """Keep exactly C streams busy; the window opens once every first stream has produced a token and
         the warm-up has passed; at its end no new request starts and the running ones are drained."""
