@@ -94,49 +94,8 @@ def _pin(core: int) -> None:
 
 # --- the client side ------------------------------------------------------------------------------------
 async def _drive(base_url: str, streams: int, duration_s: float) -> dict[str, Any]:
-    """Our real client path: `streams` closed-loop streams for `duration_s`."""
-    from campaign.client import new_client, stream_completion
-    from campaign.prompts import PromptSource
-
-    prompts = PromptSource()
-    records = []
-    stop = time.perf_counter() + duration_s
-    me = psutil.Process()
-    cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
-    async with new_client(max_streams=streams, base_url=base_url) as client:
-        async def worker(index: int) -> None:
-            n = 0
-            while time.perf_counter() < stop:
-                n += 1
-                records.append(await stream_completion(client, model="bench", prompt=prompts.unique(HEAD),
-                                                       max_tokens=TOKENS_PER_STREAM, request_id=f"{index}-{n}"))
-
-        await asyncio.gather(*(worker(i) for i in range(streams)))
-    wall = time.perf_counter() - wall0
-    cpu = (sum(me.cpu_times()[:2]) - cpu0) / wall
-    chunks = sum(len(r.chunk_t) for r in records)
-    tokens = sum(r.tokens for r in records)
-    errors = sum(1 for r in records if not r.ok)
-    return {"records": records, "wall_s": wall, "cpu": cpu, "chunks_per_s": chunks / wall,
-            "tokens_per_s": tokens / wall, "errors": errors}
-
-
-def _delays(records: list[Any], prompts_by_id: dict[str, list[int]], stamps: Path) -> list[float]:
-    sent = {}
-    for line in stamps.read_text().splitlines():  # every stream has its own head: no need to cut the file
-        item = json.loads(line)
-        sent[tuple(item["key"])] = item["sent"]
-    delays = []
-    for rec in records:
-        stamps_for = sent.get(tuple(prompts_by_id.get(rec.id, [])))
-        if not stamps_for:
-            continue
-        for received, stamp in zip(rec.chunk_t, stamps_for, strict=False):
-            delays.append((received - stamp) * 1000.0)
-    return delays
-
-
-async def _drive_paced(base_url: str, streams: int, duration_s: float) -> dict[str, Any]:
+    """Our real client path: `streams` closed-loop streams for `duration_s`; each request's prompt head is
+    kept so that paced runs can match receive times to the server's send stamps."""
     from campaign.client import new_client, stream_completion
     from campaign.prompts import PromptSource
 
@@ -159,8 +118,25 @@ async def _drive_paced(base_url: str, streams: int, duration_s: float) -> dict[s
 
         await asyncio.gather(*(worker(i) for i in range(streams)))
     wall = time.perf_counter() - wall0
-    return {"records": records, "by_id": by_id, "wall_s": wall,
-            "cpu": (sum(me.cpu_times()[:2]) - cpu0) / wall, "tokens": sum(r.tokens for r in records)}
+    tokens = sum(r.tokens for r in records)
+    return {"records": records, "by_id": by_id, "wall_s": wall, "cpu": (sum(me.cpu_times()[:2]) - cpu0) / wall,
+            "chunks_per_s": sum(len(r.chunk_t) for r in records) / wall, "tokens": tokens,
+            "tokens_per_s": tokens / wall, "errors": sum(1 for r in records if not r.ok)}
+
+
+def _delays(records: list[Any], prompts_by_id: dict[str, list[int]], stamps: Path) -> list[float]:
+    sent = {}
+    for line in stamps.read_text().splitlines():  # every stream has its own head: no need to cut the file
+        item = json.loads(line)
+        sent[tuple(item["key"])] = item["sent"]
+    delays = []
+    for rec in records:
+        stamps_for = sent.get(tuple(prompts_by_id.get(rec.id, [])))
+        if not stamps_for:
+            continue
+        for received, stamp in zip(rec.chunk_t, stamps_for, strict=False):
+            delays.append((received - stamp) * 1000.0)
+    return delays
 
 
 class ServerProcess:
@@ -244,7 +220,7 @@ def run(duration_s: float) -> int:
         stamps.unlink(missing_ok=True)
         server = ServerProcess("paced", stamps)
         try:
-            paced = asyncio.run(_drive_paced(server.url, streams, duration_s))
+            paced = asyncio.run(_drive(server.url, streams, duration_s))
             time.sleep(0.5)
             delays = _delays(paced["records"], paced["by_id"], stamps)
             # Offered: one token every 10 ms for as long as each request was open; a client that falls behind

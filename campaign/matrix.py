@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign.cells import CellSpec
 from campaign.errors import ConfigError, did_you_mean
-from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, normalize_flag
+from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, normalize_flag, resolve_named
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -247,16 +247,7 @@ def schedule(matrix: Matrix) -> list[tuple[str, int]]:
 
 
 def resolve_matrix_path(name_or_path: str) -> Path:
-    candidate = Path(name_or_path)
-    if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
-        return candidate
-    path = MATRICES_DIR / f"{name_or_path}.yaml"
-    if not path.exists():
-        known = sorted(p.stem for p in MATRICES_DIR.glob("*.yaml"))
-        suggestion = did_you_mean(name_or_path, known)
-        raise ConfigError(str(path), "", f"no matrix named {name_or_path!r}",
-                          hint=f"did you mean {suggestion}?" if suggestion else f"known: {', '.join(known)}")
-    return path
+    return resolve_named(name_or_path, MATRICES_DIR, "matrix")
 
 
 def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:

@@ -113,18 +113,22 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def resolve_profile_path(name_or_path: str) -> Path:
-    """A profile by name (`cpu-tiny`) from launch_profiles/, or by path."""
+def resolve_named(name_or_path: str, folder: Path, what: str) -> Path:
+    """A file by name (`cpu-tiny` -> folder/cpu-tiny.yaml), or by path; a near miss gets "did you mean"."""
     candidate = Path(name_or_path)
     if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
         return candidate
-    path = PROFILES_DIR / f"{name_or_path}.yaml"
+    path = folder / f"{name_or_path}.yaml"
     if not path.exists():
-        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
         suggestion = did_you_mean(name_or_path, known)
-        hint = f"did you mean {suggestion}?" if suggestion else f"known profiles: {', '.join(known)}"
-        raise ConfigError(str(path), "", f"no launch profile named {name_or_path!r}", hint=hint)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known: {', '.join(known)}"
+        raise ConfigError(str(path), "", f"no {what} named {name_or_path!r}", hint=hint)
     return path
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    return resolve_named(name_or_path, PROFILES_DIR, "launch profile")
 
 
 def check_flags(path: str, key_prefix: str, flags: dict[str, FlagValue]) -> None:

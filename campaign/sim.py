@@ -198,16 +198,13 @@ class Engine:
             for req in [r for r in self.running if r.in_prefill]:
                 if budget <= 0:
                     break
-                chunk = min(budget, len(req.prompt) - req.computed)
-                if not self._ensure_blocks(req, req.computed + chunk):
+                took = self._prefill_chunk(req, budget)
+                if took is None:
                     self._preempt()
                     break
-                budget -= chunk
-                prefill_tokens += chunk
-                prefill_ctx += chunk * (req.computed + chunk // 2)
-                req.computed += chunk
-                self.counters["prompt"] += chunk
-                self._register(req)
+                budget -= took[0]
+                prefill_tokens += took[0]
+                prefill_ctx += took[1]
             while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
                 req = self.waiting[0]
                 if req.aborted:
@@ -215,20 +212,15 @@ class Engine:
                     continue
                 self._admit(req)
                 self.counters["prompt"] += req.computed
-                chunk = min(budget, len(req.prompt) - req.computed)
-                if not self._ensure_blocks(req, req.computed + chunk):
+                took = self._prefill_chunk(req, budget)
+                if took is None:
                     self._release(req)
                     break
                 self.waiting.popleft()
                 self.running.append(req)
-                budget -= chunk
-                prefill_tokens += chunk
-                prefill_ctx += chunk * (req.computed + chunk // 2)
-                req.computed += chunk
-                self.counters["prompt"] += chunk
-                # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request
-                # scheduled right after this one already finds them.
-                self._register(req)
+                budget -= took[0]
+                prefill_tokens += took[0]
+                prefill_ctx += took[1]
             if self.bimodal and len(self.running) == 4 and all(r.generated == 0 for r in self.running):
                 slow = self.rng.random() < 0.5
                 for req in self.running:
@@ -278,6 +270,20 @@ class Engine:
                                          "issue. See stack trace (above) for the root cause.\n")
                         sys.stdout.flush()
                         os._exit(1)
+
+    def _prefill_chunk(self, req: Request, budget: int) -> tuple[int, int] | None:
+        """Schedule the request's next prompt chunk within `budget`: (tokens, tokens x mean attention span),
+        or None when the KV cache has no blocks for it."""
+        chunk = min(budget, len(req.prompt) - req.computed)
+        if not self._ensure_blocks(req, req.computed + chunk):
+            return None
+        weight = chunk * (req.computed + chunk // 2)
+        req.computed += chunk
+        self.counters["prompt"] += chunk
+        # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request scheduled
+        # right after this one already finds them.
+        self._register(req)
+        return chunk, weight
 
     def _finish(self, req: Request) -> None:
         if req in self.running:
