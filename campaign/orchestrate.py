@@ -130,9 +130,9 @@ class Campaign:
                     died = self._measure(server, variant, repeat, queue, retried, launch_dir)
                     if not died:
                         self._experiments(server, variant, repeat, experiments, launch_dir)
-                if not died:
+                if not died or (not queue and not experiments):
                     return
-                self.progress.note(f"{label}: the server died during a cell; relaunching to retry it once")
+                self.progress.note(f"{label}: the server died during a cell; relaunching for the cells left")
             except LaunchError as exc:
                 self._record_failure(launch_dir, variant, repeat, exc)
                 self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {exc.message}; the campaign goes on")
@@ -167,17 +167,20 @@ class Campaign:
                 if server.process.alive():
                     raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
                 result = None
-            if not server.process.alive():
-                if spec.key not in retried:
-                    retried.add(spec.key)
-                    return True
+            dead = not server.process.alive()
+            if dead and spec.key not in retried:
+                retried.add(spec.key)
+                return True  # relaunch and retry this cell once
+            if dead:
                 result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
                                     concurrency=spec.concurrency, label=spec.label, status="Failed",
-                                    reasons=["the server died during this cell twice"])
+                                    reasons=["the server died during this cell, and again when it was retried"])
             assert result is not None
             self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=sampler.samples)
             queue.pop(0)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
+            if dead:
+                return True  # the cells after it (and the experiments) need a live server
         return False
 
     def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],

@@ -228,3 +228,21 @@ def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: La
     for key in ("vllm_version", "kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_batched_tokens",
                 "engine_init_s", "tensor_parallel_size"):
         assert getattr(real_facts, key) is not None and getattr(sim_facts, key) is not None, key
+
+
+def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(tmp_path: Path) -> None:
+    # Each fresh server dies after 3 finished requests: the 4-wide cell never completes, the 1-wide one does.
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": str(TIME_SCALE), "CAMPAIGN_SIM_FAULTS": "crash-after:3"}
+    out = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/crash-sim.yaml", "--engine", "sim",
+         "--out", str(tmp_path), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    from campaign.store import RunDir
+
+    run = RunDir(next((tmp_path / "crash-sim").glob("*")))
+    cells = {c.result.spec.key: c.result for c in run.cells()}
+    wide = cells["decode-fixed-L64-C4-N8"]
+    assert wide.status == "Failed" and "died during this cell, and again when it was retried" in wide.reasons[0]
+    assert cells["decode-fixed-L64-C1-N8"].status == "Valid"
+    assert len(list(run.root.glob("variants/only/launch-*"))) == 3
+    assert "relaunching for the cells left" in out.stderr
