@@ -25,6 +25,10 @@ MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when th
 SINGLE_RUN_NOISE = 0.05  # with one measurement a side there is no interval: 5% is the noise floor
 DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
 AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
+KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
+# Experiment values that describe the server but should not decide keep or revert on their own.
+DIAGNOSTIC_METRICS = {"generation_tok_s_drop_pct", "speedup", "shared_first_hit_rate", "silence_s_per_1k_prompt_tokens",
+                      "mean_total_tok_s", "peak_waiting", "peak_running", "completed"}
 
 
 def welch_ci95(base: list[float], other: list[float]) -> tuple[float, float] | None:
@@ -272,9 +276,10 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[
         return f"{changes}: not comparable ({diff.not_comparable_reason})"
     if facts is None:
         return f"{changes}: the server never became ready; nothing to compare"
-    verdicts = [m for c in diff.cells for m in c.metrics if m.verdict in {"better", "worse", "inside noise"}]
-    better = [f"{m.metric} at {c.key}" for c in diff.cells for m in c.metrics if m.verdict == "better"]
-    worse = [f"{m.metric} at {c.key}" for c in diff.cells for m in c.metrics if m.verdict == "worse"]
+    decisive = [(c, m) for c in diff.cells for m in c.metrics if m.metric not in DIAGNOSTIC_METRICS]
+    verdicts = [m for _, m in decisive if m.verdict in {"better", "worse", "inside noise"}]
+    better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"]
+    worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
     newly_invalid = [c.key for c in diff.cells if c.status_note.startswith("variant")]
     parts = []
     if not verdicts:
@@ -298,9 +303,11 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[
         if agents_a is not None and agents_b is not None and agents_a != agents_b:
             text += f", agents at 8K context {agents_a} -> {agents_b}"
         parts.append(text)
-    keep = bool(better) and not worse and not newly_invalid
-    if not better and not worse and not newly_invalid:
-        keep = kv_change is not None and kv_change >= 1.0
+    # Capacity is a result too: more than 1% of KV cache gained or lost counts like a faster or slower cell
+    # (seed 000 kept +15.0% and did not keep a change whose only effect was -0.8%).
+    kv_better = kv_change is not None and kv_change >= KV_DECISIVE_PCT
+    kv_worse = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
+    keep = (bool(better) or kv_better) and not worse and not kv_worse and not newly_invalid
     return f"{changes}: {'; '.join(parts)}: {'keep' if keep else 'revert'}"
 
 

@@ -186,9 +186,15 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     if errored == 0 and peak_waiting:
         verdict += ("; overload degrades into queueing rather than failure, so a load test can report total "
                     "success while hiding a queue")
+    reasons = [] if running else ["no /metrics sample during the burst"]
+    if peak_running is not None and peak_running < 0.5 * max_num_seqs:
+        # The burst held at least max-num-seqs requests for a whole generation; a peak far below that means
+        # the samples missed it (a /metrics scrape can take seconds on a starved server), not that it was idle.
+        reasons.append(f"the /metrics samples missed the burst: peak running {peak_running:g} is far below "
+                       f"max-num-seqs {max_num_seqs} ({len(running)} samples)")
     return ExperimentResult(
-        kind="overload", key=f"overload-x{factor:g}", status="Valid" if running else "Invalid",
-        reasons=[] if running else ["no /metrics sample during the burst"], verdict=verdict,
+        kind="overload", key=f"overload-x{factor:g}", status="Invalid" if reasons else "Valid",
+        reasons=reasons, verdict=verdict,
         values={"peak_running": peak_running, "peak_waiting": peak_waiting, "completed": float(completed),
                 "errored": float(errored)},
         details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running)},

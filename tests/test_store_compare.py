@@ -143,3 +143,11 @@ def test_export_rows(tmp_path: Path) -> None:
         assert key in rows[0]
     csv_text = report.rows_csv(rows)
     assert csv_text.splitlines()[0].startswith("variant,phase,context_tokens")
+
+
+def test_lost_kv_cache_is_not_kept_for_a_faster_cell(tmp_path: Path) -> None:
+    run = make_run(tmp_path, values={"baseline": [100.0, 101.0, 99.0], "small": [120.0, 121.0, 119.0]},
+                   kv={"baseline": 2_097_152, "small": 131_072}, flags={"baseline": {}, "small": {"kv": "64M"}})
+    recommendation = compare.diff_run(run)[0].recommendation
+    assert "better: total_tok_s" in recommendation and "KV cache -93.8%" in recommendation
+    assert recommendation.endswith(": revert")
