@@ -330,31 +330,12 @@ def run(
     _finish(run_dir)
 
 
-def variant_answers(run_dir: Any) -> dict[str, dict[str, Any]]:
-    """Short answers per variant, from stored files only."""
-    from campaign import answers
-
-    facts: dict[str, Any] = {}
-    flags: dict[str, Any] = {}
-    for server in run_dir.servers():
-        if server.get("kind") == "server":
-            facts.setdefault(server["variant"], server["facts"])
-            flags.setdefault(server["variant"], server["flags"])
-    cells: dict[str, list[Any]] = {}
-    for stored in run_dir.cells():
-        cells.setdefault(stored.variant, []).append(stored.result)
-    profile = run_dir.manifest().get("profile", {}).get("raw", {})
-    return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
-                                     hardware=profile.get("hardware"), model_shape=profile.get("model_shape"))
-            for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
-
-
 def _finish(run_dir: Any) -> None:
     from campaign import compare, store
 
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
-    short = variant_answers(run_dir)
+    short = compare.short_answers_by_variant(run_dir)
     typer.echo(report.cells_by_variant_text(run_dir))
     typer.echo("")
     for variant, values in short.items():

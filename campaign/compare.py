@@ -311,6 +311,20 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[
     return f"{changes}: {'; '.join(parts)}: {'keep' if keep else 'revert'}"
 
 
+def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
+    """The study's short answers per variant, from stored files only (measured variants first)."""
+    from campaign import answers
+
+    facts, flags = _facts_by_variant(run)
+    cells: dict[str, list[Any]] = defaultdict(list)
+    for stored in run.cells():
+        cells[stored.variant].append(stored.result)
+    profile = run.manifest().get("profile", {}).get("raw", {})
+    return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
+                                     hardware=profile.get("hardware"), model_shape=profile.get("model_shape"))
+            for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
+
+
 @dataclass(frozen=True)
 class Drift:
     checked: bool

@@ -46,15 +46,14 @@ class ReportData:
 
 
 def gather(run: RunDir) -> ReportData:
-    from campaign.cli import variant_answers
-
     latest: dict[str, dict[str, CellResult]] = {}
     all_cells: dict[str, list[CellResult]] = {}
     for stored in sorted(run.cells(), key=lambda s: s.repeat):
         latest.setdefault(stored.variant, {})[stored.result.spec.key] = stored.result
         all_cells.setdefault(stored.variant, []).append(stored.result)
     return ReportData(run=run, manifest=run.manifest(), servers=run.servers(), latest=latest, all_cells=all_cells,
-                      experiments=run.experiments(), short=variant_answers(run), diffs=compare.diff_run(run),
+                      experiments=run.experiments(), short=compare.short_answers_by_variant(run),
+                      diffs=compare.diff_run(run),
                       drift=compare.drift(run))
 
 
