@@ -319,9 +319,12 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
     cells: dict[str, list[Any]] = defaultdict(list)
     for stored in run.cells():
         cells[stored.variant].append(stored.result)
-    profile = run.manifest().get("profile", {}).get("raw", {})
+    manifest = run.manifest()
+    profile = manifest.get("profile", {}).get("raw", {})
+    floors = manifest.get("matrix", {}).get("raw", {}).get("floors") or answers.DEFAULT_FLOORS
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
-                                     hardware=profile.get("hardware"), model_shape=profile.get("model_shape"))
+                                     floors=floors, hardware=profile.get("hardware"),
+                                     model_shape=profile.get("model_shape"))
             for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
 
 

@@ -162,8 +162,15 @@ def _all_measurements(cells: dict[str, CellResult]) -> str:
             _td(f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0"),
             _td(report.DASH if c.prefix_cache_hits is None else f"{c.prefix_cache_hits:.0f}"),
         ])
+    speculative = any(c.spec_acceptance_rate is not None for c in cells.values())
+    if speculative:
+        ordered = sorted(cells.values(), key=lambda c: (c.phase != "prefill", c.context_tokens, c.concurrency))
+        for row, c in zip(rows, ordered, strict=True):
+            row.append(_td(report.DASH if c.spec_acceptance_rate is None else
+                           f"{100 * c.spec_acceptance_rate:.1f}% / {report.fmt_num(c.spec_mean_acceptance_length, 2)}"))
+    headers = [*report.ALL_HEADERS, "Prefix-cache hits"] + (["Spec. acceptance rate / length"] if speculative else [])
     return ("<h3>All measurements</h3>"
-            + _table([*report.ALL_HEADERS, "Prefix-cache hits"], rows, left=1)
+            + _table(headers, rows, left=1)
             + '<p class="note">Latencies are medians. Prefill rows show prompt tok/s in the total column.</p>')
 
 

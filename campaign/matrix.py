@@ -189,6 +189,8 @@ class Matrix(BaseModel):
     workloads: list[Workload] = Field(min_length=1)
     repeats: int = Field(default=1, ge=1)
     window_s: float = Field(default=30.0, gt=0)
+    # Speed floors (tok/s per request) for "how many agents are useful"; the first is the headline one.
+    floors: list[float] = Field(default_factory=lambda: [40.0, 30.0, 20.0], min_length=1)
     max_attempts: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")

@@ -92,6 +92,13 @@ def all_measurements(cells: Sequence[CellResult]) -> str:
             f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0",
         ])
     text = "All measurements (latencies are medians; prefill rows show prompt tok/s)\n" + table(ALL_HEADERS, rows)
+    speculative = [c for c in cells if c.spec_acceptance_rate is not None]
+    if speculative:
+        text += "\n\nSpeculative decoding (from vllm:spec_decode_* counters over each step)\n" + table(
+            ["Context", "Requests at once", "Total tok/s", "Acceptance rate", "Mean acceptance length"],
+            [[fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
+              f"{100 * (c.spec_acceptance_rate or 0):.1f}%", fmt_num(c.spec_mean_acceptance_length, 2)]
+             for c in speculative])
     notes = [f"  {fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}"
              for c in cells for r in c.reasons]
     if notes:

@@ -93,6 +93,7 @@ class Engine:
         self.crash_after = None
         self.foreign_rate = 0.0
         self.bimodal = False
+        self._four: frozenset[str] = frozenset()
         for fault in args.fault:
             name, _, value = fault.partition(":")
             if name == "crash-after":
@@ -221,16 +222,21 @@ class Engine:
                 budget -= took[0]
                 prefill_tokens += took[0]
                 prefill_ctx += took[1]
-            if self.bimodal and len(self.running) == 4 and all(r.generated == 0 for r in self.running):
-                slow = self.rng.random() < 0.5
-                for req in self.running:
-                    req.slow = slow
+            if self.bimodal and len(self.running) == 4:
+                # Seed 000's unexplained 4-wide bimodality: each new group of exactly four runs at one of two
+                # speeds, 2.1x apart, about half the time each.
+                group = frozenset(r.id for r in self.running)
+                if group != self._four:
+                    self._four = group
+                    slow = self.rng.random() < 0.5
+                    for req in self.running:
+                        req.slow = slow
             step = sim_model.step_seconds(
                 hardware=self.args.hardware, model=self.args.model_shape, tp=self.args.tensor_parallel_size,
                 decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
                 prefill_context=prefill_ctx // max(1, prefill_tokens),
                 context_tokens_read=sum(r.context for r in decoding))
-            if any(r.slow for r in self.running):
+            if len(self.running) == 4 and any(r.slow for r in self.running):
                 step *= 2.1
             deadline = max(deadline, time.monotonic() - step / self.args.time_scale) + step / self.args.time_scale
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))

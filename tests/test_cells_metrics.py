@@ -135,3 +135,14 @@ def test_speculative_counters_give_acceptance_rate_and_length() -> None:
     assert rate == pytest.approx(0.70) and length == pytest.approx(2.4)
     plain = metrics.parse("# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total 1.0\n")
     assert metrics.spec_decode(metrics.Delta(plain, plain)) == (None, None)
+
+
+def test_speculative_numbers_are_shown_next_to_throughput() -> None:
+    from campaign import report
+    from campaign.cells import CellResult, CellSpec
+
+    spec = CellSpec(phase="decode", context_tokens=8192, concurrency=1)
+    cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=1, label="single-stream",
+                      status="Valid", total_tok_s=148.2, spec_acceptance_rate=0.595, spec_mean_acceptance_length=2.19)
+    text = report.all_measurements([cell])
+    assert "Speculative decoding" in text and "59.5%" in text and "2.19" in text

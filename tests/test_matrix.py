@@ -102,3 +102,10 @@ def test_shipped_matrices_reproduce_the_seeds() -> None:
     h200, _, _ = load_matrix("h200-speed-matrix")
     assert len([c for c in h200.cells() if c.phase == "decode"]) == 6 * 8
     assert a5000.profile == "a5000-tp2" and h200.profile == "h200"
+
+
+def test_speed_floors_are_configurable(tmp_path: Path) -> None:
+    matrix, _, _ = load_matrix(write(tmp_path, BASE + "floors: [25, 12.5]\n"))
+    assert matrix.floors == [25.0, 12.5]
+    default, _, _ = load_matrix(write(tmp_path, BASE))
+    assert default.floors == [40.0, 30.0, 20.0]

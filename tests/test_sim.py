@@ -246,3 +246,14 @@ def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(tmp_pat
     assert cells["decode-fixed-L64-C1-N8"].status == "Valid"
     assert len(list(run.root.glob("variants/only/launch-*"))) == 3
     assert "relaunching for the cells left" in out.stderr
+
+
+def test_bimodal_fault_is_reported_as_two_modes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "bimodal4")
+    profile, _ = load_profile("a5000-tp2")
+    with launched(profile, tmp_path / "log", engine="sim") as server:
+        result = asyncio.run(study.repeat_cell(target_of(server), CellSpec(
+            phase="decode", context_tokens=1024, concurrency=4, mode="fixed", max_tokens=256), times=6))
+    assert result.details["bimodal"] is True, result.details["runs"]
+    assert result.values["mean_total_tok_s"] is None  # never averaged into one meaningless number
+    assert "BIMODAL" in result.verdict and result.details["low_count"] + result.details["high_count"] == 6
