@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import secrets
-from collections.abc import Sequence
 
 # Ids 16..1999 exist in every vocabulary worth benchmarking (the tiny test model has 2,048) and are ordinary
 # tokens, not the special ones (which sit at the ends of real vocabularies).
@@ -47,10 +46,3 @@ class PromptSource:
     def shared_block(self, length: int) -> list[int]:
         """A block meant to be shared byte-identically across prompts (it still starts uniquely per call)."""
         return self.unique(length)
-
-    @staticmethod
-    def join(*parts: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        for part in parts:
-            out.extend(part)
-        return out

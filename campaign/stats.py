@@ -26,14 +26,3 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     low = math.floor(rank)
     high = math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """Student-t 95% confidence interval of the mean; None with fewer than two values."""
-    if len(values) < 2:
-        return None
-    from scipy import stats as sps
-
-    m = statistics.fmean(values)
-    half = float(sps.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
-    return m - half, m + half
