@@ -174,16 +174,11 @@ def _all_measurements(cells: dict[str, CellResult]) -> str:
             + '<p class="note">Latencies are medians. Prefill rows show prompt tok/s in the total column.</p>')
 
 
-def _short(variant: str, a: dict[str, Any]) -> str:
-    text = report.short_answers_text(variant, a)
-    lines = text.splitlines()
-    table_rows = []
-    for line in lines[3:9]:
-        question, _, answer = line.partition("  ")
-        table_rows.append([_td(question.strip(), left=True), _td(answer.strip(), left=True)])
-    extra = "".join(f'<p class="{"warn" if line.startswith("warning") else "note"}">{_e(line)}</p>'
-                    for line in lines[9:])
-    return "<h3>Short answers</h3>" + _table(["Question", "Answer"], table_rows, left=2) + extra
+def _short(a: dict[str, Any]) -> str:
+    rows = [[_td(question, left=True), _td(answer, left=True)] for question, answer in report.short_answers_rows(a)]
+    notes = "".join(f'<p class="{"warn" if line.startswith("warning") else "note"}">{_e(line)}</p>'
+                    for line in report.short_answers_notes(a))
+    return "<h3>Short answers</h3>" + _table(["Question", "Answer"], rows, left=2) + notes
 
 
 def _facts(variant: str, servers: list[dict[str, Any]]) -> str:
@@ -274,7 +269,7 @@ def render_html(data: ReportData) -> str:
         cells = data.latest.get(variant, {})
         parts.append(f"<h2>Variant: {_e(variant)}</h2>")
         if variant in data.short:
-            parts.append(_short(variant, data.short[variant]))
+            parts.append(_short(data.short[variant]))
         parts.append(_facts(variant, data.servers))
         parts.append(decode_heatmap(cells))
         prefill = [c for c in cells.values() if c.phase == "prefill"]

@@ -206,13 +206,13 @@ def cells_by_variant_text(run: Any) -> str:
     return "\n\n".join(parts)
 
 
-def short_answers_text(variant: str, a: dict[str, Any]) -> str:
+def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
     """Seed 000's first table, generated: every number says whether it is one stream or the whole card."""
     def num(value: Any, unit: str = "") -> str:
         return DASH if value is None else f"{fmt_num(value)}{unit}"
 
     floor = a.get("useful_floor_tok_s")
-    rows = [
+    return [
         ["One request, nothing else running (single-stream)",
          f"{num(a.get('single_stream_tok_s'), ' tok/s')}, first token in {fmt_ms(a.get('single_stream_ttft_ms'))}"],
         ["The whole server, batched (aggregate peak)",
@@ -224,7 +224,11 @@ def short_answers_text(variant: str, a: dict[str, Any]) -> str:
         [f"Concurrent requests that are useful (at {floor:g} tok/s each)" if floor else "Useful concurrency",
          num(a.get("useful_concurrency"))],
     ]
-    lines = [f"Short answers: {variant}", table(["Question", "Answer"], rows)]
+
+
+def short_answers_notes(a: dict[str, Any]) -> list[str]:
+    """The lines under the table: floors, the knee, the naive-capacity warning, the roofline, agents that fit."""
+    lines: list[str] = []
     capacity = a.get("capacity_at_floor") or {}
     if capacity:
         lines.append("Agents at a speed floor: " + ", ".join(
@@ -252,7 +256,12 @@ def short_answers_text(variant: str, a: dict[str, Any]) -> str:
     if any(v is not None for v in fit.values()):
         lines.append("Agents that fit in the KV cache: " + ", ".join(
             f"{int(c):,} tokens -> {DASH if n is None else n}" for c, n in fit.items()))
-    return "\n".join(lines)
+    return lines
+
+
+def short_answers_text(variant: str, a: dict[str, Any]) -> str:
+    return "\n".join([f"Short answers: {variant}", table(["Question", "Answer"], short_answers_rows(a)),
+                      *short_answers_notes(a)])
 
 
 def experiments_text(stored: Sequence[dict[str, Any]]) -> str:
