@@ -28,7 +28,8 @@ AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
 KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
 # Experiment values that describe the server but should not decide keep or revert on their own.
 DIAGNOSTIC_METRICS = {"generation_tok_s_drop_pct", "speedup", "shared_first_hit_rate", "silence_s_per_1k_prompt_tokens",
-                      "mean_total_tok_s", "peak_waiting", "peak_running", "completed"}
+                      "mean_total_tok_s", "peak_waiting", "peak_running", "completed", "queued",
+                      "ran_concurrently"}
 
 
 def welch_ci95(base: list[float], other: list[float]) -> tuple[float, float] | None:
