@@ -9,6 +9,7 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -251,8 +252,6 @@ class Campaign:
         })
 
     def _api_key(self) -> str | None:
-        import os
-
         return os.environ.get(self.profile.api_key_env) if self.profile.api_key_env else None
 
     def _scrub_log(self, log: Path) -> None:
