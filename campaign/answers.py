@@ -203,15 +203,19 @@ def ladder_from_cells(cells: Sequence[object]) -> list[LadderStep]:
 
 def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, flags: dict[str, object],
                   floors: Sequence[float] = DEFAULT_FLOORS, floor: float | None = None,
-                  hardware: str | None = None, model_shape: str | None = None) -> dict[str, object]:
-    """Seed 000's first table for one variant, every number labelled."""
-    ladder = ladder_from_cells(cells)
+                  hardware: str | None = None, model_shape: str | None = None,
+                  time_scale: float = 1.0) -> dict[str, object]:
+    """Seed 000's first table for one variant, every number labelled. A simulator run at `time_scale` is
+    converted back to the simulated hardware's time, so floors and the roofline compare like with like."""
+    ladder = [LadderStep(s.concurrency, s.total_tok_s / time_scale, s.per_request_tok_s / time_scale)
+              for s in ladder_from_cells(cells)]
     single = next((s for s in ladder if s.concurrency == 1), None)
     single_cells = [c for c in cells if getattr(c, "phase", None) == "decode" and getattr(c, "concurrency", 0) == 1
                     and getattr(c, "status", None) == "Valid"]
-    ttfts = [c.ttft_ms for c in single_cells if c.ttft_ms is not None]  # type: ignore[attr-defined]
+    ttfts = [c.ttft_ms * time_scale for c in single_cells if c.ttft_ms is not None]  # type: ignore[attr-defined]
     peak = max(ladder, key=lambda s: s.total_tok_s) if ladder else None
-    prefill = [c.prompt_tok_s for c in cells if getattr(c, "phase", None) == "prefill"  # type: ignore[attr-defined]
+    prefill = [c.prompt_tok_s / time_scale for c in cells  # type: ignore[attr-defined]
+               if getattr(c, "phase", None) == "prefill"
                and getattr(c, "status", None) == "Valid" and getattr(c, "prompt_tok_s", None) is not None]
     chosen = floor if floor is not None else (floors[0] if floors else None)
     capacities = {f"{f:g}": capacity_at_floor(ladder, f) for f in floors}
@@ -244,6 +248,7 @@ def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, f
             "prefill_ratio": prompt_rate / bound.prefill_tok_s_bound if prompt_rate else None,
         })
     return {
+        "time_scale": time_scale,
         "roofline": efficiency,
         "single_stream_tok_s": single.per_request_tok_s if single else None,
         "single_stream_ttft_ms": statistics.median(ttfts) if ttfts else None,

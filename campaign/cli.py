@@ -336,6 +336,10 @@ def _finish(run_dir: Any) -> None:
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
     short = compare.short_answers_by_variant(run_dir)
+    scale = float(run_dir.manifest().get("time_scale") or 1.0)
+    if scale != 1.0:
+        typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
+                   "latencies that much lower than on the simulated hardware.\n")
     typer.echo(report.cells_by_variant_text(run_dir))
     typer.echo("")
     for variant, values in short.items():

@@ -323,9 +323,10 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
     manifest = run.manifest()
     profile = manifest.get("profile", {}).get("raw", {})
     floors = manifest.get("matrix", {}).get("raw", {}).get("floors") or answers.DEFAULT_FLOORS
+    time_scale = float(manifest.get("time_scale") or 1.0)
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
                                      floors=floors, hardware=profile.get("hardware"),
-                                     model_shape=profile.get("model_shape"))
+                                     model_shape=profile.get("model_shape"), time_scale=time_scale)
             for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
 
 

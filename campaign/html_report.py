@@ -255,7 +255,10 @@ def render_html(data: ReportData) -> str:
     command = " ".join(first_server["command"]) if first_server else "—"
     meta: list[tuple[str, object]] = [
         ("Campaign", manifest.get("campaign")), ("Measured", manifest.get("created_utc")),
-        ("Hardware", hardware), ("Engine", f"{manifest.get('engine')} {version or ''}"),
+        ("Hardware", hardware),
+        ("Engine", f"{manifest.get('engine')} {version or ''}" + (
+            f" — SIMULATED at a {manifest['time_scale']:g}x time scale: rates in the tables read that many times "
+            "higher" if (manifest.get("time_scale") or 1.0) != 1.0 else "")),
         ("Model", manifest.get("profile", {}).get("raw", {}).get("model")),
         ("Launch command (secrets redacted)", command),
         ("Tool", f"vllm-campaign {manifest.get('tool', {}).get('version')} "

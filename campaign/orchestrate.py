@@ -321,6 +321,9 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
         "matrix": {"path": str(matrix_path), "raw": raw_matrix, "hash": definition_hash(raw_matrix)},
         "profile": {"path": str(profile_path), "raw": raw_profile, "hash": definition_hash(raw_profile)},
         "engine": options.engine or profile.engine,
+        # The simulator can run faster than the hardware it imitates; its rates then read this many times higher.
+        "time_scale": float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1"))
+        if (options.engine or profile.engine) == "sim" else 1.0,
         "machine": machine_info(),
         "schedule": [{"variant": v, "repeat": r} for v, r in schedule(matrix)],
         "cells": [c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],

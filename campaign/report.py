@@ -229,6 +229,10 @@ def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
 def short_answers_notes(a: dict[str, Any]) -> list[str]:
     """The lines under the table: floors, the knee, the naive-capacity warning, the roofline, agents that fit."""
     lines: list[str] = []
+    scale = a.get("time_scale") or 1.0
+    if scale != 1.0:
+        lines.append(f"warning: simulated at a {scale:g}x time scale: these answers are converted back to the "
+                     f"simulated hardware's time; rates in the cell tables read {scale:g}x higher")
     capacity = a.get("capacity_at_floor") or {}
     if capacity:
         lines.append("Agents at a speed floor: " + ", ".join(

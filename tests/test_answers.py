@@ -104,3 +104,20 @@ def test_short_answers_from_stored_cells() -> None:
     assert "peak / floor = 16 overstates capacity" in str(result["naive_capacity_warning"])
     assert result["agents_that_fit"] == {"4000": 141, "8000": 70, "16000": 35, "32000": 17, "131072": 4}
     assert result["knee"]["concurrency"] == 32
+
+
+def test_a_time_scaled_simulation_is_converted_back() -> None:
+    from campaign.cells import CellResult, CellSpec
+
+    cells = []
+    for step in SEED_000:
+        spec = CellSpec(phase="decode", context_tokens=128, concurrency=step.concurrency, mode="fixed")
+        cells.append(CellResult(spec=spec, phase="decode", context_tokens=128, concurrency=step.concurrency,
+                                label=spec.label, status="Valid", total_tok_s=20 * step.total_tok_s,
+                                per_request_tok_s=20 * step.per_request_tok_s, ttft_ms=75.0 / 20))
+    result = answers.short_answers(cells=cells, facts={}, flags={}, time_scale=20.0)
+    assert result["single_stream_tok_s"] == pytest.approx(59.4) and result["single_stream_ttft_ms"] == 75.0
+    assert result["useful_concurrency"] == 8  # floors compare with the simulated hardware's speeds
+    from campaign import report
+
+    assert "simulated at a 20x time scale" in report.short_answers_text("sim", result)
