@@ -57,35 +57,32 @@ def throughput_vs_concurrency(by_variant: Mapping[str, Sequence[CellResult]], sh
     return _save(fig, path)
 
 
-def ttft_vs_prompt(points: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
-    """Time to first token against prompt length (prefill cells and the long-context experiment)."""
-    points = {v: sorted(p) for v, p in points.items() if p}
-    if not points:
+def _lines(points: dict[str, list[tuple[int, float]]], path: Path, *, xlabel: str, ylabel: str, title: str,
+           y_factor: float = 1.0) -> Path | None:
+    """One line per variant through (x, y) points; None when there is nothing to draw."""
+    series_by_variant = {v: sorted(p) for v, p in points.items() if p}
+    if not series_by_variant:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for variant, series in points.items():
-        ax.plot([x for x, _ in series], [y / 1000.0 for _, y in series], marker="o", label=variant)
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("time to first token (s), single-stream")
-    ax.set_title("The wait before the first token grows with the prompt")
+    for variant, series in series_by_variant.items():
+        ax.plot([x for x, _ in series], [y * y_factor for _, y in series], marker="o", label=variant)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def ttft_vs_prompt(points: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
+    """Time to first token (points in ms) against prompt length: prefill cells and the long-context experiment."""
+    return _lines(points, path, xlabel="prompt tokens", ylabel="time to first token (s), single-stream",
+                  title="The wait before the first token grows with the prompt", y_factor=1 / 1000.0)
 
 
 def prefill_vs_context(points: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
-    points = {v: sorted(p) for v, p in points.items() if p}
-    if not points:
-        return None
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for variant, series in points.items():
-        ax.plot([x for x, _ in series], [y for _, y in series], marker="o", label=variant)
-    ax.set_xlabel("context tokens")
-    ax.set_ylabel("prompt tok/s, single-stream")
-    ax.set_title("Prompt processing by context length")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _lines(points, path, xlabel="context tokens", ylabel="prompt tok/s, single-stream",
+                  title="Prompt processing by context length")
 
 
 def agents_that_fit(all_fits: dict[str, dict[str, int | None]], path: Path) -> Path | None:
