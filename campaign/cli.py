@@ -152,7 +152,6 @@ def launch(
 def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
                       specs: list[Any], as_json: bool) -> None:
     from campaign.launcher import launched
-    from campaign.measure import Target
 
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
@@ -164,12 +163,7 @@ def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *,
         for warning in server.warnings:
             _err(f"warning: {warning}")
         if specs:
-            target = Target(base_url=server.spec.base_url, model=server.spec.served_model_name,
-                            api_key=server.spec.api_key, kv_cache_tokens=server.facts.kv_cache_tokens,
-                            block_size=server.facts.block_size, max_model_len=server.facts.max_model_len,
-                            server_version=server.facts.vllm_version,
-                            max_num_seqs=_int_or_none(server.spec.flags.get("max-num-seqs")))
-            _measure(target, specs, as_json=as_json)
+            _measure(server.target(), specs, as_json=as_json)
         elif not once:
             _err("serving until Ctrl-C")
             while server.process.alive():
@@ -314,8 +308,8 @@ def run(
             raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
         run_dir = store.RunDir.create(out, loaded.name)
-        options = Options(engine=engine, max_attempts=loaded.max_attempts)
-        store.write_new(run_dir.manifest_path, manifest(loaded, matrix_path, prof, profile_path, options))
+        store.write_new(run_dir.manifest_path, manifest(loaded, matrix_path, prof, profile_path,
+                                                        Options(engine=engine, max_attempts=loaded.max_attempts)))
         _err(f"run directory: {run_dir.root}")
     options = Options(engine=engine, max_attempts=loaded.max_attempts)
     order = schedule(loaded)
@@ -415,13 +409,6 @@ def export(
     else:
         out.write_text(text)
         _err(f"wrote {len(rows)} rows to {out}")
-
-
-def _int_or_none(value: object) -> int | None:
-    try:
-        return int(str(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from campaign import argv, startup_log
 from campaign.control import ControlClient, cross_check
+from campaign.measure import Target
 from campaign.profiles import FlagValue, LaunchProfile
 from campaign.server import ReadyInfo, ServerProcess
 
@@ -23,6 +24,22 @@ class LaunchedServer:
 
     def control(self) -> ControlClient:
         return ControlClient(self.spec.base_url, api_key=self.spec.api_key)
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """The scheduler cap as launched; None when the flags left it to vLLM's card-dependent default."""
+        value = self.spec.flags.get("max-num-seqs")
+        try:
+            return int(str(value)) if value is not None else None
+        except ValueError:
+            return None
+
+    def target(self) -> Target:
+        """What a Measurer needs to know of this server: where it is and what it became."""
+        f = self.facts
+        return Target(base_url=self.spec.base_url, model=self.spec.served_model_name, api_key=self.spec.api_key,
+                      kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
+                      server_version=f.vllm_version, max_num_seqs=self.max_num_seqs)
 
 
 @contextmanager

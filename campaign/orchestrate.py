@@ -37,7 +37,7 @@ from campaign.matrix import (
     definition_hash,
     schedule,
 )
-from campaign.measure import Measurer, Target
+from campaign.measure import Measurer
 from campaign.profiles import FlagValue, LaunchProfile, normalize_flag
 from campaign.progress import Progress
 
@@ -153,7 +153,7 @@ class Campaign:
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
         measurer = Measurer(
-            self._target(server),
+            server.target(),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
         )
@@ -198,13 +198,13 @@ class Campaign:
                                f"{result.verdict or '; '.join(result.reasons)}")
 
     async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
-        target = self._target(server)
+        target = server.target()
         if isinstance(experiment, ContextWindowExperiment):
             return await study.context_window(target, reply_tokens=experiment.reply_tokens)
         if isinstance(experiment, LongContextExperiment):
             return await study.long_context(target, experiment.contexts, reply_tokens=experiment.reply_tokens)
         if isinstance(experiment, OverloadExperiment):
-            seqs = experiment.max_num_seqs or _int_flag(server.spec.flags.get("max-num-seqs"))
+            seqs = experiment.max_num_seqs or server.max_num_seqs
             if seqs is None:
                 return study.ExperimentResult(
                     kind="overload", key=experiment.key, status="Invalid",
@@ -217,13 +217,6 @@ class Campaign:
                                             shared_tokens=experiment.shared_tokens, task_tokens=experiment.task_tokens,
                                             reply_tokens=experiment.reply_tokens)
         return await study.repeat_cell(target, experiment.spec(self.matrix.window_s), times=experiment.times)
-
-    def _target(self, server: LaunchedServer) -> Target:
-        facts = server.facts
-        return Target(base_url=server.spec.base_url, model=server.spec.served_model_name, api_key=server.spec.api_key,
-                      kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
-                      max_model_len=facts.max_model_len, server_version=facts.vllm_version,
-                      max_num_seqs=_int_flag(server.spec.flags.get("max-num-seqs")))
 
     # --- records -----------------------------------------------------------------------------------------
     def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
@@ -262,13 +255,6 @@ class Campaign:
             text = log.read_text(errors="replace")
             if key in text:
                 store.replace_text(log, text.replace(key, "<redacted>"))
-
-
-def _int_flag(value: object) -> int | None:
-    try:
-        return int(str(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _cell_line(variant: str, repeat: int, result: CellResult) -> str:

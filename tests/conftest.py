@@ -34,10 +34,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedSe
 
 @pytest.fixture()
 def target(vllm_server: LaunchedServer) -> Target:
-    facts = vllm_server.facts
-    return Target(base_url=vllm_server.spec.base_url, model=vllm_server.spec.served_model_name,
-                  kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size,
-                  max_model_len=facts.max_model_len, server_version=facts.vllm_version)
+    return vllm_server.target()
 
 
 @pytest.fixture()

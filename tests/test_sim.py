@@ -61,10 +61,7 @@ def a5000() -> Iterator[LaunchedServer]:
 
 
 def target_of(server: LaunchedServer) -> Target:
-    f = server.facts
-    return Target(base_url=server.spec.base_url, model=server.spec.served_model_name, kv_cache_tokens=f.kv_cache_tokens,
-                  block_size=f.block_size, max_model_len=f.max_model_len, server_version=f.vllm_version,
-                  max_num_seqs=256)
+    return server.target()
 
 
 def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
