@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from campaign.endpoint import TLS, Endpoint, Timeouts
 from campaign.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
 
 REDACTED = "<redacted>"
@@ -27,11 +28,16 @@ class LaunchSpec:
     served_model_name: str
     flags: dict[str, FlagValue]
     api_key: str | None = field(default=None, repr=False)
+    tls: TLS | None = None  # how to verify a server launched with --ssl-certfile; None: plain http
 
     @property
     def base_url(self) -> str:
-        host = "127.0.0.1" if self.host in {"0.0.0.0", ""} else self.host
-        return f"http://{host}:{self.port}"
+        return self.endpoint().root
+
+    def endpoint(self, timeouts: Timeouts | None = None) -> Endpoint:
+        host = "127.0.0.1" if self.host in {"0.0.0.0", ""} else ("::1" if self.host == "::" else self.host)
+        return Endpoint(scheme="https" if self.tls is not None else "http", host=host, port=self.port,
+                        api_key=self.api_key, tls=self.tls or TLS(), timeouts=timeouts or Timeouts())
 
     def child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -142,6 +148,10 @@ def build(
     argv = head + flag_args(flags) + ["--host", host, "--port", str(chosen_port)]
     if profile.served_model_name:
         argv += ["--served-model-name", profile.served_model_name]
+    tls: TLS | None = None
+    if profile.tls is not None:
+        argv += ["--ssl-certfile", str(profile.tls.certfile), "--ssl-keyfile", str(profile.tls.keyfile)]
+        tls = TLS(ca_bundle=profile.tls.ca_bundle, insecure=profile.tls.insecure)
 
     api_key: str | None = None
     if profile.api_key_env:
@@ -150,5 +160,5 @@ def build(
     env.update(profile.env)
     return LaunchSpec(
         argv=argv, env_overrides=env, host=host, port=chosen_port, served_model_name=profile.served_name,
-        flags=flags, api_key=api_key,
+        flags=flags, api_key=api_key, tls=tls,
     )

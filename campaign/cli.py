@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from campaign import report, startup_log
+from campaign import aio, report, startup_log
 from campaign.errors import CampaignError, LaunchError
 
 app = typer.Typer(
@@ -61,6 +60,29 @@ PrefillOpt = Annotated[bool, typer.Option("--prefill", help="also measure prefil
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="reply length of every decode request")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="sustained (fixed window) or fixed (N tokens each)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+CaBundleOpt = Annotated[Path | None, typer.Option(
+    "--ca-bundle", help="PEM file of the CA that signed an https server's certificate (default: system CAs, "
+                        "or SSL_CERT_FILE)")]
+InsecureOpt = Annotated[bool, typer.Option("--insecure", help="https without verifying the certificate")]
+ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to connect")]
+FirstByteTimeoutOpt = Annotated[float, typer.Option(
+    "--first-byte-timeout", help="seconds from sending a request to the first byte of its reply")]
+IdleTimeoutOpt = Annotated[float, typer.Option(
+    "--idle-timeout", help="seconds of silence allowed inside a reply (covers prefill and queueing)")]
+
+
+def _timeouts(connect: float, first_byte: float, idle: float) -> Any:
+    from campaign.endpoint import Timeouts
+
+    return Timeouts(connect_s=connect, first_byte_s=first_byte, idle_s=idle)
+
+
+def _note_proxy(endpoint: Any) -> None:
+    from campaign.endpoint import proxy_notice
+
+    notice = proxy_notice(endpoint)
+    if notice:
+        _err(f"note: {notice}")
 
 
 def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, prefill: bool, max_tokens: int,
@@ -91,7 +113,7 @@ def _measure(target: Any, specs: list[Any], *, as_json: bool) -> list[Any]:
             results.append(await measurer.run_cell(spec))
         return results
 
-    results = asyncio.run(run_all())
+    results = aio.run(run_all())
     if as_json:
         typer.echo(json.dumps({"cells": [report.cell_json(r) for r in results]}, indent=1))
     else:
@@ -130,12 +152,24 @@ def launch(
     max_tokens: MaxTokensOpt = 256,
     mode: ModeOpt = "sustained",
     as_json: JsonOpt = False,
+    ca_bundle: CaBundleOpt = None,
+    insecure: InsecureOpt = False,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    first_byte_timeout: FirstByteTimeoutOpt = 300.0,
+    idle_timeout: IdleTimeoutOpt = 300.0,
 ) -> None:
     """Launch vLLM from a profile, print what it became, optionally measure, and stop it cleanly."""
     from campaign.argv import parse_set
     from campaign.profiles import load_profile
 
     loaded, _ = load_profile(profile)
+    if ca_bundle is not None or insecure:
+        if loaded.tls is None:
+            raise CampaignError(f"--ca-bundle/--insecure: profile {profile} serves plain http",
+                                hint="add `tls: {certfile: ..., keyfile: ...}` to the profile to serve https")
+        loaded = loaded.model_copy(update={"tls": loaded.tls.model_copy(update={
+            "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
+    timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
@@ -143,14 +177,15 @@ def launch(
                         prefill=prefill, max_tokens=max_tokens, mode=mode) if contexts else []
     _err(f"launching {profile}; log: {log_path}")
     try:
-        _launch_and_serve(loaded, log_path, overrides, engine=engine, once=once, specs=specs, as_json=as_json)
+        _launch_and_serve(loaded, log_path, overrides, engine=engine, once=once, specs=specs, as_json=as_json,
+                          timeouts=timeouts)
     except KeyboardInterrupt:
         _err("interrupted: the server was stopped; everything measured so far was printed or kept")
         raise typer.Exit(130) from None
 
 
 def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
-                      specs: list[Any], as_json: bool) -> None:
+                      specs: list[Any], as_json: bool, timeouts: Any) -> None:
     from campaign.launcher import launched
 
     with launched(loaded, log_path, overrides, engine=engine) as server:
@@ -163,7 +198,7 @@ def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *,
         for warning in server.warnings:
             _err(f"warning: {warning}")
         if specs:
-            _measure(server.target(), specs, as_json=as_json)
+            _measure(server.target(timeouts), specs, as_json=as_json)
         elif not once:
             _err("serving until Ctrl-C")
             while server.process.alive():
@@ -189,17 +224,25 @@ def probe(
     max_tokens: MaxTokensOpt = 256,
     mode: ModeOpt = "sustained",
     as_json: JsonOpt = False,
+    ca_bundle: CaBundleOpt = None,
+    insecure: InsecureOpt = False,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    first_byte_timeout: FirstByteTimeoutOpt = 300.0,
+    idle_timeout: IdleTimeoutOpt = 300.0,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
     from campaign.control import ControlClient
+    from campaign.endpoint import TLS, Endpoint
     from campaign.measure import Target
 
     api_key = os.environ.get(api_key_env) if api_key_env else None
-    with ControlClient(url, api_key=api_key) as control:
+    endpoint = Endpoint.parse(url, api_key=api_key, tls=TLS(ca_bundle=ca_bundle, insecure=insecure),
+                              timeouts=_timeouts(connect_timeout, first_byte_timeout, idle_timeout))
+    _note_proxy(endpoint)
+    with ControlClient(endpoint) as control:
         served, max_len = control.served_model()
         version = control.version()
-    target = Target(base_url=url.rstrip("/"), model=model or served, api_key=api_key, max_model_len=max_len,
-                    server_version=version)
+    target = Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version)
     specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
                         prefill=prefill, max_tokens=max_tokens, mode=mode)
     _measure(target, specs, as_json=as_json)

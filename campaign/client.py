@@ -1,8 +1,11 @@
 """One streamed /v1/completions request -> one raw RequestRecord. Never retried.
 
-Events arrive from streamclient already split; the only JSON work per event is finding the cumulative
-`completion_tokens` of vLLM's continuous usage stats, because a chunk is not a token (speculative decoding
-puts several in one). Every chunk carries the monotonic time its bytes arrived.
+Events arrive from streamclient already split; a chunk is not a token (speculative decoding puts several in
+one), so tokens come from vLLM's continuous usage stats: the cumulative `completion_tokens` in every chunk, found
+without parsing the JSON. A server that sends no per-chunk usage (a gateway, an older vLLM, another
+OpenAI-compatible server) is detected on its first chunk: then one token is counted per chunk that carries text
+(or the chunk's `token_ids` where given), the record says so (`token_count="chunks"`), and the final usage, when
+sent, still gives the exact total. Every chunk carries the monotonic time its bytes arrived.
 """
 
 from __future__ import annotations
@@ -12,16 +15,19 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from campaign.streamclient import StreamClient, StreamError
+from campaign.endpoint import Endpoint
+from campaign.streamclient import Limits, StreamClient, StreamError
 
 _COMPLETION_KEY = b'"completion_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'
-_DONE = b"data: [DONE]"
+_DONE = b"[DONE]"
 # vLLM >= 0.32 lowers max_tokens to fit the context window; with min_tokens = max_tokens that surfaces as
 # a 400 naming the clamped value instead of a silently short reply.
 _CLAMP_ERROR = re.compile(r"min_tokens must be less than or equal to max_tokens=(\d+)")
+
+TokenCount = Literal["usage", "chunks"]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -40,6 +46,10 @@ class RequestRecord:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     cancelled: bool = False
+    # "usage": from continuous usage stats (exact per chunk); "chunks": one per text chunk (the server sent no
+    # per-chunk usage; speculative decoding would be undercounted between chunks).
+    token_count: TokenCount = "usage"
+    error_kind: str | None = None   # StreamError.kind for transport failures, "http" for a non-200, "stream" else
 
     @property
     def ok(self) -> bool:
@@ -48,6 +58,11 @@ class RequestRecord:
     @property
     def tokens(self) -> int:
         return sum(self.chunk_tokens)
+
+    @property
+    def completion_tokens(self) -> int:
+        """What the server generated for this request: its final usage where sent, else the counted tokens."""
+        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
 
     @property
     def ttft_s(self) -> float | None:
@@ -80,7 +95,7 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
-        return cls(**data)
+        return cls(**data)  # records stored before token_count/error_kind existed take the defaults
 
 
 def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
@@ -109,11 +124,27 @@ def _int_after(event: bytes, key: bytes) -> int | None:
     return int(event[start:end]) if end > start else None
 
 
-def new_client(*, max_streams: int, api_key: str | None = None, read_timeout_s: float = 600.0,
-               base_url: str = "") -> StreamClient:
-    """The one shared client of a measurement. Connections are opened as streams need them (no pool limit:
-    `max_streams` is documentation of intent) and kept alive; timeouts are explicit."""
-    return StreamClient(base_url, api_key=api_key, read_timeout_s=read_timeout_s)
+def _chunk_tokens(event: dict[str, Any]) -> int:
+    """Tokens a chunk without usage carries: its token_ids where the server lists them, else 1 if it has text."""
+    count = 0
+    for choice in event.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            count += len(ids)
+            continue
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
+        if choice.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            count += 1
+    return count
+
+
+def new_client(endpoint: Endpoint, *, limits: Limits | None = None) -> StreamClient:
+    """The one shared client of a measurement: connections opened as streams need them and kept alive."""
+    return StreamClient(endpoint, limits=limits)
 
 
 async def stream_completion(
@@ -124,39 +155,83 @@ async def stream_completion(
     record = RequestRecord(id=request_id, prompt_tokens=len(prompt), max_tokens=max_tokens,
                            send_t=time.perf_counter())
     seen = 0
+    mode: TokenCount | None = None
+    done = False
 
-    def on_event(now: float, event: bytes) -> None:
-        nonlocal seen
-        if event.startswith(_DONE):
+    def add(now: float, tokens: int) -> None:
+        if first_token is not None and not record.chunk_t:
+            first_token.set()
+        record.chunk_t.append(now)
+        record.chunk_tokens.append(tokens)
+
+    def on_event(now: float, data: bytes) -> None:
+        nonlocal seen, mode, done
+        if data == _DONE:
+            done = True
             return
-        total = _int_after(event, _COMPLETION_KEY)
-        if total is None:
-            if b'"error"' in event:
-                record.error = _error_message(event.removeprefix(b"data: ")) or "stream error"
+        total = _int_after(data, _COMPLETION_KEY) if mode != "chunks" else None
+        if mode == "usage" and total is not None:  # the fast path: one rfind per event
+            record.usage_completion_tokens = total
+            if total > seen:
+                add(now, total - seen)
+                seen = total
             return
-        if record.usage_prompt_tokens is None:
-            record.usage_prompt_tokens = _int_after(event, _PROMPT_KEY)
-        record.usage_completion_tokens = total
-        if total > seen:
-            if first_token is not None and not record.chunk_t:
-                first_token.set()
-            record.chunk_t.append(now)
-            record.chunk_tokens.append(total - seen)
-            seen = total
+        try:
+            event = json.loads(data)
+        except ValueError:
+            record.error, record.error_kind = f"a stream event is not JSON: {data[:200]!r}", "stream"
+            return
+        if not isinstance(event, dict):
+            return
+        if "error" in event and not event.get("choices"):
+            record.error, record.error_kind = _error_message(data) or "stream error", "stream"
+            return
+        usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
+        carried = _chunk_tokens(event)
+        if mode is None and (carried or usage is not None):
+            # Decided on the first chunk with anything in it: per-chunk usage means continuous usage stats.
+            mode = "usage" if usage is not None and usage.get("completion_tokens") is not None else "chunks"
+        if usage is not None:
+            if record.usage_prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
+                record.usage_prompt_tokens = usage["prompt_tokens"]
+            if isinstance(usage.get("completion_tokens"), int):
+                record.usage_completion_tokens = usage["completion_tokens"]
+        if mode == "usage":
+            total = record.usage_completion_tokens or 0
+            if total > seen:
+                add(now, total - seen)
+                seen = total
+        elif carried:
+            add(now, carried)
 
     try:
-        status, body = await client.post_stream(path, completion_body(model, prompt, max_tokens), on_event)
-        record.status = status
-        if status != 200:
-            record.error = _error_message(body) or f"HTTP {status}"
+        reply = await client.post_stream(path, completion_body(model, prompt, max_tokens), on_event)
+        record.status = reply.status
+        if reply.status != 200:
+            record.error, record.error_kind = _error_message(reply.body) or f"HTTP {reply.status}", "http"
+        elif record.error is None:
+            record.error = _incomplete(record, reply.events, done)
+            record.error_kind = "stream" if record.error else None
     except asyncio.CancelledError:
         record.cancelled = True
         record.end_t = time.perf_counter()
         raise
     except StreamError as exc:
-        record.error = f"{type(exc).__name__}: {exc}"[:300]
+        record.error, record.error_kind = str(exc)[:500], exc.kind
+    record.token_count = mode or "usage"
     record.end_t = time.perf_counter()
     return record
+
+
+def _incomplete(record: RequestRecord, events: int, done: bool) -> str | None:
+    """A 200 stream that says nothing countable, or stops before its end, is an error, never "ok with 0"."""
+    if not record.chunk_t:
+        return (f"the event stream ended after {events} event(s) without any token (no usage stats, no text): "
+                "nothing to count")
+    if not done:
+        return (f"the event stream ended without [DONE] after {events} event(s) and {record.tokens} token(s): "
+                "the reply may be cut short")
+    return None
 
 
 def _error_message(raw: bytes) -> str | None:

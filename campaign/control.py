@@ -11,6 +11,7 @@ import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from campaign import metrics
+from campaign.endpoint import Endpoint
 from campaign.errors import CampaignError
 from campaign.startup_log import StartupFacts
 
@@ -25,10 +26,10 @@ _retry = retry(
 class ControlClient:
     """Synchronous control-plane client; the API key (if any) goes in a header, never into a log."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base_url = base_url.rstrip("/")
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
+    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.base_url = endpoint.root
+        self._client = endpoint.control(timeout_s)
         self._version: str | None = None
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from campaign import argv, startup_log
 from campaign.control import ControlClient, cross_check
+from campaign.endpoint import Timeouts
 from campaign.measure import Target
 from campaign.profiles import FlagValue, LaunchProfile
 from campaign.server import ReadyInfo, ServerProcess
@@ -23,7 +24,7 @@ class LaunchedServer:
     warnings: list[str] = field(default_factory=list)
 
     def control(self) -> ControlClient:
-        return ControlClient(self.spec.base_url, api_key=self.spec.api_key)
+        return ControlClient(self.spec.endpoint())
 
     @property
     def max_num_seqs(self) -> int | None:
@@ -34,10 +35,10 @@ class LaunchedServer:
         except ValueError:
             return None
 
-    def target(self) -> Target:
+    def target(self, timeouts: Timeouts | None = None) -> Target:
         """What a Measurer needs to know of this server: where it is and what it became."""
         f = self.facts
-        return Target(base_url=self.spec.base_url, model=self.spec.served_model_name, api_key=self.spec.api_key,
+        return Target(endpoint=self.spec.endpoint(timeouts), model=self.spec.served_model_name,
                       kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
                       server_version=f.vllm_version, max_num_seqs=self.max_num_seqs)
 
@@ -56,6 +57,6 @@ def launched(
     with process:
         ready = process.wait_ready()
         facts = startup_log.parse(log_path.read_text(errors="replace"))
-        with ControlClient(spec.base_url, api_key=spec.api_key) as control:
+        with ControlClient(spec.endpoint()) as control:
             facts, warnings = cross_check(facts, control)
         yield LaunchedServer(spec=spec, process=process, ready=ready, facts=facts, warnings=warnings)

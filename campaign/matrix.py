@@ -175,6 +175,17 @@ class Variant(BaseModel):
     compare_to: str | None = None
 
 
+class TimeoutsConfig(BaseModel):
+    """The measured path's timeouts, seconds: connecting, the first byte of a reply, silence inside a reply.
+    The idle one also covers the wait for the first token (prefill plus queueing)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connect_s: float = Field(default=10.0, gt=0)
+    first_byte_s: float = Field(default=300.0, gt=0)
+    idle_s: float = Field(default=300.0, gt=0)
+
+
 class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -192,6 +203,7 @@ class Matrix(BaseModel):
     # Speed floors (tok/s per request) for "how many agents are useful"; the first is the headline one.
     floors: list[float] = Field(default_factory=lambda: [40.0, 30.0, 20.0], min_length=1)
     max_attempts: int = Field(default=3, ge=1)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> Matrix:

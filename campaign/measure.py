@@ -32,6 +32,7 @@ from campaign.cells import (
     window_metrics,
 )
 from campaign.client import RequestRecord, new_client, stream_completion
+from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
 from campaign.prompts import PromptSource
 from campaign.streamclient import StreamClient
@@ -47,15 +48,18 @@ SAMPLE_EVERY_S = 5.0
 class Target:
     """A running server and what is known of it (from the startup log or from /metrics)."""
 
-    base_url: str
+    endpoint: Endpoint
     model: str
-    api_key: str | None = None
     kv_cache_tokens: int | None = None
     block_size: int | None = None
     max_model_len: int | None = None
     server_version: str | None = None
     # The scheduler cap, when the launch passed it (vLLM logs it only then): exact, unlike a sampled gauge.
     max_num_seqs: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return self.endpoint.root
 
 
 @dataclass
@@ -132,9 +136,7 @@ class Measurer:
                 f"{self.target.max_model_len:,}"])
 
         attempts: list[Attempt] = []
-        async with httpx.AsyncClient(base_url=self.target.base_url, timeout=10.0) as control, new_client(
-            max_streams=spec.concurrency, api_key=self.target.api_key, base_url=self.target.base_url
-        ) as client:
+        async with self.target.endpoint.async_control() as control, new_client(self.target.endpoint) as client:
             if not self._checked_metrics:
                 await self.check_metrics(control)
             for number in range(1, self.max_attempts + 1):
@@ -156,7 +158,7 @@ class Measurer:
 
     async def _bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
                        records: list[RequestRecord]) -> tuple[m.MetricsSnapshot, Attempt]:
-        expected_gen = sum(r.tokens for r in records)
+        expected_gen = sum(r.completion_tokens for r in records)
         expected_prompt = sum(r.prompt_tokens for r in records if r.status == 200)
         deadline = time.monotonic() + SETTLE_S
         while True:

@@ -8,7 +8,6 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from dataclasses import dataclass
@@ -18,9 +17,10 @@ from typing import Any
 
 import httpx
 
-from campaign import gpu, store, study
+from campaign import aio, gpu, store, study
 from campaign.argv import redact
 from campaign.cells import CellResult, CellSpec
+from campaign.endpoint import Timeouts
 from campaign.envinfo import machine_info, tool_info
 from campaign.errors import CampaignError, LaunchError, MetricMissingError
 from campaign.launcher import LaunchedServer, launched
@@ -149,11 +149,15 @@ class Campaign:
                     self._record_stop(launch_dir, server)
                 self._scrub_log(launch_dir / "server.log")
 
+    def _timeouts(self) -> Timeouts:
+        t = self.matrix.timeouts
+        return Timeouts(connect_s=t.connect_s, first_byte_s=t.first_byte_s, idle_s=t.idle_s)
+
     def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
         measurer = Measurer(
-            server.target(),
+            server.target(self._timeouts()),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
         )
@@ -163,7 +167,7 @@ class Campaign:
             sampler = _Telemetry()
             try:
                 with sampler:
-                    result = asyncio.run(measurer.run_cell(spec))
+                    result = aio.run(measurer.run_cell(spec))
             except httpx.HTTPError as exc:
                 if server.process.alive():
                     raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
@@ -189,7 +193,7 @@ class Campaign:
         for experiment in experiments:
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): experiment {experiment.key}")
             try:
-                result = asyncio.run(self._experiment(server, experiment))
+                result = aio.run(self._experiment(server, experiment))
             except httpx.HTTPError as exc:
                 result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
                                                 reasons=[f"{type(exc).__name__}: {exc}"])
@@ -198,7 +202,7 @@ class Campaign:
                                f"{result.verdict or '; '.join(result.reasons)}")
 
     async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
-        target = server.target()
+        target = server.target(self._timeouts())
         if isinstance(experiment, ContextWindowExperiment):
             return await study.context_window(target, reply_tokens=experiment.reply_tokens)
         if isinstance(experiment, LongContextExperiment):

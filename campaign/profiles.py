@@ -27,6 +27,8 @@ RUNNER_OWNED_FLAGS = {
     "port": "set `port:` at the top of the profile (a number, or auto)",
     "api-key": "set `api_key_env:` to the NAME of an environment variable holding the key",
     "model": "set `model:` at the top of the profile",
+    "ssl-certfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
+    "ssl-keyfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -34,6 +36,18 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def normalize_flag(name: str) -> str:
     """`max_num_seqs`, `--max-num-seqs` and `max-num-seqs` are one flag."""
     return name.strip().lstrip("-").replace("_", "-")
+
+
+class TLSConfig(BaseModel):
+    """Serve over https: vLLM gets --ssl-certfile/--ssl-keyfile, and the runner verifies it with `ca_bundle`
+    (default: the system CAs), or not at all with `insecure: true`. Relative paths are the profile's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certfile: Path
+    keyfile: Path
+    ca_bundle: Path | None = None
+    insecure: bool = False
 
 
 class LaunchProfile(BaseModel):
@@ -54,6 +68,7 @@ class LaunchProfile(BaseModel):
     port: int | Literal["auto"] = "auto"
     startup_timeout_s: float = Field(default=900.0, gt=0)
     api_key_env: str | None = None
+    tls: TLSConfig | None = None
     # What the simulator imitates, and what roofline figures are computed against.
     hardware: str | None = None
     model_shape: str | None = None
@@ -163,4 +178,17 @@ def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:
         raise_validation(str(path), exc, LaunchProfile)
         raise  # unreachable: raise_validation always raises
     check_flags(str(path), "flags", profile.flags)
+    if profile.tls is not None:
+        profile = profile.model_copy(update={"tls": _tls_relative_to(profile.tls, path.parent)})
     return profile, path
+
+
+def _tls_relative_to(tls: TLSConfig, folder: Path) -> TLSConfig:
+    def resolve(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (folder / p).resolve()
+
+    return tls.model_copy(update={"certfile": resolve(tls.certfile), "keyfile": resolve(tls.keyfile),
+                                  "ca_bundle": resolve(tls.ca_bundle)})

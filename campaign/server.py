@@ -133,9 +133,9 @@ class ServerProcess:
         """Block until GET /health is 200. Raises LaunchError saying which of exit / fatal line / deadline won."""
         assert self.proc is not None and self.started_at is not None, "call start() first"
         deadline = self.started_at + self.startup_timeout_s
-        url = f"{self.spec.base_url}/health"
+        url = "/health"
         scanned = 0
-        with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
+        with self.spec.endpoint().control(timeout_s=2.0) as client:
             while True:
                 code = self.proc.poll()
                 if code is not None:

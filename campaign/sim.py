@@ -19,6 +19,7 @@ import json
 import os
 import random
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -486,6 +487,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key")
+    p.add_argument("--ssl-certfile")
+    p.add_argument("--ssl-keyfile")
     p.add_argument("--served-model-name")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     p.add_argument("--max-num-batched-tokens", type=int)
@@ -600,8 +603,13 @@ def main(argv: list[str] | None = None) -> None:
 async def serve(args: argparse.Namespace, mem: sim_model.Memory, block: int, log: Log) -> None:
     engine = Engine(args, mem, block)
     server = Server(args, engine, mem)
-    listener = await asyncio.start_server(server.handle, args.host, args.port, limit=2**20, backlog=1024)
-    log.line("APIServer", "INFO", "launcher.py:188", f"Starting vLLM server on http://{args.host}:{args.port}")
+    tls = None
+    if args.ssl_certfile:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    listener = await asyncio.start_server(server.handle, args.host, args.port, limit=2**20, backlog=1024, ssl=tls)
+    scheme = "https" if tls else "http"
+    log.line("APIServer", "INFO", "launcher.py:188", f"Starting vLLM server on {scheme}://{args.host}:{args.port}")
     sys.stdout.write(f"INFO:     Started server process [{os.getpid()}]\nINFO:     Waiting for application "
                      "startup.\nINFO:     Application startup complete.\n")
     sys.stdout.flush()

@@ -1,137 +1,362 @@
-"""The measured path's HTTP client: HTTP/1.1 over asyncio protocols, parsing the stream as it arrives.
+"""The measured path's HTTP client: HTTP/1.1 (and 1.0 replies) over asyncio protocols, SSE split as it arrives.
 
 Why not httpx here: `make bench-client` measured plain httpx streaming at 13,300 chunks/s over 256 streams on
 one core (aiohttp 73,000), and at 256 streams paced at 10 ms it received 25% of the offered tokens with a p99
-added delay of 145 ms: a tool built on it would report a fraction of an H200's throughput. Each read of a
-protocol here costs one callback: the bytes are timestamped the moment the event loop hands them over, the
-chunked framing and the SSE events are split in place, and the only JSON work per event is finding the
-cumulative `completion_tokens`. httpx stays for the control plane (health, /metrics, /v1/models).
+added delay of 145 ms: a tool built on it would report a fraction of an H200's throughput. Each socket read
+here costs one protocol callback, timestamped the moment the event loop hands the bytes over (one timestamp
+per read: events that arrive together share it).
 
-Connections are kept alive and reused, one request at a time each, like a pool without limits.
+What the specs allow, and this client therefore handles (each case has a raw-socket test):
+- Framing by llhttp (through `httptools`, the parser under uvicorn): chunked, Content-Length, bodies delimited
+  by the server closing (HTTP/1.0, or 1.1 without either), `Connection` token lists, 1xx replies (100 Continue,
+  103 Early Hints) skipped, Content-Length together with Transfer-Encoding refused as a protocol error.
+- Server-sent events as the WHATWG HTML spec defines them: LF, CRLF or CR line ends (a CR ending one read and
+  its LF starting the next), multi-line `data:`, comments, `event:`/`id:`/`retry:` fields.
+- `Accept-Encoding: identity` is sent; gzip or deflate is decoded if a server sends it anyway; anything else is
+  an error naming the encoding. A 200 that is not `text/event-stream` is an error saying what arrived.
+- Limits on the header block, one SSE event and an error body; a growing buffer is never re-scanned.
+- Timeouts: connect, first byte, idle between reads; each fires at its value and names itself.
+- https with the endpoint's TLS context; several addresses per name raced with happy eyeballs (RFC 8305).
+
+Connections are kept alive and reused, one request at a time each; one that cannot be reused is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import ssl
 import time
+import zlib
+from asyncio.staggered import staggered_race
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, cast
+
+import httptools
+
+from campaign.endpoint import Endpoint, Timeouts
+
+HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
+# A connection idle longer than this is not reused: uvicorn (vLLM's server) closes idle connections after 5 s,
+# and a request sent just as the server closes would fail through no fault of the server under test.
+POOL_IDLE_S = 2.0
 
 
 class StreamError(Exception):
-    """A transport failure of one request (connection refused or lost, timeout)."""
+    """One request's failure. `kind`: connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class StreamTimeout(StreamError):
+    """A timeout: `which` is connect, first_byte or idle; `after_s` is how long it waited."""
+
+    def __init__(self, which: str, after_s: float, message: str) -> None:
+        super().__init__("timeout", message)
+        self.which = which
+        self.after_s = after_s
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_bytes: int = 64 * 1024
+    event_bytes: int = 4 * 1024 * 1024
+    error_body_bytes: int = 64 * 1024
+
+
+@dataclass
+class Reply:
+    status: int
+    content_type: str | None
+    body: bytes          # the body of a non-200 reply (bounded); empty for an event stream
+    events: int          # SSE events dispatched
+    http_version: str
+    keep_alive: bool
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:,.0f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:,.1f} MiB"
+
+
+class SSEDecoder:
+    """WHATWG event-stream parsing. `on_event(now, data)` gets each event's data (lines joined by LF).
+
+    Each byte is scanned once: a line cut by a read boundary is kept in parts and joined when its end arrives."""
+
+    __slots__ = ("on_event", "max_event_bytes", "events", "_parts", "_part_len", "_data", "_data_len", "_skip_lf")
+
+    def __init__(self, on_event: Callable[[float, bytes], None], *, max_event_bytes: int = 4 * 1024 * 1024) -> None:
+        self.on_event = on_event
+        self.max_event_bytes = max_event_bytes
+        self.events = 0
+        self._parts: list[bytes] = []   # the unfinished line
+        self._part_len = 0
+        self._data: list[bytes] = []    # data lines of the event being built
+        self._data_len = 0
+        self._skip_lf = False           # the previous read ended in CR: an LF starting this one belongs to it
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self._skip_lf:
+            self._skip_lf = False
+            if data[:1] == b"\n":
+                data = data[1:]
+        if b"\r" in data:
+            self._skip_lf = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        start = 0
+        find = data.find
+        while True:
+            end = find(b"\n", start)
+            if end < 0:
+                break
+            if self._parts:
+                self._parts.append(data[start:end])
+                line = b"".join(self._parts)
+                self._parts.clear()
+                self._part_len = 0
+            else:
+                line = data[start:end]
+            start = end + 1
+            self._line(line, now)
+        if start < len(data):
+            rest = data[start:]
+            self._parts.append(rest)
+            self._part_len += len(rest)
+            self._check(self._part_len)
+
+    def _check(self, pending: int) -> None:
+        if self._data_len + pending > self.max_event_bytes:
+            raise StreamError("limit", f"one server-sent event exceeds {_kib(self.max_event_bytes)} "
+                                       "(Limits.event_bytes); the stream was abandoned")
+
+    def _line(self, line: bytes, now: float) -> None:
+        if not line:
+            if self._data:
+                data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+                self._data = []
+                self._data_len = 0
+                self.events += 1
+                self.on_event(now, data)
+            return
+        if line[0] == 0x3A:  # ":" a comment (keep-alive pings)
+            return
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1:]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"data":
+            self._data.append(value)
+            self._data_len += len(value) + 1
+            self._check(0)
+        # event, id, retry and unknown fields carry nothing a completion stream needs: ignored, per the spec.
+
+
+class _Decompressor:
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._z: Any = zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding in {"gzip", "x-gzip"} else None
+
+    def feed(self, data: bytes) -> bytes:
+        if self._z is None:  # deflate: zlib-wrapped as RFC 9110 says, or raw as some servers send it
+            self._z = zlib.decompressobj(zlib.MAX_WBITS if data[:1] and data[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+        try:
+            return cast(bytes, self._z.decompress(data))
+        except zlib.error as exc:
+            raise StreamError("encoding", f"the {self.encoding} body does not decode: {exc}") from None
 
 
 class _Exchange:
-    """One request/response on a connection: feeds events to `on_event(now, payload)` as they arrive."""
+    """One request and its reply on a connection (httptools calls the on_* methods)."""
 
-    def __init__(self, on_event: Callable[[float, bytes], None]) -> None:
-        self.on_event = on_event
-        self.status: int | None = None
-        self.body = bytearray()          # a non-streamed body (errors): kept whole
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def __init__(self, conn: _Connection, on_event: Callable[[float, bytes], None], limits: Limits,
+                 timeouts: Timeouts, sent_at: float) -> None:
+        self.conn = conn
+        self.limits = limits
+        self.timeouts = timeouts
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[Reply] = self.loop.create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.sse = SSEDecoder(on_event, max_event_bytes=limits.event_bytes)
+        self.sent_at = sent_at
+        self.last_read = sent_at
+        self.got_bytes = 0
+        self.now = sent_at
+        self._new_message()
+        self.final = False          # the final (non-1xx) reply has begun
+        self.final_done = False
         self.keep_alive = True
-        self._head = bytearray()
-        self._chunked = False
-        self._remaining = -1             # bytes left of a content-length body or of the current chunk
-        self._pending = b""              # unparsed chunked framing
-        self._sse = b""                  # unparsed SSE text
-        self._streaming = False
+        self.failed: BaseException | None = None
+        self._timer: asyncio.TimerHandle | None = self.loop.call_later(timeouts.first_byte_s, self._on_timer)
 
-    def feed(self, data: bytes, now: float) -> None:
-        if self.status is None:
-            self._head += data
-            cut = self._head.find(b"\r\n\r\n")
-            if cut < 0:
-                return
-            head, data = bytes(self._head[:cut]), bytes(self._head[cut + 4:])
-            lines = head.split(b"\r\n")
-            self.status = int(lines[0].split(b" ", 2)[1])
-            for line in lines[1:]:
-                name, _, value = line.partition(b":")
-                name, value = name.strip().lower(), value.strip().lower()
-                if name == b"transfer-encoding" and b"chunked" in value:
-                    self._chunked = True
-                elif name == b"content-length":
-                    self._remaining = int(value)
-                elif name == b"connection" and value == b"close":
-                    self.keep_alive = False
-                elif name == b"content-type" and value.startswith(b"text/event-stream"):
-                    self._streaming = True
-            if not self._chunked and self._remaining <= 0:
-                self._finish()
-                return
-        if self._chunked:
-            self._feed_chunked(data, now)
-        else:
-            take = data[: self._remaining]
-            self._payload(take, now)
-            self._remaining -= len(take)
-            if self._remaining <= 0:
-                self._finish()
+    def _new_message(self) -> None:
+        self.status = 0
+        self.headers_done = False
+        self.head_bytes = 0
+        self.header_total = 0
+        self.content_type: str | None = None
+        self.encoding: str | None = None
+        self.framed = False          # Content-Length or chunked; otherwise the body ends when the server closes
+        self.streaming = False
+        self.body = bytearray()
+        self.decoder: _Decompressor | None = None
 
-    def _feed_chunked(self, data: bytes, now: float) -> None:
-        buf = self._pending + data if self._pending else data
-        pos = 0
-        while pos < len(buf):
-            if self._remaining > 0:
-                take = buf[pos: pos + self._remaining]
-                self._payload(take, now)
-                self._remaining -= len(take)
-                pos += len(take)
-                if self._remaining == 0:
-                    self._remaining = -2  # the CRLF after the chunk's data
-                continue
-            if self._remaining == -2:
-                if len(buf) - pos < 2:
-                    break
-                pos += 2
-                self._remaining = -1
-                continue
-            line_end = buf.find(b"\r\n", pos)
-            if line_end < 0:
-                break
-            if self._remaining == -3:
-                # After the last chunk: optional trailer lines, then an empty line. The response is over only
-                # when that is read, or its CRLF would reach the next response on this kept-alive connection.
-                empty = line_end == pos
-                pos = line_end + 2
-                if empty:
-                    self._pending = b""
-                    self._finish()
-                    return
-                continue
-            size = int(buf[pos:line_end].split(b";", 1)[0], 16)
-            pos = line_end + 2
-            if size == 0:
-                self._remaining = -3
-                continue
-            self._remaining = size
-        self._pending = buf[pos:]
-
-    def _payload(self, data: bytes, now: float) -> None:
-        if not self._streaming or self.status != 200:
-            self.body += data
+    # --- timers: one handle, re-armed only when it fires early, so a read costs no timer work -------------
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.done.done():
             return
-        buf = self._sse + data if self._sse else data
-        start = 0
-        while True:
-            cut = buf.find(b"\n\n", start)
-            if cut < 0:
-                break
-            self.on_event(now, buf[start:cut])
-            start = cut + 2
-        self._sse = buf[start:]
+        now = time.perf_counter()
+        if self.got_bytes == 0:
+            waited = now - self.sent_at
+            if waited >= self.timeouts.first_byte_s:
+                self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the "
+                                                     f"request was sent (limit {self.timeouts.first_byte_s:g} s)")
+                return
+            self._timer = self.loop.call_later(self.timeouts.first_byte_s - waited, self._on_timer)
+            return
+        silent = now - self.last_read
+        if silent >= self.timeouts.idle_s:
+            self._time_out("idle", silent, f"idle timeout: no data for {silent:.1f} s after {self.sse.events} "
+                                           f"event(s) (limit {self.timeouts.idle_s:g} s)")
+            return
+        self._timer = self.loop.call_later(self.timeouts.idle_s - silent, self._on_timer)
 
-    def _finish(self) -> None:
+    def _time_out(self, which: str, after_s: float, message: str) -> None:
+        self.fail(StreamTimeout(which, after_s, message))
+        self.conn.close()
+
+    # --- bytes in ----------------------------------------------------------------------------------------
+    def feed(self, data: bytes, now: float) -> None:
+        if self.got_bytes == 0 and self._timer is not None:
+            self._timer.cancel()
+            self._timer = self.loop.call_later(self.timeouts.idle_s, self._on_timer)
+        self.got_bytes += len(data)
+        self.last_read = now
+        self.now = now
+        if not self.headers_done:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if self.final_done:
+                return  # bytes after the reply: the connection is not reused (keep_alive was cleared)
+            error = self.failed or exc.__context__
+            if not isinstance(error, StreamError):
+                error = StreamError("protocol", f"malformed HTTP reply: {exc}")
+            self.fail(error)
+            self.conn.close()
+            return
+        if not self.headers_done and self.head_bytes > self.limits.header_bytes:
+            self.fail(StreamError("limit", f"the reply's header block exceeds {_kib(self.limits.header_bytes)} "
+                                           "(Limits.header_bytes)"))
+            self.conn.close()
+
+    def eof(self, exc: BaseException | None) -> None:
+        """The connection closed: the end of a close-delimited body, or a failure."""
+        if self.done.done():
+            return
+        if self.final and self.headers_done and not self.framed and exc is None:
+            self.keep_alive = False
+            try:
+                self.on_message_complete()
+            except StreamError as error:
+                self.fail(error)
+            return
+        where = ("before any reply" if self.got_bytes == 0 else
+                 "in the middle of the reply's headers" if not self.headers_done else
+                 f"in the middle of the reply's body, after {self.sse.events} event(s)")
+        if isinstance(exc, ssl.SSLError):
+            self.fail(StreamError("tls", f"TLS error {where}: {exc}"))
+        else:
+            self.fail(StreamError("closed", f"the server closed the connection {where}"
+                                            + (f" ({exc})" if exc else "")))
+
+    # --- httptools callbacks -----------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.final_done:
+            self.keep_alive = False
+            raise StreamError("protocol", "bytes after the end of the reply")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Raw bytes are counted per read too; this catches a block that arrives whole in one read.
+        self.header_total += len(name) + len(value) + 4
+        if self.header_total > self.limits.header_bytes:
+            raise StreamError("limit", f"the reply's header block exceeds {_kib(self.limits.header_bytes)} "
+                                       "(Limits.header_bytes)")
+        lname = name.lower()
+        if lname == b"content-type":
+            self.content_type = value.decode("latin-1").strip()
+        elif lname == b"content-encoding":
+            self.encoding = value.decode("latin-1").strip().lower()
+        elif lname == b"content-length" or (lname == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.status = self.parser.get_status_code()
+        if 100 <= self.status < 200:
+            if self.status == 101:
+                raise StreamError("protocol", "the server switched protocols (101): not an HTTP reply")
+            return  # 100 Continue, 103 Early Hints: the real reply follows
+        self.final = True
+        if self.encoding not in (None, "", "identity"):
+            if self.encoding not in {"gzip", "x-gzip", "deflate"}:
+                raise StreamError("encoding", f"the server sent Content-Encoding: {self.encoding}, which this "
+                                              "client does not decode (it asked for identity)")
+            self.decoder = _Decompressor(self.encoding)
+        media = (self.content_type or "").split(";", 1)[0].strip().lower()
+        self.streaming = self.status == 200 and media == "text/event-stream"
+
+    def on_body(self, data: bytes) -> None:
+        if not self.final:
+            return
+        if self.decoder is not None:
+            data = self.decoder.feed(data)
+        if self.streaming:
+            self.sse.feed(data, self.now)
+            return
+        self.body += data
+        if len(self.body) > self.limits.error_body_bytes:
+            raise StreamError("limit", f"HTTP {self.status} reply body exceeds {_kib(self.limits.error_body_bytes)} "
+                                       f"(Limits.error_body_bytes); it began: {_preview(bytes(self.body))}")
+
+    def on_message_complete(self) -> None:
+        if not self.final:
+            self._new_message()  # a 1xx reply ended; the real one follows on the same connection
+            return
+        if self.status == 200 and not self.streaming:
+            raise StreamError("not-event-stream", f"HTTP 200 with Content-Type {self.content_type or '(none)'}, "
+                                                  f"not an event stream: {_preview(bytes(self.body))}")
+        self.final_done = True
+        self.keep_alive = self.keep_alive and self.framed and bool(self.parser.should_keep_alive())
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self.done.done():
-            self.done.set_result(None)
+            self.done.set_result(Reply(
+                status=self.status, content_type=self.content_type, body=bytes(self.body), events=self.sse.events,
+                http_version=self.parser.get_http_version(), keep_alive=self.keep_alive))
 
     def fail(self, exc: BaseException) -> None:
+        self.failed = exc
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if not self.done.done():
             self.done.set_exception(exc)
+
+
+def _preview(body: bytes) -> str:
+    text = body[:200].decode("utf-8", "replace").strip()
+    return repr(text) if text else "(empty body)"
 
 
 class _Connection(asyncio.Protocol):
@@ -139,44 +364,66 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
         self.closed = False
-        self.last_activity = time.monotonic()
+        self.closing_by_us = False
+        self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # asyncio's and uvloop's transports both implement the Transport interface (uvloop's are not subclasses).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()  # the arrival time of everything in this read
-        self.last_activity = time.monotonic()
-        if self.exchange is not None:
-            self.exchange.feed(data, now)
+        exchange = self.exchange
+        if exchange is None:
+            self.close()  # bytes nobody asked for: this connection can no longer be trusted
+            return
+        exchange.feed(data, now)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.exchange is not None:
-            self.exchange.fail(StreamError(f"connection lost: {exc or 'closed by the server'}"))
+        exchange = self.exchange
+        if exchange is not None and not self.closing_by_us:
+            exchange.eof(exc)
 
     def close(self) -> None:
+        self.closing_by_us = True
         self.closed = True
         if self.transport is not None:
             self.transport.close()
 
 
-class StreamClient:
-    """`async with StreamClient(base_url) as client: await client.post_stream(path, body, on_event)`."""
+def _interleave(infos: list[Any]) -> list[Any]:
+    """RFC 8305: alternate address families, first family first."""
+    by_family: dict[int, list[Any]] = {}
+    for info in infos:
+        by_family.setdefault(info[0], []).append(info)
+    queues = list(by_family.values())
+    out: list[Any] = []
+    while any(queues):
+        for queue in queues:
+            if queue:
+                out.append(queue.pop(0))
+    return out
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, connect_timeout_s: float = 10.0,
-                 read_timeout_s: float = 600.0) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme != "http":
-            raise ValueError(f"{base_url}: the streaming client speaks plain http (the servers it measures do)")
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 80
-        self.api_key = api_key
-        self.connect_timeout_s = connect_timeout_s
-        self.read_timeout_s = read_timeout_s
+
+class StreamClient:
+    """`async with StreamClient(endpoint) as client: await client.post_stream(path, body, on_event)`."""
+
+    def __init__(self, endpoint: Endpoint, *, limits: Limits | None = None) -> None:
+        self.endpoint = endpoint
+        self.limits = limits or Limits()
+        self.connections_opened = 0
+        self._ssl = endpoint.ssl_context()
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        auth = f"Authorization: Bearer {endpoint.api_key}\r\n" if endpoint.api_key else ""
+        self._head_template = (
+            "POST {target} HTTP/1.1\r\nHost: " + endpoint.host_header + "\r\nContent-Type: application/json\r\n"
+            "Accept: text/event-stream\r\nAccept-Encoding: identity\r\nUser-Agent: vllm-campaign\r\n" + auth
+            + "Content-Length: {length}\r\n\r\n")
 
     async def __aenter__(self) -> StreamClient:
         return self
@@ -190,51 +437,87 @@ class StreamClient:
         self._all.clear()
         self._idle.clear()
 
-    async def _connection(self) -> _Connection:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn
+    async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        ep = self.endpoint
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, self.host, self.port), self.connect_timeout_s)
-        except (OSError, TimeoutError) as exc:
-            raise StreamError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            infos = await loop.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise StreamError("connect", f"cannot resolve {ep.host}: {exc}") from None
+        addresses = _interleave(infos)
+        errors: list[BaseException] = []
+
+        async def attempt(info: Any) -> socket.socket:
+            family, type_, proto, _, address = info
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, address)
+                return sock
+            except BaseException as exc:
+                sock.close()
+                errors.append(exc)
+                raise
+
+        async def connect() -> _Connection:
+            sock, _, _ = await staggered_race([partial(attempt, info) for info in addresses], HAPPY_EYEBALLS_DELAY_S)
+            if sock is None:
+                raise errors[-1] if errors else OSError("no address")
+            _, conn = await loop.create_connection(
+                _Connection, sock=sock, ssl=self._ssl, server_hostname=ep.host if self._ssl else None)
+            return conn
+
+        started = time.perf_counter()
+        try:
+            conn = await asyncio.wait_for(connect(), ep.timeouts.connect_s)
+        except TimeoutError:
+            waited = time.perf_counter() - started
+            raise StreamTimeout("connect", waited, f"connect timeout: no connection to {ep.host_header} after "
+                                                   f"{waited:.1f} s (limit {ep.timeouts.connect_s:g} s)") from None
+        except ssl.SSLError as exc:
+            raise StreamError("tls", f"TLS handshake with {ep.host_header} failed: {exc}") from None
+        except OSError as exc:
+            raise StreamError("connect", f"cannot connect to {ep.host_header}: {exc.strerror or exc}") from None
+        self.connections_opened += 1
         self._all.add(conn)
         return conn
 
+    async def _connection(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and time.perf_counter() - conn.idle_since < POOL_IDLE_S:
+                return conn
+            conn.close()
+            self._all.discard(conn)
+        return await self._connect()
+
     async def post_stream(self, path: str, body: dict[str, Any],
-                          on_event: Callable[[float, bytes], None]) -> tuple[int, bytes]:
-        """Send one POST; events of a 200 SSE response go to `on_event`; returns (status, non-SSE body)."""
+                          on_event: Callable[[float, bytes], None]) -> Reply:
+        """Send one POST; events of a 200 SSE reply go to `on_event`; returns the Reply (non-SSE body kept)."""
         payload = json.dumps(body, separators=(",", ":")).encode()
-        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
-        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-                f"Accept: text/event-stream\r\n{auth}Content-Length: {len(payload)}\r\n\r\n").encode()
+        head = self._head_template.format(target=self.endpoint.target(path), length=len(payload)).encode("latin-1")
         conn = await self._connection()
-        exchange = _Exchange(on_event)
+        exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, time.perf_counter())
         conn.exchange = exchange
         assert conn.transport is not None
         conn.transport.write(head + payload)
-        conn.last_activity = time.monotonic()
         try:
-            while True:
-                try:
-                    await asyncio.wait_for(asyncio.shield(exchange.done), self.read_timeout_s)
-                    break
-                except TimeoutError:
-                    # An idle timeout, not a total one: a long reply that keeps streaming is fine.
-                    if time.monotonic() - conn.last_activity >= self.read_timeout_s:
-                        raise StreamError(f"no data for {self.read_timeout_s:.0f} s") from None
-        except BaseException:
-            conn.close()  # cancelled or failed: the server sees the disconnect and aborts the request
+            reply = await exchange.done
+        except BaseException as exc:
+            # Cancelled or failed: closing tells the server to abort the request; nothing else awaits `done`.
+            exchange.fail(exc if isinstance(exc, StreamError) else StreamError("closed", "cancelled by the client"))
+            if exchange.done.done() and not exchange.done.cancelled():
+                exchange.done.exception()  # mark retrieved
+            conn.exchange = None
+            conn.close()
             self._all.discard(conn)
             raise
         conn.exchange = None
-        if exchange.keep_alive and not conn.closed:
+        if reply.keep_alive and not conn.closed:
+            conn.idle_since = time.perf_counter()
             self._idle.append(conn)
         else:
             conn.close()
             self._all.discard(conn)
-        assert exchange.status is not None
-        return exchange.status, bytes(exchange.body)
+        return reply

@@ -51,7 +51,7 @@ VALUE_DIRECTIONS = {
 
 
 async def _scrape(target: Target, client: httpx.AsyncClient) -> m.MetricsSnapshot:
-    response = await client.get(f"{target.base_url}/metrics")
+    response = await client.get("/metrics")
     response.raise_for_status()
     return m.parse(response.text, server_version=target.server_version)
 
@@ -65,10 +65,9 @@ async def context_window(target: Target, *, reply_tokens: int = 200) -> Experime
                                 reasons=["max_model_len unknown: nothing to probe"])
     window = target.max_model_len
     prompts = PromptSource()
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     over_total = prompts.unique(window - reply_tokens // 2)
     over_prompt = prompts.unique(window + 16)
-    async with httpx.AsyncClient(base_url=target.base_url, headers=headers, timeout=600) as client:
+    async with target.endpoint.async_control(timeout_s=600) as client:
         a = await client.post("/v1/completions", json={"model": target.model, "prompt": over_total,
                                                        "max_tokens": reply_tokens, "ignore_eos": True})
         b = await client.post("/v1/completions", json={"model": target.model, "prompt": over_prompt,
@@ -112,7 +111,7 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
     prompts = PromptSource()
     rows: list[dict[str, Any]] = []
     records: list[RequestRecord] = []
-    async with new_client(max_streams=1, api_key=target.api_key, base_url=target.base_url) as client:
+    async with new_client(target.endpoint) as client:
         for i, context in enumerate(sorted(contexts)):
             if target.max_model_len is not None and context + reply_tokens > target.max_model_len:
                 rows.append({"context_tokens": context, "skipped": "over max_model_len"})
@@ -166,8 +165,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
             except TimeoutError:
                 pass
 
-    async with new_client(max_streams=n, api_key=target.api_key, base_url=target.base_url) as client, \
-            httpx.AsyncClient(timeout=10) as control:
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
         task = asyncio.create_task(sampler(control))
         began = time.perf_counter()
         records = list(await asyncio.gather(*(
@@ -218,8 +216,7 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
     shared_len = max(block, math.ceil(shared_tokens / block) * block)
     prompts = PromptSource()
     arms: dict[str, dict[str, Any]] = {}
-    async with new_client(max_streams=agents, api_key=target.api_key, base_url=target.base_url) as client, \
-            httpx.AsyncClient(timeout=10) as control:
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
         for arm in ("shared-first", "task-first", "unrelated"):
             shared = prompts.shared_block(shared_len)
             tasks = [prompts.unique(task_tokens) for _ in range(agents)]
