@@ -67,6 +67,8 @@ class CellResult(BaseModel):
     label: str
     status: Status
     reasons: list[str] = Field(default_factory=list)
+    # What a reader should know that does not make the cell Invalid (e.g. tokens counted per chunk).
+    notes: list[str] = Field(default_factory=list)
     total_tok_s: float | None = None
     per_request_tok_s: float | None = None
     prompt_tok_s: float | None = None

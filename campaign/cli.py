@@ -239,9 +239,16 @@ def probe(
     endpoint = Endpoint.parse(url, api_key=api_key, tls=TLS(ca_bundle=ca_bundle, insecure=insecure),
                               timeouts=_timeouts(connect_timeout, first_byte_timeout, idle_timeout))
     _note_proxy(endpoint)
-    with ControlClient(endpoint) as control:
-        served, max_len = control.served_model()
-        version = control.version()
+    import httpx
+
+    try:
+        with ControlClient(endpoint) as control:
+            served, max_len = control.served_model()
+            version = control.version()
+    except httpx.TransportError as exc:
+        hint = ("give the server's CA with --ca-bundle FILE (or SSL_CERT_FILE), or --insecure"
+                if "CERTIFICATE" in str(exc).upper() else "is the server running at that address?")
+        raise CampaignError(f"cannot reach {endpoint.root}: {exc}", hint=hint) from None
     target = Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version)
     specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
                         prefill=prefill, max_tokens=max_tokens, mode=mode)

@@ -5,18 +5,27 @@ These, and only these, are retried (tenacity): a measured request is never retri
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import httpx
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from campaign import metrics
 from campaign.endpoint import Endpoint
 from campaign.errors import CampaignError
 from campaign.startup_log import StartupFacts
 
+
+def _transient(exc: BaseException) -> bool:
+    """Worth another try: a refused or dropped connection, a 5xx; never a certificate the CA does not sign."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return True
+    return isinstance(exc, httpx.TransportError) and not isinstance(exc.__context__, ssl.SSLError)
+
+
 _retry = retry(
-    retry=retry_if_exception_type((httpx.TransportError, httpx.HTTPStatusError)),
+    retry=retry_if_exception(_transient),
     stop=stop_after_delay(15),
     wait=wait_exponential(multiplier=0.1, max=2.0),
     reraise=True,

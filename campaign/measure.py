@@ -331,10 +331,16 @@ class Measurer:
         if status == "Valid" and reasons:
             status = "Invalid"
 
+        notes: list[str] = []
+        per_chunk = sum(1 for r in records if r.token_count == "chunks")
+        if per_chunk:
+            notes.append(f"tokens counted per chunk in {per_chunk} of {len(records)} requests: the server sent no "
+                         "continuous usage stats, so a chunk carrying several tokens (speculative decoding) "
+                         "would be undercounted")
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
-            **base, status=status, reasons=reasons, **values,
+            **base, status=status, reasons=reasons, notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,

@@ -103,6 +103,9 @@ def all_measurements(cells: Sequence[CellResult]) -> str:
              for c in cells for r in c.reasons]
     if notes:
         text += "\n\nWhy cells are not Valid:\n" + "\n".join(notes)
+    remarks = [f"  {fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]
+    if remarks:
+        text += "\n\nNotes:\n" + "\n".join(remarks)
     return text
 
 
@@ -159,7 +162,7 @@ def diff_text(diffs: Sequence[Any]) -> str:
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
                  "per_request_tok_s", "prompt_tok_s", "ttft_ms", "itl_ms", "avg_active", "completed",
-                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons"]
+                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons", "notes"]
 
 
 def export_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
@@ -170,6 +173,7 @@ def export_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
         row["variant"] = stored.variant
         row["repeat"] = stored.repeat
         row["reasons"] = "; ".join(data.get("reasons") or [])
+        row["notes"] = "; ".join(data.get("notes") or [])
         rows.append(row)
     return rows
 

@@ -28,7 +28,10 @@ from campaign.errors import ResultFormatError
 
 # Format history:
 # 1 - first format (vllm-campaign 0.1.0)
-SCHEMA_VERSION = 1
+# 2 - cells carry `notes` (e.g. tokens counted per chunk); request records carry `token_count` ("usage" or
+#     "chunks") and `error_kind` (connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream,
+#     http, stream). Format 1 files read unchanged (the new fields take their defaults).
+SCHEMA_VERSION = 2
 
 
 def _dumps(data: Any) -> str:

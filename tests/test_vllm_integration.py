@@ -9,7 +9,6 @@ import sys
 import threading
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
@@ -93,7 +92,7 @@ def test_foreign_traffic_is_discarded_counted_and_rerun_with_fresh_prompts(targe
     foreign_sent: list[int] = []
 
     def foreign_client() -> None:
-        with httpx.Client(base_url=target.base_url, timeout=30) as client:
+        with target.endpoint.control(timeout_s=30) as client:
             while not stop_foreign.is_set():
                 response = client.post("/v1/completions", json={
                     "model": target.model, "prompt": [7, 8, 9, 10], "max_tokens": 5, "min_tokens": 5,
@@ -134,12 +133,13 @@ def test_foreign_traffic_is_discarded_counted_and_rerun_with_fresh_prompts(targe
 def test_silently_clamped_reply_is_flagged(target: Target) -> None:
     prompt = PromptSource().unique(2000)
     # vLLM 0.32 answers 200 with fewer tokens than asked when prompt + reply exceed the window ...
-    raw = httpx.post(f"{target.base_url}/v1/completions", timeout=60, json={
-        "model": target.model, "prompt": prompt, "max_tokens": 100, "ignore_eos": True}).json()
+    with target.endpoint.control(timeout_s=60) as control:
+        raw = control.post("/v1/completions", json={
+            "model": target.model, "prompt": prompt, "max_tokens": 100, "ignore_eos": True}).json()
     assert raw["usage"]["completion_tokens"] == 48
 
     async def one() -> None:
-        async with new_client(max_streams=1, base_url=target.base_url) as client:
+        async with new_client(target.endpoint) as client:
             record = await stream_completion(client, model=target.model, prompt=PromptSource().unique(2000),
                                              max_tokens=100, request_id="clamp")
         # ... and with min_tokens = max_tokens the clamp surfaces as a 400 naming the clamped length.
@@ -148,7 +148,7 @@ def test_silently_clamped_reply_is_flagged(target: Target) -> None:
 
     asyncio.run(one())
     # Where the window is unknown (probing), the cell runs and comes out Invalid with the reason.
-    unknown_window = Target(base_url=target.base_url, model=target.model, kv_cache_tokens=target.kv_cache_tokens)
+    unknown_window = Target(endpoint=target.endpoint, model=target.model, kv_cache_tokens=target.kv_cache_tokens)
     cell = asyncio.run(Measurer(unknown_window).run_cell(
         CellSpec(phase="decode", context_tokens=2000, concurrency=1, mode="fixed", max_tokens=100)))
     assert cell.status == "Invalid"
@@ -156,7 +156,8 @@ def test_silently_clamped_reply_is_flagged(target: Target) -> None:
 
 
 def test_misspelt_metric_name_is_an_error_not_a_zero(target: Target) -> None:
-    snapshot = metrics.parse(httpx.get(f"{target.base_url}/metrics").text, server_version="0.32.0")
+    with target.endpoint.control() as control:
+        snapshot = metrics.parse(control.get("/metrics").text, server_version="0.32.0")
     assert snapshot.value(metrics.GENERATION_TOKENS) >= 0
     with pytest.raises(MetricMissingError) as caught:
         snapshot.value("vllm:generation_token_total")
@@ -174,10 +175,32 @@ def test_over_capacity_cell_is_skipped_when_the_kv_cache_is_small(target: Target
     assert "32,768" in cell.reasons[0]
 
 
+def ca_bundle(server: LaunchedServer) -> Path:
+    assert server.spec.tls is not None and server.spec.tls.ca_bundle is not None
+    return server.spec.tls.ca_bundle
+
+
+def test_real_vllm_over_https_verified_by_both_paths(vllm_server: LaunchedServer, target: Target) -> None:
+    assert vllm_server.spec.base_url.startswith("https://127.0.0.1:")
+    cell = asyncio.run(Measurer(target).run_cell(
+        CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=32)))
+    assert cell.status == "Valid", cell.reasons
+    assert cell.output_tokens == 64 and cell.attempts[-1].counted_generation_tokens == 64
+    probe = [sys.executable, "-m", "campaign", "probe", vllm_server.spec.base_url + "/v1", "--contexts", "128",
+             "--max-tokens", "8", "--mode", "fixed", "--json"]
+    # Without the CA: one clear error line naming the certificate problem, no traceback.
+    refused = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "Error:" in refused.stderr and "certificate" in refused.stderr.lower(), refused.stderr
+    assert "Traceback" not in refused.stderr
+    insecure = subprocess.run([*probe, "--insecure"], capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads(insecure.stdout)["cells"][0]["status"] == "Valid"
+
+
 def test_probe_cli_json(vllm_server: LaunchedServer) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "campaign", "probe", vllm_server.spec.base_url, "--contexts", "256",
-         "--concurrency", "1,2", "--window", "1", "--max-tokens", "16", "--prefill", "--json"],
+        [sys.executable, "-m", "campaign", "probe", vllm_server.spec.base_url, "--ca-bundle",
+         str(ca_bundle(vllm_server)), "--contexts", "256", "--concurrency", "1,2", "--window", "1", "--max-tokens", "16", "--prefill", "--json"],
         capture_output=True, text=True, timeout=300, check=True)
     cells = json.loads(out.stdout)["cells"]
     assert [c["phase"] for c in cells] == ["prefill", "decode", "decode"]
