@@ -200,7 +200,8 @@ def test_real_vllm_over_https_verified_by_both_paths(vllm_server: LaunchedServer
 def test_probe_cli_json(vllm_server: LaunchedServer) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "campaign", "probe", vllm_server.spec.base_url, "--ca-bundle",
-         str(ca_bundle(vllm_server)), "--contexts", "256", "--concurrency", "1,2", "--window", "1", "--max-tokens", "16", "--prefill", "--json"],
+         str(ca_bundle(vllm_server)), "--contexts", "256", "--concurrency", "1,2", "--window", "1",
+         "--max-tokens", "16", "--prefill", "--json"],
         capture_output=True, text=True, timeout=300, check=True)
     cells = json.loads(out.stdout)["cells"]
     assert [c["phase"] for c in cells] == ["prefill", "decode", "decode"]
