@@ -191,6 +191,7 @@ def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *,
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
         _err(f"ready in {server.ready.ready_s:.1f} s at {server.spec.base_url} (pid {server.ready.pid})")
+        _note_proxy(server.spec.endpoint())
         if as_json and not specs:
             typer.echo(server.facts.model_dump_json(indent=2))
         else:
