@@ -79,6 +79,9 @@ class Reply:
     keep_alive: bool
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _kib(n: int) -> str:
     return f"{n / 1024:,.0f} KiB" if n < 1024 * 1024 else f"{n / 1024 / 1024:,.1f} MiB"
 
@@ -88,7 +91,8 @@ class SSEDecoder:
 
     Each byte is scanned once: a line cut by a read boundary is kept in parts and joined when its end arrives."""
 
-    __slots__ = ("on_event", "max_event_bytes", "events", "_parts", "_part_len", "_data", "_data_len", "_skip_lf")
+    __slots__ = ("on_event", "max_event_bytes", "events", "_parts", "_part_len", "_data", "_data_len", "_skip_lf",
+                 "_head")
 
     def __init__(self, on_event: Callable[[float, bytes], None], *, max_event_bytes: int = 4 * 1024 * 1024) -> None:
         self.on_event = on_event
@@ -99,8 +103,17 @@ class SSEDecoder:
         self._data: list[bytes] = []    # data lines of the event being built
         self._data_len = 0
         self._skip_lf = False           # the previous read ended in CR: an LF starting this one belongs to it
+        self._head: bytes | None = b""  # the stream's first bytes until a leading BOM is ruled out; then None
 
     def feed(self, data: bytes, now: float) -> None:
+        if self._head is not None:  # the spec strips one leading UTF-8 byte order mark
+            data = self._head + data
+            if len(data) < len(_BOM) and _BOM.startswith(data):
+                self._head = data
+                return
+            self._head = None
+            if data.startswith(_BOM):
+                data = data[len(_BOM):]
         if self._skip_lf:
             self._skip_lf = False
             if data[:1] == b"\n":
@@ -472,7 +485,8 @@ class StreamClient:
         try:
             conn = await asyncio.wait_for(connect(), ep.timeouts.connect_s)
         except TimeoutError:
-            waited = time.perf_counter() - started
+            # uvloop's millisecond timer can fire a fraction of a millisecond early against perf_counter.
+            waited = max(time.perf_counter() - started, ep.timeouts.connect_s)
             raise StreamTimeout("connect", waited, f"connect timeout: no connection to {ep.host_header} after "
                                                    f"{waited:.1f} s (limit {ep.timeouts.connect_s:g} s)") from None
         except ssl.SSLError as exc:
