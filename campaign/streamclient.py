@@ -267,6 +267,11 @@ class _Exchange:
             self.fail(error)
             self.conn.close()
             return
+        if self.final and self.headers_done and self.status == 200 and not self.streaming:
+            # Said at once, with what arrived in this read: such a body may be large, or never end.
+            self.fail(self._not_an_event_stream())
+            self.conn.close()
+            return
         if not self.headers_done and self.head_bytes > self.limits.header_bytes:
             self.fail(StreamError("limit", f"the reply's header block exceeds {_kib(self.limits.header_bytes)} "
                                            "(Limits.header_bytes)"))
@@ -336,6 +341,9 @@ class _Exchange:
         if self.streaming:
             self.sse.feed(data, self.now)
             return
+        if self.status == 200:  # not an event stream: keep a preview for the error, whatever its size
+            self.body += data[: max(0, _PREVIEW - len(self.body))]
+            return
         self.body += data
         if len(self.body) > self.limits.error_body_bytes:
             raise StreamError("limit", f"HTTP {self.status} reply body exceeds {_kib(self.limits.error_body_bytes)} "
@@ -346,8 +354,7 @@ class _Exchange:
             self._new_message()  # a 1xx reply ended; the real one follows on the same connection
             return
         if self.status == 200 and not self.streaming:
-            raise StreamError("not-event-stream", f"HTTP 200 with Content-Type {self.content_type or '(none)'}, "
-                                                  f"not an event stream: {_preview(bytes(self.body))}")
+            raise self._not_an_event_stream()
         self.final_done = True
         self.keep_alive = self.keep_alive and self.framed and bool(self.parser.should_keep_alive())
         if self._timer is not None:
@@ -358,6 +365,10 @@ class _Exchange:
                 status=self.status, content_type=self.content_type, body=bytes(self.body), events=self.sse.events,
                 http_version=self.parser.get_http_version(), keep_alive=self.keep_alive))
 
+    def _not_an_event_stream(self) -> StreamError:
+        return StreamError("not-event-stream", f"HTTP 200 with Content-Type {self.content_type or '(none)'}, not an "
+                                               f"event stream; it began: {_preview(bytes(self.body))}")
+
     def fail(self, exc: BaseException) -> None:
         self.failed = exc
         if self._timer is not None:
@@ -367,8 +378,11 @@ class _Exchange:
             self.done.set_exception(exc)
 
 
+_PREVIEW = 200
+
+
 def _preview(body: bytes) -> str:
-    text = body[:200].decode("utf-8", "replace").strip()
+    text = body[:_PREVIEW].decode("utf-8", "replace").strip()
     return repr(text) if text else "(empty body)"
 
 

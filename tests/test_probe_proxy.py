@@ -1,0 +1,285 @@
+"""`campaign probe` through a reverse proxy that changes one thing about the wire at a time (tests/fakes/sse_proxy.py):
+SSE line ends rewritten to CRLF or CR, replies re-framed as HTTP/1.0 (body delimited by close), a path prefix,
+TLS. Every cell must stay Valid and read the same throughput as the direct run.
+
+First the proxy itself is checked against a scripted upstream (does it really change what it claims, and does it
+stream?); then the end-to-end runs against the simulator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes.raw_http import LAST_CHUNK, SSE_CHUNKED, RawHTTPServer, Script, chunk, head, sse, sse_script, vllm_events
+
+from campaign.aio import run as aio_run
+from campaign.client import RequestRecord, new_client, stream_completion
+from campaign.endpoint import TLS, Endpoint
+from campaign.launcher import LaunchedServer, launched
+from campaign.profiles import PROJECT_ROOT, load_profile
+
+PROXY = Path(__file__).parent / "fakes" / "sse_proxy.py"
+TIME_SCALE = "5"  # as tests/test_sim.py: the simulator's numbers hold at 5x
+
+
+@dataclass
+class ProxyRun:
+    url: str                        # its base URL, with its prefix
+    requests: int | None = None     # what it proxied, once it has stopped
+    event_streams: int | None = None
+
+
+@contextmanager
+def sse_proxy(upstream: str, *args: str) -> Iterator[ProxyRun]:
+    """Runs the proxy; yields once it says it is listening. Stopping it fills in what it proxied."""
+    proc = subprocess.Popen([sys.executable, str(PROXY), "--upstream", upstream, "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 15)
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("listening on "):
+            proc.kill()
+            _, err = proc.communicate(timeout=5)
+            pytest.fail(f"the proxy did not start ({line!r}): {err[-2000:]}")
+        run = ProxyRun(line.split()[-1])
+        yield run
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate(timeout=5)
+    counts = re.search(r"proxied (\d+) request\(s\), (\d+) event stream", out or "")
+    if counts:
+        run.requests, run.event_streams = int(counts[1]), int(counts[2])
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    where = tmp_path_factory.mktemp("pki")
+    files = {"ca": where / "ca.pem", "cert": where / "cert.pem", "key": where / "key.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    cert.private_key_pem.write_to_path(str(files["key"]))
+    for i, blob in enumerate(cert.cert_chain_pems):
+        blob.write_to_path(str(files["cert"]), append=i > 0)
+    return files
+
+
+def raw_exchange(url: str, request: bytes, *, ca: Path | None = None,
+                 timeout_s: float = 10.0) -> tuple[list[tuple[float, bytes]], bool]:
+    """Sends `request` as is and reads until the proxy closes: every recv with its time, and whether it closed."""
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    sock: socket.socket = socket.create_connection((host, int(port)), timeout=timeout_s)
+    if url.startswith("https"):
+        sock = ssl.create_default_context(cafile=str(ca)).wrap_socket(sock, server_hostname=host)
+    reads: list[tuple[float, bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    with sock:
+        sock.sendall(request)
+        while time.monotonic() < deadline:
+            try:
+                data = sock.recv(65536)
+            except ssl.SSLEOFError:  # closed without close_notify: still the end of a close-delimited body
+                return reads, True
+            if not data:
+                return reads, True
+            reads.append((time.perf_counter(), data))
+    return reads, False
+
+
+def split_reply(wire: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Status line, headers (lower-case names) and the body with any chunked framing removed."""
+    raw_head, _, body = wire.partition(b"\r\n\r\n")
+    lines = raw_head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        out, rest = b"", body
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                break
+            out, rest = out + rest[:size], rest[size + 2:]
+        body = out
+    return lines[0], headers, body
+
+
+POST = (b"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        b"Connection: close\r\n\r\n{{}}")
+
+
+def post_request(path: str) -> bytes:
+    return POST.replace(b"{path}", path.encode()).replace(b"{{}}", b"{}")
+
+
+def paced_upstream(count: int = 2) -> list[Script]:
+    """Replies whose token events are written 0.15 s apart, LF line ends, chunked."""
+    events = vllm_events(4)
+    paced = Script([(0.0, head(200, SSE_CHUNKED))] + [(0.15, chunk(sse([e]))) for e in events[:4]]
+                   + [(0.0, chunk(sse(events[4:])) + LAST_CHUNK)])
+    return [paced] * count
+
+
+def event_times(reads: list[tuple[float, bytes]], marker: bytes) -> list[float]:
+    """The arrival time of each read holding `marker`, once per occurrence."""
+    return [t for t, data in reads for _ in range(data.count(marker))]
+
+
+# -- the proxy itself, against a scripted upstream -------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode, eol", [("crlf", b"\r\n"), ("cr", b"\r")])
+def test_proxy_rewrites_line_endings_as_it_streams(mode: str, eol: bytes) -> None:
+    with RawHTTPServer(paced_upstream()) as upstream, sse_proxy(upstream.url, "--line-ending", mode) as proxy:
+        url = proxy.url
+        reads, closed = raw_exchange(url, post_request("/v1/completions"))
+        status, headers, body = split_reply(b"".join(d for _, d in reads))
+        records = aio_run(complete(Endpoint.parse(url)))
+    assert closed and status == "HTTP/1.1 200 OK"
+    assert body == sse(vllm_events(4), eol)
+    times = event_times(reads, b'"completion_tokens"')
+    assert len(times) == 5 and times[3] - times[0] >= 0.3  # streamed: not held back until the end
+    assert_tokens(records[0], 4)
+
+
+@pytest.mark.timeout(60)
+def test_proxy_http10_delimits_the_body_by_closing() -> None:
+    with RawHTTPServer(paced_upstream()) as upstream, sse_proxy(upstream.url, "--http10") as proxy:
+        url = proxy.url
+        reads, closed = raw_exchange(url, post_request("/v1/completions"))
+        status, headers, body = split_reply(b"".join(d for _, d in reads))
+        records = aio_run(complete(Endpoint.parse(url)))
+    assert closed and status.startswith("HTTP/1.0 200")
+    assert "content-length" not in headers and "transfer-encoding" not in headers
+    assert body == sse(vllm_events(4))
+    times = event_times(reads, b'"completion_tokens"')
+    assert len(times) == 5 and times[3] - times[0] >= 0.3
+    assert_tokens(records[0], 4)
+
+
+@pytest.mark.timeout(60)
+def test_proxy_prefix() -> None:
+    with RawHTTPServer([sse_script(vllm_events(3))] * 2) as upstream, \
+            sse_proxy(upstream.url, "--prefix", "/gateway/team-a") as proxy:
+        url = proxy.url
+        assert url.endswith("/gateway/team-a")
+        outside, _ = raw_exchange(url, post_request("/v1/completions"))
+        records = aio_run(complete(Endpoint.parse(url + "/v1/")))
+        reads, _ = raw_exchange(url, post_request("/gateway/team-a/v1/completions"))
+    assert b"".join(d for _, d in outside).startswith(b"HTTP/1.1 404")
+    assert [r.target for r in upstream.requests] == ["/v1/completions", "/v1/completions"]
+    assert_tokens(records[0], 3)
+    assert split_reply(b"".join(d for _, d in reads))[2] == sse(vllm_events(3))
+
+
+@pytest.mark.timeout(60)
+def test_proxy_tls(pki: dict[str, Path]) -> None:
+    with RawHTTPServer(paced_upstream()) as upstream, \
+            sse_proxy(upstream.url, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])) as proxy:
+        url = proxy.url
+        assert url.startswith("https://")
+        reads, closed = raw_exchange(url, post_request("/v1/completions"), ca=pki["ca"])
+        records = aio_run(complete(Endpoint.parse(url, tls=TLS(ca_bundle=pki["ca"]))))
+    assert closed and split_reply(b"".join(d for _, d in reads))[2] == sse(vllm_events(4))
+    assert_tokens(records[0], 4)
+
+
+@pytest.mark.timeout(60)
+def test_proxy_keeps_client_connections_alive() -> None:
+    with RawHTTPServer([sse_script(vllm_events(n)) for n in (2, 3, 4)]) as upstream, \
+            sse_proxy(upstream.url, "--line-ending", "crlf") as proxy:
+        records, opened = aio_run(complete_many(Endpoint.parse(proxy.url), 3))
+    for record, n in zip(records, (2, 3, 4), strict=True):
+        assert_tokens(record, n)
+    assert opened == 1 and upstream.connections == 1
+    assert (proxy.requests, proxy.event_streams) == (3, 3)
+
+
+async def complete(endpoint: Endpoint) -> list[RequestRecord]:
+    records, _ = await complete_many(endpoint, 1)
+    return records
+
+
+async def complete_many(endpoint: Endpoint, count: int) -> tuple[list[RequestRecord], int]:
+    async with new_client(endpoint) as client:
+        records = [await stream_completion(client, model="m", prompt=[1, 2], max_tokens=8, request_id=f"r{i}")
+                   for i in range(count)]
+        return records, client.connections_opened
+
+
+def assert_tokens(record: RequestRecord, tokens: int) -> None:
+    assert record.ok, record.error
+    assert record.tokens == tokens and record.token_count == "usage"
+
+
+# -- end to end: campaign probe against the simulator, directly and through each proxy mode -------------------
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CAMPAIGN_SIM_TIME_SCALE", TIME_SCALE)
+        profile, _ = load_profile("a5000-tp2")
+        log = tmp_path_factory.mktemp("sim") / "server.log"
+        with launched(profile, log, engine="sim") as server:
+            yield server
+
+
+def probe(url: str, *extra: str) -> dict[str, Any]:
+    # max-tokens 2048: no stream ends inside the 6 s window (about 1,400 tokens each at 4 streams, 5x), so no
+    # replacement prefill lands in it and the direct and proxied runs measure the same steady state.
+    command = [sys.executable, "-m", "campaign", "probe", url, "--contexts", "1k", "--concurrency", "4",
+               "--window", "6", "--max-tokens", "2048", "--json", *extra]
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": TIME_SCALE}
+    out = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, f"{' '.join(command[3:])}: {out.stderr[-3000:]}"
+    cells = json.loads(out.stdout)["cells"]
+    assert len(cells) == 1
+    cell: dict[str, Any] = cells[0]
+    assert cell["status"] == "Valid", (url, cell["status"], cell["reasons"])
+    return cell
+
+
+@pytest.mark.timeout(600)
+def test_probe_through_the_proxy_in_every_mode(sim: LaunchedServer, pki: dict[str, Path]) -> None:
+    upstream = sim.spec.base_url
+    direct = probe(upstream)
+    assert direct["total_tok_s"] and direct["total_tok_s"] > 0
+    modes: dict[str, tuple[list[str], list[str], str]] = {
+        "prefix+crlf": (["--prefix", "/gateway/team-a", "--line-ending", "crlf"], [], "/v1"),
+        "http10": (["--http10"], [], ""),
+        "cr": (["--line-ending", "cr"], [], ""),
+        "tls": (["--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])], ["--ca-bundle", str(pki["ca"])], ""),
+    }
+    results: dict[str, dict[str, Any]] = {}
+    for name, (proxy_args, probe_args, suffix) in modes.items():
+        with sse_proxy(upstream, *proxy_args) as proxy:
+            results[name] = probe(proxy.url + suffix, *probe_args)
+        # Every measured stream went through the proxy (the probe's own requests: at least 4 streams).
+        assert proxy.event_streams is not None and proxy.event_streams >= 4, (name, proxy)
+    summary = {name: round(cell["total_tok_s"]) for name, cell in results.items()}
+    summary["direct"] = round(direct["total_tok_s"])
+    print("total_tok_s:", summary)
+    for name, cell in results.items():
+        assert cell["total_tok_s"] == pytest.approx(direct["total_tok_s"], rel=0.15), (name, summary)
+        assert cell["completed"] is not None and cell["output_tokens"] > 0, name
