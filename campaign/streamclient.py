@@ -106,6 +106,8 @@ class SSEDecoder:
         self._head: bytes | None = b""  # the stream's first bytes until a leading BOM is ruled out; then None
 
     def feed(self, data: bytes, now: float) -> None:
+        if not data:  # (a decompressor may yield nothing yet) must not clear the pending-CR state
+            return
         if self._head is not None:  # the spec strips one leading UTF-8 byte order mark
             data = self._head + data
             if len(data) < len(_BOM) and _BOM.startswith(data):
@@ -460,6 +462,8 @@ class StreamClient:
 
     async def aclose(self) -> None:
         for conn in list(self._all):
+            if conn.exchange is not None:  # a request still in flight ends now, and says why
+                conn.exchange.fail(StreamError("closed", "the client was closed with the request in flight"))
             conn.close()
         self._all.clear()
         self._idle.clear()

@@ -93,3 +93,8 @@ def test_a_proxy_variable_is_noted_once_and_not_used(monkeypatch: pytest.MonkeyP
         assert not client._trust_env  # the control plane goes direct too
     finally:
         client.close()
+
+
+def test_an_empty_read_keeps_a_pending_cr() -> None:
+    # A decompressor can yield b"" between a CR and its LF: still one line end, one event.
+    assert _decode(b"data: a\r" + b"\ndata: b\r\n\r\n", [8, 8]) == [b"a\nb"]
