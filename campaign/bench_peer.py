@@ -1,7 +1,9 @@
 """The peer client of `make bench-client`: a plain aiohttp line loop, as most benchmark tools read SSE.
 
 Run with the server environment's Python, which has aiohttp: `python bench_peer.py URL STREAMS SECONDS`.
-Prints one JSON line: chunks/s, tokens/s, CPU share, and per stream (prompt head, receive times).
+It runs on uvloop where that Python has it (as our client does: the comparison is of the clients, not of the
+loops), else on asyncio's loop. Prints one JSON line: chunks/s, tokens/s, CPU share, the loop, and per request
+(prompt head, receive times).
 """
 
 import asyncio
@@ -50,4 +52,12 @@ async def main(url: str, streams: int, duration_s: float) -> dict[str, Any]:
 if __name__ == "__main__":
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {0})
-    print(json.dumps(asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))))  # noqa: T201
+    try:
+        import uvloop
+        factory: Any = uvloop.new_event_loop
+    except ImportError:
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        result = runner.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+    result["loop"] = "uvloop" if factory is not None else "asyncio"
+    print(json.dumps(result))  # noqa: T201
