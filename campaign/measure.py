@@ -19,7 +19,7 @@ import psutil
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from campaign import metrics as m
-from campaign import stats
+from campaign import shard, stats
 from campaign.cells import (
     CLIENT_CPU_LIMIT,
     Attempt,
@@ -68,7 +68,8 @@ class _Step:
     window: tuple[float, float] | None
     running: list[float]
     waiting: list[float]
-    cpu: float | None
+    cpu: float | None          # the busiest client process's share of one core
+    processes: int = 1
 
 
 class Measurer:
@@ -79,8 +80,11 @@ class Measurer:
         max_attempts: int = 3,
         prompts: PromptSource | None = None,
         on_event: Callable[[str], None] | None = None,
+        client_processes: int | None = None,
     ) -> None:
         self.target = target
+        # Sustained cells beyond one core's streams run on several client processes (None: shard's auto rule).
+        self.client_processes = client_processes
         self.max_attempts = max_attempts
         self.prompts = prompts or PromptSource()
         self.on_event = on_event or (lambda _msg: None)
@@ -210,6 +214,8 @@ class Measurer:
         me = psutil.Process()
         cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
         window: tuple[float, float] | None = None
+        processes = 1
+        worker_cpu: list[float] = []
         try:
             if spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
@@ -218,13 +224,25 @@ class Measurer:
                 records = list(await asyncio.gather(*(
                     self._one(client, spec.context_tokens, max_tokens) for _ in range(n))))
             else:
-                window = await self._sustained(spec, max_tokens, client, records, window_open)
+                processes = shard.client_processes(spec.concurrency, self.client_processes)
+                if processes > 1:
+                    self._ids += 1
+                    sharded = await shard.sustained_sharded(
+                        self.target.endpoint, model=self.target.model, context_tokens=spec.context_tokens,
+                        max_tokens=max_tokens, concurrency=spec.concurrency, processes=processes,
+                        warmup_s=spec.warmup_s, window_s=spec.window_s, window_open=window_open,
+                        id_prefix=f"s{self._ids}")
+                    records.extend(sharded.records)
+                    window, worker_cpu = sharded.window, sharded.cpu
+                else:
+                    window = await self._sustained(spec, max_tokens, client, records, window_open)
         finally:
             stop_sampling.set()
             window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
             await sampler
-        cpu = (sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0)
-        return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu)
+        cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
+        return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu,
+                     processes=processes)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None) -> RequestRecord:
@@ -332,6 +350,9 @@ class Measurer:
             status = "Invalid"
 
         notes: list[str] = []
+        if step.processes > 1:
+            notes.append(f"streams split over {step.processes} client processes (the busiest used "
+                         f"{step.cpu or 0:.0%} of a core)")
         per_chunk = sum(1 for r in records if r.token_count == "chunks")
         if per_chunk:
             notes.append(f"tokens counted per chunk in {per_chunk} of {len(records)} requests: the server sent no "

@@ -255,3 +255,15 @@ def test_bimodal_fault_is_reported_as_two_modes(tmp_path: Path, monkeypatch: pyt
     assert result.details["bimodal"] is True, result.details["runs"]
     assert result.values["mean_total_tok_s"] is None  # never averaged into one meaningless number
     assert "BIMODAL" in result.verdict and result.details["low_count"] + result.details["high_count"] == 6
+
+
+def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_count(a5000: LaunchedServer) -> None:
+    # Long replies so no request ends inside the window: the bracket then checks every token exactly.
+    spec = CellSpec(phase="decode", context_tokens=256, concurrency=6, max_tokens=2048, window_s=2.0, warmup_s=0.3)
+    cell = asyncio.run(Measurer(target_of(a5000), client_processes=2).run_cell(spec))
+    assert cell.status == "Valid", cell.reasons
+    assert any("2 client processes" in n for n in cell.notes), cell.notes
+    assert cell.avg_active is not None and cell.avg_active >= 0.95 * 6
+    accepted = cell.attempts[-1]
+    assert accepted.accepted and accepted.counted_generation_tokens == accepted.expected_generation_tokens
+    assert len({r.id for r in cell.records}) == len(cell.records) >= 6
