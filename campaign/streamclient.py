@@ -546,7 +546,8 @@ class StreamClient:
             self._all.discard(conn)
             raise
         conn.exchange = None
-        if reply.keep_alive and not conn.closed:
+        # exchange.keep_alive, not only reply.keep_alive: bytes after the reply may arrive before we resume here.
+        if reply.keep_alive and exchange.keep_alive and not conn.closed:
             conn.idle_since = time.perf_counter()
             self._idle.append(conn)
         else:

@@ -902,3 +902,36 @@ def test_decoder_many_events_under_the_limit() -> None:
     assert len(got) == 100
     decoder = SSEDecoder(lambda now, data: None, max_event_bytes=1024)
     decoder.feed(b"".join(sse_event(b"x" * 100) for _ in range(100)), 0.0)
+
+
+# -- the pool never reuses a connection that carried more than its reply --------------------------------------
+
+
+def test_bytes_after_a_reply_keep_that_connection_out_of_the_pool(arun: Runner[Any]) -> None:
+    # A second, unrequested reply right behind the first one: reusing that connection would hand it to the
+    # next request as its own.
+    first = b"".join(data for _, data in sse_script(vllm_events(2)).writes)
+    stray = b"".join(data for _, data in sse_script(vllm_events(7)).writes)
+    with RawHTTPServer([Script.of(first + stray), sse_script(vllm_events(3))]) as server:
+        records, opened = arun(complete(ep(server.url), 2))
+    assert [r.tokens for r in records] == [2, 3]
+    assert opened == 2
+
+
+def test_closing_the_client_ends_a_request_in_flight_at_once(arun: Runner[Any]) -> None:
+    script = Script.of(head(200, SSE_CHUNKED), chunk(sse([token_event(1)])), hang=True)
+
+    async def run(url: str) -> tuple[RequestRecord, float]:
+        async with new_client(ep(url, timeouts=Timeouts(idle_s=30))) as client:
+            task = asyncio.create_task(stream_completion(client, model="m", prompt=[1], max_tokens=8,
+                                                         request_id="r"))
+            await asyncio.sleep(0.3)
+            closed = time.perf_counter()
+            await client.aclose()
+            record = await task
+            return record, time.perf_counter() - closed
+
+    with RawHTTPServer([script]) as server:
+        record, took = arun(run(server.url))
+    assert not record.ok and record.error_kind == "closed" and "client was closed" in (record.error or "")
+    assert took < 1.0
