@@ -309,6 +309,8 @@ def _raise_matrix_error(path: str, exc: ValidationError) -> None:
                       for f in model.model_fields}
         elif loc[0] == "variants":
             fields = set(Variant.model_fields)
+        elif loc[0] == "timeouts":
+            fields = set(TimeoutsConfig.model_fields)
         suggestion = did_you_mean(str(loc[-1]), fields)
         hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(sorted(fields))}"
         raise ConfigError(path, key, "unknown key", hint=hint)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -102,14 +102,35 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     return "".join(parts)
 
 
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The nested model a key path leads to (`timeouts` -> TimeoutsConfig), so a hint lists its own keys."""
+    current = model
+    for item in loc:
+        if isinstance(item, int) or item not in current.model_fields:
+            continue
+        candidates = [current.model_fields[item].annotation]
+        found = None
+        while candidates:
+            annotation = candidates.pop()
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                found = annotation
+                break
+            candidates.extend(get_args(annotation))
+        if found is None:
+            return current
+        current = found
+    return current
+
+
 def raise_validation(path: str, error: ValidationError, model: type[BaseModel]) -> None:
     """Turn pydantic's first error into a ConfigError naming the file, key and a fix."""
     first = error.errors()[0]
     key = _key_path(tuple(first["loc"]))
     if first["type"] == "extra_forbidden":
         leaf = str(first["loc"][-1])
-        suggestion = did_you_mean(leaf, model.model_fields)
-        hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(model.model_fields)}"
+        known = list(_model_at(model, tuple(first["loc"][:-1])).model_fields)
+        suggestion = did_you_mean(leaf, known)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(known)}"
         raise ConfigError(path, key, "unknown key", hint=hint)
     if first["type"] == "missing":
         raise ConfigError(path, key, "required key is missing")

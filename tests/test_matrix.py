@@ -109,3 +109,11 @@ def test_speed_floors_are_configurable(tmp_path: Path) -> None:
     assert matrix.floors == [25.0, 12.5]
     default, _, _ = load_matrix(write(tmp_path, BASE))
     assert default.floors == [40.0, 30.0, 20.0]
+
+
+def test_timeouts_of_the_measured_path_are_set_in_the_matrix(tmp_path: Path) -> None:
+    matrix, _, _ = load_matrix(write(tmp_path, BASE + "timeouts: {connect_s: 3, idle_s: 45}\n"))
+    assert (matrix.timeouts.connect_s, matrix.timeouts.first_byte_s, matrix.timeouts.idle_s) == (3, 300, 45)
+    with pytest.raises(ConfigError) as caught:
+        load_matrix(write(tmp_path, BASE + "timeouts: {idle: 45}\n"))
+    assert "timeouts.idle" in str(caught.value) and "idle_s" in (caught.value.hint or "")

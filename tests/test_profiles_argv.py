@@ -126,3 +126,29 @@ def test_missing_model_and_bad_types(tmp_path: Path) -> None:
 def test_unknown_profile_name_suggests() -> None:
     with pytest.raises(ConfigError, match="did you mean h200"):
         load_profile("h20")
+
+
+def test_a_tls_profile_serves_https_and_the_runner_verifies_it(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "model: m\ntls: {certfile: certs/s.pem, keyfile: certs/s.key, ca_bundle: ca.pem}\n")
+    profile, _ = load_profile(str(tmp_path / "p.yaml"))
+    spec = argv.build(profile, port=8443)
+    at = spec.argv.index("--ssl-certfile")
+    assert spec.argv[at:at + 4] == ["--ssl-certfile", str(tmp_path / "certs/s.pem"),
+                                    "--ssl-keyfile", str(tmp_path / "certs/s.key")]
+    assert spec.base_url == "https://127.0.0.1:8443"
+    assert spec.endpoint().tls.ca_bundle == tmp_path / "ca.pem"
+
+
+def test_ssl_flags_belong_to_the_tls_block(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text("model: m\nflags: {ssl-certfile: s.pem}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_profile(str(tmp_path / "p.yaml"))
+    assert "tls:" in (caught.value.hint or "")
+
+
+def test_an_unknown_key_inside_the_tls_block_lists_its_own_keys(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text("model: m\ntls: {certfile: s.pem, keyfile: s.key, ca_bundel: ca.pem}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_profile(str(tmp_path / "p.yaml"))
+    assert "tls.ca_bundel" in str(caught.value) and caught.value.hint == "did you mean ca_bundle?"

@@ -267,3 +267,24 @@ def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_c
     accepted = cell.attempts[-1]
     assert accepted.accepted and accepted.counted_generation_tokens == accepted.expected_generation_tokens
     assert len({r.id for r in cell.records}) == len(cell.records) >= 6
+
+
+def test_a_tls_profile_on_the_simulator_is_launched_and_measured_over_https(tmp_path: Path) -> None:
+    import trustme
+
+    from campaign.profiles import TLSConfig
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "s.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "s.key"))
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"tls": TLSConfig(certfile=tmp_path / "s.pem", keyfile=tmp_path / "s.key",
+                                                          ca_bundle=tmp_path / "ca.pem")})
+    with launched(profile, tmp_path / "server.log", engine="sim") as server:
+        assert server.spec.base_url.startswith("https://") and server.warnings == []
+        cell = asyncio.run(Measurer(server.target()).run_cell(
+            CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=32)))
+    assert cell.status == "Valid", cell.reasons
+    assert cell.output_tokens == 64
