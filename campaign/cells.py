@@ -72,8 +72,24 @@ class CellResult(BaseModel):
     total_tok_s: float | None = None
     per_request_tok_s: float | None = None
     prompt_tok_s: float | None = None
+    # Latency distributions (ms): the unsuffixed field is the median, then p90 and p99. TTFT per request;
+    # inter-token latency per token (a read carrying k tokens after a gap g counts k gaps of g/k); time per
+    # output token per request, (last token - first token) / (tokens - 1); end-to-end per request.
     ttft_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
     itl_ms: float | None = None
+    itl_p90_ms: float | None = None
+    itl_p99_ms: float | None = None
+    tpot_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2e_ms: float | None = None
+    e2e_p90_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    # What the latency figures rest on: requests with a first token, and inter-token gaps (one per token).
+    latency_requests: int | None = None
+    itl_samples: int | None = None
     avg_active: float | None = None
     completed: int | None = None
     output_tokens: int | None = None
@@ -107,18 +123,51 @@ def over_capacity(*, context_tokens: int, output_tokens: int, concurrency: int, 
     return concurrency * per_sequence > kv_cache_tokens
 
 
-def _itl_samples(records: list[RequestRecord], start: float, end: float) -> list[float]:
-    """Gap between consecutive chunks divided by the tokens the later chunk carried, inside [start, end]."""
+def _reads(rec: RequestRecord) -> list[tuple[float, int]]:
+    """(arrival time, tokens) per socket read: chunks that arrived in one read share its timestamp."""
+    reads: list[tuple[float, int]] = []
+    for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True):
+        if reads and t == reads[-1][0]:
+            reads[-1] = (t, reads[-1][1] + n)
+        else:
+            reads.append((t, n))
+    return reads
+
+
+def itl_per_token(records: list[RequestRecord], start: float, end: float) -> list[float]:
+    """Inter-token latency per token inside [start, end]: a read carrying k tokens after a gap g from the
+    previous read counts as k gaps of g/k. Reads, not chunks, so events sharing a read never yield 0 ms."""
     samples: list[float] = []
     for rec in records:
-        for i in range(1, len(rec.chunk_t)):
-            if start <= rec.chunk_t[i - 1] and rec.chunk_t[i] <= end:
-                samples.append((rec.chunk_t[i] - rec.chunk_t[i - 1]) / rec.chunk_tokens[i])
+        reads = _reads(rec)
+        for (t0, _), (t1, k) in zip(reads, reads[1:], strict=False):
+            if start <= t0 and t1 <= end and k > 0:
+                samples.extend([(t1 - t0) / k] * k)
     return samples
+
+
+def tpot_per_request(records: list[RequestRecord]) -> list[float]:
+    """(last token time - first token time) / (tokens - 1), for every request with two tokens or more."""
+    return [(r.chunk_t[-1] - r.chunk_t[0]) / (r.tokens - 1) for r in records
+            if r.ok and r.tokens >= 2 and r.chunk_t[-1] > r.chunk_t[0]]
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
+
+
+def latency_distributions(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
+    """p50/p90/p99 of TTFT, per-token ITL (inside [start, end]), TPOT and end-to-end latency, in ms."""
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    itls = itl_per_token(records, start, end)
+    tpots = tpot_per_request(records)
+    e2es = [r.end_t - r.send_t for r in records if r.ok and r.end_t is not None]
+    out: dict[str, Any] = {"latency_requests": len(ttfts), "itl_samples": len(itls)}
+    for name, values in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
+        out[f"{name}_ms"] = _ms(stats.median(values))
+        out[f"{name}_p90_ms"] = _ms(stats.percentile(values, 90))
+        out[f"{name}_p99_ms"] = _ms(stats.percentile(values, 99))
+    return out
 
 
 def window_metrics(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
@@ -138,12 +187,10 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
         active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
         if rec.ok and rec.end_t is not None and start <= rec.end_t <= end:
             completed += 1
-    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
     return {
         "total_tok_s": in_window / span if span > 0 else None,
         "per_request_tok_s": stats.median(per_request),
-        "ttft_ms": _ms(stats.median(ttfts)),
-        "itl_ms": _ms(stats.median(_itl_samples(records, start, end))),
+        **latency_distributions(records, start, end),
         "avg_active": active_time / span if span > 0 else None,
         "completed": completed,
         "output_tokens": in_window,
@@ -160,13 +207,11 @@ def fixed_metrics(records: list[RequestRecord]) -> dict[str, Any]:
     wall = max(ends) - min(sends)
     tokens = sum(r.tokens for r in records)
     decode_rates = [r.decode_tok_s for r in records if r.decode_tok_s is not None]
-    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
     active = sum((r.end_t or max(ends)) - r.send_t for r in records)
     return {
         "total_tok_s": tokens / wall if wall > 0 else None,
         "per_request_tok_s": stats.median(decode_rates),
-        "ttft_ms": _ms(stats.median(ttfts)),
-        "itl_ms": _ms(stats.median(_itl_samples(records, min(sends), max(ends)))),
+        **latency_distributions(records, min(sends), max(ends)),
         "avg_active": active / wall if wall > 0 else None,
         "completed": sum(1 for r in records if r.ok),
         "output_tokens": tokens,

@@ -156,7 +156,8 @@ def _all_measurements(cells: dict[str, CellResult]) -> str:
             _td(c.status, left=True, cls="" if c.status == "Valid" else "bad", title="; ".join(c.reasons)),
             _td(report.fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s)),
             _td(report.fmt_num(c.per_request_tok_s)), _td(report.fmt_ms(c.ttft_ms)),
-            _td(report.DASH if c.itl_ms is None else f"{c.itl_ms:.1f} ms"), _td(report.fmt_num(c.avg_active)),
+            _td(report.fmt_itl(c.itl_ms)), *[_td(text) for text in report.tail_columns(c)],
+            _td(report.fmt_num(c.avg_active)),
             _td(report.fmt_num(c.completed)), _td(report.fmt_num(c.output_tokens)),
             _td(report.DASH if c.measured_s is None else f"{c.measured_s:.1f} s"),
             _td(f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0"),
@@ -171,7 +172,8 @@ def _all_measurements(cells: dict[str, CellResult]) -> str:
     headers = [*report.ALL_HEADERS, "Prefix-cache hits"] + (["Spec. acceptance rate / length"] if speculative else [])
     return ("<h3>All measurements</h3>"
             + _table(headers, rows, left=1)
-            + '<p class="note">Latencies are medians. Prefill rows show prompt tok/s in the total column.</p>')
+            + '<p class="note">TTFT and time between tokens are medians (per token); p99 and TPOT columns beside '
+              'them. Prefill rows show prompt tok/s in the total column.</p>')
 
 
 def _short(a: dict[str, Any]) -> str:

@@ -75,8 +75,17 @@ def prefill_row(cells: Sequence[CellResult]) -> str | None:
 
 
 ALL_HEADERS = ["Phase", "Context", "Requests at once", "Label", "Status", "Total tok/s", "Per request tok/s",
-               "TTFT", "Time between tokens", "Average active", "Completed", "Output tokens", "Measured for",
-               "Discarded steps"]
+               "TTFT", "Time between tokens", "TTFT p99", "ITL p99", "TPOT", "E2E p99", "Average active",
+               "Completed", "Output tokens", "Measured for", "Discarded steps"]
+
+
+def fmt_itl(ms: float | None) -> str:
+    return DASH if ms is None else f"{ms:.1f} ms"
+
+
+def tail_columns(c: CellResult) -> list[str]:
+    """TTFT p99, ITL p99 (per token), TPOT (median), E2E p99: the figures service levels are set on."""
+    return [fmt_ms(c.ttft_p99_ms), fmt_itl(c.itl_p99_ms), fmt_itl(c.tpot_ms), fmt_ms(c.e2e_p99_ms)]
 
 
 def all_measurements(cells: Sequence[CellResult]) -> str:
@@ -87,11 +96,12 @@ def all_measurements(cells: Sequence[CellResult]) -> str:
             fmt_context(c.context_tokens), str(c.concurrency), c.label, c.status,
             fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
             fmt_num(c.per_request_tok_s), fmt_ms(c.ttft_ms),
-            DASH if c.itl_ms is None else f"{c.itl_ms:.1f} ms", fmt_num(c.avg_active), fmt_num(c.completed),
+            fmt_itl(c.itl_ms), *tail_columns(c), fmt_num(c.avg_active), fmt_num(c.completed),
             fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
             f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0",
         ])
-    text = "All measurements (latencies are medians; prefill rows show prompt tok/s)\n" + table(ALL_HEADERS, rows)
+    text = ("All measurements (TTFT and time between tokens are medians, per token; prefill rows show prompt "
+            "tok/s)\n" + table(ALL_HEADERS, rows))
     speculative = [c for c in cells if c.spec_acceptance_rate is not None]
     if speculative:
         text += "\n\nSpeculative decoding (from vllm:spec_decode_* counters over each step)\n" + table(
@@ -161,7 +171,9 @@ def diff_text(diffs: Sequence[Any]) -> str:
 
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
-                 "per_request_tok_s", "prompt_tok_s", "ttft_ms", "itl_ms", "avg_active", "completed",
+                 "per_request_tok_s", "prompt_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms",
+                 "itl_p90_ms", "itl_p99_ms", "tpot_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms",
+                 "e2e_p99_ms", "latency_requests", "itl_samples", "avg_active", "completed",
                  "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons", "notes"]
 
 

@@ -28,7 +28,9 @@ from campaign.errors import ResultFormatError
 
 # Format history:
 # 1 - first format (vllm-campaign 0.1.0)
-# 2 - cells carry `notes` (e.g. tokens counted per chunk); request records carry `token_count` ("usage" or
+# 2 - cells carry `notes` (e.g. tokens counted per chunk) and latency distributions (ttft/itl/tpot/e2e at
+#     p50 (unsuffixed), p90 and p99, in ms; itl per token) with `latency_requests` and `itl_samples`;
+#     request records carry `token_count` ("usage" or
 #     "chunks") and `error_kind` (connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream,
 #     http, stream). Format 1 files read unchanged (the new fields take their defaults).
 SCHEMA_VERSION = 2

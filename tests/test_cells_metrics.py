@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from campaign import metrics
-from campaign.cells import fixed_metrics, over_capacity, prefill_metrics, window_metrics
+from campaign.cells import (
+    fixed_metrics,
+    itl_per_token,
+    latency_distributions,
+    over_capacity,
+    prefill_metrics,
+    tpot_per_request,
+    window_metrics,
+)
 from campaign.client import RequestRecord
 from campaign.errors import MetricMissingError
 from campaign.prompts import PromptSource
@@ -146,3 +154,36 @@ def test_speculative_numbers_are_shown_next_to_throughput() -> None:
                       status="Valid", total_tok_s=148.2, spec_acceptance_rate=0.595, spec_mean_acceptance_length=2.19)
     text = report.all_measurements([cell])
     assert "Speculative decoding" in text and "59.5%" in text and "2.19" in text
+
+
+def test_inter_token_latency_is_per_token_and_never_zero_for_events_sharing_a_read() -> None:
+    # Two events arrived in one socket read at 0.10: one gap of 0.10 s spread over their 2 tokens.
+    r = rec(0.0, [(0.0, 1), (0.1, 1), (0.1, 1), (0.2, 1)], max_tokens=4)
+    assert sorted(itl_per_token([r], 0.0, 1.0)) == pytest.approx([0.05, 0.05, 0.1])
+    values = fixed_metrics([r])
+    assert values["itl_ms"] == pytest.approx(50.0) and values["itl_samples"] == 3
+    assert min(itl_per_token([r], 0.0, 1.0)) > 0
+
+
+def test_a_chunk_of_k_speculative_tokens_counts_k_gaps() -> None:
+    r = rec(0.0, [(0.01, 1), (0.04, 3), (0.07, 3)], max_tokens=7)
+    assert itl_per_token([r], 0.0, 1.0) == pytest.approx([0.01] * 6)
+    assert tpot_per_request([r]) == pytest.approx([0.06 / 6])
+
+
+def test_latency_tails_rest_on_their_samples_and_sit_at_or_above_the_median() -> None:
+    records = [rec(float(i), [(i + 0.1 + 0.01 * i, 1), (i + 0.2 + 0.01 * i, 1), (i + 0.35, 1)], max_tokens=3,
+                   end=i + 0.4 + 0.01 * i) for i in range(20)]
+    values = latency_distributions(records, 0.0, 100.0)
+    assert values["latency_requests"] == 20 and values["itl_samples"] == 40
+    for name in ("ttft", "itl", "tpot", "e2e"):
+        median, p90, p99 = values[f"{name}_ms"], values[f"{name}_p90_ms"], values[f"{name}_p99_ms"]
+        assert median is not None and median <= p90 <= p99, name
+    assert values["ttft_ms"] == pytest.approx(100 + 10 * 9.5)  # ttfts 100..290 ms, median of 20 values
+    assert values["e2e_p99_ms"] == pytest.approx(400 + 10 * (18 + 0.81), rel=1e-6)
+
+
+def test_latency_distributions_are_none_without_samples() -> None:
+    values = latency_distributions([rec(0.0, [], max_tokens=4)], 0.0, 1.0)
+    assert all(values[f"{n}{s}_ms"] is None for n in ("ttft", "itl", "tpot") for s in ("", "_p90", "_p99"))
+    assert values["latency_requests"] == 0 and values["itl_samples"] == 0
