@@ -72,17 +72,27 @@ def test_prefill_rate_is_context_over_ttft() -> None:
     assert values["prompt_tok_s"] == pytest.approx(8192 / 0.815)  # seed 004: 10.1K tok/s at 8K
 
 
-@pytest.mark.parametrize("context, concurrency, kv, expected", [
-    (8192, 64, 1_003_520, False),      # seed 004, H200: 64 x (8K + 4K) fits ...
-    (8192, 128, 1_003_520, True),      # ... 128 does not: "Over capacity"
-    (32768, 32, 1_003_520, True),
-    (131072, 4, 567_464, False),      # seed 000 after tuning: 4 agents at the full window
-    (131072, 5, 567_464, True),
+# Seed 004's H200 (the startup-log fixture h200_v0.26_mtp_logo.log): 1,811 blocks of 784 tokens, 4,096-token replies.
+SEED_004_KV, SEED_004_BLOCK = 1_419_824, 784
+
+
+@pytest.mark.parametrize("context_k, concurrency, expected", [
+    (8, 64, False), (8, 128, True),     # the seed ran 8K x 64; 8K x 128 was "Over capacity"
+    (32, 32, False), (32, 64, True),
+    (64, 16, False), (64, 32, True),
+    (128, 8, False), (128, 16, True),
+    (251, 4, False), (251, 8, True),
 ])
-def test_over_capacity_rule(context: int, concurrency: int, kv: int, expected: bool) -> None:
-    assert over_capacity(context_tokens=context - 4096 if kv == 1_003_520 else context - 256,
-                         output_tokens=4096 if kv == 1_003_520 else 256, concurrency=concurrency,
-                         kv_cache_tokens=kv, block_size=800) is expected
+def test_over_capacity_rule_reproduces_seed_004(context_k: int, concurrency: int, expected: bool) -> None:
+    assert over_capacity(context_tokens=context_k * 1024, output_tokens=4096, concurrency=concurrency,
+                         kv_cache_tokens=SEED_004_KV, block_size=SEED_004_BLOCK) is expected
+
+
+@pytest.mark.parametrize("concurrency, expected", [(4, False), (5, True)])
+def test_over_capacity_rule_seed_000(concurrency: int, expected: bool) -> None:
+    # Seed 000 after tuning (567,464 tokens): 4 agents at the full 131K window fit, 5 do not.
+    assert over_capacity(context_tokens=131072 - 256, output_tokens=256, concurrency=concurrency,
+                         kv_cache_tokens=567_464, block_size=800) is expected
 
 
 def test_over_capacity_respects_block_granularity() -> None:

