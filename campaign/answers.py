@@ -60,9 +60,13 @@ def knee(ladder: Sequence[LadderStep], *, gain: float = KNEE_GAIN, loss: float =
     return None
 
 
-def agents_that_fit(kv_cache_tokens: int | None, context: int, block_size: int | None) -> int | None:
-    """How many sequences of `context` tokens the KV cache holds at once, each in whole blocks."""
+def agents_that_fit(kv_cache_tokens: int | None, context: int, block_size: int | None,
+                    max_model_len: int | None = None) -> int | None:
+    """How many sequences of `context` tokens the KV cache holds at once, each in whole blocks; None where
+    undefined, including a context longer than the server's window (no agent there can have it)."""
     if kv_cache_tokens is None or context <= 0:
+        return None
+    if max_model_len is not None and context > max_model_len:
         return None
     block = block_size or 1
     return kv_cache_tokens // (math.ceil(context / block) * block)
@@ -264,5 +268,9 @@ def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, f
         "naive_capacity_warning": warning,
         "knee": None if found_knee is None else found_knee.__dict__,
         "agents_that_fit": {str(c): agents_that_fit(kv if isinstance(kv, int) else None, c,
-                                                     block if isinstance(block, int) else None) for c in contexts},
+                                                     block if isinstance(block, int) else None,
+                                                     window if isinstance(window, int) else None)
+                            for c in contexts},
+        # Contexts the server cannot hold at all: said, not computed.
+        "agents_beyond_window": [c for c in contexts if isinstance(window, int) and c > window],
     }

@@ -299,9 +299,14 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[
     kv_change = _pct(kv_base, kv)
     if kv_change is not None and abs(kv_change) >= 0.05:
         text = f"KV cache {kv_change:+.1f}%"
-        agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"))
-        agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"))
-        if agents_a is not None and agents_b is not None and agents_a != agents_b:
+        windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len"))
+                   if isinstance(w, int)]
+        agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
+                                   (base_facts or {}).get("max_model_len"))
+        agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
+        if windows and AGENT_CONTEXT > min(windows):
+            text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
+        elif agents_a is not None and agents_b is not None and agents_a != agents_b:
             text += f", agents at 8K context {agents_a} -> {agents_b}"
         parts.append(text)
     # Capacity is a result too: more than 1% of KV cache gained or lost counts like a faster or slower cell

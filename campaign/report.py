@@ -273,9 +273,11 @@ def short_answers_notes(a: dict[str, Any]) -> list[str]:
     elif roof.get("note"):
         lines.append(str(roof["note"]))
     fit = a.get("agents_that_fit") or {}
+    beyond = set(a.get("agents_beyond_window") or [])
     if any(v is not None for v in fit.values()):
         lines.append("Agents that fit in the KV cache: " + ", ".join(
-            f"{int(c):,} tokens -> {DASH if n is None else n}" for c, n in fit.items()))
+            f"{int(c):,} tokens -> {'beyond the window' if int(c) in beyond else DASH if n is None else n}"
+            for c, n in fit.items()))
     return lines
 
 

@@ -121,3 +121,17 @@ def test_a_time_scaled_simulation_is_converted_back() -> None:
     from campaign import report
 
     assert "simulated at a 20x time scale" in report.short_answers_text("sim", result)
+
+
+def test_no_agent_count_at_a_context_beyond_the_window() -> None:
+    # The CPU demo's server has a 2,048-token window: "agents at 8K context" has no answer there.
+    assert answers.agents_that_fit(1_000_000, 8000, 16, max_model_len=2048) is None
+    assert answers.agents_that_fit(1_000_000, 2048, 16, max_model_len=2048) == 488
+    result = answers.short_answers(cells=[], facts={"kv_cache_tokens": 1_000_000, "block_size": 16,
+                                                    "max_model_len": 2048}, flags={})
+    assert result["agents_that_fit"]["8000"] is None and result["agents_that_fit"]["2048"] == 488
+    assert result["agents_beyond_window"] == [4000, 8000, 16000, 32000]
+    from campaign import report
+
+    notes = "\n".join(report.short_answers_notes(result))
+    assert "8,000 tokens -> beyond the window" in notes and "2,048 tokens -> 488" in notes

@@ -28,14 +28,15 @@ def facts(kv: int, **extra: object) -> dict[str, object]:
 
 
 def make_run(tmp_path: Path, values: dict[str, list[float]], kv: dict[str, int],
-             flags: dict[str, dict[str, object]], prefill: dict[str, list[float]] | None = None) -> store.RunDir:
+             flags: dict[str, dict[str, object]], prefill: dict[str, list[float]] | None = None,
+             **extra_facts: object) -> store.RunDir:
     run = store.RunDir.create(tmp_path, "t")
     store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "baseline"}},
                                         "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
     for variant, series in values.items():
         launch = run.new_launch_dir(variant)
         store.write_new(launch / "server.json", {"kind": "server", "variant": variant, "repeat": 0,
-                                                 "flags": flags[variant], "facts": facts(kv[variant]),
+                                                 "flags": flags[variant], "facts": facts(kv[variant], **extra_facts),
                                                  "ready_s": 60.0})
         for repeat, value in enumerate(series):
             run.write_cell(variant, repeat, cell(SPEC, value), launch=launch.name, telemetry=None)
@@ -151,3 +152,13 @@ def test_lost_kv_cache_is_not_kept_for_a_faster_cell(tmp_path: Path) -> None:
     recommendation = compare.diff_run(run)[0].recommendation
     assert "better: total_tok_s" in recommendation and "KV cache -93.8%" in recommendation
     assert recommendation.endswith(": revert")
+
+
+def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: Path) -> None:
+    # The CPU demo: a 2,048-token window, so "agents at 8K context 260 -> 16" was an answer no server can have.
+    run = make_run(tmp_path, values={"baseline": [100.0, 101.0], "small": [99.0, 100.0]},
+                   kv={"baseline": 2_097_152, "small": 131_072},
+                   flags={"baseline": {}, "small": {"kv-cache-memory-bytes": "16M"}}, max_model_len=2048)
+    text = {d.variant: d for d in compare.diff_run(run)}["small"].recommendation
+    assert "agents at 8K context: none, beyond the 2,048-token window" in text
+    assert "->" not in text.split("KV cache")[1].split(":")[0]
