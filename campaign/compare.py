@@ -104,6 +104,8 @@ class VariantDiff:
     comparable: bool
     not_comparable_reason: str = ""
     recommendation: str = ""
+    # How the variant's `gpu-memory-utilization: suggested` was resolved: suggested, margin, resolved.
+    suggested: dict[str, Any] | None = None
 
 
 def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -115,6 +117,14 @@ def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str,
             facts[server["variant"]] = server["facts"]
             flags[server["variant"]] = server["flags"]
     return facts, flags
+
+
+def _suggested(run: RunDir, variant: str) -> dict[str, Any] | None:
+    for server in run.servers():
+        if server.get("kind") == "server" and server["variant"] == variant:
+            value = server.get("suggested")
+            return value if isinstance(value, dict) else None
+    return None
 
 
 def _pct(before: Any, after: Any) -> float | None:
@@ -174,6 +184,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
             + _experiment_diffs(experiments.get(base_name, []), experiments.get(variant, []), comparable),
             comparable=comparable, not_comparable_reason=reason,
         )
+        diff.suggested = _suggested(other if other is not None and variant.endswith("@B") else run,
+                                    variant.removesuffix("@B"))
         diff.recommendation = recommend(diff, facts.get(base_name), facts.get(variant))
         diffs.append(diff)
     return diffs

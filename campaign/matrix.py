@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,7 +21,18 @@ from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, n
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
-SUGGESTED = "suggested"  # `gpu-memory-utilization: suggested` takes the baseline log's recommendation
+SUGGESTED = "suggested"  # `gpu-memory-utilization: suggested` takes the baseline log's recommendation ...
+# ... less a safety margin, as seed 000 advises ("keeping a safety margin"): 0.01 unless `suggested-0.02`.
+SUGGESTED_MARGIN = 0.01
+_SUGGESTED = re.compile(r"^suggested(?:-(\d*\.\d+|0))?$")
+
+
+def suggested_margin(value: object) -> float | None:
+    """The margin of a `suggested` / `suggested-0.02` value; None for any other value."""
+    match = _SUGGESTED.match(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    return float(match.group(1)) if match.group(1) is not None else SUGGESTED_MARGIN
 
 
 def tokens(value: Any) -> int:
@@ -286,9 +298,17 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
     for index, variant in enumerate(matrix.variants):
         check_flags(str(path), f"variants[{index}].flags", variant.flags)
         for key, value in variant.flags.items():
-            if value == SUGGESTED and normalize_flag(key) != "gpu-memory-utilization":
+            margin = suggested_margin(value)
+            if margin is not None and normalize_flag(key) != "gpu-memory-utilization":
                 raise ConfigError(str(path), f"variants[{index}].flags.{key}",
                                   "only gpu-memory-utilization can be `suggested`")
+            if margin is not None and not 0 <= margin < 0.5:
+                raise ConfigError(str(path), f"variants[{index}].flags.{key}",
+                                  f"a margin of {margin:g} below the suggestion is out of range",
+                                  hint="e.g. suggested (0.01 below) or suggested-0.02")
+            if isinstance(value, str) and value.startswith(SUGGESTED) and margin is None:
+                raise ConfigError(str(path), f"variants[{index}].flags.{key}", f"{value!r} is not understood",
+                                  hint="write suggested (0.01 below vLLM's advice) or suggested-0.02")
     check_flags(str(path), "grid", {k: None for k in matrix.grid})
     return matrix, path, data
 

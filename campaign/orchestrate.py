@@ -25,7 +25,6 @@ from campaign.envinfo import machine_info, tool_info
 from campaign.errors import CampaignError, LaunchError, MetricMissingError
 from campaign.launcher import LaunchedServer, launched
 from campaign.matrix import (
-    SUGGESTED,
     ContextWindowExperiment,
     Experiment,
     LongContextExperiment,
@@ -36,6 +35,7 @@ from campaign.matrix import (
     Variant,
     definition_hash,
     schedule,
+    suggested_margin,
 )
 from campaign.measure import Measurer
 from campaign.profiles import FlagValue, LaunchProfile, normalize_flag
@@ -95,19 +95,24 @@ class Campaign:
                 continue  # resumed: this launch's work is all stored
             self._serve(self.variants[variant_name], repeat, pending, experiments)
 
-    def _resolve_flags(self, variant: Variant) -> dict[str, FlagValue]:
+    def _resolve_flags(self, variant: Variant) -> tuple[dict[str, FlagValue], dict[str, Any] | None]:
+        """The flags to launch with, and how a `suggested` value was resolved (stored with the launch)."""
         flags: dict[str, FlagValue] = {}
+        resolution: dict[str, Any] | None = None
         for key, value in variant.flags.items():
-            if value == SUGGESTED:
+            margin = suggested_margin(value)
+            if margin is not None:
                 suggested = self._baseline_suggestion()
                 if suggested is None:
                     raise LaunchError(
                         f"{key}: suggested, but the baseline's startup log carries no memory-utilisation advice",
                         kind="unresolved_flag",
                         hint="vLLM prints the advice on CUDA GPUs from 0.21 on; set a number instead")
-                value = suggested
+                value = round(suggested - margin, 4)
+                resolution = {"flag": normalize_flag(key), "suggested": suggested, "margin": margin,
+                              "resolved": value}
             flags[normalize_flag(key)] = value
-        return flags
+        return flags, resolution
 
     def _baseline_suggestion(self) -> float | None:
         for server in self.run.servers():
@@ -125,9 +130,9 @@ class Campaign:
             self.progress.status(f"launching {label}")
             server: LaunchedServer | None = None
             try:
-                flags = self._resolve_flags(variant)
+                flags, resolution = self._resolve_flags(variant)
                 with launched(self.profile, launch_dir / "server.log", flags, engine=self.options.engine) as server:
-                    self._record_server(launch_dir, variant, repeat, flags, server)
+                    self._record_server(launch_dir, variant, repeat, flags, server, resolution)
                     died = self._measure(server, variant, repeat, queue, retried, launch_dir)
                     if not died:
                         self._experiments(server, variant, repeat, experiments, launch_dir)
@@ -224,13 +229,13 @@ class Campaign:
 
     # --- records -----------------------------------------------------------------------------------------
     def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
-                       server: LaunchedServer) -> None:
+                       server: LaunchedServer, resolution: dict[str, Any] | None = None) -> None:
         store.write_new(launch_dir / "server.json", {
             "kind": "server", "variant": variant.name, "repeat": repeat,
             "started_utc": datetime.now(UTC).isoformat(),
             "command": server.spec.redacted_argv(), "flags": server.spec.flags, "variant_flags": flags,
             "ready_s": server.ready.ready_s, "facts": server.facts.model_dump(mode="json"),
-            "warnings": server.warnings,
+            "warnings": server.warnings, "suggested": resolution,
         })
 
     def _record_stop(self, launch_dir: Path, server: LaunchedServer) -> None:

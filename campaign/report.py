@@ -148,6 +148,10 @@ def diff_text(diffs: Sequence[Any]) -> str:
             lines.append(f"NOT COMPARABLE: {d.not_comparable_reason} (use --force to compare anyway)")
         for key, a, b in d.flag_changes:
             lines.append(f"flag  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}")
+        if d.suggested:
+            s = d.suggested
+            lines.append(f"      ({s['flag']} {s['resolved']:g} = the {s['suggested']:g} vLLM's log suggested, "
+                         f"less a {s['margin']:g} safety margin)")
         for key, a, b, pct in d.fact_changes:
             change = "" if pct is None else f" ({pct:+.1f}%)"
             lines.append(f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{change}")

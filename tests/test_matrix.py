@@ -117,3 +117,16 @@ def test_timeouts_of_the_measured_path_are_set_in_the_matrix(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as caught:
         load_matrix(write(tmp_path, BASE + "timeouts: {idle: 45}\n"))
     assert "timeouts.idle" in str(caught.value) and "idle_s" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize("value, margin", [("suggested", 0.01), ("suggested-0.02", 0.02), ("suggested-0", 0.0),
+                                           (0.95, None), ("suggest", None)])
+def test_suggested_takes_a_margin(value: object, margin: float | None) -> None:
+    from campaign.matrix import suggested_margin
+
+    assert suggested_margin(value) == margin
+
+
+def test_a_malformed_suggested_value_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not understood"):
+        load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{gpu-memory-utilization: suggested-two}")))
