@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +18,123 @@ Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
 
 # A client that used more than this share of one core may have measured itself, not the server.
 CLIENT_CPU_LIMIT = 0.90
+
+
+class Reason(StrEnum):
+    """Why a cell is not Valid: a closed set of cases (hyperfine's warnings are the model). Each finding carries
+    its code, a message built from the step's own figures, and the code's hint; consumers match codes, never text.
+    """
+
+    REQUEST_ERRORS = "request_errors"
+    CLAMPED = "clamped"
+    PREFIX_CACHE_HITS = "prefix_cache_hits"
+    PREEMPTIONS = "preemptions"
+    ABOVE_MAX_NUM_SEQS = "above_max_num_seqs"
+    QUEUED = "queued"
+    FEWER_ACTIVE = "fewer_active"
+    CLIENT_SATURATED = "client_saturated"
+    GPU_THROTTLED = "gpu_throttled"
+    SERVER_NOT_WARM = "server_not_warm"
+    OVER_CAPACITY = "over_capacity"
+    OVER_WINDOW = "over_window"
+    CONTAMINATED = "contaminated"
+    SERVER_DIED = "server_died"
+
+
+REASON_HINTS: dict[Reason, str] = {
+    Reason.REQUEST_ERRORS: "the first error is quoted; the raw request records hold every one",
+    Reason.CLAMPED: "prompt + reply exceed the context window: lower the context or max_tokens",
+    Reason.PREFIX_CACHE_HITS: "another client may be sending the same prompts; the step was meant to share nothing",
+    Reason.PREEMPTIONS: "the KV cache ran out: fewer streams, shorter contexts, or more gpu-memory-utilization",
+    Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
+    Reason.QUEUED: "max-num-seqs or the KV cache is too small for this many streams",
+    Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
+    Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
+    Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
+    Reason.SERVER_NOT_WARM: "the server still did first-use work in this cell; keep the warm-up on",
+    Reason.OVER_CAPACITY: "not run: fewer streams or a shorter context fit the KV cache",
+    Reason.OVER_WINDOW: "not run: the prompt and reply do not fit max_model_len",
+    Reason.CONTAMINATED: "another client used the server during every attempt: measure when it is idle",
+    Reason.SERVER_DIED: "see the server log of the launch",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: Reason
+    message: str
+
+    @property
+    def hint(self) -> str:
+        return REASON_HINTS[self.code]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEvidence:
+    """Everything the verdict on one measured step may look at; built without a server in tests."""
+
+    phase: Phase
+    mode: DecodeMode
+    concurrency: int
+    records: list[RequestRecord]
+    prefix_cache_hits: float | None = None     # counter deltas over the step (None: not exported)
+    preemptions: float | None = None
+    waiting: tuple[float, ...] = ()            # sampled vllm:num_requests_waiting inside the window
+    avg_active: float | None = None            # time-averaged streams in flight (the client's clock)
+    client_cpu: float | None = None            # the busiest client process's share of one core
+    max_num_seqs: int | None = None            # the scheduler cap as launched
+    gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
+    not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
+
+
+def findings_fields(findings: list[Finding]) -> dict[str, Any]:
+    """`reasons` and `reason_codes` of a CellResult from findings."""
+    return {"reasons": [f.message for f in findings], "reason_codes": [f.code for f in findings]}
+
+
+def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
+    """Pure: a step's evidence -> its status and the findings behind it (Failed for request errors, Invalid
+    for any other finding, else Valid)."""
+    found: list[Finding] = []
+    records = e.records
+    clamped = [r for r in records if r.clamped_to is not None]
+    errors = [r for r in records if not r.ok and r.clamped_to is None]
+    if errors:
+        found.append(Finding(Reason.REQUEST_ERRORS,
+                             f"{len(errors)} of {len(records)} requests failed: {errors[0].error}"))
+    if clamped:
+        found.append(Finding(Reason.CLAMPED, f"{len(clamped)} request(s) cut short by the server: max_tokens "
+                                             f"{clamped[0].max_tokens} clamped to {clamped[0].clamped_to} because "
+                                             "prompt + reply exceed the context window"))
+    if e.prefix_cache_hits:
+        found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens in "
+                                                       "a step designed to share nothing"))
+    if e.preemptions:
+        found.append(Finding(Reason.PREEMPTIONS,
+                             f"{e.preemptions:.0f} preemption(s) during the step: the KV cache ran out"))
+    sustained = e.phase == "decode" and e.mode == "sustained"
+    cap = e.max_num_seqs
+    if e.phase == "decode" and cap is not None and e.concurrency > cap:
+        found.append(Finding(Reason.ABOVE_MAX_NUM_SEQS, f"{e.concurrency} requests at once exceed max-num-seqs "
+                                                        f"{cap}: at most {cap} run, the rest queue"))
+    elif sustained and stats.median(list(e.waiting)):
+        # Persistently queued requests are requests not running: the server ran fewer than C at once. (A
+        # request that has just arrived waits until the next engine step; one such sample means nothing.)
+        found.append(Finding(Reason.QUEUED, f"fewer than {e.concurrency} requests running: requests waited in the "
+                                            f"server queue through the window (up to {max(e.waiting):g}; "
+                                            "max-num-seqs or KV cache too small?)"))
+    if sustained and e.avg_active is not None and e.avg_active < 0.9 * e.concurrency:
+        found.append(Finding(Reason.FEWER_ACTIVE,
+                             f"the client kept only {e.avg_active:.1f} of {e.concurrency} streams active"))
+    if e.client_cpu is not None and e.client_cpu > CLIENT_CPU_LIMIT:
+        found.append(Finding(Reason.CLIENT_SATURATED,
+                             f"the client used {e.client_cpu:.0%} of a core: it may have measured itself"))
+    if e.gpu_throttled:
+        found.append(Finding(Reason.GPU_THROTTLED, f"the GPU was throttled during the step: {e.gpu_throttled}"))
+    if e.not_warm:
+        found.append(Finding(Reason.SERVER_NOT_WARM, f"server not warm: {e.not_warm}"))
+    status: Status = "Failed" if errors else ("Invalid" if found else "Valid")
+    return status, found
 
 
 class CellSpec(BaseModel):
@@ -67,6 +186,8 @@ class CellResult(BaseModel):
     label: str
     status: Status
     reasons: list[str] = Field(default_factory=list)
+    # The Reason code of each entry of `reasons`, in the same order (cells stored before format 2 have none).
+    reason_codes: list[Reason] = Field(default_factory=list)
     # What a reader should know that does not make the cell Invalid (e.g. tokens counted per chunk).
     notes: list[str] = Field(default_factory=list)
     total_tok_s: float | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from campaign.answers import agents_that_fit
+from campaign.cells import Reason
 from campaign.store import RunDir, StoredCell
 
 Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"]
@@ -92,6 +93,10 @@ class CellDiff:
     label: str
     metrics: list[MetricVerdict] = field(default_factory=list)
     status_note: str = ""
+    # Typed, for decisions: the statuses other than Valid on each side, and the variant's reason codes.
+    variant_statuses: list[str] = field(default_factory=list)
+    baseline_statuses: list[str] = field(default_factory=list)
+    variant_reasons: list[Reason] = field(default_factory=list)
 
 
 @dataclass
@@ -232,6 +237,9 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                         concurrency=result.concurrency, label=result.label)
         statuses = {c.result.status for c in other if c.result.spec.key == key} - {"Valid"}
         base_statuses = {c.result.status for c in base if c.result.spec.key == key} - {"Valid"}
+        diff.variant_statuses, diff.baseline_statuses = sorted(statuses), sorted(base_statuses)
+        diff.variant_reasons = sorted({code for c in other if c.result.spec.key == key
+                                       for code in c.result.reason_codes})
         if statuses or base_statuses:
             diff.status_note = "; ".join(
                 part for part in (
@@ -293,7 +301,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[
     verdicts = [m for _, m in decisive if m.verdict in {"better", "worse", "inside noise"}]
     better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"]
     worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
-    newly_invalid = [c.key for c in diff.cells if c.status_note.startswith("variant")]
+    newly_invalid = [c.key for c in diff.cells if c.variant_statuses]
     parts = []
     if not verdicts:
         parts.append("no comparable measurements")

@@ -21,14 +21,17 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from campaign import metrics as m
 from campaign import shard, stats
 from campaign.cells import (
-    CLIENT_CPU_LIMIT,
     Attempt,
     CellResult,
     CellSpec,
-    Status,
+    Finding,
+    Reason,
+    StepEvidence,
+    findings_fields,
     fixed_metrics,
     over_capacity,
     prefill_metrics,
+    verdict,
     window_metrics,
 )
 from campaign.client import RequestRecord, new_client, stream_completion
@@ -131,13 +134,13 @@ class Measurer:
             context_tokens=spec.context_tokens, output_tokens=max_tokens, concurrency=spec.concurrency,
             kv_cache_tokens=self.target.kv_cache_tokens, block_size=self.target.block_size,
         ):
-            return CellResult(**base, status="Over capacity", reasons=[
-                f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) tokens exceed the "
-                f"server's KV cache of {self.target.kv_cache_tokens:,} tokens"])
+            return CellResult(**base, status="Over capacity", **findings_fields([Finding(
+                Reason.OVER_CAPACITY, f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) "
+                f"tokens exceed the server's KV cache of {self.target.kv_cache_tokens:,} tokens")]))
         if self.target.max_model_len is not None and spec.context_tokens + max_tokens > self.target.max_model_len:
-            return CellResult(**base, status="Invalid", reasons=[
-                f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed max_model_len "
-                f"{self.target.max_model_len:,}"])
+            return CellResult(**base, status="Invalid", **findings_fields([Finding(
+                Reason.OVER_WINDOW, f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed "
+                f"max_model_len {self.target.max_model_len:,}")]))
 
         attempts: list[Attempt] = []
         async with self.target.endpoint.async_control() as control, new_client(self.target.endpoint) as client:
@@ -156,8 +159,8 @@ class Measurer:
         return CellResult(
             **base, status="Contaminated", attempts=attempts, discarded_steps=len(discarded),
             discarded_tokens=sum(a.excess_tokens for a in discarded),
-            reasons=[f"foreign traffic in all {len(attempts)} attempts "
-                     f"({', '.join(str(a.excess_tokens) for a in discarded)} extra tokens)"],
+            **findings_fields([Finding(Reason.CONTAMINATED, f"foreign traffic in all {len(attempts)} attempts "
+                                       f"({', '.join(str(a.excess_tokens) for a in discarded)} extra tokens)")]),
         )
 
     async def _bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
@@ -312,43 +315,15 @@ class Measurer:
             values = window_metrics(records, *step.window)
         else:
             values = fixed_metrics(records)
-        reasons: list[str] = []
-        status: Status = "Valid"
-        clamped = [r for r in records if r.clamped_to is not None]
-        errors = [r for r in records if not r.ok and r.clamped_to is None]
-        if errors:
-            status = "Failed"
-            reasons.append(f"{len(errors)} of {len(records)} requests failed: {errors[0].error}")
-        if clamped:
-            reasons.append(f"{len(clamped)} request(s) cut short by the server: max_tokens {clamped[0].max_tokens} "
-                           f"clamped to {clamped[0].clamped_to} because prompt + reply exceed the context window")
         hits = delta.optional(m.PREFIX_HITS)
         queries = delta.optional(m.PREFIX_QUERIES)
-        if hits:
-            reasons.append(f"prefix cache served {hits:.0f} tokens in a step designed to share nothing")
         preemptions = delta.optional(m.PREEMPTIONS)
-        if preemptions:
-            reasons.append(f"{preemptions:.0f} preemption(s) during the step: the KV cache ran out")
+        status, findings = verdict(StepEvidence(
+            phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=records,
+            prefix_cache_hits=hits, preemptions=preemptions, waiting=tuple(step.waiting),
+            avg_active=values.get("avg_active"), client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs))
         running_median = stats.median(step.running)
         waiting_max = max(step.waiting) if step.waiting else None
-        sustained = spec.phase == "decode" and spec.mode == "sustained"
-        cap = self.target.max_num_seqs
-        if spec.phase == "decode" and cap is not None and spec.concurrency > cap:
-            reasons.append(f"{spec.concurrency} requests at once exceed max-num-seqs {cap}: at most {cap} run, "
-                           "the rest queue")
-        elif sustained and stats.median(step.waiting):
-            # Persistently queued requests are requests not running: the server ran fewer than C at once. (A
-            # request that has just arrived waits until the next engine step; one such sample means nothing.)
-            reasons.append(f"fewer than {spec.concurrency} requests running: requests waited in the server queue "
-                           f"through the window (up to {waiting_max:g}; max-num-seqs or KV cache too small?)")
-        avg_active = values.get("avg_active")
-        if sustained and avg_active is not None and avg_active < 0.9 * spec.concurrency:
-            reasons.append(f"the client kept only {avg_active:.1f} of {spec.concurrency} streams active")
-        if step.cpu is not None and step.cpu > CLIENT_CPU_LIMIT:
-            reasons.append(f"the client used {step.cpu:.0%} of a core: it may have measured itself")
-        if status == "Valid" and reasons:
-            status = "Invalid"
-
         notes: list[str] = []
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "
@@ -361,7 +336,7 @@ class Measurer:
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
-            **base, status=status, reasons=reasons, notes=notes, **values,
+            **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,

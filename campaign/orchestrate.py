@@ -19,7 +19,7 @@ import httpx
 
 from campaign import aio, gpu, store, study
 from campaign.argv import redact
-from campaign.cells import CellResult, CellSpec
+from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields
 from campaign.endpoint import Timeouts
 from campaign.envinfo import machine_info, tool_info
 from campaign.errors import CampaignError, LaunchError, MetricMissingError
@@ -184,7 +184,8 @@ class Campaign:
             if dead:
                 result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
                                     concurrency=spec.concurrency, label=spec.label, status="Failed",
-                                    reasons=["the server died during this cell, and again when it was retried"])
+                                    **findings_fields([Finding(Reason.SERVER_DIED, "the server died during this "
+                                                               "cell, and again when it was retried")]))
             assert result is not None
             self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=sampler.samples)
             queue.pop(0)

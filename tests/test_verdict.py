@@ -1,0 +1,79 @@
+"""The verdict on a measured step, one row per rule, from constructed records and counters: no server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from campaign.cells import REASON_HINTS, Reason, StepEvidence, verdict
+from campaign.client import RequestRecord
+
+
+def rec(tokens: int = 8, *, max_tokens: int = 8, status: int = 200, error: str | None = None) -> RequestRecord:
+    times = [0.1 + 0.01 * i for i in range(tokens)]
+    return RequestRecord(id="r", prompt_tokens=100, max_tokens=max_tokens, send_t=0.0, chunk_t=times,
+                         chunk_tokens=[1] * tokens, end_t=times[-1] if times else 0.1, status=status, error=error,
+                         usage_completion_tokens=tokens if status == 200 else None)
+
+
+def evidence(**changes: Any) -> StepEvidence:
+    base: dict[str, Any] = {"phase": "decode", "mode": "sustained", "concurrency": 4,
+                            "records": [rec() for _ in range(4)], "prefix_cache_hits": 0.0, "preemptions": 0.0,
+                            "waiting": (0.0, 0.0), "avg_active": 4.0, "client_cpu": 0.2, "max_num_seqs": 64}
+    base.update(changes)
+    return StepEvidence(**base)
+
+
+CLAMP_400 = "min_tokens must be less than or equal to max_tokens=48, got 100."
+
+RULES = [
+    # (rule, evidence changes, status, code, words in the message)
+    ("a clean step", {}, "Valid", None, ""),
+    ("request errors", {"records": [rec(), rec(0, status=500, error="EngineCore encountered an issue")]},
+     "Failed", Reason.REQUEST_ERRORS, "1 of 2 requests failed: EngineCore"),
+    ("replies clamped short (silently)", {"records": [rec(5, max_tokens=8)]}, "Invalid", Reason.CLAMPED,
+     "max_tokens 8 clamped to 5"),
+    ("replies clamped short (400 naming the clamp)", {"records": [rec(0, max_tokens=100, status=400, error=CLAMP_400)]},
+     "Invalid", Reason.CLAMPED, "clamped to 48"),
+    ("prefix-cache hits in a no-sharing step", {"prefix_cache_hits": 2048.0}, "Invalid", Reason.PREFIX_CACHE_HITS,
+     "2048 tokens"),
+    ("preemptions", {"preemptions": 3.0}, "Invalid", Reason.PREEMPTIONS, "3 preemption"),
+    ("queued requests", {"waiting": (2.0, 3.0, 2.0)}, "Invalid", Reason.QUEUED, "up to 3"),
+    ("one queued sample means nothing", {"waiting": (0.0, 1.0, 0.0)}, "Valid", None, ""),
+    ("fewer than C running", {"avg_active": 3.1}, "Invalid", Reason.FEWER_ACTIVE, "3.1 of 4"),
+    ("concurrency above max-num-seqs", {"max_num_seqs": 2, "waiting": (2.0, 2.0)}, "Invalid",
+     Reason.ABOVE_MAX_NUM_SEQS, "exceed max-num-seqs 2"),
+    ("a saturated client", {"client_cpu": 0.97}, "Invalid", Reason.CLIENT_SATURATED, "97% of a core"),
+    ("GPU throttled", {"gpu_throttled": "HW power brake on GPU 0 in 3 of 10 samples"}, "Invalid",
+     Reason.GPU_THROTTLED, "power brake"),
+    ("server not warm", {"not_warm": "prompt tok/s 4,550 first, 4,915 when measured again (-7.4%)"}, "Invalid",
+     Reason.SERVER_NOT_WARM, "-7.4%"),
+]
+
+
+@pytest.mark.parametrize(("rule", "changes", "status", "code", "words"), RULES, ids=[r[0] for r in RULES])
+def test_each_rule(rule: str, changes: dict[str, Any], status: str, code: Reason | None, words: str) -> None:
+    got_status, findings = verdict(evidence(**changes))
+    assert got_status == status
+    assert [f.code for f in findings] == ([code] if code else [])
+    if code is not None:
+        assert words in findings[0].message
+        assert findings[0].hint == REASON_HINTS[code] and findings[0].hint
+
+
+def test_queueing_and_the_client_rules_apply_to_sustained_decode_only() -> None:
+    fixed = evidence(mode="fixed", waiting=(3.0, 3.0), avg_active=1.0)
+    assert verdict(fixed) == ("Valid", [])
+    prefill = evidence(phase="prefill", concurrency=1, records=[rec(1, max_tokens=1)], waiting=(3.0,), avg_active=None)
+    assert verdict(prefill) == ("Valid", [])
+
+
+def test_findings_add_up_and_errors_win_the_status() -> None:
+    status, findings = verdict(evidence(records=[rec(0, status=500, error="boom")], preemptions=1.0, client_cpu=0.95))
+    assert status == "Failed"
+    assert [f.code for f in findings] == [Reason.REQUEST_ERRORS, Reason.PREEMPTIONS, Reason.CLIENT_SATURATED]
+
+
+def test_every_code_has_a_hint() -> None:
+    assert set(REASON_HINTS) == set(Reason)
