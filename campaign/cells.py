@@ -224,6 +224,9 @@ class CellResult(BaseModel):
     preemptions: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
+    # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
+    energy_j_per_token: float | None = None
     spec_acceptance_rate: float | None = None
     spec_mean_acceptance_length: float | None = None
     attempts: list[Attempt] = Field(default_factory=list)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 try:  # nvidia-ml-py installs the `pynvml` module
     import pynvml
@@ -107,3 +108,23 @@ def sample() -> list[dict[str, Any]] | None:
                     row[key] = None
             rows.append(row)
         return rows
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTelemetry:
+    """What the GPUs did during one measured step; None where not measured, never 0."""
+
+    samples: list[list[dict[str, Any]]]       # raw NVML samples, one list of per-GPU rows per sample
+    throttled: str | None = None              # why the step's GPUs were held back (a reason for Invalid)
+    energy_j: float | None = None             # over the step, all GPUs: NVML's energy counter, else sampled power
+    energy_source: str | None = None          # "counter" or "sampled power"
+    sm_clock_mhz_median: float | None = None
+    power_w_median: float | None = None
+
+
+class StepMonitor(Protocol):
+    """Samples the GPUs around one measured step (Measurer calls start() before it and stop() after it)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> StepTelemetry | None: ...

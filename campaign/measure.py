@@ -37,6 +37,7 @@ from campaign.cells import (
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
+from campaign.gpu import StepMonitor, StepTelemetry
 from campaign.prompts import PromptSource
 from campaign.streamclient import StreamClient
 
@@ -73,6 +74,7 @@ class _Step:
     waiting: list[float]
     cpu: float | None          # the busiest client process's share of one core
     processes: int = 1
+    telemetry: StepTelemetry | None = None
 
 
 class Measurer:
@@ -84,10 +86,13 @@ class Measurer:
         prompts: PromptSource | None = None,
         on_event: Callable[[str], None] | None = None,
         client_processes: int | None = None,
+        gpu_monitor: StepMonitor | None = None,
     ) -> None:
         self.target = target
         # Sustained cells beyond one core's streams run on several client processes (None: shard's auto rule).
         self.client_processes = client_processes
+        # GPU telemetry around each step (None: no GPU, or not asked for): throttling and energy per token.
+        self.gpu_monitor = gpu_monitor
         self.max_attempts = max_attempts
         self.prompts = prompts or PromptSource()
         self.on_event = on_event or (lambda _msg: None)
@@ -216,6 +221,9 @@ class Measurer:
         sampler = asyncio.create_task(self._sampler(control, running, waiting, window_open, stop_sampling, interval))
         me = psutil.Process()
         cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
+        if self.gpu_monitor is not None:
+            self.gpu_monitor.start()
+        telemetry: StepTelemetry | None = None
         window: tuple[float, float] | None = None
         processes = 1
         worker_cpu: list[float] = []
@@ -243,9 +251,11 @@ class Measurer:
             stop_sampling.set()
             window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
             await sampler
+            if self.gpu_monitor is not None:
+                telemetry = self.gpu_monitor.stop()
         cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
         return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu,
-                     processes=processes)
+                     processes=processes, telemetry=telemetry)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None) -> RequestRecord:
@@ -321,7 +331,14 @@ class Measurer:
         status, findings = verdict(StepEvidence(
             phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=records,
             prefix_cache_hits=hits, preemptions=preemptions, waiting=tuple(step.waiting),
-            avg_active=values.get("avg_active"), client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs))
+            avg_active=values.get("avg_active"), client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
+            gpu_throttled=step.telemetry.throttled if step.telemetry else None))
+        energy = step.telemetry.energy_j if step.telemetry else None
+        generated = sum(r.tokens for r in records)
+        if energy is not None and generated and spec.phase == "decode":
+            # The step's energy over the step's tokens: a sustained step runs longer than its window (ramp-up,
+            # drain), so both are counted over the whole step, not the window.
+            values["energy_j_per_token"] = energy / generated
         running_median = stats.median(step.running)
         waiting_max = max(step.waiting) if step.waiting else None
         notes: list[str] = []
