@@ -87,6 +87,29 @@ class StepEvidence:
     not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
 
 
+# The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
+WARM_TOLERANCE = 0.05
+
+
+def primary_metric(phase: Phase) -> str:
+    """The figure a cell is judged on first: prompt tok/s for prefill, total tok/s for decode."""
+    return "prompt_tok_s" if phase == "prefill" else "total_tok_s"
+
+
+def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TOLERANCE) -> str | None:
+    """Why the launch's first cell was measured cold, from its re-measurement at the launch's end; None if it
+    was not (or the two cannot be compared). One-sided: a cold server is slower, never faster."""
+    metric = primary_metric(first.phase)
+    a, b = getattr(first, metric), getattr(again, metric)
+    if first.status != "Valid" or again.status != "Valid" or not a or not b:
+        return None
+    change = (a - b) / b
+    if change >= -tolerance:
+        return None
+    return (f"{metric} {a:,.1f} when measured first, {b:,.1f} when measured again at the end of the launch "
+            f"({100 * change:+.1f}%, beyond the {100 * tolerance:g}% a warm server allows)")
+
+
 def findings_fields(findings: list[Finding]) -> dict[str, Any]:
     """`reasons` and `reason_codes` of a CellResult from findings."""
     return {"reasons": [f.message for f in findings], "reason_codes": [f.code for f in findings]}

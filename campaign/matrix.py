@@ -216,6 +216,8 @@ class Matrix(BaseModel):
     floors: list[float] = Field(default_factory=lambda: [40.0, 30.0, 20.0], min_length=1)
     max_attempts: int = Field(default=3, ge=1)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    # Before the first measured cell of every launch: requests of each shape the matrix uses (never measured).
+    warmup: bool = True
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> Matrix:

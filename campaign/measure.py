@@ -123,6 +123,27 @@ class Measurer:
                 self.target.block_size = int(float(info["block_size"]))
         self._checked_metrics = True
 
+    async def warm_up(self, specs: list[CellSpec], *, reply_tokens: int = 16) -> dict[str, Any]:
+        """Before a launch's first measured cell, the shapes its cells will use, so first-use work (kernels
+        compiled or tuned for new shapes, allocator growth, the first long chunked prefill) lands here, not in
+        a cell: the longest prompt the cells send, then one short round at each decode concurrency. Never
+        measured, never bracketed; what it did is returned for the launch record."""
+        began = time.perf_counter()
+        records: list[RequestRecord] = []
+        window = self.target.max_model_len
+        contexts = sorted({s.context_tokens for s in specs if window is None or s.context_tokens < window})
+        concurrencies = sorted({s.concurrency for s in specs if s.phase == "decode"})
+        short = min([256, *contexts])
+        async with new_client(self.target.endpoint) as client:
+            if contexts:
+                records.append(await self._one(client, contexts[-1], 1))
+            for concurrency in concurrencies:
+                records += await asyncio.gather(*(self._one(client, short, reply_tokens) for _ in range(concurrency)))
+        failed = [r for r in records if not r.ok]
+        return {"kind": "warmup", "requests": len(records), "seconds": time.perf_counter() - began,
+                "longest_prompt_tokens": contexts[-1] if contexts else None, "concurrencies": concurrencies,
+                "errors": len(failed), "first_error": failed[0].error if failed else None}
+
     def _next_id(self) -> str:
         self._ids += 1
         return f"r{self._ids}"

@@ -19,7 +19,7 @@ import httpx
 
 from campaign import aio, gpu, store, study
 from campaign.argv import redact
-from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields
+from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
 from campaign.endpoint import Timeouts
 from campaign.envinfo import machine_info, tool_info
 from campaign.errors import CampaignError, LaunchError, MetricMissingError
@@ -166,6 +166,8 @@ class Campaign:
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
         )
+        self._warm_up(measurer, queue, variant, repeat, launch_dir)
+        first: CellResult | None = None  # the launch's first cell, measured again at its end
         while queue:
             spec = queue[0]
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): {spec.key} ({spec.label})")
@@ -188,11 +190,36 @@ class Campaign:
                                                                "cell, and again when it was retried")]))
             assert result is not None
             self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=sampler.samples)
+            first = first or result
             queue.pop(0)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
             if dead:
                 return True  # the cells after it (and the experiments) need a live server
+        if first is not None:
+            self._guard(measurer, first, variant, repeat, launch_dir)
         return False
+
+    def _warm_up(self, measurer: Measurer, queue: list[CellSpec], variant: Variant, repeat: int,
+                 launch_dir: Path) -> None:
+        if not self.matrix.warmup or not queue:
+            return
+        self.progress.status(f"{variant.name} (repeat {repeat + 1}): warming up")
+        record = aio.run(measurer.warm_up(queue))
+        store.write_new(launch_dir / "warmup.json", record)
+        self.progress.note(f"  {variant.name} r{repeat + 1}: warm-up {record['requests']} requests in "
+                           f"{record['seconds']:.1f} s" + (f", {record['errors']} failed" if record["errors"] else ""))
+
+    def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path) -> None:
+        """The launch's first cell again at its end: if the first reading was slower beyond noise, the server
+        was not warm then, and that reading never reaches a verdict (the store applies the guard)."""
+        if first.status != "Valid" or self.run.guard_path(variant.name, first.spec.key, repeat).exists():
+            return
+        self.progress.status(f"{variant.name} (repeat {repeat + 1}): {first.spec.key} again (warm check)")
+        again = aio.run(measurer.run_cell(first.spec))
+        why = not_warm(first, again)
+        self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why)
+        if why:
+            self.progress.note(f"  {variant.name} r{repeat + 1} {first.spec.key}: server not warm: {why}")
 
     def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],
                      launch_dir: Path) -> None:

@@ -6,7 +6,11 @@ Layout of one run, `runs/<campaign>/<UTC timestamp>/`:
     variants/<variant>/launch-<k>/server.json       argv (redacted), flags as run, parsed facts, ready time
     variants/<variant>/launch-<k>/stop.json         how it stopped: mode, exit code, swept processes
     variants/<variant>/launch-<k>/failure.json      instead of the above when it never became ready
+    variants/<variant>/launch-<k>/warmup.json       the warm-up before the first cell: requests, seconds
     variants/<variant>/cells/<cell-key>/rep-<n>.json   one measured cell: result, raw requests, telemetry
+    variants/<variant>/cells/<cell-key>/guard-<n>.json the launch's first cell measured again at its end, and
+                                                    whether the first was measured cold (then it is Invalid)
+    variants/<variant>/experiments/<key>/rep-<n>.json one experiment's result
     summary.json                                    written at the end: short answers, drift, diff
 """
 
@@ -23,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from campaign.cells import CellResult
+from campaign.cells import CellResult, Reason
 from campaign.errors import ResultFormatError
 
 # Format history:
@@ -133,6 +137,18 @@ class RunDir:
     def cell_path(self, variant: str, cell_key: str, repeat: int) -> Path:
         return self.variant_dir(variant) / "cells" / safe_name(cell_key) / f"rep-{repeat}.json"
 
+    def guard_path(self, variant: str, cell_key: str, repeat: int) -> Path:
+        """The launch's first cell measured again at the launch's end (the warm-server check)."""
+        return self.variant_dir(variant) / "cells" / safe_name(cell_key) / f"guard-{repeat}.json"
+
+    def write_guard(self, variant: str, repeat: int, again: CellResult, *, launch: str,
+                    not_warm: str | None) -> Path:
+        return write_new(self.guard_path(variant, again.spec.key, repeat), {
+            "kind": "guard", "variant": variant, "repeat": repeat, "launch": launch,
+            "written_utc": datetime.now(UTC).isoformat(), "not_warm": not_warm,
+            "result": again.model_dump(mode="json"),
+        })
+
     def done(self, variant: str, cell_key: str, repeat: int) -> bool:
         return self.cell_path(variant, cell_key, repeat).exists()
 
@@ -177,8 +193,11 @@ class RunDir:
         out = []
         for path in sorted(self.root.glob("variants/*/cells/*/rep-*.json")):
             data = read(path)
-            out.append(StoredCell(variant=str(data["variant"]), repeat=int(data["repeat"]),
-                                  result=CellResult.model_validate(data["result"]), path=path))
+            result = CellResult.model_validate(data["result"])
+            guard = path.with_name(f"guard-{data['repeat']}.json")
+            if guard.exists():
+                result = _with_guard(result, read(guard))
+            out.append(StoredCell(variant=str(data["variant"]), repeat=int(data["repeat"]), result=result, path=path))
         return out
 
     def servers(self) -> list[dict[str, Any]]:
@@ -191,6 +210,18 @@ class RunDir:
                     data["launch_dir"] = str(launch.relative_to(self.root))
                     out.append(data)
         return out
+
+
+def _with_guard(result: CellResult, guard: dict[str, Any]) -> CellResult:
+    """A first cell its guard found cold is Invalid (server not warm): it never reaches a verdict. The stored
+    cell stays as measured; the judgement is the guard file's."""
+    why = guard.get("not_warm")
+    if not why or Reason.SERVER_NOT_WARM in result.reason_codes:
+        return result
+    return result.model_copy(update={
+        "status": "Invalid" if result.status == "Valid" else result.status,
+        "reasons": [*result.reasons, f"server not warm: {why}"],
+        "reason_codes": [*result.reason_codes, Reason.SERVER_NOT_WARM]})
 
 
 def latest_run(base: Path, campaign: str) -> RunDir | None:

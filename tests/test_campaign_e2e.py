@@ -85,6 +85,12 @@ def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) ->
                 for p in run_dir.glob("variants/two-seqs/cells/decode-*/rep-0.json")]
     assert two_seqs[0]["status"] == "Invalid"
     assert any("exceed max-num-seqs 2" in r for r in two_seqs[0]["reasons"])
+    # Every launch that measured was warmed up first (recorded with the launch, never as a cell), and its
+    # first cell was measured again at its end (the warm check).
+    warmups = [json.loads(p.read_text()) for p in run_dir.glob("variants/*/launch-*/warmup.json")]
+    assert len(warmups) >= 3 and all(w["requests"] >= 2 and w["seconds"] > 0 for w in warmups)
+    guards = [json.loads(p.read_text()) for p in run_dir.glob("variants/baseline/cells/*/guard-*.json")]
+    assert {g["repeat"] for g in guards} == {0, 1}
     assert (run_dir / "summary.json").exists()
     assert "recommendation: max-num-seqs 64 -> 2" in second.stdout
     assert "FAILED TO START (bad_argument)" in second.stdout

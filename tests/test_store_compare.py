@@ -162,3 +162,25 @@ def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: 
     text = {d.variant: d for d in compare.diff_run(run)}["small"].recommendation
     assert "agents at 8K context: none, beyond the 2,048-token window" in text
     assert "->" not in text.split("KV cache")[1].split(":")[0]
+
+
+def test_a_first_cell_found_cold_by_its_guard_never_reaches_a_verdict(tmp_path: Path) -> None:
+    from campaign.cells import Reason, not_warm
+
+    run = make_run(tmp_path, values={"baseline": [300.0, 310.0], "other": [305.0, 306.0]},
+                   kv={"baseline": 1000, "other": 1000}, flags={"baseline": {}, "other": {}})
+    cold, warm = cell(SPEC, 270.0), cell(SPEC, 300.0)
+    why = not_warm(cold, warm)
+    assert why is not None and "-10.0%" in why
+    assert not_warm(warm, cold) is None  # faster when first is noise, not a cold server
+    assert not_warm(cell(SPEC, 296.0), warm) is None  # within the 5% a warm server allows
+    run.write_guard("baseline", 0, warm, launch="launch-1", not_warm=why)
+    stored = {(c.variant, c.repeat): c.result for c in run.cells()}
+    first = stored[("baseline", 0)]
+    assert first.status == "Invalid" and first.reason_codes == [Reason.SERVER_NOT_WARM]
+    assert "server not warm" in first.reasons[0]
+    assert stored[("baseline", 1)].status == "Valid"
+    # The stored cell itself is unchanged: the judgement lives in the guard file.
+    assert json.loads(run.cell_path("baseline", SPEC.key, 0).read_text())["result"]["status"] == "Valid"
+    verdicts = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
+    assert verdicts["total_tok_s"].n_baseline == 1  # only the warm baseline reading is judged
