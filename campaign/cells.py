@@ -14,6 +14,12 @@ from campaign.client import RequestRecord
 
 Phase = Literal["prefill", "decode"]
 DecodeMode = Literal["sustained", "fixed"]
+# cold: every request a fresh prompt, so TTFT is its prefill plus queueing behind the other prefills.
+# warm (seed 004's): each stream's prompt is cached by a one-token request first and reused, so TTFT mostly
+# excludes prefill and a replacement request costs almost no prefill.
+TTFTMode = Literal["cold", "warm"]
+TTFT_MODE_TEXT = {"cold": "cold TTFT: fresh prompts, prefill and queueing included",
+                  "warm": "warm TTFT: prompts cached first, prefill mostly excluded (seed 004's method)"}
 Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
 
 # A client that used more than this share of one core may have measured itself, not the server.
@@ -83,6 +89,7 @@ class StepEvidence:
     avg_active: float | None = None            # time-averaged streams in flight (the client's clock)
     client_cpu: float | None = None            # the busiest client process's share of one core
     max_num_seqs: int | None = None            # the scheduler cap as launched
+    shares_prefixes: bool = False              # warm TTFT: prompts are cached on purpose, hits are expected
     gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
     not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
 
@@ -129,7 +136,7 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.CLAMPED, f"{len(clamped)} request(s) cut short by the server: max_tokens "
                                              f"{clamped[0].max_tokens} clamped to {clamped[0].clamped_to} because "
                                              "prompt + reply exceed the context window"))
-    if e.prefix_cache_hits:
+    if e.prefix_cache_hits and not e.shares_prefixes:
         found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens in "
                                                        "a step designed to share nothing"))
     if e.preemptions:
@@ -170,6 +177,7 @@ class CellSpec(BaseModel):
     max_tokens: int = Field(default=256, gt=0)
     window_s: float = Field(default=30.0, gt=0)
     warmup_s: float = Field(default=2.0, ge=0)
+    ttft: TTFTMode = "cold"
 
     @property
     def label(self) -> str:
@@ -182,7 +190,8 @@ class CellSpec(BaseModel):
             return f"prefill-L{self.context_tokens}"
         base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
         # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
-        return f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
+        base = f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
+        return f"{base}-Twarm" if self.ttft == "warm" else base
 
 
 class Attempt(BaseModel):

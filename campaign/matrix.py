@@ -80,13 +80,15 @@ class DecodeWorkload(_Workload):
     max_tokens: int = Field(default=256, gt=0)
     window_s: float | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=2.0, ge=0)
+    ttft: Literal["cold", "warm"] = "cold"
 
     _contexts = field_validator("contexts", mode="before")(_token_list)
 
     def cells(self, window_s: float) -> list[CellSpec]:
         return [
             CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=self.mode,
-                     max_tokens=self.max_tokens, window_s=self.window_s or window_s, warmup_s=self.warmup_s)
+                     max_tokens=self.max_tokens, window_s=self.window_s or window_s, warmup_s=self.warmup_s,
+                     ttft=self.ttft)
             for ctx in self.contexts for conc in self.concurrency
         ]
 

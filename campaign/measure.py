@@ -21,6 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from campaign import metrics as m
 from campaign import shard, stats
 from campaign.cells import (
+    TTFT_MODE_TEXT,
     Attempt,
     CellResult,
     CellSpec,
@@ -69,6 +70,7 @@ class Target:
 @dataclass
 class _Step:
     records: list[RequestRecord]
+    priming: list[RequestRecord]   # warm TTFT: the one-token requests that cached each stream's prompt
     window: tuple[float, float] | None
     running: list[float]
     waiting: list[float]
@@ -175,7 +177,7 @@ class Measurer:
             for number in range(1, self.max_attempts + 1):
                 before = await self.scrape(control)
                 step = await self._run_step(spec, max_tokens, client, control)
-                after, attempt = await self._bracket(control, before, step.records)
+                after, attempt = await self._bracket(control, before, step.records + step.priming)
                 attempts.append(attempt)
                 if attempt.accepted:
                     return self._result(base, spec, step, m.Delta(before, after), attempts)
@@ -245,18 +247,27 @@ class Measurer:
         if self.gpu_monitor is not None:
             self.gpu_monitor.start()
         telemetry: StepTelemetry | None = None
+        priming: list[RequestRecord] = []
         window: tuple[float, float] | None = None
         processes = 1
         worker_cpu: list[float] = []
         try:
+            warm = spec.phase == "decode" and spec.ttft == "warm"
+            streams = 1 if spec.phase == "prefill" else spec.concurrency
+            prompts = [self.prompts.unique(spec.context_tokens) for _ in range(streams)] if warm else None
+            if prompts is not None:
+                # Seed 004's method: cache every stream's prompt with a one-token request, then reuse it.
+                priming = list(await asyncio.gather(*(self._one(client, spec.context_tokens, 1, prompt=p)
+                                                      for p in prompts)))
             if spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
                     window_open.set()
-                n = 1 if spec.phase == "prefill" else spec.concurrency
                 records = list(await asyncio.gather(*(
-                    self._one(client, spec.context_tokens, max_tokens) for _ in range(n))))
+                    self._one(client, spec.context_tokens, max_tokens, prompt=prompts[i] if prompts else None)
+                    for i in range(streams))))
             else:
-                processes = shard.client_processes(spec.concurrency, self.client_processes)
+                # The worker processes draw fresh prompts; a warm-TTFT cell keeps its cached prompts in one process.
+                processes = 1 if prompts else shard.client_processes(spec.concurrency, self.client_processes)
                 if processes > 1:
                     self._ids += 1
                     sharded = await shard.sustained_sharded(
@@ -267,7 +278,7 @@ class Measurer:
                     records.extend(sharded.records)
                     window, worker_cpu = sharded.window, sharded.cpu
                 else:
-                    window = await self._sustained(spec, max_tokens, client, records, window_open)
+                    window = await self._sustained(spec, max_tokens, client, records, window_open, prompts)
         finally:
             stop_sampling.set()
             window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
@@ -275,17 +286,20 @@ class Measurer:
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
         cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
-        return _Step(records=records, window=window, running=running, waiting=waiting, cpu=cpu,
+        return _Step(records=records, priming=priming, window=window, running=running, waiting=waiting, cpu=cpu,
                      processes=processes, telemetry=telemetry)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
-                   first_token: asyncio.Event | None = None) -> RequestRecord:
-        return await stream_completion(client, model=self.target.model, prompt=self.prompts.unique(context),
+                   first_token: asyncio.Event | None = None, *, prompt: list[int] | None = None) -> RequestRecord:
+        """One request: a fresh unique prompt, or the given one (warm TTFT reuses a stream's cached prompt)."""
+        return await stream_completion(client, model=self.target.model,
+                                       prompt=prompt if prompt is not None else self.prompts.unique(context),
                                        max_tokens=max_tokens, request_id=self._next_id(),
                                        first_token=first_token)
 
     async def _sustained(self, spec: CellSpec, max_tokens: int, client: StreamClient,
-                         records: list[RequestRecord], window_open: asyncio.Event) -> tuple[float, float]:
+                         records: list[RequestRecord], window_open: asyncio.Event,
+                         prompts: list[list[int]] | None = None) -> tuple[float, float]:
         """Keep exactly C streams busy; the window opens once every first stream has produced a token and
         the warm-up has passed; at its end no new request starts and the running ones are drained."""
         stop = asyncio.Event()
@@ -295,7 +309,8 @@ class Measurer:
         async def worker(index: int) -> None:
             first: asyncio.Event | None = first_round[index]
             while not stop.is_set():
-                rec = await self._one(client, spec.context_tokens, max_tokens, first)
+                rec = await self._one(client, spec.context_tokens, max_tokens, first,
+                                      prompt=prompts[index] if prompts else None)
                 first = None
                 records.append(rec)
                 first_round[index].set()  # also when the request failed before any token
@@ -353,7 +368,8 @@ class Measurer:
             phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=records,
             prefix_cache_hits=hits, preemptions=preemptions, waiting=tuple(step.waiting),
             avg_active=values.get("avg_active"), client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
-            gpu_throttled=step.telemetry.throttled if step.telemetry else None))
+            gpu_throttled=step.telemetry.throttled if step.telemetry else None,
+            shares_prefixes=spec.phase == "decode" and spec.ttft == "warm"))
         energy = step.telemetry.energy_j if step.telemetry else None
         generated = sum(r.tokens for r in records)
         if energy is not None and generated and spec.phase == "decode":
@@ -363,6 +379,8 @@ class Measurer:
         running_median = stats.median(step.running)
         waiting_max = max(step.waiting) if step.waiting else None
         notes: list[str] = []
+        if spec.phase == "decode" and spec.ttft == "warm":
+            notes.append(f"{TTFT_MODE_TEXT['warm']}; {len(step.priming)} priming request(s) not counted")
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "
                          f"{step.cpu or 0:.0%} of a core)")

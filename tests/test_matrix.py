@@ -130,3 +130,11 @@ def test_suggested_takes_a_margin(value: object, margin: float | None) -> None:
 def test_a_malformed_suggested_value_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not understood"):
         load_matrix(write(tmp_path, BASE.replace("{max-num-seqs: 8}", "{gpu-memory-utilization: suggested-two}")))
+
+
+def test_h200_speed_matrix_measures_ttft_warm_like_seed_004() -> None:
+    matrix, _, _ = load_matrix("h200-speed-matrix")
+    decode = [c for c in matrix.cells() if c.phase == "decode"]
+    assert decode and all(c.ttft == "warm" and c.key.endswith("-Twarm") for c in decode)
+    default, _, _ = load_matrix("a5000-tuning")
+    assert all(c.ttft == "cold" for c in default.cells())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from campaign import sim_model, startup_log, study
-from campaign.cells import CellSpec, over_capacity
+from campaign.cells import CellResult, CellSpec, over_capacity
 from campaign.errors import LaunchError
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Measurer, Target
@@ -304,3 +304,21 @@ def test_suggested_memory_utilisation_keeps_a_margin_and_says_so(tmp_path: Path)
                                        "resolved": 0.968}
     assert servers[0]["flags"]["gpu-memory-utilization"] == 0.968
     assert "gpu-memory-utilization 0.968 = the 0.988 vLLM's log suggested, less a 0.02 safety margin" in out.stdout
+
+
+def test_warm_ttft_caches_each_streams_prompt_and_says_so(a5000: LaunchedServer) -> None:
+    measurer = Measurer(target_of(a5000))
+
+    async def both() -> list[CellResult]:
+        return [await measurer.run_cell(CellSpec(phase="decode", context_tokens=6400, concurrency=4, max_tokens=64,
+                                                 mode="fixed", ttft=ttft)) for ttft in ("cold", "warm")]
+
+    cold, warm = asyncio.run(both())
+    assert cold.status == "Valid" and warm.status == "Valid", (cold.reasons, warm.reasons)
+    assert warm.spec.key.endswith("-Twarm") and not cold.spec.key.endswith("-Twarm")
+    # Prefill of 6,400 tokens behind three others dominates the cold TTFT; the warm one mostly skips it.
+    assert cold.ttft_ms is not None and warm.ttft_ms is not None and warm.ttft_ms < 0.5 * cold.ttft_ms
+    assert warm.prefix_cache_hits and warm.prefix_cache_hits >= 4 * 6400 * 0.8  # the cache served the prompts
+    assert any("warm TTFT" in n and "4 priming" in n for n in warm.notes)
+    accepted = warm.attempts[-1]
+    assert accepted.accepted and accepted.expected_generation_tokens == 4 * 64 + 4  # priming tokens bracketed too
