@@ -333,7 +333,9 @@ def run(
     engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
                       ] = None,
     window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
-    repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats")] = None,
+    repeats: Annotated[int | None, typer.Option(
+        "--repeats", help="override the repeats (with --resume: raise them; new launches interleave as before)")
+                       ] = None,
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
     resume: Annotated[Path | None, typer.Option("--resume", help="continue this run directory")] = None,
     live: Annotated[bool | None, typer.Option("--live/--plain", help="progress display (default: on a TTY)")] = None,
@@ -351,6 +353,7 @@ def run(
         run_dir = store.RunDir(resume)
         stored = run_dir.manifest()
         loaded = Matrix.model_validate(stored["matrix"]["raw"])
+        loaded = loaded.model_copy(update={"repeats": run_dir.repeats(loaded.repeats, more=repeats)})
         prof = LaunchProfile.model_validate(stored["profile"]["raw"])
         engine = engine or stored.get("engine")
         _err(f"resuming {run_dir.root}: {len(run_dir.cells())} cells already stored")
@@ -385,7 +388,7 @@ def _finish(run_dir: Any) -> None:
     if scale != 1.0:
         typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
                    "latencies that much lower than on the simulated hardware.\n")
-    typer.echo(report.cells_by_variant_text(run_dir))
+    typer.echo(report.cells_by_variant_text(run_dir.cells(), run_dir.servers()))
     typer.echo("")
     for variant, values in short.items():
         typer.echo(report.short_answers_text(variant, values) + "\n")

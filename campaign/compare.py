@@ -11,20 +11,27 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from campaign import gpu
 from campaign.answers import agents_that_fit
 from campaign.cells import Reason
-from campaign.store import RunDir, StoredCell
+from campaign.errors import ResultFormatError
+from campaign.store import RunDir, StoredCell, read
 
 Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"]
 
 # (metric, +1 when higher is better, -1 when lower is better)
-DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1))
+# energy_j_per_token (NVIDIA GPUs only): a flag that saves energy at equal speed is a result too.
+DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1), ("energy_j_per_token", -1))
+# Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
+TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
 FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
                "gpu_memory_utilization", "max_model_len")
 MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when the interval excludes zero
 SINGLE_RUN_NOISE = 0.05  # with one measurement a side there is no interval: 5% is the noise floor
 DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
+CLOCK_DRIFT_LIMIT = 0.05  # ... and its median SM clock (GPU telemetry) moving more than this
+POWER_DRIFT_LIMIT = 0.10  # ... and its median power (it follows the load, so a wider limit)
 AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
 KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
 # Experiment values that describe the server but should not decide keep or revert on their own.
@@ -60,6 +67,25 @@ class MetricVerdict:
     n_variant: int
     verdict: Verdict
     note: str = ""
+    # Inside noise: how many measurements a side would resolve a MIN_EFFECT change at the observed noise.
+    repeats_needed: int | None = None
+
+
+def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT) -> int | None:
+    """Measurements a side for a change of `effect` (a fraction of the baseline mean) to come out of the noise
+    with 80% power at the 95% level, from the pooled spread of what was measured (normal approximation:
+    n = 2 (z_0.975 + z_0.8)^2 s^2 / d^2). None with fewer than two measurements a side (no spread yet)."""
+    if len(base) < 2 or len(other) < 2:
+        return None
+    mean = statistics.fmean(base)
+    pooled = ((len(base) - 1) * statistics.variance(base) + (len(other) - 1) * statistics.variance(other)) / (
+        len(base) + len(other) - 2)
+    d = abs(effect * mean)
+    if d == 0:
+        return None
+    if pooled == 0:
+        return 2
+    return max(2, math.ceil(2 * (1.959964 + 0.841621) ** 2 * pooled / d**2))
 
 
 def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "") -> MetricVerdict:
@@ -81,7 +107,15 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     else:
         inside = ci[0] <= 0 <= ci[1] or abs(change) < MIN_EFFECT
     verdict: Verdict = "inside noise" if inside else ("better" if change * direction > 0 else "worse")
-    return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note)
+    needed = repeats_to_resolve(base, other) if verdict == "inside noise" else None
+    if needed is not None:
+        more = needed - min(len(base), len(other))
+        advice = (f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
+                  if more > 0 else f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there")
+        note = f"{note}; {advice}" if note else advice
+    elif verdict == "inside noise" and ci is None:
+        note += "; at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)"
+    return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note, needed)
 
 
 @dataclass
@@ -247,6 +281,8 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                     f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
         metrics = DECODE_METRICS if result.phase == "decode" else PREFILL_METRICS
         for metric, direction in metrics:
+            if metric in TELEMETRY_METRICS and not (_values(base, key, metric) or _values(other, key, metric)):
+                continue
             if not comparable:
                 diff.metrics.append(MetricVerdict(metric, None, None, None, None, 0, 0, "not comparable"))
                 continue
@@ -361,10 +397,32 @@ class Drift:
     drifted: bool
     median_change_pct: float | None
     message: str
+    # GPU telemetry of the same cells (None without it): did the GPU itself change through the night?
+    sm_clock_change_pct: float | None = None
+    power_change_pct: float | None = None
+    moved: tuple[str, ...] = ()   # what moved beyond its limit: "throughput", "SM clock", "power"
+
+
+def _gpu_medians(cell: StoredCell) -> tuple[float | None, float | None]:
+    """Median SM clock and power of a stored cell's raw GPU samples; None where it has none."""
+    try:
+        samples = read(cell.path).get("gpu_telemetry")
+    except (OSError, ValueError, ResultFormatError):
+        return None, None
+    if not samples:
+        return None, None
+    return gpu.sm_clock_median(samples), gpu.power_median(samples)
+
+
+def _median_change(pairs: list[tuple[float | None, float | None]]) -> tuple[float | None, int]:
+    changes = [(b - a) / a for a, b in pairs if a and b is not None]
+    return (statistics.median(changes), len(changes)) if changes else (None, 0)
 
 
 def drift(run: RunDir) -> Drift:
-    """The baseline's first launch against its last: did the machine change through the night?"""
+    """The baseline's first launch against its last: did the machine change through the night? Throughput, and
+    where GPU telemetry exists the median SM clock and power of the same cells (a GPU that warmed up and clocks
+    down, or one whose power limit changed, shows there before it hides in a throughput difference)."""
     baseline = run.manifest()["matrix"]["raw"]["baseline"]
     cells = [c for c in run.cells() if c.variant == baseline and c.result.status == "Valid"]
     repeats = sorted({c.repeat for c in cells})
@@ -372,17 +430,38 @@ def drift(run: RunDir) -> Drift:
         return Drift(False, False, None, "drift not checked: the baseline was measured once")
     first, last = repeats[0], repeats[-1]
     changes = []
+    clocks: list[tuple[float | None, float | None]] = []
+    powers: list[tuple[float | None, float | None]] = []
     for cell in (c for c in cells if c.repeat == first):
         metric = "total_tok_s" if cell.result.phase == "decode" else "prompt_tok_s"
         later = [c for c in cells if c.repeat == last and c.result.spec.key == cell.result.spec.key]
         a, b = getattr(cell.result, metric), getattr(later[0].result, metric) if later else None
         if a and b is not None:
             changes.append((b - a) / a)
+            (clock_a, power_a), (clock_b, power_b) = _gpu_medians(cell), _gpu_medians(later[0])
+            clocks.append((clock_a, clock_b))
+            powers.append((power_a, power_b))
     if not changes:
         return Drift(False, False, None, "drift not checked: no cell measured in both the first and last launch")
     median = statistics.median(changes)
-    drifted = abs(median) > DRIFT_LIMIT
-    message = (f"baseline moved {100 * median:+.1f}% (median over {len(changes)} cells) between its first and last "
-               f"launch; " + ("DRIFTED: differences below this size are not trustworthy" if drifted
-                              else f"within the {100 * DRIFT_LIMIT:.0f}% drift limit"))
-    return Drift(True, drifted, 100 * median, message)
+    clock, clock_n = _median_change(clocks)
+    power, power_n = _median_change(powers)
+    moved = tuple(name for name, change, limit in (("throughput", median, DRIFT_LIMIT),
+                                                   ("SM clock", clock, CLOCK_DRIFT_LIMIT),
+                                                   ("power", power, POWER_DRIFT_LIMIT))
+                  if change is not None and abs(change) > limit)
+    drifted = bool(moved)
+    gpu_part = ""
+    if clock is not None or power is not None:
+        figures = [f"{name} {100 * change:+.1f}%" for name, change in (("SM clock", clock), ("power", power))
+                   if change is not None]
+        gpu_part = f", {', '.join(figures)} (GPU telemetry of {max(clock_n, power_n)} cells)"
+    limits = f"{100 * DRIFT_LIMIT:.0f}% drift limit" if not gpu_part else (
+        f"drift limits ({100 * DRIFT_LIMIT:.0f}% throughput, {100 * CLOCK_DRIFT_LIMIT:.0f}% SM clock, "
+        f"{100 * POWER_DRIFT_LIMIT:.0f}% power)")
+    message = (f"baseline moved {100 * median:+.1f}% (median over {len(changes)} cells){gpu_part} between its first "
+               f"and last launch; " + (f"DRIFTED ({' and '.join(moved)} moved): differences below this size are not "
+                                       "trustworthy" if drifted else f"within the {limits}"))
+    return Drift(True, drifted, 100 * median, message,
+                 sm_clock_change_pct=None if clock is None else 100 * clock,
+                 power_change_pct=None if power is None else 100 * power, moved=moved)

@@ -11,6 +11,7 @@ Layout of one run, `runs/<campaign>/<UTC timestamp>/`:
     variants/<variant>/cells/<cell-key>/guard-<n>.json the launch's first cell measured again at its end, and
                                                     whether the first was measured cold (then it is Invalid)
     variants/<variant>/experiments/<key>/rep-<n>.json one experiment's result
+    repeats-<n>.json                                `campaign run --resume RUN --repeats n` raised the repeats
     summary.json                                    written at the end: short answers, drift, diff
 """
 
@@ -136,6 +137,17 @@ class RunDir:
 
     def cell_path(self, variant: str, cell_key: str, repeat: int) -> Path:
         return self.variant_dir(variant) / "cells" / safe_name(cell_key) / f"rep-{repeat}.json"
+
+    def repeats(self, planned: int, *, more: int | None = None) -> int:
+        """The repeats this run is to have: the matrix's, raised by any earlier `--resume --repeats N` (each kept
+        as repeats-N.json), and by `more` now (recorded). Never lowered: nothing measured is dropped."""
+        recorded = [int(read(p)["repeats"]) for p in self.root.glob("repeats-*.json")]
+        current = max([planned, *recorded])
+        if more is not None and more > current:
+            write_new(self.root / f"repeats-{more}.json", {"kind": "repeats", "repeats": more, "was": current,
+                                                          "written_utc": datetime.now(UTC).isoformat()})
+            return more
+        return current
 
     def guard_path(self, variant: str, cell_key: str, repeat: int) -> Path:
         """The launch's first cell measured again at the launch's end (the warm-server check)."""

@@ -304,6 +304,17 @@ def test_suggested_memory_utilisation_keeps_a_margin_and_says_so(tmp_path: Path)
                                        "resolved": 0.968}
     assert servers[0]["flags"]["gpu-memory-utilization"] == 0.968
     assert "gpu-memory-utilization 0.968 = the 0.988 vLLM's log suggested, less a 0.02 safety margin" in out.stdout
+    # Resuming with more repeats adds launches, interleaved, and re-measures nothing.
+    run_dir = next((tmp_path / "suggested-sim").glob("*"))
+    stored = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
+    more = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", "--resume", str(run_dir), "--repeats", "2", "--plain"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert more.returncode == 0, more.stderr[-3000:]
+    after = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
+    assert all(after[p] == inode for p, inode in stored.items())
+    assert sorted(str(p.relative_to(run_dir)) for p in set(after) - set(stored)) == [
+        "variants/advised/cells/prefill-L1024/rep-1.json"]
 
 
 def test_warm_ttft_caches_each_streams_prompt_and_says_so(a5000: LaunchedServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,33 @@ def test_a_first_cell_found_cold_by_its_guard_never_reaches_a_verdict(tmp_path: 
     assert json.loads(run.cell_path("baseline", SPEC.key, 0).read_text())["result"]["status"] == "Valid"
     verdicts = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
     assert verdicts["total_tok_s"].n_baseline == 1  # only the warm baseline reading is judged
+
+
+def test_inside_noise_says_how_many_repeats_would_settle_it() -> None:
+    # Two repeats a side with ~4% spread: a 3% change is lost in it; the diff says how many more would show it.
+    result = compare.verdict_for([100.0, 104.0], [101.0, 105.0], direction=1)
+    assert result.verdict == "inside noise"
+    pooled = 8.0  # sample variance of each side: (2^2 + 2^2) / 1
+    expected = math.ceil(2 * (1.959964 + 0.841621) ** 2 * pooled / 3.06**2)  # d = 3% of 102
+    assert result.repeats_needed == expected
+    assert f"about {expected - 2} more repeat(s) a side would resolve a 3% change" in result.note
+    one = compare.verdict_for([100.0], [101.0], direction=1)
+    assert one.repeats_needed is None and "--repeats 2" in one.note
+    quiet = compare.verdict_for([100.0, 100.1, 99.9], [100.5, 100.4, 100.6], direction=1)
+    assert quiet.verdict == "inside noise" and quiet.repeats_needed is not None and quiet.repeats_needed <= 3
+
+
+def test_resume_can_raise_the_repeats_and_never_lowers_them(tmp_path: Path) -> None:
+    from campaign.matrix import Matrix, schedule
+
+    run = store.RunDir.create(tmp_path, "t")
+    assert run.repeats(2) == 2
+    assert run.repeats(2, more=4) == 4 and (run.root / "repeats-4.json").exists()
+    assert run.repeats(2) == 4 and run.repeats(2, more=3) == 4  # a later resume keeps the raise
+    matrix = Matrix.model_validate({"name": "t", "profile": "p", "baseline": "a", "variants": [{"name": "a"},
+                                    {"name": "b"}], "workloads": [{"kind": "prefill", "contexts": [512]}],
+                                    "repeats": 2})
+    before = schedule(matrix)
+    after = schedule(matrix.model_copy(update={"repeats": run.repeats(2)}))
+    assert after[:len(before)] == before  # what was run keeps its place: new launches come after, interleaved
+    assert after[len(before):] == [("a", 2), ("b", 2), ("b", 3), ("a", 3)]
