@@ -302,28 +302,20 @@ def plan(
                 known.setdefault(server["variant"], server["facts"])
                 ready.append(float(server["ready_s"]))
     typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {prof.served_name}")
-    typer.echo(f"{len(order)} server launches, in this order (A B ... B A, so drift cannot read as a difference):")
-    for i, (variant, rep) in enumerate(order, 1):
-        sentinel = " (drift sentinel)" if rep >= loaded.repeats else ""
-        typer.echo(f"  {i:>2}. {variant} repeat {rep + 1}{sentinel}")
-    typer.echo(f"{len(cells)} cells per launch:")
+    variants = []
     for variant in loaded.ordered_variants():
         facts = known.get(variant.name, {})
         skipped = [c.key for c in cells if c.phase == "decode" and over_capacity(
             context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
             kv_cache_tokens=facts.get("kv_cache_tokens"), block_size=facts.get("block_size"))]
-        kv = facts.get("kv_cache_tokens")
-        typer.echo(f"  {variant.name}: flags {variant.flags or '{}'}; KV cache "
-                   f"{f'{kv:,} tokens (from {previous.root.name})' if kv and previous else 'unknown until launched'}"
-                   + (f"; over capacity, will be skipped: {', '.join(skipped)}" if skipped else ""))
-    for spec in cells:
-        typer.echo(f"    {spec.key} ({spec.label})")
-    if loaded.experiments():
-        typer.echo(f"{len(loaded.experiments())} experiments per launch: "
-                   + ", ".join(e.key for e in loaded.experiments()))
+        variants.append((variant.name, variant.flags, facts.get("kv_cache_tokens"), skipped))
     launch_s = sum(ready) / len(ready) if ready else LAUNCH_ESTIMATE_S
-    typer.echo(f"estimated duration: {fmt_duration(estimate_s(loaded, len(order), launch_s))} "
-               f"(launch ~{launch_s:.0f} s each{' from the last run' if ready else ', a guess'})")
+    typer.echo(report.text(report.plan_tables(
+        launches=order, repeats=loaded.repeats, variants=variants,
+        known_from=previous.root.name if previous else None, cells=[(c.key, c.label) for c in cells],
+        experiments=[e.key for e in loaded.experiments()],
+        duration=f"{fmt_duration(estimate_s(loaded, len(order), launch_s))} "
+                 f"(launch ~{launch_s:.0f} s each{' from the last run' if ready else ', a guess'})")))
 
 
 @app.command()

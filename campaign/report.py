@@ -1,11 +1,14 @@
-"""Presentation only: cell results and facts -> labelled text tables. No measurement, no I/O."""
+"""Presentation only: cell results and facts -> labelled tables (campaign.tables), rendered as text here and
+as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from campaign.cells import CellResult
+from campaign.tables import Cell, Item, Table, to_text
 
 DASH = "—"
 
@@ -26,61 +29,77 @@ def fmt_context(tokens: int) -> str:
     return f"{tokens // 1024}K" if tokens >= 1024 and tokens % 1024 == 0 else f"{tokens:,}"
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    rows = [list(r) for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+def fmt_itl(ms: float | None) -> str:
+    return DASH if ms is None else f"{ms:.1f} ms"
 
 
-def _cell_text(cell: CellResult) -> str:
+def text(tables: Iterable[Table | None]) -> str:
+    """Tables as the command line prints them: one blank line between."""
+    return "\n\n".join(to_text(t) for t in tables if t is not None)
+
+
+def _why(cell: CellResult) -> str | None:
+    return "; ".join(cell.reasons) or None
+
+
+def _concurrency_header(concurrency: int) -> str:
+    return f"{concurrency} (single-stream)" if concurrency == 1 else f"{concurrency} (aggregate)"
+
+
+def _matrix_cell(cell: CellResult | None, top: float) -> Cell:
+    if cell is None:
+        return Cell(DASH)
     if cell.status == "Over capacity":
-        return "Over capacity"
+        return Cell("Over capacity", title=_why(cell), cls="cell over")
     if cell.status != "Valid":
-        return f"{cell.status}"
-    return f"{fmt_num(cell.total_tok_s)} tok/s · {fmt_ms(cell.ttft_ms)} TTFT"
+        return Cell(cell.status, title=_why(cell), cls="cell bad")
+    shown = f"{fmt_num(cell.total_tok_s)} tok/s · {fmt_ms(cell.ttft_ms)} TTFT"
+    share = (cell.total_tok_s or 0.0) / top if top > 0 else 0.0
+    return Cell(shown, title=f"{cell.label}: {shown}", cls="cell", heat=share)
 
 
-def decode_matrix(cells: Sequence[CellResult]) -> str | None:
-    """Seed 004's speed-test matrix: rows context, columns concurrency, total tok/s and TTFT per cell."""
+def decode_matrix_table(cells: Sequence[CellResult]) -> Table | None:
+    """Seed 004's speed-test matrix: rows context, columns concurrency, total tok/s and TTFT per cell, shaded in
+    HTML by share of the best Valid cell."""
     decode = [c for c in cells if c.phase == "decode"]
     if not decode:
         return None
     contexts = sorted({c.context_tokens for c in decode})
     concurrencies = sorted({c.concurrency for c in decode})
     by_key = {(c.context_tokens, c.concurrency): c for c in decode}
-    headers = ["Context", *(f"{c} (single-stream)" if c == 1 else f"{c} (aggregate)" for c in concurrencies)]
-    rows = []
-    for ctx in contexts:
-        row = [fmt_context(ctx)]
-        for conc in concurrencies:
-            cell = by_key.get((ctx, conc))
-            row.append(DASH if cell is None else _cell_text(cell))
-        rows.append(row)
-    title = "Decode: total tok/s across all simultaneous requests · rows context, columns requests at once"
-    return f"{title}\n{table(headers, rows)}"
+    top = max((c.total_tok_s or 0.0 for c in decode if c.status == "Valid"), default=0.0)
+    rows: list[list[Item]] = [[fmt_context(ctx), *(_matrix_cell(by_key.get((ctx, conc)), top) for conc in
+                                                   concurrencies)] for ctx in contexts]
+    return Table(title="Decode: total tok/s across all simultaneous requests · rows context, columns requests at once",
+                 headers=["Context", *map(_concurrency_header, concurrencies)], rows=rows, cls="heat")
 
 
-def prefill_row(cells: Sequence[CellResult]) -> str | None:
+def decode_matrix(cells: Sequence[CellResult]) -> str | None:
+    table = decode_matrix_table(cells)
+    return None if table is None else to_text(table)
+
+
+def prefill_table(cells: Sequence[CellResult]) -> Table | None:
     prefill = sorted((c for c in cells if c.phase == "prefill"), key=lambda c: c.context_tokens)
     if not prefill:
         return None
-    rows = [[fmt_context(c.context_tokens),
-             f"{fmt_num(c.prompt_tok_s)} prompt tok/s" if c.status == "Valid" else c.status,
-             fmt_ms(c.ttft_ms)] for c in prefill]
-    return "Prefill (single-stream, one request, max_tokens 1)\n" + table(["Context", "Prompt tok/s", "TTFT"], rows)
+    rows: list[list[Item]] = [
+        [fmt_context(c.context_tokens),
+         Cell(f"{fmt_num(c.prompt_tok_s)} prompt tok/s") if c.status == "Valid" else Cell(c.status, title=_why(c),
+                                                                                          cls="bad"),
+         fmt_ms(c.ttft_ms)] for c in prefill]
+    return Table(title="Prefill (single-stream, one request, max_tokens 1)",
+                 headers=["Context", "Prompt tok/s", "TTFT"], rows=rows)
+
+
+def prefill_row(cells: Sequence[CellResult]) -> str | None:
+    table = prefill_table(cells)
+    return None if table is None else to_text(table)
 
 
 ALL_HEADERS = ["Phase", "Context", "Requests at once", "Label", "Status", "Total tok/s", "Per request tok/s",
                "TTFT", "Time between tokens", "TTFT p99", "ITL p99", "TPOT", "E2E p99", "Average active",
-               "Completed", "Output tokens", "Measured for", "Discarded steps"]
-
-
-def fmt_itl(ms: float | None) -> str:
-    return DASH if ms is None else f"{ms:.1f} ms"
+               "Completed", "Output tokens", "Measured for", "Discarded steps", "Prefix-cache hits"]
 
 
 def tail_columns(c: CellResult) -> list[str]:
@@ -88,41 +107,54 @@ def tail_columns(c: CellResult) -> list[str]:
     return [fmt_ms(c.ttft_p99_ms), fmt_itl(c.itl_p99_ms), fmt_itl(c.tpot_ms), fmt_ms(c.e2e_p99_ms)]
 
 
-def all_measurements(cells: Sequence[CellResult]) -> str:
-    rows = []
-    for c in cells:
-        rows.append([
-            "Prefill" if c.phase == "prefill" else f"Decode ({c.spec.mode})",
-            fmt_context(c.context_tokens), str(c.concurrency), c.label, c.status,
-            fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
-            fmt_num(c.per_request_tok_s), fmt_ms(c.ttft_ms),
-            fmt_itl(c.itl_ms), *tail_columns(c), fmt_num(c.avg_active), fmt_num(c.completed),
-            fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
-            f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0",
-        ])
-    text = ("All measurements (TTFT and time between tokens are medians, per token; prefill rows show prompt "
-            "tok/s)\n" + table(ALL_HEADERS, rows))
+def _measurement_row(c: CellResult) -> list[Item]:
+    return [
+        "Prefill" if c.phase == "prefill" else f"Decode ({c.spec.mode})",
+        fmt_context(c.context_tokens), str(c.concurrency), c.label,
+        Cell(c.status, title=_why(c), cls=None if c.status == "Valid" else "bad"),
+        fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
+        fmt_num(c.per_request_tok_s), fmt_ms(c.ttft_ms),
+        fmt_itl(c.itl_ms), *tail_columns(c), fmt_num(c.avg_active), fmt_num(c.completed),
+        fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
+        f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0",
+        DASH if c.prefix_cache_hits is None else f"{c.prefix_cache_hits:.0f}",
+    ]
+
+
+def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """Every cell's figures, then the speculative-decoding figures, why cells are not Valid, and their notes."""
+    out = [Table(title="All measurements (TTFT and time between tokens are medians, per token; prefill rows show "
+                       "prompt tok/s)", headers=ALL_HEADERS, rows=[_measurement_row(c) for c in cells],
+                 align="lrrll")]
     speculative = [c for c in cells if c.spec_acceptance_rate is not None]
     if speculative:
-        text += "\n\nSpeculative decoding (from vllm:spec_decode_* counters over each step)\n" + table(
-            ["Context", "Requests at once", "Total tok/s", "Acceptance rate", "Mean acceptance length"],
-            [[fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
-              f"{100 * (c.spec_acceptance_rate or 0):.1f}%", fmt_num(c.spec_mean_acceptance_length, 2)]
-             for c in speculative])
-    notes = [f"  {fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}"
-             for c in cells for r in c.reasons]
-    if notes:
-        text += "\n\nWhy cells are not Valid:\n" + "\n".join(notes)
-    remarks = [f"  {fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]
+        out.append(Table(
+            title="Speculative decoding (from vllm:spec_decode_* counters over each step)",
+            headers=["Context", "Requests at once", "Total tok/s", "Acceptance rate", "Mean acceptance length"],
+            rows=[[fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
+                   f"{100 * (c.spec_acceptance_rate or 0):.1f}%", fmt_num(c.spec_mean_acceptance_length, 2)]
+                  for c in speculative]))
+    why = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}" for c in cells
+           for r in c.reasons]
+    if why:
+        out.append(Table(title="Why cells are not Valid", notes=why))
+    remarks = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]
     if remarks:
-        text += "\n\nNotes:\n" + "\n".join(remarks)
-    return text
+        out.append(Table(title="Notes", notes=remarks))
+    return out
+
+
+def all_measurements(cells: Sequence[CellResult]) -> str:
+    return text(all_measurements_tables(cells))
+
+
+def cells_tables(cells: Sequence[CellResult]) -> list[Table]:
+    """The decode matrix, the prefill row and all measurements of one server's cells."""
+    return [t for t in (decode_matrix_table(cells), prefill_table(cells)) if t] + all_measurements_tables(cells)
 
 
 def cells_report(cells: Sequence[CellResult]) -> str:
-    parts = [p for p in (decode_matrix(cells), prefill_row(cells)) if p]
-    parts.append(all_measurements(cells))
-    return "\n\n".join(parts)
+    return text(cells_tables(cells))
 
 
 def cell_json(cell: CellResult, *, with_requests: bool = True) -> dict[str, object]:
@@ -139,39 +171,47 @@ def _fmt_fact(value: object) -> str:
     return DASH if value is None else str(value)
 
 
+DIFF_HEADERS = ["Cell", "Label", "Metric", "Baseline", "Variant", "Change", "95% CI", "n", "Verdict"]
+VERDICT_CLASS = {"better": "better", "worse": "worse", "inside noise": "noise"}
+NOTHING_TO_COMPARE = "nothing to compare: the run has only the baseline"
+
+
+def _verdict_rows(d: Any) -> list[list[Item]]:
+    rows: list[list[Item]] = []
+    for cell in d.cells:
+        for m in cell.metrics:
+            ci = DASH if m.ci95_pct is None else f"[{m.ci95_pct[0]:+.1f}%, {m.ci95_pct[1]:+.1f}%]"
+            rows.append([
+                cell.key, cell.label, m.metric, fmt_num(m.baseline), fmt_num(m.variant),
+                DASH if m.change_pct is None else f"{m.change_pct:+.1f}%", ci, f"{m.n_baseline}/{m.n_variant}",
+                Cell(m.verdict + (f" ({m.note})" if m.note else ""), cls=VERDICT_CLASS.get(m.verdict)),
+            ])
+        if cell.status_note:
+            rows.append([cell.key, cell.label, "status", "", "", "", "", "", Cell(cell.status_note, cls="bad")])
+    return rows
+
+
+def diff_table(d: Any) -> Table:
+    """One variant against its baseline: flag and fact changes, per-cell verdicts with 95% intervals, and the
+    recommendation."""
+    lead: list[Item] = []
+    if not d.comparable:
+        lead.append(Cell(f"NOT COMPARABLE: {d.not_comparable_reason} (use --force to compare anyway)", cls="warn"))
+    lead += [f"flag  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}" for key, a, b in d.flag_changes]
+    if d.suggested:
+        s = d.suggested
+        lead.append(f"      ({s['flag']} {s['resolved']:g} = the {s['suggested']:g} vLLM's log suggested, "
+                    f"less a {s['margin']:g} safety margin)")
+    lead += [f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{'' if pct is None else f' ({pct:+.1f}%)'}"
+             for key, a, b, pct in d.fact_changes]
+    return Table(title=f"{d.variant} vs {d.baseline}", lead=lead, headers=DIFF_HEADERS, rows=_verdict_rows(d),
+                 align="lllrrrrrl", notes=[Cell(f"recommendation: {d.recommendation}", cls="recommendation")])
+
+
 def diff_text(diffs: Sequence[Any]) -> str:
     """Flag and facts diffs, per-cell verdicts with 95% intervals, and the closing recommendations."""
-    blocks = []
-    for d in diffs:
-        lines = [f"== {d.variant} vs {d.baseline} =="]
-        if not d.comparable:
-            lines.append(f"NOT COMPARABLE: {d.not_comparable_reason} (use --force to compare anyway)")
-        for key, a, b in d.flag_changes:
-            lines.append(f"flag  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}")
-        if d.suggested:
-            s = d.suggested
-            lines.append(f"      ({s['flag']} {s['resolved']:g} = the {s['suggested']:g} vLLM's log suggested, "
-                         f"less a {s['margin']:g} safety margin)")
-        for key, a, b, pct in d.fact_changes:
-            change = "" if pct is None else f" ({pct:+.1f}%)"
-            lines.append(f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{change}")
-        rows = []
-        for cell in d.cells:
-            for m in cell.metrics:
-                ci = DASH if m.ci95_pct is None else f"[{m.ci95_pct[0]:+.1f}%, {m.ci95_pct[1]:+.1f}%]"
-                rows.append([
-                    cell.key, cell.label, m.metric, fmt_num(m.baseline), fmt_num(m.variant),
-                    DASH if m.change_pct is None else f"{m.change_pct:+.1f}%", ci, f"{m.n_baseline}/{m.n_variant}",
-                    m.verdict + (f" ({m.note})" if m.note else ""),
-                ])
-            if cell.status_note:
-                rows.append([cell.key, cell.label, "status", "", "", "", "", "", cell.status_note])
-        if rows:
-            lines.append(table(["Cell", "Label", "Metric", "Baseline", "Variant", "Change", "95% CI", "n",
-                                "Verdict"], rows))
-        lines.append(f"recommendation: {d.recommendation}")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks) if blocks else "nothing to compare: the run has only the baseline"
+    tables = [diff_table(d) for d in diffs]
+    return text(replace(t, title=f"== {t.title} ==") for t in tables) if tables else NOTHING_TO_COMPARE
 
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
@@ -212,18 +252,41 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-def cells_by_variant_text(run: Any) -> str:
-    """Per variant, the speed-test matrix and all measurements (the latest repeat of each cell)."""
-    by_variant: dict[str, dict[str, Any]] = {}
-    for stored in run.cells():
-        by_variant.setdefault(stored.variant, {})[stored.result.spec.key] = stored.result
-    parts = []
-    for variant, cells in by_variant.items():
-        parts.append(f"### {variant}\n{cells_report(list(cells.values()))}")
-    failures = [s for s in run.servers() if s.get("kind") == "failure"]
-    for failure in failures:
-        parts.append(f"### {failure['variant']}: FAILED TO START ({failure['failure_kind']}): {failure['message']}")
+def latest_cells(stored: Iterable[Any]) -> dict[str, dict[str, CellResult]]:
+    """Variant -> cell key -> the latest repeat's result, from stored cells (store.StoredCell)."""
+    latest: dict[str, dict[str, CellResult]] = {}
+    for s in sorted(stored, key=lambda s: int(s.repeat)):
+        latest.setdefault(s.variant, {})[s.result.spec.key] = s.result
+    return latest
+
+
+def failure_line(server: dict[str, Any]) -> str:
+    return f"FAILED TO START ({server['failure_kind']}): {server['message']}"
+
+
+def cells_by_variant_text(stored: Iterable[Any], servers: Sequence[dict[str, Any]]) -> str:
+    """Per variant, the speed-test matrix and all measurements (the latest repeat of each cell), then the launches
+    that never became ready; from a run's stored cells and servers (RunDir.cells(), RunDir.servers())."""
+    parts = [f"### {variant}\n{cells_report(list(cells.values()))}"
+             for variant, cells in latest_cells(stored).items()]
+    parts += [f"### {s['variant']}: {failure_line(s)}" for s in servers if s.get("kind") == "failure"]
     return "\n\n".join(parts)
+
+
+def facts_table(variant: str, servers: Sequence[dict[str, Any]]) -> Table:
+    """What each of the variant's launches became (startup log, cross-checked with /metrics), or why it failed."""
+    rows: list[list[Item]] = []
+    for server in servers:
+        if server.get("variant") != variant:
+            continue
+        if server.get("kind") == "failure":
+            rows.append([server["launch_dir"], Cell(failure_line(server), cls="bad")])
+            continue
+        facts = server["facts"]
+        rows.append([server["launch_dir"],
+                     ", ".join(f"{k}={v}" for k, v in facts.items() if v is not None and k != "failure")])
+    return Table(title="What the server became (startup log, cross-checked with /metrics)",
+                 headers=["Launch", "Facts"], rows=rows, align="ll")
 
 
 def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
@@ -285,15 +348,47 @@ def short_answers_notes(a: dict[str, Any]) -> list[str]:
     return lines
 
 
+def short_answers_table(variant: str, a: dict[str, Any]) -> Table:
+    return Table(title=f"Short answers: {variant}", headers=["Question", "Answer"], rows=short_answers_rows(a),
+                 align="ll", notes=[Cell(line, cls="warn" if line.startswith("warning") else None)
+                                    for line in short_answers_notes(a)])
+
+
 def short_answers_text(variant: str, a: dict[str, Any]) -> str:
-    return "\n".join([f"Short answers: {variant}", table(["Question", "Answer"], short_answers_rows(a)),
-                      *short_answers_notes(a)])
+    return to_text(short_answers_table(variant, a))
+
+
+def experiments_table(stored: Sequence[dict[str, Any]]) -> Table | None:
+    """The study's experiments, one row per variant and repeat (RunDir.experiments())."""
+    rows = [[item["variant"], str(item["repeat"] + 1), item["result"]["key"],
+             Cell(item["result"]["status"], cls=None if item["result"]["status"] == "Valid" else "bad"),
+             item["result"].get("verdict") or "; ".join(item["result"].get("reasons") or [])] for item in stored]
+    if not rows:
+        return None
+    return Table(title="Experiments", headers=["Variant", "Repeat", "Experiment", "Status", "Result"], rows=rows,
+                 align="lrlll")
 
 
 def experiments_text(stored: Sequence[dict[str, Any]]) -> str:
-    lines = []
-    for item in stored:
-        result = item["result"]
-        text = result.get("verdict") or "; ".join(result.get("reasons") or [])
-        lines.append(f"  {item['variant']} r{item['repeat'] + 1} {result['key']}: {result['status']}: {text}")
-    return "Experiments\n" + "\n".join(lines) if lines else ""
+    return text([experiments_table(stored)])
+
+
+def plan_tables(*, launches: Sequence[tuple[str, int]], repeats: int,
+                variants: Sequence[tuple[str, dict[str, Any], int | None, Sequence[str]]], known_from: str | None,
+                cells: Sequence[tuple[str, str]], experiments: Sequence[str], duration: str) -> list[Table]:
+    """What `campaign plan` says a campaign will run: launches in order (a repeat past `repeats` is the drift
+    sentinel), each variant's flags, KV cache (as the run `known_from` found it) and the cells it will skip as
+    over capacity, the cells of every launch (key, label), the experiments and the estimated duration."""
+    order = Table(title=f"{len(launches)} server launches, in this order (A B ... B A, so drift cannot read as a "
+                        "difference)", headers=["#", "Variant", "Repeat", "Note"], align="rlrl",
+                  rows=[[str(i), variant, str(rep + 1), "drift sentinel" if rep >= repeats else ""]
+                        for i, (variant, rep) in enumerate(launches, 1)])
+    per_variant = Table(title="Variants", headers=["Variant", "Flags", "KV cache", "Over capacity: will be skipped"],
+                        align="llll", rows=[
+                            [name, ", ".join(f"{k}={v}" for k, v in flags.items()) or DASH,
+                             f"{kv:,} tokens (from {known_from})" if kv and known_from else "unknown until launched",
+                             ", ".join(skipped) or DASH] for name, flags, kv, skipped in variants])
+    notes = [f"{len(experiments)} experiments per launch: {', '.join(experiments)}"] if experiments else []
+    per_launch = Table(title=f"{len(cells)} cells per launch", headers=["Cell", "Label"], align="ll",
+                       rows=[list(c) for c in cells], notes=[*notes, f"estimated duration: {duration}"])
+    return [order, per_variant, per_launch]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
-from campaign import html_report, store
+from campaign import html_report, report, store, tables
 from campaign.cells import CellResult, CellSpec
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"
@@ -102,3 +104,122 @@ def test_markdown_has_the_same_tables(run_dir: store.RunDir, tmp_path: Path) -> 
     text = path.read_text()
     assert "Short answers: baseline" in text and "Over capacity" in text
     assert "recommendation:" in text and "single-stream" in text and "aggregate" in text
+    assert "```" not in text  # real Markdown tables, not text in code fences
+    assert "| Context | 1 (single-stream) | 4 (aggregate) |\n|---|---:|---:|" in text
+    assert "| TTFT p99 | ITL p99 | TPOT | E2E p99 |" in text
+
+
+def text_grid(text: str, title: str) -> list[list[str]]:
+    """The grid under `title` in command-line text, cut at the columns its dashes mark."""
+    lines = text.split(title + "\n", 1)[1].splitlines()
+    starts = [m.start() for m in re.finditer(r"-+", lines[1])]
+    rows = []
+    for line in [lines[0], *lines[2:]]:
+        if not line:  # a blank line ends the table
+            break
+        rows.append([line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)])
+    return rows
+
+
+def markdown_grid(text: str, title: str) -> list[list[str]]:
+    lines = text.split(f"### {title}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert re.fullmatch(r"\|(---:?\|)+", lines[1])
+    return [[re.sub(r"\\(.)", r"\1", v) for v in re.split(r"(?<!\\) \| ", line[2:-2])]
+            for line in [lines[0], *lines[2:]]]
+
+
+class HtmlTables(HTMLParser):
+    """Every <table>'s cell texts, by the <h2> and <h3> headings above it."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.headings = {"h2": "", "h3": ""}
+        self.heading: str | None = None
+        self.tables: dict[tuple[str, str], list[list[str]]] = {}
+        self.rows: list[list[str]] = []
+        self.in_cell = False
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self.headings:
+            self.heading, self.headings[tag] = tag, ""
+            if tag == "h2":
+                self.headings["h3"] = ""
+        elif tag == "table":
+            self.rows = self.tables.setdefault((self.headings["h2"], self.headings["h3"]), [])
+        elif tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append("")
+            self.in_cell = True
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == self.heading:
+            self.heading = None
+        self.in_cell = self.in_cell and tag not in ("td", "th")
+
+    def handle_data(self, data: str) -> None:
+        if self.heading:
+            self.headings[self.heading] += data
+        elif self.in_cell:
+            self.rows[-1][-1] += data
+
+
+def test_text_markdown_and_html_carry_the_same_tables(run_dir: store.RunDir) -> None:
+    """The decode matrix and all measurements of one stored run: one Table, three renderings, the same cells."""
+    data = html_report.gather(run_dir)
+    command_line = report.cells_by_variant_text(run_dir.cells(), run_dir.servers())
+    markdown = html_report.render_markdown(data)
+    page = HtmlTables(html_report.render_html(data))
+    latest = report.latest_cells(run_dir.cells())
+    for variant in ("baseline", "tight"):
+        cells = list(latest[variant].values())
+        text = command_line.split(f"### {variant}\n", 1)[1]
+        md = markdown.split(f"## Variant: {variant}\n", 1)[1]
+        for table in (report.decode_matrix_table(cells), report.all_measurements_tables(cells)[0]):
+            assert table is not None
+            expected = [list(table.headers), *tables.texts(table)]
+            assert text_grid(text, table.title) == expected
+            assert markdown_grid(md, table.title) == expected
+            assert page.tables[(f"Variant: {variant}", table.title)] == expected
+    # ... and they are the stored numbers, with the latency tails among the columns.
+    cell = stored_valid_cell(run_dir)
+    matrix = page.tables[("Variant: baseline", report.decode_matrix_table(list(latest["baseline"].values())).title)]
+    assert f"{cell.total_tok_s:,.1f} tok/s · {cell.ttft_ms:,.0f} ms TTFT" in matrix[1]
+    assert page.tables[("Variant: tight", report.decode_matrix_table(list(latest["tight"].values())).title)][1] == [
+        "512", "Failed", "Over capacity"]
+    assert {"TTFT p99", "ITL p99", "TPOT", "E2E p99"} <= set(report.ALL_HEADERS)
+
+
+def test_the_command_line_names_launches_that_never_started(run_dir: store.RunDir) -> None:
+    text = report.cells_by_variant_text(run_dir.cells(), run_dir.servers())
+    assert "### broken: FAILED TO START (bad_argument): unrecognized arguments" in text
+    assert "Why cells are not Valid:\n  512 x 1 decode: Failed: 1 of 1 requests failed" in text
+
+
+def test_the_plan_is_one_table_model_too() -> None:
+    plan = report.plan_tables(
+        launches=[("baseline", 0), ("memory", 0), ("memory", 1), ("baseline", 1), ("baseline", 2)], repeats=2,
+        variants=[("baseline", {}, 567_464, []), ("memory", {"gpu-memory-utilization": 0.95}, None, [])],
+        known_from="20250101T000000Z", cells=[("decode-sustained-L8192-C64-N256-W30", "aggregate")],
+        experiments=["overload-x1.25"], duration="2 h 10 min (launch ~90 s each, a guess)")
+    text = report.text(plan)
+    assert "5  baseline  3       drift sentinel" in text
+    assert "567,464 tokens (from 20250101T000000Z)" in text and "unknown until launched" in text
+    assert text.endswith("1 experiments per launch: overload-x1.25\nestimated duration: 2 h 10 min (launch ~90 s "
+                         "each, a guess)")
+    assert "| 5 | baseline | 3 | drift sentinel |" in tables.to_markdown(plan[0])
+    assert "<td>5</td><td class=\"l\">baseline</td>" in tables.to_html(plan[0])
+
+
+def test_the_speculative_sub_table_and_the_notes_reach_every_rendering() -> None:
+    spec = CellSpec(phase="decode", context_tokens=8192, concurrency=1)
+    cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=1, label="single-stream",
+                      status="Valid", total_tok_s=148.2, spec_acceptance_rate=0.595, spec_mean_acceptance_length=2.19,
+                      notes=["counted per chunk: the server sent no continuous usage"])
+    main, speculative, notes = report.all_measurements_tables([cell])
+    assert tables.texts(speculative) == [["8K", "1", "148.2", "59.5%", "2.19"]]
+    assert "| 8K | 1 | 148.2 | 59.5% | 2.19 |" in tables.to_markdown(speculative)
+    assert "<td>59.5%</td><td>2.19</td>" in tables.to_html(speculative)
+    assert "- 8K x 1 decode: counted per chunk" in tables.to_markdown(notes)
+    assert "Notes:\n  8K x 1 decode: counted per chunk" in report.all_measurements([cell])
