@@ -177,7 +177,7 @@ class Measurer:
             for number in range(1, self.max_attempts + 1):
                 before = await self.scrape(control)
                 step = await self._run_step(spec, max_tokens, client, control)
-                after, attempt = await self._bracket(control, before, step.records + step.priming)
+                after, attempt = await self.bracket(control, before, step.records + step.priming)
                 attempts.append(attempt)
                 if attempt.accepted:
                     return self._result(base, spec, step, m.Delta(before, after), attempts)
@@ -191,7 +191,7 @@ class Measurer:
                                        f"({', '.join(str(a.excess_tokens) for a in discarded)} extra tokens)")]),
         )
 
-    async def _bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
+    async def bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
                        records: list[RequestRecord]) -> tuple[m.MetricsSnapshot, Attempt]:
         expected_gen = sum(r.completion_tokens for r in records)
         expected_prompt = sum(r.prompt_tokens for r in records if r.status == 200)

@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from campaign import answers, stats
 from campaign import metrics as m
-from campaign.cells import CellSpec
+from campaign.cells import Attempt, CellSpec
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.measure import Measurer, Target
 from campaign.prompts import PromptSource
@@ -32,13 +33,16 @@ class ExperimentResult(BaseModel):
 
     kind: ExperimentKind
     key: str
-    status: Literal["Valid", "Invalid", "Failed"]
+    status: Literal["Valid", "Invalid", "Failed", "Contaminated"]
     reasons: list[str] = Field(default_factory=list)
     # Headline numbers, compared across variants like cell metrics (None when undefined).
     values: dict[str, float | None] = Field(default_factory=dict)
     verdict: str = ""
     details: dict[str, Any] = Field(default_factory=dict)
     requests: list[dict[str, Any]] = Field(default_factory=list)
+    # Every step bracketed by the server's counters like a cell: the attempts, and those discarded.
+    attempts: list[Attempt] = Field(default_factory=list)
+    discarded_steps: int = 0
 
 
 # Direction of each headline value for diffs: +1 higher is better, -1 lower is better.
@@ -48,6 +52,39 @@ VALUE_DIRECTIONS = {
     "shared_first_wall_s": -1, "shared_first_hit_rate": 1, "speedup": 1,
     "mean_total_tok_s": 1,
 }
+
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 3
+
+
+class _Contaminated(Exception):
+    def __init__(self, step: str, attempts: list[Attempt]) -> None:
+        super().__init__(f"foreign traffic in all {len(attempts)} attempts at {step} "
+                         f"({', '.join(str(a.excess_tokens) for a in attempts)} extra tokens)")
+
+
+async def _bracketed(target: Target, control: httpx.AsyncClient, step: Callable[[], Awaitable[T]],
+                     records_of: Callable[[T], list[RequestRecord]], attempts: list[Attempt], *,
+                     name: str) -> tuple[T, m.Delta]:
+    """One experiment step between two counter readings, like a cell's: a step with foreign tokens is
+    discarded, counted and rerun (`step` makes fresh prompts each call); after MAX_ATTEMPTS, _Contaminated."""
+    measurer = Measurer(target)
+    tries: list[Attempt] = []
+    for _ in range(MAX_ATTEMPTS):
+        before = await measurer.scrape(control)
+        value = await step()
+        after, attempt = await measurer.bracket(control, before, records_of(value))
+        tries.append(attempt)
+        attempts.append(attempt)
+        if attempt.accepted:
+            return value, m.Delta(before, after)
+    raise _Contaminated(name, tries)
+
+
+def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: list[Attempt]) -> ExperimentResult:
+    return ExperimentResult(kind=kind, key=key, status="Contaminated", reasons=[str(exc)], attempts=attempts,
+                            discarded_steps=sum(1 for a in attempts if not a.accepted))
 
 
 async def _scrape(target: Target, client: httpx.AsyncClient) -> m.MetricsSnapshot:
@@ -65,14 +102,27 @@ async def context_window(target: Target, *, reply_tokens: int = 200) -> Experime
                                 reasons=["max_model_len unknown: nothing to probe"])
     window = target.max_model_len
     prompts = PromptSource()
-    over_total = prompts.unique(window - reply_tokens // 2)
-    over_prompt = prompts.unique(window + 16)
-    async with target.endpoint.async_control(timeout_s=600) as client:
+    attempts: list[Attempt] = []
+
+    async def step() -> tuple[httpx.Response, httpx.Response, list[RequestRecord]]:
+        over_total = prompts.unique(window - reply_tokens // 2)
+        over_prompt = prompts.unique(window + 16)
         a = await client.post("/v1/completions", json={"model": target.model, "prompt": over_total,
                                                        "max_tokens": reply_tokens, "ignore_eos": True})
         b = await client.post("/v1/completions", json={"model": target.model, "prompt": over_prompt,
                                                        "max_tokens": 1})
-    got = a.json().get("usage", {}).get("completion_tokens") if a.status_code == 200 else None
+        # What the server should count for these two: the bracket's expectation.
+        sent = [RequestRecord(id=f"window{i}", prompt_tokens=len(p), max_tokens=n, send_t=0.0, status=r.status_code,
+                              usage_completion_tokens=_usage(r)) for i, (p, n, r) in
+                enumerate(((over_total, reply_tokens, a), (over_prompt, 1, b)))]
+        return a, b, sent
+
+    try:
+        async with target.endpoint.async_control(timeout_s=600) as client:
+            (a, b, _), _ = await _bracketed(target, client, step, lambda v: v[2], attempts, name="the window probe")
+    except _Contaminated as exc:
+        return _contaminated("context-window", "context-window", exc, attempts)
+    got = _usage(a)
     if a.status_code == 400:
         behaviour = "refuses with 400"
         verdict = (f"prompt + reply over the {window:,}-token window: the server refuses with a 400, rather than "
@@ -89,12 +139,24 @@ async def context_window(target: Target, *, reply_tokens: int = 200) -> Experime
     verdict += ("; a prompt alone over the window is refused with 400" if prompt_refused
                 else f"; a prompt alone over the window got HTTP {b.status_code}")
     return ExperimentResult(
-        kind="context-window", key="context-window", status="Valid", verdict=verdict,
+        kind="context-window", key="context-window", status="Valid", verdict=verdict, attempts=attempts,
+        discarded_steps=sum(1 for x in attempts if not x.accepted),
         values={"clamped": 1.0 if behaviour == "clamps silently" else 0.0},
         details={"max_model_len": window, "over_total": {"status": a.status_code, "completion_tokens": got,
                                                          "asked": reply_tokens, "behaviour": behaviour},
                  "over_prompt": {"status": b.status_code, "message": _message(b)}},
     )
+
+
+def _usage(response: httpx.Response) -> int | None:
+    """completion_tokens of a non-streamed 200 reply; None otherwise."""
+    if response.status_code != 200:
+        return None
+    try:
+        value = response.json().get("usage", {}).get("completion_tokens")
+    except ValueError:
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _message(response: httpx.Response) -> str | None:
@@ -111,13 +173,22 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
     prompts = PromptSource()
     rows: list[dict[str, Any]] = []
     records: list[RequestRecord] = []
-    async with new_client(target.endpoint) as client:
+    attempts: list[Attempt] = []
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
         for i, context in enumerate(sorted(contexts)):
             if target.max_model_len is not None and context + reply_tokens > target.max_model_len:
                 rows.append({"context_tokens": context, "skipped": "over max_model_len"})
                 continue
-            rec = await stream_completion(client, model=target.model, prompt=prompts.unique(context),
-                                          max_tokens=reply_tokens, request_id=f"long{i}")
+
+            async def one(context: int = context, i: int = i) -> RequestRecord:
+                return await stream_completion(client, model=target.model, prompt=prompts.unique(context),
+                                               max_tokens=reply_tokens, request_id=f"long{i}")
+
+            try:
+                rec, _ = await _bracketed(target, control, one, lambda r: [r], attempts,
+                                          name=f"the {context:,}-token prompt")
+            except _Contaminated as exc:
+                return _contaminated("long-context", "long-context", exc, attempts)
             records.append(rec)
             ttft = rec.ttft_s
             rows.append({"context_tokens": context, "ttft_s": ttft, "generation_tok_s": rec.decode_tok_s,
@@ -137,6 +208,7 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
         verdict += f"; generation slows {drop:.0f}% from the shortest to the longest prompt"
     return ExperimentResult(
         kind="long-context", key="long-context", status="Failed" if reasons else "Valid", reasons=reasons,
+        attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
         verdict=verdict, values={"prompt_tok_s": rate, "silence_s_per_1k_prompt_tokens": silence,
                                  "generation_tok_s_drop_pct": drop},
         details={"rows": rows}, requests=[r.to_dict() for r in records])
@@ -165,7 +237,12 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
             except TimeoutError:
                 pass
 
-    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+    attempts: list[Attempt] = []
+
+    async def burst() -> tuple[list[RequestRecord], float]:
+        running.clear()
+        waiting.clear()
+        done.clear()
         task = asyncio.create_task(sampler(control))
         began = time.perf_counter()
         records = list(await asyncio.gather(*(
@@ -174,6 +251,13 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         wall = time.perf_counter() - began
         done.set()
         await task
+        return records, wall
+
+    try:
+        async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+            (records, wall), _ = await _bracketed(target, control, burst, lambda v: v[0], attempts, name="the burst")
+    except _Contaminated as exc:
+        return _contaminated("overload", f"overload-x{factor:g}", exc, attempts)
     completed = sum(1 for r in records if r.ok and not r.short)
     errored = sum(1 for r in records if not r.ok)
     # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
@@ -200,7 +284,8 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running)},
-        requests=[r.to_dict() for r in records])
+        requests=[r.to_dict() for r in records], attempts=attempts,
+        discarded_steps=sum(1 for a in attempts if not a.accepted))
 
 
 def _g(value: float | None) -> str:
@@ -216,24 +301,30 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
     shared_len = max(block, math.ceil(shared_tokens / block) * block)
     prompts = PromptSource()
     arms: dict[str, dict[str, Any]] = {}
+    attempts: list[Attempt] = []
     async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
         for arm in ("shared-first", "task-first", "unrelated"):
-            shared = prompts.shared_block(shared_len)
-            tasks = [prompts.unique(task_tokens) for _ in range(agents)]
-            if arm == "shared-first":
-                batch = [shared + t for t in tasks]
-            elif arm == "task-first":
-                batch = [t + shared for t in tasks]
-            else:
-                batch = [prompts.unique(shared_len + task_tokens) for _ in range(agents)]
-            before = await _scrape(target, control)
-            began = time.perf_counter()
-            records = await asyncio.gather(*(
-                stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
-                                  request_id=f"{arm}{i}") for i, p in enumerate(batch)))
-            wall = time.perf_counter() - began
-            after = await _scrape(target, control)
-            delta = m.Delta(before, after)
+
+            async def run_arm(arm: str = arm) -> tuple[list[RequestRecord], float]:
+                shared = prompts.shared_block(shared_len)  # new for every try: no arm is served by another's cache
+                tasks = [prompts.unique(task_tokens) for _ in range(agents)]
+                if arm == "shared-first":
+                    batch = [shared + t for t in tasks]
+                elif arm == "task-first":
+                    batch = [t + shared for t in tasks]
+                else:
+                    batch = [prompts.unique(shared_len + task_tokens) for _ in range(agents)]
+                began = time.perf_counter()
+                records = await asyncio.gather(*(
+                    stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
+                                      request_id=f"{arm}{i}") for i, p in enumerate(batch)))
+                return list(records), time.perf_counter() - began
+
+            try:
+                (records, wall), delta = await _bracketed(target, control, run_arm, lambda v: v[0], attempts,
+                                                          name=f"the {arm} arm")
+            except _Contaminated as exc:
+                return _contaminated("prefix-order", f"prefix-order-K{agents}", exc, attempts)
             queries, hits = delta(m.PREFIX_QUERIES), delta(m.PREFIX_HITS)
             arms[arm] = {"wall_s": wall, "hit_rate": hits / queries if queries else None, "hits": hits,
                          "queries": queries, "errors": [r.error for r in records if not r.ok]}
@@ -251,6 +342,7 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
         kind="prefix-order", key=f"prefix-order-K{agents}", status="Failed" if errors else "Valid",
         reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
         values={"shared_first_wall_s": sf["wall_s"], "shared_first_hit_rate": sf["hit_rate"], "speedup": speedup},
+        attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
         details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms})
 
 

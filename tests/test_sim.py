@@ -204,7 +204,20 @@ def test_foreign_traffic_fault_is_caught_by_the_bracket(tmp_path: Path, monkeypa
     with launched(profile, tmp_path / "log", engine="sim") as server:
         cell = asyncio.run(Measurer(target_of(server), max_attempts=2).run_cell(
             CellSpec(phase="decode", context_tokens=64, concurrency=1, mode="fixed", max_tokens=32)))
-    assert cell.status == "Contaminated" and cell.discarded_steps == 2
+        assert cell.status == "Contaminated" and cell.discarded_steps == 2
+        # The experiments are bracketed like cells: every step of each is discarded and rerun, then Contaminated.
+        results = asyncio.run(_experiments_under_foreign_traffic(target_of(server)))
+    for result in results:
+        assert result.status == "Contaminated", (result.kind, result.status, result.reasons)
+        assert result.discarded_steps == study.MAX_ATTEMPTS and "foreign traffic" in result.reasons[0]
+
+
+async def _experiments_under_foreign_traffic(target: Target) -> list[study.ExperimentResult]:
+    return [await study.context_window(target, reply_tokens=64),
+            await study.long_context(target, [512], reply_tokens=16),
+            await study.overload(target, max_num_seqs=2, prompt_tokens=32, reply_tokens=16),
+            await study.prefix_order(target, block_size=800, agents=2, shared_tokens=800, task_tokens=32,
+                                     reply_tokens=8)]
 
 
 @pytest.mark.vllm
