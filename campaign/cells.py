@@ -178,6 +178,10 @@ class CellSpec(BaseModel):
     window_s: float = Field(default=30.0, gt=0)
     warmup_s: float = Field(default=2.0, ge=0)
     ttft: TTFTMode = "cold"
+    # Fixed mode: rounds of C requests until at least this many requests and seconds (MLPerf sets minimums
+    # too), so a single-stream cell rests on more than one request.
+    min_requests: int = Field(default=1, ge=1)
+    min_seconds: float = Field(default=0.0, ge=0)
 
     @property
     def label(self) -> str:
@@ -191,6 +195,8 @@ class CellSpec(BaseModel):
         base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
         # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
         base = f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
+        if self.mode == "fixed" and (self.min_requests > 1 or self.min_seconds > 0):
+            base += f"-R{self.min_requests}" + (f"s{self.min_seconds:g}" if self.min_seconds else "")
         return f"{base}-Twarm" if self.ttft == "warm" else base
 
 

@@ -81,6 +81,9 @@ class DecodeWorkload(_Workload):
     window_s: float | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=2.0, ge=0)
     ttft: Literal["cold", "warm"] = "cold"
+    # Fixed mode: rounds of C requests until at least this many requests and seconds.
+    min_requests: int = Field(default=1, ge=1)
+    min_seconds: float = Field(default=0.0, ge=0)
 
     _contexts = field_validator("contexts", mode="before")(_token_list)
 
@@ -88,7 +91,7 @@ class DecodeWorkload(_Workload):
         return [
             CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=self.mode,
                      max_tokens=self.max_tokens, window_s=self.window_s or window_s, warmup_s=self.warmup_s,
-                     ttft=self.ttft)
+                     ttft=self.ttft, min_requests=self.min_requests, min_seconds=self.min_seconds)
             for ctx in self.contexts for conc in self.concurrency
         ]
 

@@ -43,6 +43,7 @@ from campaign.prompts import PromptSource
 from campaign.streamclient import StreamClient
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
+MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
 # Rendering /metrics blocks vLLM's API server (the process that streams every token) for a noticeable time,
 # so sampling the queue gauges during a window perturbs what is measured: on the 2-core CPU build, scraping
 # every 0.5 s turned smooth 2-3 ms token gaps into 130 ms bursts. Sample sparsely, inside the window only.
@@ -262,9 +263,15 @@ class Measurer:
             if spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
                     window_open.set()
-                records = list(await asyncio.gather(*(
-                    self._one(client, spec.context_tokens, max_tokens, prompt=prompts[i] if prompts else None)
-                    for i in range(streams))))
+                began = time.perf_counter()
+                for _ in range(MAX_ROUNDS):
+                    records += await asyncio.gather(*(
+                        self._one(client, spec.context_tokens, max_tokens, prompt=prompts[i] if prompts else None)
+                        for i in range(streams)))
+                    if spec.phase == "prefill" or any(not r.ok for r in records):
+                        break
+                    if len(records) >= spec.min_requests and time.perf_counter() - began >= spec.min_seconds:
+                        break
             else:
                 # The worker processes draw fresh prompts; a warm-TTFT cell keeps its cached prompts in one process.
                 processes = 1 if prompts else shard.client_processes(spec.concurrency, self.client_processes)

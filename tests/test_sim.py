@@ -346,3 +346,12 @@ def test_warm_ttft_caches_each_streams_prompt_and_says_so(a5000: LaunchedServer)
     assert any("warm TTFT" in n and "4 priming" in n for n in warm.notes)
     accepted = warm.attempts[-1]
     assert accepted.accepted and accepted.expected_generation_tokens == 4 * 64 + 4  # priming tokens bracketed too
+
+
+def test_fixed_mode_runs_rounds_until_its_minimum_requests(a5000: LaunchedServer) -> None:
+    spec = CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=16, min_requests=5)
+    assert spec.key.endswith("-R5")
+    cell = asyncio.run(Measurer(target_of(a5000)).run_cell(spec))
+    assert cell.status == "Valid", cell.reasons
+    assert len(cell.records) == 6 and cell.latency_requests == 6 and cell.output_tokens == 6 * 16  # three rounds
+    assert cell.attempts[-1].counted_generation_tokens == 6 * 16
