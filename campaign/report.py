@@ -134,6 +134,13 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
             rows=[[fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
                    f"{100 * (c.spec_acceptance_rate or 0):.1f}%", fmt_num(c.spec_mean_acceptance_length, 2)]
                   for c in speculative]))
+    energy = [c for c in cells if c.energy_j_per_token is not None]
+    if energy:
+        out.append(Table(
+            title="Energy (NVML, all GPUs over each step)",
+            headers=["Phase", "Context", "Requests at once", "Total tok/s", "Energy per output token"],
+            rows=[["Decode", fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
+                   f"{c.energy_j_per_token:,.3f} J/token"] for c in energy]))
     why = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}" for c in cells
            for r in c.reasons]
     if why:
@@ -217,7 +224,7 @@ def diff_text(diffs: Sequence[Any]) -> str:
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
                  "per_request_tok_s", "prompt_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms",
                  "itl_p90_ms", "itl_p99_ms", "tpot_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms",
-                 "e2e_p99_ms", "latency_requests", "itl_samples", "avg_active", "completed",
+                 "e2e_p99_ms", "latency_requests", "itl_samples", "energy_j_per_token", "avg_active", "completed",
                  "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons", "notes"]
 
 

@@ -223,3 +223,16 @@ def test_the_speculative_sub_table_and_the_notes_reach_every_rendering() -> None
     assert "<td>59.5%</td><td>2.19</td>" in tables.to_html(speculative)
     assert "- 8K x 1 decode: counted per chunk" in tables.to_markdown(notes)
     assert "Notes:\n  8K x 1 decode: counted per chunk" in report.all_measurements([cell])
+
+
+def test_energy_per_token_reaches_the_tables_and_the_export_where_measured() -> None:
+    from campaign import report, tables
+    from campaign.cells import CellResult, CellSpec
+
+    spec = CellSpec(phase="decode", context_tokens=8192, concurrency=8)
+    cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=8, label=spec.label,
+                      status="Valid", total_tok_s=1000.0, energy_j_per_token=0.412)
+    rendered = tables.to_markdown(report.all_measurements_tables([cell])[-1])
+    assert "0.412 J/token" in rendered
+    assert "Energy" not in report.all_measurements(
+        [cell.model_copy(update={"energy_j_per_token": None})])  # no GPU, no energy table
