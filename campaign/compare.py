@@ -21,7 +21,12 @@ Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"
 
 # (metric, +1 when higher is better, -1 when lower is better)
 # energy_j_per_token (NVIDIA GPUs only): a flag that saves energy at equal speed is a result too.
-DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1), ("energy_j_per_token", -1))
+DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1), ("energy_j_per_token", -1),
+                  ("ttft_p99_ms", -1), ("itl_p99_ms", -1))
+# Tail latencies are judged only where every measurement's p99 rests on enough samples: below that a p99 is
+# little more than the largest value seen, and its interval over repeats would flatter it.
+TAIL_METRICS = {"ttft_p99_ms": "latency_requests", "itl_p99_ms": "itl_samples"}
+TAIL_MIN_SAMPLES = 100
 # Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
 TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
@@ -262,6 +267,12 @@ def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
     return values
 
 
+def _samples(cells: list[StoredCell], key: str, field_name: str) -> list[int]:
+    """How many samples each Valid measurement of a cell rests on (its latency_requests or itl_samples)."""
+    return [int(getattr(c.result, field_name) or 0) for c in cells
+            if c.result.spec.key == key and c.result.status == "Valid"]
+
+
 def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
     specs = {c.result.spec.key: c.result for c in base + other}
     out = []
@@ -286,6 +297,18 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
             if not comparable:
                 diff.metrics.append(MetricVerdict(metric, None, None, None, None, 0, 0, "not comparable"))
                 continue
+            if metric in TAIL_METRICS:
+                base_v, other_v = _values(base, key, metric), _values(other, key, metric)
+                if not (base_v or other_v):
+                    continue  # stored before latency distributions existed
+                fewest = min(_samples(base + other, key, TAIL_METRICS[metric]), default=0)
+                if fewest < TAIL_MIN_SAMPLES:
+                    diff.metrics.append(MetricVerdict(
+                        metric, statistics.fmean(base_v) if base_v else None,
+                        statistics.fmean(other_v) if other_v else None, None, None, len(base_v), len(other_v),
+                        "no data", f"not judged: a p99 of {fewest} sample(s) is close to the largest value "
+                                   f"(needs {TAIL_MIN_SAMPLES} a measurement)"))
+                    continue
             diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
                                             metric))
         out.append(diff)

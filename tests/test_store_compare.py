@@ -215,3 +215,22 @@ def test_resume_can_raise_the_repeats_and_never_lowers_them(tmp_path: Path) -> N
     after = schedule(matrix.model_copy(update={"repeats": run.repeats(2)}))
     assert after[:len(before)] == before  # what was run keeps its place: new launches come after, interleaved
     assert after[len(before):] == [("a", 2), ("b", 2), ("b", 3), ("a", 3)]
+
+
+def test_tail_latency_is_judged_only_on_enough_samples(tmp_path: Path) -> None:
+    run = store.RunDir.create(tmp_path, "t")
+    store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "a"}},
+                                        "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
+    for variant, itl_p99, ttft_p99 in (("a", [10.0, 10.2, 9.9], [500.0, 510.0, 490.0]),
+                                       ("b", [14.0, 14.1, 13.9], [700.0, 710.0, 690.0])):
+        launch = run.new_launch_dir(variant)
+        store.write_new(launch / "server.json", {"kind": "server", "variant": variant, "repeat": 0, "flags": {},
+                                                 "facts": facts(1000), "ready_s": 1.0})
+        for repeat, (itl, ttft) in enumerate(zip(itl_p99, ttft_p99, strict=True)):
+            result = cell(SPEC, 300.0).model_copy(update={"itl_p99_ms": itl, "itl_samples": 5000,
+                                                          "ttft_p99_ms": ttft, "latency_requests": 12})
+            run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
+    metrics = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
+    assert metrics["itl_p99_ms"].verdict == "worse"  # +40% on 5,000 gaps a measurement
+    assert metrics["ttft_p99_ms"].verdict == "no data"  # a p99 of 12 requests is their maximum
+    assert "p99 of 12 sample(s)" in metrics["ttft_p99_ms"].note
