@@ -32,6 +32,7 @@ TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
 FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
                "gpu_memory_utilization", "max_model_len")
+MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
 MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when the interval excludes zero
 SINGLE_RUN_NOISE = 0.05  # with one measurement a side there is no interval: 5% is the noise floor
 DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
@@ -115,8 +116,13 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     needed = repeats_to_resolve(base, other) if verdict == "inside noise" else None
     if needed is not None:
         more = needed - min(len(base), len(other))
-        advice = (f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
-                  if more > 0 else f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there")
+        if more > MAX_ADVISED_REPEATS:
+            advice = (f"over {MAX_ADVISED_REPEATS} more repeats a side would be needed to resolve a "
+                      f"{100 * MIN_EFFECT:g}% change: this noise is too large for repeats to settle; find its cause")
+        elif more > 0:
+            advice = f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
+        else:
+            advice = f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there"
         note = f"{note}; {advice}" if note else advice
     elif verdict == "inside noise" and ci is None:
         note += "; at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)"

@@ -234,3 +234,9 @@ def test_tail_latency_is_judged_only_on_enough_samples(tmp_path: Path) -> None:
     assert metrics["itl_p99_ms"].verdict == "worse"  # +40% on 5,000 gaps a measurement
     assert metrics["ttft_p99_ms"].verdict == "no data"  # a p99 of 12 requests is their maximum
     assert "p99 of 12 sample(s)" in metrics["ttft_p99_ms"].note
+
+
+def test_noise_too_large_for_repeats_says_find_its_cause() -> None:
+    result = compare.verdict_for([10.0, 100.0], [20.0, 90.0], direction=-1)
+    assert result.verdict == "inside noise" and result.repeats_needed is not None and result.repeats_needed > 100
+    assert "too large for repeats to settle; find its cause" in result.note
