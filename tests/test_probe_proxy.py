@@ -16,6 +16,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -251,9 +252,19 @@ def probe(url: str, *extra: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "campaign", "probe", url, "--contexts", "1k", "--concurrency", "4",
                "--window", "6", "--max-tokens", "2048", "--json", *extra]
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": TIME_SCALE}
-    out = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    # The JSON (about 250 KB with every request record) goes to a file, not a pipe: one full run of the suite
+    # read back exactly 64 KiB of it from a pipe with exit code 0, which no direct or loaded rerun repeated.
+    with tempfile.TemporaryFile("w+") as stdout:
+        out = subprocess.run(command, cwd=PROJECT_ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                             timeout=180)
+        stdout.seek(0)
+        text = stdout.read()
     assert out.returncode == 0, f"{' '.join(command[3:])}: {out.stderr[-3000:]}"
-    cells = json.loads(out.stdout)["cells"]
+    try:
+        cells = json.loads(text)["cells"]
+    except ValueError as exc:
+        raise AssertionError(f"{len(text)} characters of JSON that do not parse ({exc}); stderr: "
+                             f"{out.stderr[-2000:]}") from None
     assert len(cells) == 1
     cell: dict[str, Any] = cells[0]
     assert cell["status"] == "Valid", (url, cell["status"], cell["reasons"])
