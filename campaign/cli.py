@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from campaign import aio, report, startup_log
+from campaign.endpoint import Timeouts
 from campaign.errors import CampaignError, LaunchError
 
 app = typer.Typer(
@@ -60,6 +61,7 @@ PrefillOpt = Annotated[bool, typer.Option("--prefill", help="also measure prefil
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="reply length of every decode request")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="sustained (fixed window) or fixed (N tokens each)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+DEFAULT_TIMEOUTS = Timeouts()
 CaBundleOpt = Annotated[Path | None, typer.Option(
     "--ca-bundle", help="PEM file of the CA that signed an https server's certificate (default: system CAs, "
                         "or SSL_CERT_FILE)")]
@@ -154,9 +156,9 @@ def launch(
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
-    first_byte_timeout: FirstByteTimeoutOpt = 300.0,
-    idle_timeout: IdleTimeoutOpt = 300.0,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_TIMEOUTS.connect_s,
+    first_byte_timeout: FirstByteTimeoutOpt = DEFAULT_TIMEOUTS.first_byte_s,
+    idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Launch vLLM from a profile, print what it became, optionally measure, and stop it cleanly."""
     from campaign.argv import parse_set
@@ -227,9 +229,9 @@ def probe(
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
-    connect_timeout: ConnectTimeoutOpt = 10.0,
-    first_byte_timeout: FirstByteTimeoutOpt = 300.0,
-    idle_timeout: IdleTimeoutOpt = 300.0,
+    connect_timeout: ConnectTimeoutOpt = DEFAULT_TIMEOUTS.connect_s,
+    first_byte_timeout: FirstByteTimeoutOpt = DEFAULT_TIMEOUTS.first_byte_s,
+    idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
     from campaign.control import ControlClient

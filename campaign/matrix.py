@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign.cells import CellSpec
+from campaign.endpoint import Timeouts
 from campaign.errors import ConfigError, did_you_mean
 from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, normalize_flag, resolve_named
 
@@ -192,15 +193,21 @@ class Variant(BaseModel):
     compare_to: str | None = None
 
 
+DEFAULT_TIMEOUTS = Timeouts()
+
+
 class TimeoutsConfig(BaseModel):
     """The measured path's timeouts, seconds: connecting, the first byte of a reply, silence inside a reply.
     The idle one also covers the wait for the first token (prefill plus queueing)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    connect_s: float = Field(default=10.0, gt=0)
-    first_byte_s: float = Field(default=300.0, gt=0)
-    idle_s: float = Field(default=300.0, gt=0)
+    connect_s: float = Field(default=DEFAULT_TIMEOUTS.connect_s, gt=0)
+    first_byte_s: float = Field(default=DEFAULT_TIMEOUTS.first_byte_s, gt=0)
+    idle_s: float = Field(default=DEFAULT_TIMEOUTS.idle_s, gt=0)
+
+    def timeouts(self) -> Timeouts:
+        return Timeouts(connect_s=self.connect_s, first_byte_s=self.first_byte_s, idle_s=self.idle_s)
 
 
 class Matrix(BaseModel):

@@ -154,8 +154,7 @@ class Campaign:
                 self._scrub_log(launch_dir / "server.log")
 
     def _timeouts(self) -> Timeouts:
-        t = self.matrix.timeouts
-        return Timeouts(connect_s=t.connect_s, first_byte_s=t.first_byte_s, idle_s=t.idle_s)
+        return self.matrix.timeouts.timeouts()
 
     def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
