@@ -29,7 +29,8 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, RUNNING,
                        WAITING)
 
-# Names older vLLM versions used, for a better error than "missing" (reference section 2, renames).
+# Names older vLLM versions used (renamed in V1: the gpu_ prefix dropped, TPOT became inter-token latency),
+# for a better error than "missing".
 RENAMED = {
     "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
     "vllm:gpu_prefix_cache_queries_total": PREFIX_QUERIES,

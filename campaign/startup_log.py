@@ -1,6 +1,6 @@
 """Startup log text -> the facts the server became. Pure: no I/O, no guessed defaults.
 
-Formats covered (see shared/reference/vllm-internals.md section 1): vLLM 0.9 to 0.33, one- or two-line KV
+Formats covered: vLLM 0.9 to 0.33 (as its source prints them and users paste them), one- or two-line KV
 cache reports, thousands separators, the ASCII logo, `(EngineCore pid=N)` process prefixes or none, uvicorn
 lines. Every pattern is matched with `re.search`, never anchored, because the prefix varies by version.
 A fact the log does not state stays None; it is never a default and never 0.
