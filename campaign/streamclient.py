@@ -228,21 +228,18 @@ class _Exchange:
         self._timer = None
         if self.done.done():
             return
-        now = time.perf_counter()
-        if self.got_bytes == 0:
-            waited = now - self.sent_at
-            if waited >= self.timeouts.first_byte_s:
-                self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the "
-                                                     f"request was sent (limit {self.timeouts.first_byte_s:g} s)")
-                return
-            self._timer = self.loop.call_later(self.timeouts.first_byte_s - waited, self._on_timer)
-            return
-        silent = now - self.last_read
-        if silent >= self.timeouts.idle_s:
-            self._time_out("idle", silent, f"idle timeout: no data for {silent:.1f} s after {self.sse.events} "
-                                           f"event(s) (limit {self.timeouts.idle_s:g} s)")
-            return
-        self._timer = self.loop.call_later(self.timeouts.idle_s - silent, self._on_timer)
+        # Before the first byte the first-byte limit runs from the send; after it, the idle one from the last read.
+        first = self.got_bytes == 0
+        limit = self.timeouts.first_byte_s if first else self.timeouts.idle_s
+        waited = time.perf_counter() - (self.sent_at if first else self.last_read)
+        if waited < limit:
+            self._timer = self.loop.call_later(limit - waited, self._on_timer)
+        elif first:
+            self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the request was "
+                                                 f"sent (limit {limit:g} s)")
+        else:
+            self._time_out("idle", waited, f"idle timeout: no data for {waited:.1f} s after {self.sse.events} "
+                                           f"event(s) (limit {limit:g} s)")
 
     def _time_out(self, which: str, after_s: float, message: str) -> None:
         self.fail(StreamTimeout(which, after_s, message))
