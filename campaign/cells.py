@@ -36,7 +36,9 @@ class Reason(StrEnum):
     PREFIX_CACHE_HITS = "prefix_cache_hits"
     PREEMPTIONS = "preemptions"
     ABOVE_MAX_NUM_SEQS = "above_max_num_seqs"
-    QUEUED = "queued"
+    QUEUED_SCHEDULER_CAP = "queued_scheduler_cap"
+    QUEUED_KV_CACHE = "queued_kv_cache"
+    QUEUED = "queued"   # queued, and the cause could not be told (format 2 stored every queued cell so)
     FEWER_ACTIVE = "fewer_active"
     CLIENT_SATURATED = "client_saturated"
     GPU_THROTTLED = "gpu_throttled"
@@ -53,7 +55,9 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.PREFIX_CACHE_HITS: "another client may be sending the same prompts; the step was meant to share nothing",
     Reason.PREEMPTIONS: "the KV cache ran out: fewer streams, shorter contexts, or more gpu-memory-utilization",
     Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
-    Reason.QUEUED: "max-num-seqs or the KV cache is too small for this many streams",
+    Reason.QUEUED_SCHEDULER_CAP: "raise max-num-seqs, or measure at most as many streams as it runs",
+    Reason.QUEUED_KV_CACHE: "fewer streams, a shorter context, or more KV cache (gpu-memory-utilization)",
+    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile so the cause can be told",
     Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
     Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
     Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
@@ -87,11 +91,16 @@ class StepEvidence:
     preemptions: float | None = None
     waiting: tuple[float, ...] = ()            # sampled vllm:num_requests_waiting inside the window
     avg_active: float | None = None            # time-averaged streams in flight (the client's clock)
+    avg_before_first_token: float | None = None  # ... of which sent but without a token yet (queued or prefill)
     client_cpu: float | None = None            # the busiest client process's share of one core
     max_num_seqs: int | None = None            # the scheduler cap as launched
     shares_prefixes: bool = False              # warm TTFT: prompts are cached on purpose, hits are expected
     gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
     not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
+    context_tokens: int = 0                    # each request's prompt
+    max_num_batched_tokens: int | None = None  # the chunk: prompt tokens plus decodes one engine step may take
+    running: tuple[float, ...] = ()            # sampled vllm:num_requests_running inside the window
+    kv_usage: tuple[float, ...] = ()           # sampled vllm:kv_cache_usage_perc (0-1) inside the window
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -122,6 +131,85 @@ def findings_fields(findings: list[Finding]) -> dict[str, Any]:
     return {"reasons": [f.message for f in findings], "reason_codes": [f.code for f in findings]}
 
 
+# A sustained cell keeps C streams in the server's hands: on average at least this share of them.
+ACTIVE_SHARE = 0.95
+# KV-cache usage at or above this while requests wait: they wait for blocks.
+KV_FULL = 0.95
+
+
+def replacements_per_step(e: StepEvidence) -> int | None:
+    """How many fresh prompts one engine step can prefill beside C - 1 decodes (None: chunk not known)."""
+    if e.max_num_batched_tokens is None or e.context_tokens <= 0:
+        return None
+    return max(0, (e.max_num_batched_tokens - (e.concurrency - 1)) // e.context_tokens)
+
+
+def queue_figures(e: StepEvidence) -> str:
+    """The queue inside the window: streams without a first token on the client's clock (exact), and the
+    server's gauges as sampled (a few samples: a rough split of those into waiting and running)."""
+    running, waiting = stats.mean(e.running), stats.mean(e.waiting)
+    parts = [f"{running:.1f} running" if running is not None else "",
+             f"{waiting:.1f} waiting" if waiting is not None else "",
+             f"up to {max(e.waiting):g} waiting" if e.waiting else ""]
+    exact = (f"{e.avg_before_first_token:.1f} of {e.concurrency} streams on average had no token yet (queued or in "
+             "prefill, client clock); " if e.avg_before_first_token is not None else "")
+    return f"{exact}the server's gauges read " + ", ".join(p for p in parts if p) + f" ({len(e.waiting)} samples)"
+
+
+def queue_cause(e: StepEvidence) -> Finding | None:
+    """Requests waited in the server's queue through a sustained window: why, and whether that breaks the cell.
+
+    A finished request's replacement must be prefilled. When C fresh prompts do not fit one step's chunk
+    beside the decodes, replacements that arrive together wait for the chunk, one step each: that is how the
+    server works at this shape, so the cell stays Valid (the note reports the queue). Requests waiting for
+    KV blocks, or for a seat under the scheduler cap, are requests the server will not run: Invalid, saying
+    which. None: Valid."""
+    figures = queue_figures(e)
+    kv_max = max(e.kv_usage) if e.kv_usage else None
+    if kv_max is not None and kv_max >= KV_FULL:
+        return Finding(Reason.QUEUED_KV_CACHE, f"requests waited for KV-cache blocks: the cache was "
+                                               f"{100 * kv_max:.0f}% full while they waited; {figures}")
+    per_step = replacements_per_step(e)
+    if per_step is None:
+        return Finding(Reason.QUEUED, f"requests waited in the server queue through the window, {figures}; the "
+                                      "chunk size (max-num-batched-tokens) is not known, so the cause cannot be told")
+    if per_step < e.concurrency or _transient(e):
+        return None  # the chunk explains it, or requests that had just arrived waited for the next step
+    chunk = f"the {e.max_num_batched_tokens:,}-token chunk prefills all {e.concurrency} fresh prompts in one step"
+    if kv_max is None or (e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs):
+        return Finding(Reason.QUEUED, f"requests waited in the server queue through the window although {chunk}"
+                                      + (f" and max-num-seqs {e.max_num_seqs} seats them all"
+                                         if e.max_num_seqs is not None else "")
+                                      + (f" and the KV cache had room ({100 * kv_max:.0f}% used)"
+                                         if kv_max is not None else "; KV-cache usage was not sampled")
+                                      + f"; {figures}")
+    running = stats.mean(e.running)
+    return Finding(Reason.QUEUED_SCHEDULER_CAP,
+                   f"requests waited for a seat: {chunk} and the KV cache had room ({100 * kv_max:.0f}% used), so "
+                   "the scheduler capped the running requests" + (f" near {running:.0f}" if running is not None else "")
+                   + f"; {figures}")
+
+
+def _transient(e: StepEvidence) -> bool:
+    """Requests that had just arrived wait for the next engine step: a sample catches some now and then, but
+    the server ran all C at other samples. Requests held back by a cap wait in every sample, C never running."""
+    return min(e.waiting, default=0.0) == 0 or (bool(e.running) and max(e.running) >= e.concurrency)
+
+
+def queue_note(e: StepEvidence) -> str | None:
+    """For a Valid sustained cell whose requests queued: why that is how the server works, and the figures."""
+    if e.phase != "decode" or e.mode != "sustained" or not stats.median(list(e.waiting)):
+        return None
+    per_step = replacements_per_step(e)
+    if per_step is None or queue_cause(e) is not None:
+        return None
+    if per_step >= e.concurrency:
+        return f"requests that had just arrived waited for the next engine step: {queue_figures(e)}"
+    fit = f"{per_step} fresh prompt(s)" if per_step else "less than one fresh prompt"
+    return (f"replacement requests queued for the prefill chunk ({e.max_num_batched_tokens:,} tokens hold {fit} of "
+            f"{e.context_tokens:,} beside the decodes), as the server is meant to: {queue_figures(e)}")
+
+
 def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
     """Pure: a step's evidence -> its status and the findings behind it (Failed for request errors, Invalid
     for any other finding, else Valid)."""
@@ -148,14 +236,13 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.ABOVE_MAX_NUM_SEQS, f"{e.concurrency} requests at once exceed max-num-seqs "
                                                         f"{cap}: at most {cap} run, the rest queue"))
     elif sustained and stats.median(list(e.waiting)):
-        # Persistently queued requests are requests not running: the server ran fewer than C at once. (A
-        # request that has just arrived waits until the next engine step; one such sample means nothing.)
-        found.append(Finding(Reason.QUEUED, f"fewer than {e.concurrency} requests running: requests waited in the "
-                                            f"server queue through the window (up to {max(e.waiting):g}; "
-                                            "max-num-seqs or KV cache too small?)"))
-    if sustained and e.avg_active is not None and e.avg_active < 0.9 * e.concurrency:
+        cause = queue_cause(e)
+        if cause is not None:
+            found.append(cause)
+    if sustained and e.avg_active is not None and e.avg_active < ACTIVE_SHARE * e.concurrency:
         found.append(Finding(Reason.FEWER_ACTIVE,
-                             f"the client kept only {e.avg_active:.1f} of {e.concurrency} streams active"))
+                             f"the client kept only {e.avg_active:.1f} of {e.concurrency} streams active "
+                             f"(a sustained cell needs {100 * ACTIVE_SHARE:g}% of them on average)"))
     if e.client_cpu is not None and e.client_cpu > CLIENT_CPU_LIMIT:
         found.append(Finding(Reason.CLIENT_SATURATED,
                              f"the client used {e.client_cpu:.0%} of a core: it may have measured itself"))
@@ -250,6 +337,9 @@ class CellResult(BaseModel):
     latency_requests: int | None = None
     itl_samples: int | None = None
     avg_active: float | None = None
+    # Sustained cells: streams sent but without a token yet (queued or in prefill), time-averaged over the
+    # window on the client's clock; exact, unlike the server's sampled gauges below.
+    avg_before_first_token: float | None = None
     completed: int | None = None
     output_tokens: int | None = None
     measured_s: float | None = None
@@ -259,6 +349,11 @@ class CellResult(BaseModel):
     client_cpu: float | None = None
     running_median: float | None = None
     waiting_max: float | None = None
+    # The server's gauges sampled inside a sustained window (a few samples; see `notes` for how many): mean
+    # running and waiting requests, peak KV-cache use (0-1).
+    avg_running: float | None = None
+    avg_waiting: float | None = None
+    kv_usage_max: float | None = None
     preemptions: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
@@ -338,6 +433,7 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
     in_window = 0
     per_request: list[float] = []
     active_time = 0.0
+    before_first = 0.0
     completed = 0
     for rec in records:
         times = [t for t in rec.chunk_t if start <= t <= end]
@@ -347,6 +443,8 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
             per_request.append((sum(tokens) - tokens[0]) / (times[-1] - times[0]))
         finish = rec.end_t if rec.end_t is not None else end
         active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
+        first = rec.chunk_t[0] if rec.chunk_t else finish
+        before_first += max(0.0, min(first, end) - max(rec.send_t, start))
         if rec.ok and rec.end_t is not None and start <= rec.end_t <= end:
             completed += 1
     return {
@@ -354,6 +452,7 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
         "per_request_tok_s": stats.median(per_request),
         **latency_distributions(records, start, end),
         "avg_active": active_time / span if span > 0 else None,
+        "avg_before_first_token": before_first / span if span > 0 else None,
         "completed": completed,
         "output_tokens": in_window,
         "measured_s": span,

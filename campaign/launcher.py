@@ -29,7 +29,10 @@ class LaunchedServer:
     @property
     def max_num_seqs(self) -> int | None:
         """The scheduler cap as launched; None when the flags left it to vLLM's card-dependent default."""
-        value = self.spec.flags.get("max-num-seqs")
+        return self._flag_int("max-num-seqs")
+
+    def _flag_int(self, name: str) -> int | None:
+        value = self.spec.flags.get(name)
         try:
             return int(str(value)) if value is not None else None
         except ValueError:
@@ -40,7 +43,8 @@ class LaunchedServer:
         f = self.facts
         return Target(endpoint=self.spec.endpoint(timeouts), model=self.spec.served_model_name,
                       kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
-                      server_version=f.vllm_version, max_num_seqs=self.max_num_seqs)
+                      server_version=f.vllm_version, max_num_seqs=self.max_num_seqs,
+                      max_num_batched_tokens=f.max_num_batched_tokens or self._flag_int("max-num-batched-tokens"))
 
 
 @contextmanager

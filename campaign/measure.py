@@ -32,6 +32,7 @@ from campaign.cells import (
     fixed_metrics,
     over_capacity,
     prefill_metrics,
+    queue_note,
     verdict,
     window_metrics,
 )
@@ -63,6 +64,8 @@ class Target:
     server_version: str | None = None
     # The scheduler cap, when the launch passed it (vLLM logs it only then): exact, unlike a sampled gauge.
     max_num_seqs: int | None = None
+    # The chunk (prompt tokens plus decodes per engine step): tells replacements queueing for it from the rest.
+    max_num_batched_tokens: int | None = None
 
     @property
     def base_url(self) -> str:
@@ -76,6 +79,7 @@ class _Step:
     window: tuple[float, float] | None
     running: list[float]
     waiting: list[float]
+    kv_usage: list[float]
     cpu: float | None          # the busiest client process's share of one core
     processes: int = 1
     telemetry: StepTelemetry | None = None
@@ -219,8 +223,10 @@ class Measurer:
         )
 
     async def _sampler(self, control: httpx.AsyncClient, running: list[float], waiting: list[float],
-                       window_open: asyncio.Event, stop: asyncio.Event, interval_s: float) -> None:
-        """Running/waiting gauges: first at half an interval into the window, then every interval."""
+                       kv_usage: list[float], window_open: asyncio.Event, stop: asyncio.Event,
+                       interval_s: float) -> None:
+        """Running/waiting (and KV-usage, where exported) gauges: first at half an interval into the window,
+        then every interval."""
         await window_open.wait()
         delay = interval_s / 2
         while True:
@@ -233,6 +239,8 @@ class Measurer:
                 snap = await self.scrape(control)
                 running.append(snap.value(m.RUNNING))
                 waiting.append(snap.value(m.WAITING))
+                if snap.has(m.KV_USAGE):
+                    kv_usage.append(snap.value(m.KV_USAGE))
             except (httpx.HTTPError, MetricMissingError):
                 pass  # a missed sample is a missing sample, never a zero
             delay = interval_s
@@ -242,10 +250,12 @@ class Measurer:
         records: list[RequestRecord] = []
         running: list[float] = []
         waiting: list[float] = []
+        kv_usage: list[float] = []
         window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
         interval = min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
-        sampler = asyncio.create_task(self._sampler(control, running, waiting, window_open, stop_sampling, interval))
+        sampler = asyncio.create_task(self._sampler(control, running, waiting, kv_usage, window_open, stop_sampling,
+                                                    interval))
         me = psutil.Process()
         cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
         if self.gpu_monitor is not None:
@@ -296,7 +306,8 @@ class Measurer:
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
         cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
-        return _Step(records=records, priming=priming, window=window, running=running, waiting=waiting, cpu=cpu,
+        return _Step(records=records, priming=priming, window=window, running=running, waiting=waiting,
+                     kv_usage=kv_usage, cpu=cpu,
                      processes=processes, telemetry=telemetry)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
@@ -374,12 +385,16 @@ class Measurer:
         hits = delta.optional(m.PREFIX_HITS)
         queries = delta.optional(m.PREFIX_QUERIES)
         preemptions = delta.optional(m.PREEMPTIONS)
-        status, findings = verdict(StepEvidence(
+        evidence = StepEvidence(
             phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=records,
             prefix_cache_hits=hits, preemptions=preemptions, waiting=tuple(step.waiting),
-            avg_active=values.get("avg_active"), client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
+            running=tuple(step.running), kv_usage=tuple(step.kv_usage), context_tokens=spec.context_tokens,
+            max_num_batched_tokens=self.target.max_num_batched_tokens,
+            avg_active=values.get("avg_active"), avg_before_first_token=values.get("avg_before_first_token"),
+            client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
             gpu_throttled=step.telemetry.throttled if step.telemetry else None,
-            shares_prefixes=spec.phase == "decode" and spec.ttft == "warm"))
+            shares_prefixes=spec.phase == "decode" and spec.ttft == "warm")
+        status, findings = verdict(evidence)
         energy = step.telemetry.energy_j if step.telemetry else None
         generated = sum(r.tokens for r in records)
         if energy is not None and generated and spec.phase == "decode":
@@ -389,6 +404,9 @@ class Measurer:
         running_median = stats.median(step.running)
         waiting_max = max(step.waiting) if step.waiting else None
         notes: list[str] = []
+        queued = queue_note(evidence)
+        if queued:
+            notes.append(queued)
         if spec.phase == "decode" and spec.ttft == "warm":
             notes.append(f"{TTFT_MODE_TEXT['warm']}; {len(step.priming)} priming request(s) not counted")
         if step.processes > 1:
@@ -405,6 +423,8 @@ class Measurer:
             **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
+            avg_running=stats.mean(step.running), avg_waiting=stats.mean(step.waiting),
+            kv_usage_max=max(step.kv_usage) if step.kv_usage else None,
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             attempts=attempts, requests=[r.to_dict() for r in records],

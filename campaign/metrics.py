@@ -20,6 +20,7 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"   # 0-1; optional: a queue with a full cache waits for blocks
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -32,7 +33,7 @@ MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_
 # Names older vLLM versions used (renamed in V1: the gpu_ prefix dropped, TPOT became inter-token latency),
 # for a better error than "missing".
 RENAMED = {
-    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc": KV_USAGE,
     "vllm:gpu_prefix_cache_queries_total": PREFIX_QUERIES,
     "vllm:gpu_prefix_cache_hits_total": PREFIX_HITS,
     "vllm:time_per_output_token_seconds": "vllm:inter_token_latency_seconds",

@@ -38,7 +38,10 @@ from campaign.errors import ResultFormatError
 #     request records carry `token_count` ("usage" or
 #     "chunks") and `error_kind` (connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream,
 #     http, stream). Format 1 files read unchanged (the new fields take their defaults).
-SCHEMA_VERSION = 2
+# 3 - sustained cells carry the server's sampled queue: `avg_running`, `avg_waiting`, `kv_usage_max`; a queued
+#     cell's reason code names its cause (`queued_scheduler_cap`, `queued_kv_cache`; `queued` where it could
+#     not be told, as format 2 stored every queued cell). Formats 1 and 2 read unchanged.
+SCHEMA_VERSION = 3
 
 
 def _dumps(data: Any) -> str:

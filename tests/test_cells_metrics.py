@@ -55,6 +55,8 @@ def test_window_counts_only_tokens_inside_it() -> None:
     assert values["measured_s"] == pytest.approx(2.0)
     assert values["completed"] == 0
     assert values["avg_active"] == pytest.approx((2.0 + 1.8) / 2.0)
+    # The second stream was sent at 1.2 and had its first token at 1.4: 0.2 s without a token in 2 s.
+    assert values["avg_before_first_token"] == pytest.approx(0.2 / 2.0)
     assert values["itl_ms"] == pytest.approx(1000 * 0.8)  # gaps 1.0, 0.6, 0.8 -> median 0.8 s
 
 

@@ -25,6 +25,12 @@ def evidence(**changes: Any) -> StepEvidence:
     return StepEvidence(**base)
 
 
+# A prompt that fills the chunk: each step prefills less than one fresh prompt beside the decodes.
+CHUNK_BOUND: dict[str, Any] = {"context_tokens": 2048, "max_num_batched_tokens": 2048, "waiting": (1.0, 1.0, 1.0),
+                               "running": (15.0, 15.0, 15.0), "kv_usage": (0.14, 0.14, 0.15)}
+# Short prompts: one step prefills every replacement, so a persistent queue is a cap or the cache.
+SHORT_PROMPTS: dict[str, Any] = {"context_tokens": 128, "max_num_batched_tokens": 2048, "waiting": (2.0, 2.0, 2.0),
+                                 "running": (2.0, 2.0, 2.0), "kv_usage": (0.10, 0.11, 0.10)}
 CLAMP_400 = "min_tokens must be less than or equal to max_tokens=48, got 100."
 
 RULES = [
@@ -39,9 +45,23 @@ RULES = [
     ("prefix-cache hits in a no-sharing step", {"prefix_cache_hits": 2048.0}, "Invalid", Reason.PREFIX_CACHE_HITS,
      "2048 tokens"),
     ("preemptions", {"preemptions": 3.0}, "Invalid", Reason.PREEMPTIONS, "3 preemption"),
-    ("queued requests", {"waiting": (2.0, 3.0, 2.0)}, "Invalid", Reason.QUEUED, "up to 3"),
+    ("queued, the chunk size not known", {"waiting": (2.0, 3.0, 2.0)}, "Invalid", Reason.QUEUED,
+     "cause cannot be told"),
     ("one queued sample means nothing", {"waiting": (0.0, 1.0, 0.0)}, "Valid", None, ""),
+    # Issue 19's false Invalid: 16 streams of 2,048-token prompts with a 2,048-token chunk, one replacement
+    # prefilled per step, the next one waiting for it.
+    ("replacements queued for the chunk", {**CHUNK_BOUND, "concurrency": 16, "avg_active": 15.996}, "Valid", None,
+     ""),
+    ("queued for KV-cache blocks", {**CHUNK_BOUND, "kv_usage": (0.97, 0.99)}, "Invalid", Reason.QUEUED_KV_CACHE,
+     "99% full"),
+    ("queued under the scheduler cap", {**SHORT_PROMPTS, "max_num_seqs": None}, "Invalid",
+     Reason.QUEUED_SCHEDULER_CAP, "capped the running requests near 2"),
+    ("queued, neither chunk nor cap nor cache explains it", SHORT_PROMPTS, "Invalid", Reason.QUEUED,
+     "max-num-seqs 64 seats them all"),
+    ("requests that had just arrived", {**SHORT_PROMPTS, "waiting": (1.0, 0.0, 1.0), "running": (3.0, 4.0, 3.0)},
+     "Valid", None, ""),
     ("fewer than C running", {"avg_active": 3.1}, "Invalid", Reason.FEWER_ACTIVE, "3.1 of 4"),
+    ("under 95% of C active", {"avg_active": 3.7}, "Invalid", Reason.FEWER_ACTIVE, "95%"),
     ("concurrency above max-num-seqs", {"max_num_seqs": 2, "waiting": (2.0, 2.0)}, "Invalid",
      Reason.ABOVE_MAX_NUM_SEQS, "exceed max-num-seqs 2"),
     ("a saturated client", {"client_cpu": 0.97}, "Invalid", Reason.CLIENT_SATURATED, "97% of a core"),
@@ -77,3 +97,17 @@ def test_findings_add_up_and_errors_win_the_status() -> None:
 
 def test_every_code_has_a_hint() -> None:
     assert set(REASON_HINTS) == set(Reason)
+
+
+def test_a_valid_queue_is_reported_in_a_note() -> None:
+    from campaign.cells import queue_note
+
+    chunk = evidence(**CHUNK_BOUND, concurrency=16, avg_active=15.996, avg_before_first_token=3.0)
+    note = queue_note(chunk)
+    assert note is not None and "queued for the prefill chunk" in note
+    assert "3.0 of 16 streams on average had no token yet" in note and "gauges read 15.0 running" in note
+    assert "less than one fresh prompt of 2,048" in note
+    arrived = evidence(**{**SHORT_PROMPTS, "waiting": (1.0, 0.0, 1.0), "running": (3.0, 4.0, 3.0)})
+    assert "just arrived" in (queue_note(arrived) or "")
+    assert queue_note(evidence(**SHORT_PROMPTS)) is None       # Invalid: the reason says it, not a note
+    assert queue_note(evidence()) is None                       # nothing queued

@@ -281,3 +281,20 @@ def test_repeat_experiment_keeps_every_run(target: Target) -> None:
     result = asyncio.run(study.repeat_cell(target, spec, times=4))
     assert result.status == "Valid"
     assert len(result.details["runs"]) == 4
+
+
+def test_replacements_queueing_for_a_full_chunk_leave_the_cell_valid(target: Target) -> None:
+    """Issue 19 on the real scheduler: 1,920-token prompts against the profile's 2,048-token chunk, so one step
+    prefills at most one fresh prompt and replacements that finish together wait for it. That is how vLLM
+    works at this shape: the cell is Valid and reports its queue; it used to read Invalid ("fewer than C
+    running") whenever a gauge sample caught a replacement waiting."""
+    assert target.max_num_batched_tokens == 2048
+    spec = CellSpec(phase="decode", context_tokens=1920, concurrency=8, max_tokens=8, window_s=6.0, warmup_s=0.5)
+    cell = asyncio.run(Measurer(target).run_cell(spec))
+    print(f"queue: running {cell.avg_running} waiting {cell.avg_waiting} (max {cell.waiting_max}), "
+          f"kv {cell.kv_usage_max}, active {cell.avg_active}, notes {cell.notes}")
+    assert cell.status == "Valid", cell.reasons
+    assert cell.avg_running is not None and cell.avg_waiting is not None and cell.kv_usage_max is not None
+    assert cell.kv_usage_max < 0.95
+    if cell.waiting_max:
+        assert any("queued for the prefill chunk" in n or "just arrived" in n for n in cell.notes), cell.notes
