@@ -399,6 +399,8 @@ def _finish(run_dir: Any) -> None:
             "vllm_versions": sorted({str(s["facts"].get("vllm_version")) for s in run_dir.servers()
                                      if s.get("kind") == "server"}),
             "recommendations": {d.variant: d.recommendation for d in diffs},
+            "outcomes": {d.variant: {"outcome": d.outcome, "provisional": d.provisional, "tests": d.tests,
+                                     "family_wise_alpha": d.alpha, "aa": d.aa} for d in diffs},
         })
     from campaign import html_report
 

@@ -8,16 +8,18 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from campaign import gpu
 from campaign.answers import agents_that_fit
-from campaign.cells import Reason
+from campaign.cells import REASON_HINTS, Reason
 from campaign.errors import ResultFormatError
 from campaign.store import RunDir, StoredCell, read
 
-Verdict = Literal["better", "worse", "inside noise", "not comparable", "no data"]
+Verdict = Literal["better", "worse", "inside noise", "not judged", "not comparable", "no data"]
+# What a variant's diff concludes: one of four, `provisional` when it rests on launch facts alone.
+Outcome = Literal["keep", "revert", "no difference", "not settled"]
 
 # (metric, +1 when higher is better, -1 when lower is better)
 # energy_j_per_token (NVIDIA GPUs only): a flag that saves energy at equal speed is a result too.
@@ -34,16 +36,44 @@ FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batc
                "gpu_memory_utilization", "max_model_len")
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
 MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when the interval excludes zero
-SINGLE_RUN_NOISE = 0.05  # with one measurement a side there is no interval: 5% is the noise floor
+FAMILY_ALPHA = 0.05      # the family-wise error rate of one variant's tests (Holm)
 DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
 CLOCK_DRIFT_LIMIT = 0.05  # ... and its median SM clock (GPU telemetry) moving more than this
 POWER_DRIFT_LIMIT = 0.10  # ... and its median power (it follows the load, so a wider limit)
 AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
 KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
-# Experiment values that describe the server but should not decide keep or revert on their own.
+# Experiment values that describe the server but should not decide keep or revert on their own (they are
+# still tested, and Holm-adjusted, with the rest of the variant's family).
 DIAGNOSTIC_METRICS = {"generation_tok_s_drop_pct", "speedup", "shared_first_hit_rate", "silence_s_per_1k_prompt_tokens",
                       "mean_total_tok_s", "peak_waiting", "peak_running", "completed", "queued",
                       "ran_concurrently"}
+
+
+def welch_p(base: list[float], other: list[float]) -> float | None:
+    """Two-sided p-value of Welch's t-test for equal means; None with fewer than two values a side."""
+    if len(base) < 2 or len(other) < 2:
+        return None
+    from scipy import stats as sps
+
+    diff = statistics.fmean(other) - statistics.fmean(base)
+    if statistics.variance(base) == 0 and statistics.variance(other) == 0:
+        return 1.0 if diff == 0 else 0.0
+    return float(sps.ttest_ind(other, base, equal_var=False).pvalue)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: reject where adjusted < alpha, and the chance of
+    any false rejection in the family stays below alpha under any dependence between the tests (a variant's
+    metrics are correlated: total and per-request tok/s move together), which Bonferroni also gives, less
+    powerfully."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 def welch_ci95(base: list[float], other: list[float]) -> tuple[float, float] | None:
@@ -75,17 +105,27 @@ class MetricVerdict:
     note: str = ""
     # Inside noise: how many measurements a side would resolve a MIN_EFFECT change at the observed noise.
     repeats_needed: int | None = None
+    # Welch's p-value, and Holm's adjustment over every test of the variant (None: not tested).
+    p_value: float | None = None
+    p_holm: float | None = None
+
+    @property
+    def beyond_noise_alone(self) -> bool:
+        """Would this test alone (95% interval, minimum effect) call a change? The A/A false-positive count."""
+        return (self.ci95_pct is not None and self.change_pct is not None and abs(self.change_pct) >= 100 * MIN_EFFECT
+                and not self.ci95_pct[0] <= 0 <= self.ci95_pct[1])
 
 
 def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT) -> int | None:
     """Measurements a side for a change of `effect` (a fraction of the baseline mean) to come out of the noise
     with 80% power at the 95% level, from the pooled spread of what was measured (normal approximation:
-    n = 2 (z_0.975 + z_0.8)^2 s^2 / d^2). None with fewer than two measurements a side (no spread yet)."""
-    if len(base) < 2 or len(other) < 2:
+    n = 2 (z_0.975 + z_0.8)^2 s^2 / d^2). With one measurement on a side, the other side's spread stands for
+    both; None where neither side has two (no spread yet)."""
+    sides = [values for values in (base, other) if len(values) >= 2]
+    if not sides or not base:
         return None
     mean = statistics.fmean(base)
-    pooled = ((len(base) - 1) * statistics.variance(base) + (len(other) - 1) * statistics.variance(other)) / (
-        len(base) + len(other) - 2)
+    pooled = sum((len(v) - 1) * statistics.variance(v) for v in sides) / sum(len(v) - 1 for v in sides)
     d = abs(effect * mean)
     if d == 0:
         return None
@@ -106,27 +146,46 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     change = (mo - mb) / mb
     ci = welch_ci95(base, other)
     ci_pct = None if ci is None else (100 * ci[0] / mb, 100 * ci[1] / mb)
-    note = ""
     if ci is None:
-        inside = abs(change) < SINGLE_RUN_NOISE
-        note = "single measurement: no confidence interval"
-    else:
-        inside = ci[0] <= 0 <= ci[1] or abs(change) < MIN_EFFECT
+        # One measurement is not evidence: a fixed noise floor is not an interval (issue 20).
+        needed = repeats_to_resolve(base, other)
+        note = "one measurement: not judged; " + (
+            repeats_advice(needed, 1) + " (from the other side's spread)" if needed is not None else
+            "at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)")
+        return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note, needed)
+    inside = ci[0] <= 0 <= ci[1] or abs(change) < MIN_EFFECT
     verdict: Verdict = "inside noise" if inside else ("better" if change * direction > 0 else "worse")
     needed = repeats_to_resolve(base, other) if verdict == "inside noise" else None
-    if needed is not None:
-        more = needed - min(len(base), len(other))
-        if more > MAX_ADVISED_REPEATS:
-            advice = (f"over {MAX_ADVISED_REPEATS} more repeats a side would be needed to resolve a "
-                      f"{100 * MIN_EFFECT:g}% change: this noise is too large for repeats to settle; find its cause")
-        elif more > 0:
-            advice = f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
-        else:
-            advice = f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there"
-        note = f"{note}; {advice}" if note else advice
-    elif verdict == "inside noise" and ci is None:
-        note += "; at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)"
-    return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note, needed)
+    note = repeats_advice(needed, min(len(base), len(other))) if needed is not None else ""
+    return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note, needed,
+                         p_value=welch_p(base, other))
+
+
+def repeats_advice(needed: int, have: int) -> str:
+    more = needed - have
+    if more > MAX_ADVISED_REPEATS:
+        return (f"over {MAX_ADVISED_REPEATS} more repeats a side would be needed to resolve a {100 * MIN_EFFECT:g}% "
+                "change: this noise is too large for repeats to settle; find its cause")
+    if more > 0:
+        return f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
+    return f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there"
+
+
+def family_wise(cells: list[CellDiff], *, alpha: float = FAMILY_ALPHA) -> int:
+    """Holm over every tested cell and metric of one variant, in place: a better/worse verdict stands only where
+    the adjusted p-value is below alpha; the rest read inside noise, saying why. Returns the family's size."""
+    tested = [(c, i) for c in cells for i, m in enumerate(c.metrics) if m.p_value is not None]
+    adjusted = holm([c.metrics[i].p_value or 0.0 for c, i in tested])
+    for (cell, index), p_holm in zip(tested, adjusted, strict=True):
+        m = cell.metrics[index]
+        m = replace(m, p_holm=p_holm)
+        if m.verdict in {"better", "worse"} and p_holm >= alpha:
+            note = (f"{m.verdict} on its own (p={m.p_value:.3f}), inside noise across the variant's {len(tested)} "
+                    f"tests (Holm p={p_holm:.2f})")
+            m = replace(m, verdict="inside noise", note=note)
+        cell.metrics[index] = m
+    return len(tested)
+
 
 
 @dataclass
@@ -142,6 +201,7 @@ class CellDiff:
     variant_statuses: list[str] = field(default_factory=list)
     baseline_statuses: list[str] = field(default_factory=list)
     variant_reasons: list[Reason] = field(default_factory=list)
+    baseline_reasons: list[Reason] = field(default_factory=list)
 
 
 @dataclass
@@ -156,6 +216,33 @@ class VariantDiff:
     recommendation: str = ""
     # How the variant's `gpu-memory-utilization: suggested` was resolved: suggested, margin, resolved.
     suggested: dict[str, Any] | None = None
+    outcome: Outcome = "not settled"
+    provisional: bool = False     # rests on launch facts alone: one measurement a side
+    tests: int = 0                # the family: cells and metrics tested, Holm-adjusted together
+    alpha: float = FAMILY_ALPHA
+
+    @property
+    def aa(self) -> bool:
+        """An A/A comparison: the variant runs the baseline's exact flags, so every difference is noise."""
+        return not self.flag_changes
+
+    @property
+    def beyond_noise_alone(self) -> int:
+        """Tests that alone would have called a change (the rig's per-test false positives in an A/A)."""
+        return sum(1 for c in self.cells for m in c.metrics if m.beyond_noise_alone)
+
+    @property
+    def family_line(self) -> str:
+        """How many tests the verdicts rest on, and at what family-wise level."""
+        if not self.tests:
+            return "no test with two or more measurements a side: no better or worse verdict is possible"
+        line = (f"{self.tests} tests (cells x metrics), better/worse only where Holm's adjusted p < "
+                f"{self.alpha:g} (family-wise error {100 * self.alpha:g}%)")
+        if self.aa:
+            judged = sum(1 for c in self.cells for m in c.metrics if m.verdict in {"better", "worse"})
+            line += (f"; A/A (the baseline's own flags): {judged} of {self.tests} beyond noise after Holm, "
+                     f"{self.beyond_noise_alone} on their own 95% intervals (this rig's per-test false positives)")
+        return line
 
 
 def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
@@ -236,7 +323,9 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         )
         diff.suggested = _suggested(other if other is not None and variant.endswith("@B") else run,
                                     variant.removesuffix("@B"))
-        diff.recommendation = recommend(diff, facts.get(base_name), facts.get(variant))
+        diff.tests = family_wise(diff.cells) if comparable else 0
+        diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
+                                                                        facts.get(variant))
         diffs.append(diff)
     return diffs
 
@@ -291,6 +380,8 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
         diff.variant_statuses, diff.baseline_statuses = sorted(statuses), sorted(base_statuses)
         diff.variant_reasons = sorted({code for c in other if c.result.spec.key == key
                                        for code in c.result.reason_codes})
+        diff.baseline_reasons = sorted({code for c in base if c.result.spec.key == key
+                                        for code in c.result.reason_codes})
         if statuses or base_statuses:
             diff.status_note = "; ".join(
                 part for part in (
@@ -355,51 +446,125 @@ def _fmt_value(value: Any) -> str:
     return str(value)
 
 
-def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None, facts: dict[str, Any] | None) -> str:
-    """One plain sentence: what changed, what it did, keep or revert."""
-    changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or "no flag change"
+# A cell neither side could measure for a reason other than capacity leaves the comparison open.
+_UNJUDGED = {"Invalid", "Contaminated", "Failed"}
+
+
+def _kv_text(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float) -> str:
+    kv_base, kv = (base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens")
+    text = f"KV cache {kv_change:+.1f}%"
+    windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len")) if isinstance(w, int)]
+    agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
+                               (base_facts or {}).get("max_model_len"))
+    agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
+    if windows and AGENT_CONTEXT > min(windows):
+        text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
+    elif agents_a is not None and agents_b is not None and agents_a != agents_b:
+        text += f", agents at 8K context {agents_a} -> {agents_b}"
+    return text
+
+
+def _listed(items: list[str], limit: int = 3) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _settle_advice(diff: VariantDiff) -> str:
+    """How many repeats would settle it, from the noise seen on the cells' primary metrics: "run N repeats"."""
+    needed = sorted(m.repeats_needed for c in diff.cells for m in c.metrics
+                    if m.repeats_needed is not None and m.metric in {"total_tok_s", "prompt_tok_s"})
+    if not needed:
+        return "run at least 2 repeats a side to know the noise (campaign run --resume RUN --repeats 2)"
+    typical = needed[len(needed) // 2]
+    if typical > MAX_ADVISED_REPEATS:
+        return f"find the noise's cause: over {MAX_ADVISED_REPEATS} repeats a side would be needed to resolve 3%"
+    return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}; at this noise {typical} a side "
+            f"resolve a {100 * MIN_EFFECT:g}% change)")
+
+
+def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
+              facts: dict[str, Any] | None) -> tuple[Outcome, bool, str]:
+    """Keep, revert, no difference or not settled, for the variant as a whole, in one plain sentence.
+
+    Better/worse verdicts are family-wise (Holm) already. Revert needs evidence of harm (a metric worse, the KV
+    cache 1% or more smaller, cells newly over capacity) or of cost without benefit (a smaller KV loss and
+    nothing better: seed 000 reverted a chunk change whose only effect was -0.8% of cache); keep needs a
+    benefit and no harm; harm and benefit together are a trade-off; cells that could not be measured leave it
+    not settled; an A/A can only come out "no difference". With one measurement a side nothing measured is
+    judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
+    changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
+        "no flag change (A/A)")
     if not diff.comparable:
-        return f"{changes}: not comparable ({diff.not_comparable_reason})"
+        return "not settled", False, f"{changes}: not comparable ({diff.not_comparable_reason}): not settled"
     if facts is None:
-        return f"{changes}: the server never became ready; nothing to compare"
+        if base_facts is None:
+            return "not settled", False, f"{changes}: neither server became ready; nothing to compare: not settled"
+        return "revert", False, f"{changes}: the server never became ready with these flags: revert"
     decisive = [(c, m) for c in diff.cells for m in c.metrics if m.metric not in DIAGNOSTIC_METRICS]
-    verdicts = [m for _, m in decisive if m.verdict in {"better", "worse", "inside noise"}]
     better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"]
     worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
-    newly_invalid = [c.key for c in diff.cells if c.variant_statuses]
-    parts = []
-    if not verdicts:
-        parts.append("no comparable measurements")
-    elif not better and not worse:
-        parts.append("throughput and latency inside noise in every cell")
-    else:
-        if better:
-            parts.append(f"better: {', '.join(better[:3])}" + (" ..." if len(better) > 3 else ""))
-        if worse:
-            parts.append(f"worse: {', '.join(worse[:3])}" + (" ..." if len(worse) > 3 else ""))
-    if newly_invalid:
-        parts.append(f"not valid in {', '.join(newly_invalid[:3])}")
-    kv_base = (base_facts or {}).get("kv_cache_tokens")
-    kv = facts.get("kv_cache_tokens")
-    kv_change = _pct(kv_base, kv)
+    judged = any(m.p_value is not None for c in diff.cells for m in c.metrics)
+    one_measurement = any(m.verdict == "not judged" and m.n_baseline and m.n_variant
+                          for c in diff.cells for m in c.metrics)
+    # Over capacity is exact without repeats: a cell the baseline ran and the variant cannot is lost capacity.
+    lost = [c.key for c in diff.cells if "Over capacity" in c.variant_statuses and "Over capacity" not in
+            c.baseline_statuses]
+    gained = [c.key for c in diff.cells if "Over capacity" in c.baseline_statuses and "Over capacity" not in
+              c.variant_statuses]
+    unjudged = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)]
+    kv_change = _pct((base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens"))
+    kv_gain = kv_change is not None and kv_change >= KV_DECISIVE_PCT
+    kv_loss = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
+
+    parts: list[str] = []
+    if better:
+        parts.append(f"better: {_listed(better)}")
+    if worse:
+        parts.append(f"worse: {_listed(worse)}")
     if kv_change is not None and abs(kv_change) >= 0.05:
-        text = f"KV cache {kv_change:+.1f}%"
-        windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len"))
-                   if isinstance(w, int)]
-        agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
-                                   (base_facts or {}).get("max_model_len"))
-        agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
-        if windows and AGENT_CONTEXT > min(windows):
-            text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
-        elif agents_a is not None and agents_b is not None and agents_a != agents_b:
-            text += f", agents at 8K context {agents_a} -> {agents_b}"
-        parts.append(text)
-    # Capacity is a result too: more than 1% of KV cache gained or lost counts like a faster or slower cell
-    # (seed 000 kept +15.0% and did not keep a change whose only effect was -0.8%).
-    kv_better = kv_change is not None and kv_change >= KV_DECISIVE_PCT
-    kv_worse = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
-    keep = (bool(better) or kv_better) and not worse and not kv_worse and not newly_invalid
-    return f"{changes}: {'; '.join(parts)}: {'keep' if keep else 'revert'}"
+        parts.append(_kv_text(base_facts, facts, kv_change))
+    if lost:
+        parts.append(f"over capacity now in {_listed(lost)}")
+    if gained:
+        parts.append(f"no longer over capacity in {_listed(gained)}")
+    if unjudged:
+        codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons})
+        why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"
+        parts.append(f"{len(unjudged)} cell(s) not valid ({_listed([c.key for c in unjudged])}; {why})")
+
+    def sentence(verdict: str) -> str:
+        return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
+
+    gain, loss = kv_gain or bool(gained), kv_loss or bool(lost)
+    if not judged and one_measurement:
+        # Issue 20: one measurement a side is not evidence; only the launch facts are exact.
+        advice = _settle_advice(diff)
+        if gain and not loss:
+            return "keep", True, sentence(f"keep, provisionally (one measurement: {advice} to confirm)")
+        if loss and not gain:
+            return "revert", True, sentence(f"revert, provisionally (one measurement: {advice} to confirm)")
+        return "not settled", False, sentence(f"not settled (one measurement a side: {advice} to settle it)")
+    if diff.aa and (better or worse):
+        return "not settled", False, sentence(
+            "not settled: an A/A cannot differ, so these are false positives (noise this rig's intervals do not "
+            "capture: drift, or launch-to-launch variation)")
+    # 1% or more of the KV cache counts like a faster or slower cell; a smaller loss is still a cost.
+    harm = bool(worse) or kv_loss or bool(lost)
+    benefit = bool(better) or kv_gain or bool(gained)
+    cost = kv_change is not None and kv_change <= -0.05 and not diff.aa
+    if harm and benefit:
+        return "not settled", False, sentence("not settled: a trade-off, decide by which matters more")
+    if harm:
+        return "revert", False, sentence("revert")
+    if unjudged:
+        return "not settled", False, sentence("not settled until those cells are measured")
+    if benefit:
+        return "keep", False, sentence("keep")
+    if cost:
+        return "revert", False, sentence("revert (a cost with no benefit)")
+    if not judged:
+        return "not settled", False, sentence("not settled: no comparable measurements")
+    noise = f"no difference: nothing beyond noise in {diff.tests} tests at family-wise {100 * diff.alpha:g}%"
+    return "no difference", False, sentence(noise)
 
 
 def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:

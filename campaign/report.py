@@ -179,7 +179,7 @@ def _fmt_fact(value: object) -> str:
 
 
 DIFF_HEADERS = ["Cell", "Label", "Metric", "Baseline", "Variant", "Change", "95% CI", "n", "Verdict"]
-VERDICT_CLASS = {"better": "better", "worse": "worse", "inside noise": "noise"}
+VERDICT_CLASS = {"better": "better", "worse": "worse", "inside noise": "noise", "not judged": "noise"}
 NOTHING_TO_COMPARE = "nothing to compare: the run has only the baseline"
 
 
@@ -212,7 +212,8 @@ def diff_table(d: Any) -> Table:
     lead += [f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{'' if pct is None else f' ({pct:+.1f}%)'}"
              for key, a, b, pct in d.fact_changes]
     return Table(title=f"{d.variant} vs {d.baseline}", lead=lead, headers=DIFF_HEADERS, rows=_verdict_rows(d),
-                 align="lllrrrrrl", notes=[Cell(f"recommendation: {d.recommendation}", cls="recommendation")])
+                 align="lllrrrrrl", notes=[Cell(f"tests: {d.family_line}", cls="note"),
+                                           Cell(f"recommendation: {d.recommendation}", cls="recommendation")])
 
 
 def diff_text(diffs: Sequence[Any]) -> str:
@@ -380,6 +381,14 @@ def experiments_text(stored: Sequence[dict[str, Any]]) -> str:
     return text([experiments_table(stored)])
 
 
+ONE_REPEAT_WARNING = (
+    "warning: repeats: 1 with more than one variant. The diff will show every change but judge none better or "
+    "worse: one measurement a side has no interval, and a fixed noise floor is not one. It can conclude only "
+    "from what is exact without repeats (KV cache, over-capacity cells, start-up failures), as keep or revert "
+    "provisionally; anything else stays not settled. Use repeats: 2 or more (3 to 5 for a few percent) to judge "
+    "speed and latency.")
+
+
 def plan_tables(*, launches: Sequence[tuple[str, int]], repeats: int,
                 variants: Sequence[tuple[str, dict[str, Any], int | None, Sequence[str]]], known_from: str | None,
                 cells: Sequence[tuple[str, str]], experiments: Sequence[str], duration: str) -> list[Table]:
@@ -396,6 +405,8 @@ def plan_tables(*, launches: Sequence[tuple[str, int]], repeats: int,
                              f"{kv:,} tokens (from {known_from})" if kv and known_from else "unknown until launched",
                              ", ".join(skipped) or DASH] for name, flags, kv, skipped in variants])
     notes = [f"{len(experiments)} experiments per launch: {', '.join(experiments)}"] if experiments else []
+    if repeats == 1 and len(variants) > 1:
+        order = replace(order, notes=[Cell(ONE_REPEAT_WARNING, cls="warn")])
     per_launch = Table(title=f"{len(cells)} cells per launch", headers=["Cell", "Label"], align="ll",
                        rows=[list(c) for c in cells], notes=[*notes, f"estimated duration: {duration}"])
     return [order, per_variant, per_launch]

@@ -236,3 +236,15 @@ def test_energy_per_token_reaches_the_tables_and_the_export_where_measured() -> 
     assert "0.412 J/token" in rendered
     assert "Energy" not in report.all_measurements(
         [cell.model_copy(update={"energy_j_per_token": None})])  # no GPU, no energy table
+
+
+def test_the_plan_warns_that_one_repeat_judges_nothing_measured() -> None:
+    def plan(repeats: int, names: list[str]) -> str:
+        return report.text(report.plan_tables(
+            launches=[(n, 0) for n in names], repeats=repeats, variants=[(n, {}, None, []) for n in names],
+            known_from=None, cells=[("prefill-L6616", "single-stream")], experiments=[], duration="1 min"))
+
+    warned = plan(1, ["baseline", "memory"])
+    assert "repeats: 1 with more than one variant" in warned and "keep or revert provisionally" in warned
+    assert "repeats: 1 with" not in plan(2, ["baseline", "memory"])
+    assert "repeats: 1 with" not in plan(1, ["baseline"])

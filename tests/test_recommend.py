@@ -1,0 +1,191 @@
+"""Recommendations from the family of a variant's tests (issue 19) and from one measurement a side (issue 20),
+on constructed runs: no server."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from campaign import compare, report, store
+from campaign.cells import CellResult, CellSpec, Reason
+from campaign.tables import to_html, to_markdown, to_text
+
+CONTEXTS = (128, 2048)
+CONCURRENCY = (1, 4, 16)
+
+
+def spec(context: int, concurrency: int) -> CellSpec:
+    return CellSpec(phase="decode", context_tokens=context, concurrency=concurrency, max_tokens=128, window_s=4)
+
+
+def result(s: CellSpec, total: float, status: str = "Valid", codes: tuple[Reason, ...] = (),
+           ttft: float | None = None) -> CellResult:
+    return CellResult(spec=s, phase=s.phase, context_tokens=s.context_tokens, concurrency=s.concurrency,
+                      label=s.label, status=status, reasons=[c.value for c in codes],  # type: ignore[arg-type]
+                      reason_codes=list(codes), total_tok_s=None if status != "Valid" else total,
+                      per_request_tok_s=None if status != "Valid" else total / s.concurrency,
+                      ttft_ms=ttft if status == "Valid" else None)
+
+
+def build(tmp_path: Path, cells: dict[str, list[list[CellResult]]], kv: dict[str, int],
+          flags: dict[str, dict[str, object]]) -> store.RunDir:
+    """cells[variant][launch] = the cells that launch measured."""
+    run = store.RunDir.create(tmp_path, "t")
+    store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "baseline"}},
+                                        "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
+    for variant, launches in cells.items():
+        for repeat, measured in enumerate(launches):
+            launch = run.new_launch_dir(variant)
+            store.write_new(launch / "server.json", {
+                "kind": "server", "variant": variant, "repeat": repeat, "flags": flags[variant],
+                "facts": {"kv_cache_tokens": kv[variant], "block_size": 16, "vllm_version": "0.32.0",
+                          "device": "GPU", "max_model_len": 131072}, "ready_s": 60.0})
+            for c in measured:
+                run.write_cell(variant, repeat, c, launch=launch.name, telemetry=None)
+    return run
+
+
+def noisy_launches(rng: random.Random, repeats: int, noise: float = 0.04) -> list[list[CellResult]]:
+    """One launch's cells per repeat, every figure the same truth times independent noise."""
+    return [[result(spec(ctx, conc), 100.0 * conc * (1 + rng.gauss(0, noise)),
+                     ttft=50.0 * (1 + rng.gauss(0, noise)))
+             for ctx in CONTEXTS for conc in CONCURRENCY] for _ in range(repeats)]
+
+
+def test_holm_adjusts_step_down_and_keeps_the_input_order() -> None:
+    adjusted = compare.holm([0.01, 0.04, 0.03, 0.005])
+    # sorted: 0.005*4=0.02, 0.01*3=0.03, 0.03*2=0.06, 0.04*1=0.04 -> monotone 0.06
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert compare.holm([]) == []
+
+
+def test_aa_campaigns_come_out_no_difference_however_many_tests(tmp_path: Path) -> None:
+    """An A/A gives no better/worse verdict and "no difference", seed after seed: with 18 tests a variant at
+    95% each, a recommendation hanging on any single one would flip on noise."""
+    flips = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        run = build(tmp_path / f"aa-{seed}",
+                    {"baseline": noisy_launches(rng, 3), "copy": noisy_launches(rng, 3)},
+                    kv={"baseline": 100_000, "copy": 100_000},
+                    flags={"baseline": {"gpu-memory-utilization": 0.9}, "copy": {"gpu-memory-utilization": 0.9}})
+        diff = compare.diff_run(run)[0]
+        assert diff.aa and diff.tests == 18
+        assert "A/A" in diff.family_line and f"of {diff.tests} beyond noise after Holm" in diff.family_line
+        verdicts = [m.verdict for c in diff.cells for m in c.metrics]
+        flips += any(v in {"better", "worse"} for v in verdicts)
+        if any(v in {"better", "worse"} for v in verdicts):
+            assert diff.outcome == "not settled" and "an A/A cannot differ" in diff.recommendation
+        else:
+            assert diff.outcome == "no difference", diff.recommendation
+    # Holm keeps the family-wise error at 5%: at most a few of 40 A/A runs may show any verdict at all.
+    assert flips <= 6
+
+
+def test_aa_recommendation_says_no_difference_and_reports_the_false_positive_rate(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    run = build(tmp_path, {"baseline": noisy_launches(rng, 3), "copy": noisy_launches(rng, 3)},
+                kv={"baseline": 100_000, "copy": 100_000}, flags={"baseline": {}, "copy": {}})
+    diff = compare.diff_run(run)[0]
+    assert diff.outcome == "no difference" and not diff.provisional
+    assert diff.recommendation == ("no flag change (A/A): no difference: nothing beyond noise in 18 tests at "
+                                   "family-wise 5%")
+    table = report.diff_table(diff)
+    for render in (to_text, to_markdown, to_html):
+        rendered = render(table)
+        assert "18 tests (cells x metrics)" in rendered and "family-wise error 5%" in rendered
+
+
+def test_a_real_change_survives_the_family_correction(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    faster = [[result(c.spec, (c.total_tok_s or 0) * 1.2, ttft=c.ttft_ms) for c in launch]
+              for launch in noisy_launches(rng, 3, noise=0.01)]
+    run = build(tmp_path, {"baseline": noisy_launches(rng, 3, noise=0.01), "fast": faster},
+                kv={"baseline": 100_000, "fast": 100_000},
+                flags={"baseline": {}, "fast": {"max-num-batched-tokens": 8192}})
+    diff = compare.diff_run(run)[0]
+    better = [m for c in diff.cells for m in c.metrics if m.verdict == "better"]
+    assert len(better) >= 10 and all(m.p_holm is not None and m.p_holm < 0.05 for m in better)
+    assert diff.outcome == "keep" and diff.recommendation.endswith(": keep")
+
+
+def test_one_marginal_win_among_many_tests_is_inside_noise_with_the_reason(tmp_path: Path) -> None:
+    base = [[result(spec(128, 1), v)] for v in (100.0, 101.0, 99.0)]
+    other = [[result(spec(128, 1), v)] for v in (103.5, 104.5, 102.5)]
+    alone = compare.verdict_for([100.0, 101.0, 99.0], [103.5, 104.5, 102.5], 1, "total_tok_s")
+    assert alone.verdict == "better" and alone.p_value is not None and 0.005 < alone.p_value < 0.05
+    # The same figures among a family of two tests per cell: Holm doubles the smallest p.
+    run = build(tmp_path, {"baseline": base, "v": other}, kv={"baseline": 1000, "v": 1000},
+                flags={"baseline": {}, "v": {"x": 1}})
+    diff = compare.diff_run(run)[0]
+    total = next(m for c in diff.cells for m in c.metrics if m.metric == "total_tok_s")
+    assert diff.tests == 2 and total.p_holm == pytest.approx(2 * (total.p_value or 0), rel=1e-6)
+    if total.p_holm >= 0.05:
+        assert total.verdict == "inside noise" and "Holm" in total.note
+
+
+def test_cells_that_could_not_be_judged_leave_it_not_settled_never_revert(tmp_path: Path) -> None:
+    """Issue 19: "not valid in ...: revert" for an A/A. A cell not Valid is a reason for not settled."""
+    rng = random.Random(11)
+    launches = noisy_launches(rng, 3)
+    broken = [[result(c.spec, 0.0, "Invalid", (Reason.QUEUED_KV_CACHE,)) if c.spec.concurrency == 16 else c
+               for c in launch] for launch in noisy_launches(rng, 3)]
+    run = build(tmp_path, {"baseline": launches, "copy": broken}, kv={"baseline": 1000, "copy": 1000},
+                flags={"baseline": {}, "copy": {}})
+    diff = compare.diff_run(run)[0]
+    assert diff.outcome == "not settled" and "revert" not in diff.recommendation
+    assert "2 cell(s) not valid" in diff.recommendation and "queued_kv_cache: fewer streams" in diff.recommendation
+    assert diff.recommendation.endswith("not settled until those cells are measured")
+
+
+def one_measurement_run(tmp_path: Path, kv_variant: int, ttft_factor: float, total_factor: float = 1.0,
+                        baseline_invalid: bool = False) -> store.RunDir:
+    """Issue 20's shape: every variant launched once, the baseline twice (the drift sentinel)."""
+    rng = random.Random(5)
+    baseline = noisy_launches(rng, 2, noise=0.02)
+    if baseline_invalid:
+        baseline[1][0] = result(baseline[1][0].spec, 0.0, "Invalid", (Reason.QUEUED,))
+    variant = [[result(c.spec, (c.total_tok_s or 0) * total_factor, ttft=(c.ttft_ms or 0) * ttft_factor)
+                for c in noisy_launches(rng, 1, noise=0.02)[0]]]
+    return build(tmp_path, {"baseline": baseline, "v": variant}, kv={"baseline": 1_300_000, "v": kv_variant},
+                 flags={"baseline": {"gpu-memory-utilization": 0.883643}, "v": {"gpu-memory-utilization": 0.94}})
+
+
+def test_one_measurement_with_a_kv_gain_and_a_ttft_change_keeps_provisionally(tmp_path: Path) -> None:
+    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_418_300, ttft_factor=1.204,
+                                                baseline_invalid=True))[0]
+    verdicts = {m.verdict for c in diff.cells for m in c.metrics}
+    assert verdicts == {"not judged"} and diff.tests == 0
+    assert diff.outcome == "keep" and diff.provisional
+    assert "KV cache +9.1%" in diff.recommendation and "keep, provisionally (one measurement:" in diff.recommendation
+    assert "run 6 repeats (campaign run --resume RUN --repeats 6; at this noise 6 a side resolve a 3% change)" \
+        in diff.recommendation
+    assert "no test with two or more measurements a side" in diff.family_line
+
+
+def test_one_measurement_with_a_kv_loss_reverts_provisionally(tmp_path: Path) -> None:
+    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_200_000, ttft_factor=0.8))[0]
+    assert diff.outcome == "revert" and diff.provisional
+    assert "revert, provisionally (one measurement:" in diff.recommendation
+
+
+def test_one_measurement_with_only_throughput_changes_is_not_settled(tmp_path: Path) -> None:
+    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_300_000, ttft_factor=1.0,
+                                                total_factor=1.15))[0]
+    assert diff.outcome == "not settled" and not diff.provisional
+    assert "better" not in diff.recommendation and "not settled (one measurement a side:" in diff.recommendation
+
+
+def test_over_capacity_is_exact_without_repeats(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    baseline = noisy_launches(rng, 1)
+    variant = [[result(c.spec, 0.0, "Over capacity", (Reason.OVER_CAPACITY,))
+                if c.spec.concurrency == 16 and c.spec.context_tokens == 2048 else c
+                for c in noisy_launches(rng, 1)[0]]]
+    run = build(tmp_path, {"baseline": baseline, "v": variant}, kv={"baseline": 40_000, "v": 40_000},
+                flags={"baseline": {}, "v": {"max-num-seqs": 8}})
+    diff = compare.diff_run(run)[0]
+    assert diff.outcome == "revert" and diff.provisional
+    assert "over capacity now in decode-sustained-L2048-C16-N128-W4" in diff.recommendation
