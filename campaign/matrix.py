@@ -230,6 +230,9 @@ class Matrix(BaseModel):
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     # Before the first measured cell of every launch: requests of each shape the matrix uses (never measured).
     warmup: bool = True
+    # Add an exact copy of the baseline, `<baseline>-aa`, launched and measured like any variant: its diff
+    # against the baseline is this rig's false-positive check (an A/A must come out "no difference").
+    aa: bool = False
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> Matrix:
@@ -254,6 +257,11 @@ class Matrix(BaseModel):
                 flags = dict(zip(keys, values, strict=True))
                 name = ",".join(f"{normalize_flag(k)}={v}" for k, v in flags.items())
                 variants.append(Variant(name=name.replace(" ", ""), flags=flags))
+        baseline = next((v for v in variants if v.name == self.baseline), None)
+        if self.aa and baseline is not None:
+            variants.append(Variant(name=aa_name(self.baseline), flags=dict(baseline.flags),
+                                    description="A/A: the baseline's exact flags, to measure this rig's false "
+                                                "positives"))
         return variants
 
     def ordered_variants(self) -> list[Variant]:
@@ -270,6 +278,11 @@ class Matrix(BaseModel):
             for spec in workload.cells(self.window_s):
                 seen.setdefault(spec.key, spec)
         return list(seen.values())
+
+
+def aa_name(baseline: str) -> str:
+    """The name of the baseline's A/A copy (`aa: true`)."""
+    return f"{baseline}-aa"
 
 
 def schedule(matrix: Matrix) -> list[tuple[str, int]]:

@@ -138,3 +138,17 @@ def test_h200_speed_matrix_measures_ttft_warm_like_seed_004() -> None:
     assert decode and all(c.ttft == "warm" and c.key.endswith("-Twarm") for c in decode)
     default, _, _ = load_matrix("a5000-tuning")
     assert all(c.ttft == "cold" for c in default.cells())
+
+
+def test_aa_adds_an_exact_copy_of_the_baseline_interleaved_like_any_variant(tmp_path: Path) -> None:
+    text = BASE.replace("  - name: a\n", "  - name: a\n    flags: {gpu-memory-utilization: 0.9}\n")
+    text += "aa: true\nrepeats: 2\n"
+    matrix, _, _ = load_matrix(write(tmp_path, text))
+    copy = next(v for v in matrix.all_variants() if v.name == "a-aa")
+    assert copy.flags == {"gpu-memory-utilization": 0.9} and "A/A" in copy.description
+    assert schedule(matrix) == [("a", 0), ("b", 0), ("a-aa", 0), ("a-aa", 1), ("b", 1), ("a", 1)]
+    off, _, _ = load_matrix(write(tmp_path, BASE))
+    assert "a-aa" not in [v.name for v in off.all_variants()]
+    clash = text.replace("  - name: b\n", "  - name: a-aa\n  - name: b\n")
+    with pytest.raises(ConfigError, match="variant name 'a-aa' appears twice"):
+        load_matrix(write(tmp_path, clash))

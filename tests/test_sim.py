@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from campaign import sim_model, startup_log, study
-from campaign.cells import CellResult, CellSpec, over_capacity
+from campaign import compare, sim_model, startup_log, store, study
+from campaign.cells import CellResult, CellSpec, itl_per_token, over_capacity
 from campaign.errors import LaunchError
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Measurer, Target
@@ -89,6 +89,9 @@ def test_a5000_decode_ladder_within_ten_percent(a5000: LaunchedServer) -> None:
             assert cell.status == "Valid", cell.reasons
             assert cell.per_request_tok_s is not None
             out[conc] = cell.per_request_tok_s / TIME_SCALE
+            # No speculative decoding: one token a step, so the per-token median gap is 1000 / per-request rate.
+            if conc <= 8:
+                assert cell.itl_ms == pytest.approx(1000 / cell.per_request_tok_s, rel=0.15), conc
         return out
 
     measured = asyncio.run(ladder())
@@ -130,15 +133,31 @@ def test_h200_seed_004_decode_and_prefill() -> None:
                          warmup_s=0.2),
                 CellSpec(phase="decode", context_tokens=8192, concurrency=64, max_tokens=4096, window_s=2,
                          warmup_s=0.2),
+                CellSpec(phase="decode", context_tokens=8192, concurrency=8, max_tokens=4096, window_s=2,
+                         warmup_s=0.2),
             )]
 
-        prefill, single, wide = asyncio.run(cells())
+        prefill, single, wide, eight = asyncio.run(cells())
     assert prefill.prompt_tok_s is not None and prefill.prompt_tok_s / TIME_SCALE == pytest.approx(10_100, rel=0.10)
     assert single.total_tok_s is not None and single.total_tok_s / TIME_SCALE == pytest.approx(148.2, rel=0.10)
     assert wide.total_tok_s is not None and wide.total_tok_s / TIME_SCALE == pytest.approx(3_104.6, rel=0.10)
     # Per-position acceptance 0.7 with 2 draft tokens: accepted/drafted = (0.7 + 0.49) / 2, length 1 + 0.7 + 0.49.
     assert single.spec_acceptance_rate == pytest.approx(0.595, abs=0.05)
     assert single.spec_mean_acceptance_length == pytest.approx(2.19, abs=0.1)
+    for cell in (single, eight):
+        assert cell.per_request_tok_s is not None and cell.itl_ms is not None and cell.tpot_ms is not None
+        seed_tbt = 1000 / cell.per_request_tok_s  # seed 004's "time between tokens": the mean gap
+        # The mean of the per-token gaps is decode time / tokens, exactly 1000 / rate; TPOT is that per request.
+        window = (min(t for r in cell.records for t in r.chunk_t), max(t for r in cell.records for t in r.chunk_t))
+        gaps = itl_per_token(cell.records, *window)
+        assert 1000 * sum(gaps) / len(gaps) == pytest.approx(seed_tbt, rel=0.15)
+        assert cell.tpot_ms == pytest.approx(seed_tbt, rel=0.15)
+        # With MTP a step delivers 1-3 tokens at once: the per-token median falls on the commonest burst (3
+        # tokens, about two thirds of them at acceptance 0.7), below the mean gap by about 2.19 / 3.
+        assert cell.itl_ms < seed_tbt and cell.itl_ms == pytest.approx(seed_tbt * 2.19 / 3, rel=0.15)
+        for name in ("ttft", "itl", "tpot", "e2e"):
+            p50, p90, p99 = (getattr(cell, f"{name}{suffix}_ms") for suffix in ("", "_p90", "_p99"))
+            assert p50 is not None and p90 is not None and p99 is not None and p50 <= p90 <= p99, name
 
 
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path) -> None:
@@ -151,7 +170,31 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path) -> None:
     memory = next(line for line in lines if "gpu-memory-utilization 0.9 -> 0.95" in line)
     assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
     batch = next(line for line in lines if "max-num-batched-tokens 2,048 -> 8,192" in line)
-    assert "inside noise in every cell" in batch and "KV cache -0.8%" in batch and batch.endswith(": revert")
+    assert "better" not in batch and "worse" not in batch and "KV cache -0.8%" in batch
+    assert batch.endswith(": revert (a cost with no benefit)")
+
+
+def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path) -> None:
+    """Issue 19: two identical flag sets, interleaved, must come out "no difference", with no better or worse
+    verdict anywhere, and the 16-stream cell of 2,048-token prompts Valid (its replacements queue for the chunk)."""
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "10"}  # an A/A needs consistency, not calibration
+    out = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/a5000-aa-sim.yaml", "--engine", "sim",
+         "--out", str(tmp_path), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    recommendation = next(line for line in lines if line.startswith("recommendation:"))
+    assert recommendation.startswith("recommendation: no flag change (A/A): no difference: nothing beyond noise in")
+    assert "family-wise error 5%" in out.stdout and "A/A (the baseline's own flags): 0 of" in out.stdout
+    run = store.RunDir(next(tmp_path.glob("a5000-aa-sim/*")))
+    (diff,) = compare.diff_run(run)
+    verdicts = [(c.key, m.metric, m.verdict) for c in diff.cells for m in c.metrics]
+    assert diff.aa and diff.tests >= 6 and diff.outcome == "no difference"
+    assert not [v for v in verdicts if v[2] in {"better", "worse"}], verdicts
+    queued = [c.result for c in run.cells() if c.result.spec.key == "decode-sustained-L2048-C16-N128-W3"]
+    # Three launches a side and the drift sentinel.
+    assert len(queued) == 7 and all(c.status == "Valid" for c in queued), [c.reasons for c in queued]
+    assert all(any("queued for the prefill chunk" in n for n in c.notes) for c in queued if c.waiting_max)
 
 
 @pytest.mark.parametrize("fault, kind", [("start-oom", "out_of_memory"), ("hang-startup", "deadline")])
