@@ -72,6 +72,16 @@ class Target:
         return self.endpoint.root
 
 
+@dataclass(frozen=True)
+class _Gauges:
+    """One sample of the server's queue gauges."""
+
+    t: float
+    running: float
+    waiting: float
+    kv_usage: float | None
+
+
 @dataclass
 class _Step:
     records: list[RequestRecord]
@@ -222,11 +232,10 @@ class Measurer:
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )
 
-    async def _sampler(self, control: httpx.AsyncClient, running: list[float], waiting: list[float],
-                       kv_usage: list[float], window_open: asyncio.Event, stop: asyncio.Event,
-                       interval_s: float) -> None:
+    async def _sampler(self, control: httpx.AsyncClient, samples: list[_Gauges], window_open: asyncio.Event,
+                       stop: asyncio.Event, interval_s: float) -> None:
         """Running/waiting (and KV-usage, where exported) gauges: first at half an interval into the window,
-        then every interval."""
+        then every interval, each stamped with the midpoint of its scrape on the window's clock."""
         await window_open.wait()
         delay = interval_s / 2
         while True:
@@ -236,11 +245,11 @@ class Measurer:
             except TimeoutError:
                 pass
             try:
+                before = time.perf_counter()
                 snap = await self.scrape(control)
-                running.append(snap.value(m.RUNNING))
-                waiting.append(snap.value(m.WAITING))
-                if snap.has(m.KV_USAGE):
-                    kv_usage.append(snap.value(m.KV_USAGE))
+                samples.append(_Gauges(t=(before + time.perf_counter()) / 2, running=snap.value(m.RUNNING),
+                                       waiting=snap.value(m.WAITING),
+                                       kv_usage=snap.value(m.KV_USAGE) if snap.has(m.KV_USAGE) else None))
             except (httpx.HTTPError, MetricMissingError):
                 pass  # a missed sample is a missing sample, never a zero
             delay = interval_s
@@ -248,14 +257,11 @@ class Measurer:
     async def _run_step(self, spec: CellSpec, max_tokens: int, client: StreamClient,
                         control: httpx.AsyncClient) -> _Step:
         records: list[RequestRecord] = []
-        running: list[float] = []
-        waiting: list[float] = []
-        kv_usage: list[float] = []
+        samples: list[_Gauges] = []
         window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
         interval = min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
-        sampler = asyncio.create_task(self._sampler(control, running, waiting, kv_usage, window_open, stop_sampling,
-                                                    interval))
+        sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
         me = psutil.Process()
         cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
         if self.gpu_monitor is not None:
@@ -306,8 +312,12 @@ class Measurer:
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
         cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
-        return _Step(records=records, priming=priming, window=window, running=running, waiting=waiting,
-                     kv_usage=kv_usage, cpu=cpu,
+        if window is not None:
+            # The drain after a sustained window runs fewer than C: its samples say nothing of the window.
+            samples = [g for g in samples if window[0] <= g.t <= window[1]]
+        return _Step(records=records, priming=priming, window=window, running=[g.running for g in samples],
+                     waiting=[g.waiting for g in samples],
+                     kv_usage=[g.kv_usage for g in samples if g.kv_usage is not None], cpu=cpu,
                      processes=processes, telemetry=telemetry)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,

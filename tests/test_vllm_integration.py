@@ -296,5 +296,5 @@ def test_replacements_queueing_for_a_full_chunk_leave_the_cell_valid(target: Tar
     assert cell.status == "Valid", cell.reasons
     assert cell.avg_running is not None and cell.avg_waiting is not None and cell.kv_usage_max is not None
     assert cell.kv_usage_max < 0.95
-    if cell.waiting_max:
+    if cell.avg_waiting:  # two gauge samples in a 6 s window: their mean is their median
         assert any("queued for the prefill chunk" in n or "just arrived" in n for n in cell.notes), cell.notes
