@@ -57,7 +57,7 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
     Reason.QUEUED_SCHEDULER_CAP: "raise max-num-seqs, or measure at most as many streams as it runs",
     Reason.QUEUED_KV_CACHE: "fewer streams, a shorter context, or more KV cache (gpu-memory-utilization)",
-    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile so the cause can be told",
+    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile, and check for other clients",
     Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
     Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
     Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
@@ -100,7 +100,8 @@ class StepEvidence:
     context_tokens: int = 0                    # each request's prompt
     max_num_batched_tokens: int | None = None  # the chunk: prompt tokens plus decodes one engine step may take
     running: tuple[float, ...] = ()            # sampled vllm:num_requests_running inside the window
-    kv_usage: tuple[float, ...] = ()           # sampled vllm:kv_cache_usage_perc (0-1) inside the window
+    kv_usage: tuple[float | None, ...] = ()    # vllm:kv_cache_usage_perc (0-1) of the same samples (None: absent)
+    decode_tokens_per_seq: int = 1             # tokens a decoding sequence takes from the chunk: 1 + draft tokens
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -141,7 +142,8 @@ def replacements_per_step(e: StepEvidence) -> int | None:
     """How many fresh prompts one engine step can prefill beside C - 1 decodes (None: chunk not known)."""
     if e.max_num_batched_tokens is None or e.context_tokens <= 0:
         return None
-    return max(0, (e.max_num_batched_tokens - (e.concurrency - 1)) // e.context_tokens)
+    decodes = (e.concurrency - 1) * e.decode_tokens_per_seq
+    return max(0, (e.max_num_batched_tokens - decodes) // e.context_tokens)
 
 
 def queue_figures(e: StepEvidence) -> str:
@@ -160,12 +162,14 @@ def queue_cause(e: StepEvidence) -> Finding | None:
     """Requests waited in the server's queue through a sustained window: why, and whether that breaks the cell.
 
     A finished request's replacement must be prefilled. When C fresh prompts do not fit one step's chunk
-    beside the decodes, replacements that arrive together wait for the chunk, one step each: that is how the
-    server works at this shape, so the cell stays Valid (the note reports the queue). Requests waiting for
-    KV blocks, or for a seat under the scheduler cap, are requests the server will not run: Invalid, saying
-    which. None: Valid."""
+    beside the decodes, replacements that arrive together wait for the chunk, one step each, while the server
+    runs (about) all the others: that is how the server works at this shape, so the cell stays Valid (the note
+    reports the queue). Requests waiting for KV blocks, or for a seat under the scheduler cap, are requests
+    the server will not run: Invalid, saying which. None: Valid."""
     figures = queue_figures(e)
-    kv_max = max(e.kv_usage) if e.kv_usage else None
+    # KV use while requests waited: a full cache then means they waited for blocks.
+    kv_waiting = [kv for kv, w in zip(e.kv_usage, e.waiting, strict=False) if kv is not None and w > 0]
+    kv_max = max(kv_waiting) if kv_waiting else None
     if kv_max is not None and kv_max >= KV_FULL:
         return Finding(Reason.QUEUED_KV_CACHE, f"requests waited for KV-cache blocks: the cache was "
                                                f"{100 * kv_max:.0f}% full while they waited; {figures}")
@@ -173,13 +177,18 @@ def queue_cause(e: StepEvidence) -> Finding | None:
     if per_step is None:
         return Finding(Reason.QUEUED, f"requests waited in the server queue through the window, {figures}; the "
                                       "chunk size (max-num-batched-tokens) is not known, so the cause cannot be told")
-    if per_step < e.concurrency or _transient(e):
-        return None  # the chunk explains it, or requests that had just arrived waited for the next step
-    chunk = f"the {e.max_num_batched_tokens:,}-token chunk prefills all {e.concurrency} fresh prompts in one step"
-    if kv_max is None or (e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs):
+    seated = e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
+    if _chunk_explains(e, per_step):
+        return None
+    if _transient(e):
+        return None  # requests that had just arrived waited for the next step
+    chunk = (f"the {e.max_num_batched_tokens:,}-token chunk prefills all {e.concurrency} fresh prompts in one step"
+             if per_step >= e.concurrency else
+             f"fewer than {e.concurrency} ran in every sample, more than the {e.max_num_batched_tokens:,}-token "
+             "chunk explains")
+    if kv_max is None or seated:
         return Finding(Reason.QUEUED, f"requests waited in the server queue through the window although {chunk}"
-                                      + (f" and max-num-seqs {e.max_num_seqs} seats them all"
-                                         if e.max_num_seqs is not None else "")
+                                      + (f" and max-num-seqs {e.max_num_seqs} seats them all" if seated else "")
                                       + (f" and the KV cache had room ({100 * kv_max:.0f}% used)"
                                          if kv_max is not None else "; KV-cache usage was not sampled")
                                       + f"; {figures}")
@@ -188,6 +197,15 @@ def queue_cause(e: StepEvidence) -> Finding | None:
                    f"requests waited for a seat: {chunk} and the KV cache had room ({100 * kv_max:.0f}% used), so "
                    "the scheduler capped the running requests" + (f" near {running:.0f}" if running is not None else "")
                    + f"; {figures}")
+
+
+def _chunk_explains(e: StepEvidence, per_step: int) -> bool:
+    """The chunk cannot prefill every replacement at once, and the server still ran about all C (or the cap
+    seats them all): the queue is replacements waiting for the chunk."""
+    seated = e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
+    near_c = bool(e.running) and (max(e.running) >= e.concurrency - 1
+                                  or (stats.mean(e.running) or 0.0) >= ACTIVE_SHARE * e.concurrency)
+    return per_step < e.concurrency and (seated or near_c or not e.running)
 
 
 def _transient(e: StepEvidence) -> bool:
@@ -203,7 +221,7 @@ def queue_note(e: StepEvidence) -> str | None:
     per_step = replacements_per_step(e)
     if per_step is None or queue_cause(e) is not None:
         return None
-    if per_step >= e.concurrency:
+    if not _chunk_explains(e, per_step):
         return f"requests that had just arrived waited for the next engine step: {queue_figures(e)}"
     fit = f"{per_step} fresh prompt(s)" if per_step else "less than one fresh prompt"
     return (f"replacement requests queued for the prefill chunk ({e.max_num_batched_tokens:,} tokens hold {fit} of "

@@ -223,8 +223,9 @@ class VariantDiff:
 
     @property
     def aa(self) -> bool:
-        """An A/A comparison: the variant runs the baseline's exact flags, so every difference is noise."""
-        return not self.flag_changes
+        """An A/A comparison: the variant runs the baseline's exact flags in the same run, so every difference
+        is noise (the same flags in another run, "@B", may differ in everything else)."""
+        return not self.flag_changes and not self.variant.endswith("@B")
 
     @property
     def beyond_noise_alone(self) -> int:
@@ -234,8 +235,11 @@ class VariantDiff:
     @property
     def family_line(self) -> str:
         """How many tests the verdicts rest on, and at what family-wise level."""
+        if not self.comparable:
+            return f"no test: not comparable ({self.not_comparable_reason})"
         if not self.tests:
-            return "no test with two or more measurements a side: no better or worse verdict is possible"
+            return ("no test: no cell and metric has two or more Valid measurements on both sides, so no better or "
+                    "worse verdict is possible")
         line = (f"{self.tests} tests (cells x metrics), better/worse only where Holm's adjusted p < "
                 f"{self.alpha:g} (family-wise error {100 * self.alpha:g}%)")
         if self.aa:
@@ -303,7 +307,12 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                             hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
     diffs = []
     default_base = base_name
-    for variant in sorted(set(by_variant) | set(facts)):
+    # A variant that never became ready has failure records only: its start-up failure is a result too.
+    failed = {s["variant"] for s in run.servers() if s.get("kind") == "failure"} - set(facts)
+    for name in failed:
+        flags.setdefault(name, next((dict(v.get("flags") or {}) for v in manifest["matrix"]["raw"].get(
+            "variants", []) if v.get("name") == name), {}))
+    for variant in sorted(set(by_variant) | set(facts) | failed):
         base_name = references.get(variant) or default_base
         if variant == base_name or (variant == default_base and variant not in references):
             continue
@@ -535,18 +544,21 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
 
     gain, loss = kv_gain or bool(gained), kv_loss or bool(lost)
-    if not judged and one_measurement:
-        # Issue 20: one measurement a side is not evidence; only the launch facts are exact.
+    if diff.aa and (better or worse or gain or loss):
+        return "not settled", False, sentence(
+            "not settled: an A/A cannot differ, so these are false positives or launch-to-launch variation "
+            "(noise this rig's intervals do not capture)")
+    if not judged:
+        # Issue 20: one measurement a side is not evidence (nor are cells never Valid on both sides); only the
+        # launch facts are exact, so they decide, provisionally.
+        why = "one measurement" if one_measurement else "no cell measured on both sides"
         advice = _settle_advice(diff)
         if gain and not loss:
-            return "keep", True, sentence(f"keep, provisionally (one measurement: {advice} to confirm)")
+            return "keep", True, sentence(f"keep, provisionally ({why}: {advice} to confirm)")
         if loss and not gain:
-            return "revert", True, sentence(f"revert, provisionally (one measurement: {advice} to confirm)")
-        return "not settled", False, sentence(f"not settled (one measurement a side: {advice} to settle it)")
-    if diff.aa and (better or worse):
-        return "not settled", False, sentence(
-            "not settled: an A/A cannot differ, so these are false positives (noise this rig's intervals do not "
-            "capture: drift, or launch-to-launch variation)")
+            return "revert", True, sentence(f"revert, provisionally ({why}: {advice} to confirm)")
+        if one_measurement:
+            return "not settled", False, sentence(f"not settled (one measurement a side: {advice} to settle it)")
     # 1% or more of the KV cache counts like a faster or slower cell; a smaller loss is still a cost.
     harm = bool(worse) or kv_loss or bool(lost)
     benefit = bool(better) or kv_gain or bool(gained)

@@ -66,6 +66,7 @@ class Target:
     max_num_seqs: int | None = None
     # The chunk (prompt tokens plus decodes per engine step): tells replacements queueing for it from the rest.
     max_num_batched_tokens: int | None = None
+    num_speculative_tokens: int | None = None   # draft tokens per step: each decode takes 1 + this from the chunk
 
     @property
     def base_url(self) -> str:
@@ -89,7 +90,7 @@ class _Step:
     window: tuple[float, float] | None
     running: list[float]
     waiting: list[float]
-    kv_usage: list[float]
+    kv_usage: list[float | None]   # aligned with running and waiting; None where the gauge is not exported
     cpu: float | None          # the busiest client process's share of one core
     processes: int = 1
     telemetry: StepTelemetry | None = None
@@ -317,7 +318,7 @@ class Measurer:
             samples = [g for g in samples if window[0] <= g.t <= window[1]]
         return _Step(records=records, priming=priming, window=window, running=[g.running for g in samples],
                      waiting=[g.waiting for g in samples],
-                     kv_usage=[g.kv_usage for g in samples if g.kv_usage is not None], cpu=cpu,
+                     kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
@@ -400,6 +401,7 @@ class Measurer:
             prefix_cache_hits=hits, preemptions=preemptions, waiting=tuple(step.waiting),
             running=tuple(step.running), kv_usage=tuple(step.kv_usage), context_tokens=spec.context_tokens,
             max_num_batched_tokens=self.target.max_num_batched_tokens,
+            decode_tokens_per_seq=1 + (self.target.num_speculative_tokens or 0),
             avg_active=values.get("avg_active"), avg_before_first_token=values.get("avg_before_first_token"),
             client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
             gpu_throttled=step.telemetry.throttled if step.telemetry else None,
@@ -434,7 +436,7 @@ class Measurer:
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
             avg_running=stats.mean(step.running), avg_waiting=stats.mean(step.waiting),
-            kv_usage_max=max(step.kv_usage) if step.kv_usage else None,
+            kv_usage_max=max((kv for kv in step.kv_usage if kv is not None), default=None),
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             attempts=attempts, requests=[r.to_dict() for r in records],

@@ -60,6 +60,23 @@ RULES = [
      "max-num-seqs 64 seats them all"),
     ("requests that had just arrived", {**SHORT_PROMPTS, "waiting": (1.0, 0.0, 1.0), "running": (3.0, 4.0, 3.0)},
      "Valid", None, ""),
+    # Prompts that fill the chunk, but the server ran half of C in every sample: the default cap, not the chunk.
+    ("queued under a cap the profile did not pass", {**CHUNK_BOUND, "concurrency": 512, "avg_active": 512.0,
+                                                       "max_num_seqs": None, "waiting": (256.0, 256.0),
+                                                       "running": (256.0, 256.0), "kv_usage": (0.3, 0.3)},
+     "Invalid", Reason.QUEUED_SCHEDULER_CAP, "fewer than 512 ran in every sample"),
+    # The cache was full only in a sample where nobody waited: the waiting was not for blocks.
+    ("a full cache while nobody waited", {**CHUNK_BOUND, "waiting": (1.0, 0.0, 1.0), "kv_usage": (0.5, 0.97, 0.5)},
+     "Valid", None, ""),
+    # 126-token prompts, 16 streams, a 2,048-token chunk: 16 fresh prompts fit beside 15 plain decodes ...
+    ("a queue the chunk does not explain", {**SHORT_PROMPTS, "concurrency": 16, "avg_active": 16.0,
+                                            "context_tokens": 126, "waiting": (1.0, 1.0), "running": (15.0, 15.0)},
+     "Invalid", Reason.QUEUED, "prefills all 16 fresh prompts in one step"),
+    # ... but not beside 15 decodes that each verify 2 draft tokens (MTP): then the chunk explains it.
+    ("speculative decodes take more of the chunk", {**SHORT_PROMPTS, "concurrency": 16, "avg_active": 16.0,
+                                                    "context_tokens": 126, "waiting": (1.0, 1.0),
+                                                    "running": (15.0, 15.0), "decode_tokens_per_seq": 3},
+     "Valid", None, ""),
     ("fewer than C running", {"avg_active": 3.1}, "Invalid", Reason.FEWER_ACTIVE, "3.1 of 4"),
     ("under 95% of C active", {"avg_active": 3.7}, "Invalid", Reason.FEWER_ACTIVE, "95%"),
     ("concurrency above max-num-seqs", {"max_num_seqs": 2, "waiting": (2.0, 2.0)}, "Invalid",
