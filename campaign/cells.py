@@ -187,11 +187,11 @@ def queue_cause(e: StepEvidence) -> Finding | None:
              f"fewer than {e.concurrency} ran in every sample, more than the {e.max_num_batched_tokens:,}-token "
              "chunk explains")
     if kv_max is None or seated:
-        return Finding(Reason.QUEUED, f"requests waited in the server queue through the window although {chunk}"
-                                      + (f" and max-num-seqs {e.max_num_seqs} seats them all" if seated else "")
-                                      + (f" and the KV cache had room ({100 * kv_max:.0f}% used)"
-                                         if kv_max is not None else "; KV-cache usage was not sampled")
-                                      + f"; {figures}")
+        known = [chunk, f"max-num-seqs {e.max_num_seqs} seats them all" if seated else "",
+                 f"the KV cache had room ({100 * kv_max:.0f}% used)" if kv_max is not None else
+                 "KV-cache usage was not sampled"]
+        return Finding(Reason.QUEUED, "requests waited in the server queue through the window and nothing known "
+                                      f"explains it: {'; '.join(k for k in known if k)}; {figures}")
     running = stats.mean(e.running)
     return Finding(Reason.QUEUED_SCHEDULER_CAP,
                    f"requests waited for a seat: {chunk} and the KV cache had room ({100 * kv_max:.0f}% used), so "
