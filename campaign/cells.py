@@ -177,7 +177,7 @@ def queue_cause(e: StepEvidence) -> Finding | None:
     if per_step is None:
         return Finding(Reason.QUEUED, f"requests waited in the server queue through the window, {figures}; the "
                                       "chunk size (max-num-batched-tokens) is not known, so the cause cannot be told")
-    seated = e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
+    seated = _seated(e)
     if _chunk_explains(e, per_step):
         return None
     if _transient(e):
@@ -202,10 +202,14 @@ def queue_cause(e: StepEvidence) -> Finding | None:
 def _chunk_explains(e: StepEvidence, per_step: int) -> bool:
     """The chunk cannot prefill every replacement at once, and the server still ran about all C (or the cap
     seats them all): the queue is replacements waiting for the chunk."""
-    seated = e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
     near_c = bool(e.running) and (max(e.running) >= e.concurrency - 1
                                   or (stats.mean(e.running) or 0.0) >= ACTIVE_SHARE * e.concurrency)
-    return per_step < e.concurrency and (seated or near_c or not e.running)
+    return per_step < e.concurrency and (_seated(e) or near_c or not e.running)
+
+
+def _seated(e: StepEvidence) -> bool:
+    """The launched scheduler cap seats all C streams (False when it was left to vLLM's default)."""
+    return e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
 
 
 def _transient(e: StepEvidence) -> bool:

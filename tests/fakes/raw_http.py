@@ -223,13 +223,20 @@ class RawHTTPServer:
             return data
         return None
 
-    def _read_request(self, conn: socket.socket, buf: bytes, index: int) -> tuple[Request, bytes] | None:
-        while b"\r\n\r\n" not in buf:
+    def _fill(self, conn: socket.socket, buf: bytes, index: int, enough: Callable[[bytes], bool]) -> bytes | None:
+        """Read into `buf` until `enough(buf)`; None if the client went away first."""
+        while not enough(buf):
             data = self._recv(conn, index)
             if data is None:
                 return None
             buf += data
-        head, _, buf = buf.partition(b"\r\n\r\n")
+        return buf
+
+    def _read_request(self, conn: socket.socket, buf: bytes, index: int) -> tuple[Request, bytes] | None:
+        filled = self._fill(conn, buf, index, lambda b: b"\r\n\r\n" in b)
+        if filled is None:
+            return None
+        head, _, buf = filled.partition(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, target, version = lines[0].split(" ", 2)
         headers = [(k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)]
@@ -237,29 +244,23 @@ class RawHTTPServer:
         if "chunked" in lowered.get("transfer-encoding", "").lower():
             body = b""
             while True:
-                while b"\r\n" not in buf:
-                    data = self._recv(conn, index)
-                    if data is None:
-                        return None
-                    buf += data
-                size_line, _, buf = buf.partition(b"\r\n")
+                filled = self._fill(conn, buf, index, lambda b: b"\r\n" in b)
+                if filled is None:
+                    return None
+                size_line, _, buf = filled.partition(b"\r\n")
                 size = int(size_line.split(b";")[0], 16)
-                while len(buf) < size + 2:
-                    data = self._recv(conn, index)
-                    if data is None:
-                        return None
-                    buf += data
-                body, buf = body + buf[:size], buf[size + 2:]
+                filled = self._fill(conn, buf, index, lambda b, n=size + 2: len(b) >= n)
+                if filled is None:
+                    return None
+                body, buf = body + filled[:size], filled[size + 2:]
                 if size == 0:
                     break
         else:
             length = int(lowered.get("content-length", "0") or 0)
-            while len(buf) < length:
-                data = self._recv(conn, index)
-                if data is None:
-                    return None
-                buf += data
-            body, buf = buf[:length], buf[length:]
+            filled = self._fill(conn, buf, index, lambda b: len(b) >= length)
+            if filled is None:
+                return None
+            body, buf = filled[:length], filled[length:]
         return Request(method, target, version, headers, body, index, time.perf_counter()), buf
 
     def _play(self, conn: socket.socket, script: Script, index: int) -> bool:

@@ -207,6 +207,15 @@ class Proxy:
             down.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" if frame_chunked else data)
             await down.drain()
 
+        async def relay(left: int, inside: str) -> None:
+            """Pass exactly `left` body bytes on; the upstream closing first is an error."""
+            while left:
+                data = await up.read(min(left, 65536))
+                if not data:
+                    raise ConnectionError(f"the upstream closed inside {inside}")
+                left -= len(data)
+                await send(data)
+
         if no_body:
             pass
         elif chunked:
@@ -216,22 +225,10 @@ class Proxy:
                     while await up.readuntil(b"\r\n") != b"\r\n":  # trailers: dropped
                         pass
                     break
-                left = size
-                while left:
-                    data = await up.read(min(left, 65536))
-                    if not data:
-                        raise ConnectionError("the upstream closed inside a chunk")
-                    left -= len(data)
-                    await send(data)
+                await relay(size, "a chunk")
                 await up.readexactly(2)
         elif length is not None:
-            left = int(length)
-            while left:
-                data = await up.read(min(left, 65536))
-                if not data:
-                    raise ConnectionError("the upstream closed inside a body")
-                left -= len(data)
-                await send(data)
+            await relay(int(length), "a body")
         else:
             while data := await up.read(65536):
                 await send(data)
