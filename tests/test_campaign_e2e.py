@@ -24,13 +24,13 @@ SECRET = "sk-e2e-" + secrets.token_hex(12)
 MATRIX = "tests/fixtures/matrices/e2e.yaml"
 
 
-def wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.5):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -48,15 +48,20 @@ def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) ->
     try:
         run_dir = wait_for(lambda: next(iter((out / "e2e").glob("*")), None), 60, "the run directory")
         server_json = run_dir / "variants/two-seqs/launch-1/server.json"
-        wait_for(server_json.exists, 600, "the third variant's server to be ready")
+        wait_for(server_json.exists, 600, "the third variant's server to be ready", every_s=0.02)
+        # Its cells take about 3 s: freeze the controller (not the server) so that the checks below cannot
+        # outlast them on a loaded machine, and Ctrl-C lands while the variant is being measured.
+        first.send_signal(signal.SIGSTOP)
         port = port_of(server_json)
         # The server runs behind the key: /v1 refuses without it, /metrics stays open.
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
-        first.send_signal(signal.SIGINT)  # Ctrl-C, while the third variant is being measured
+        first.send_signal(signal.SIGINT)  # Ctrl-C, delivered as the controller resumes
+        first.send_signal(signal.SIGCONT)
         stdout1, stderr1 = first.communicate(timeout=120)
     finally:
         if first.poll() is None:
+            first.send_signal(signal.SIGCONT)
             first.kill()
     assert first.returncode == 130, stderr1
     assert "campaign run --resume" in stderr1
