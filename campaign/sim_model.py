@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from campaign.answers import HARDWARE, MODELS, resolve_hardware
+from campaign.hardware import HARDWARE, MODELS, resolve_hardware
 
 GIB = 2**30
 

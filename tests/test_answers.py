@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaign import answers
+from campaign import answers, hardware
 from campaign.answers import LadderStep
 
 # Seed 000: 256-token replies, fresh prompts, 2x RTX A5000 TP=2.
@@ -72,13 +72,13 @@ def test_roofline_pools_tensor_parallel_bandwidth() -> None:
 def test_roofline_unknown_hardware_or_model_is_none() -> None:
     assert answers.roofline("tpu-v9", "qwen-27b-hybrid") is None
     assert answers.roofline("h200", "some-model") is None
-    assert answers.resolve_hardware("h200-nvl") == (answers.HARDWARE["h200-nvl"], 1)
+    assert hardware.resolve_hardware("h200-nvl") == (hardware.HARDWARE["h200-nvl"], 1)
 
 
 def test_hardware_table_uses_dense_figures() -> None:
-    assert answers.HARDWARE["h100-sxm"].bf16_tflops == 989.5   # not the 1,979 sparse datasheet figure
-    assert answers.HARDWARE["rtx-a5000"].fp8_tflops is None
-    assert answers.HARDWARE["h200-nvl"].bandwidth_gb_s == 4800
+    assert hardware.HARDWARE["h100-sxm"].bf16_tflops == 989.5   # not the 1,979 sparse datasheet figure
+    assert hardware.HARDWARE["rtx-a5000"].fp8_tflops is None
+    assert hardware.HARDWARE["h200-nvl"].bandwidth_gb_s == 4800
 
 
 def test_short_answers_from_stored_cells() -> None:

@@ -1,0 +1,66 @@
+"""Hardware and model tables: what a card can move and compute, what a model reads and stores per token.
+
+Shared by the short answers (roofline bounds) and the simulator (its step-time physics). Pure data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_gb: float
+    bandwidth_gb_s: float
+    bf16_tflops: float          # dense
+    fp8_tflops: float | None    # dense; None where the chip has no FP8
+    int8_tops: float            # dense
+
+
+# Dense figures (datasheets print Hopper/Ada/Ampere tensor figures with 2:4 sparsity; these are half).
+HARDWARE: dict[str, Hardware] = {h.name: h for h in (
+    Hardware("rtx-a5000", 24, 768, 111.1, None, 222.2),
+    Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6),
+    Hardware("l40s", 48, 864, 362.05, 733, 733),
+    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624),
+    Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624),
+    Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979),
+    Hardware("h100-pcie", 80, 2000, 756, 1513, 1513),
+    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979),
+    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5),
+)}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params_b: float              # parameters read per token (active parameters for MoE), billions
+    weight_bytes_per_param: float
+    kv_bytes_per_token: int      # BF16 KV, all attention layers
+
+
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    ModelShape("llama-3-8b", 8.03, 2.0, 131_072),
+    ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344),
+    ModelShape("qwen3-32b", 32.8, 2.0, 262_144),
+    # Seed 000's 27B hybrid (16 attention + 48 Gated DeltaNet layers), 4-bit GPTQ weights on the A5000 pair.
+    ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536),
+    ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536),
+    ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536),
+)}
+
+# A profile's `hardware:` may name a group of cards: "a5000x2" is two RTX A5000s.
+_HARDWARE_ALIASES = {"a5000": "rtx-a5000", "4090": "rtx-4090", "h200": "h200-nvl"}
+
+
+def resolve_hardware(name: str | None) -> tuple[Hardware, int] | None:
+    """`a5000x2` -> (RTX A5000, 2); unknown -> None (say so, never guess)."""
+    if not name:
+        return None
+    base, _, count = name.lower().partition("x")
+    if count and not count.isdigit():
+        base, count = name.lower(), ""
+    base = _HARDWARE_ALIASES.get(base, base)
+    hw = HARDWARE.get(base)
+    return (hw, int(count or 1)) if hw else None
