@@ -50,6 +50,7 @@ class RequestRecord:
     # per-chunk usage; speculative decoding would be undercounted between chunks).
     token_count: TokenCount = "usage"
     error_kind: str | None = None   # StreamError.kind for transport failures, "http" for a non-200, "stream" else
+    server_id: str | None = None    # the reply's `id` as the server named it (its logs, the simulator's truth)
 
     @property
     def ok(self) -> bool:
@@ -183,6 +184,8 @@ async def stream_completion(
             return
         if not isinstance(event, dict):
             return
+        if record.server_id is None and isinstance(event.get("id"), str):
+            record.server_id = event["id"]
         if "error" in event and not event.get("choices"):
             record.error, record.error_kind = _error_message(data) or "stream error", "stream"
             return

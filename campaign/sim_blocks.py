@@ -1,0 +1,94 @@
+"""The simulator's paged KV cache: block allocation and release, block hashes, and the prefix cache.
+
+Like vLLM's: a full block of prompt tokens is identified by a hash chained from position zero, so a block is
+shared only when everything before it matches too; cached blocks nobody holds are evicted least recently used
+first; hybrid models (pages larger than 16 tokens) hold one more page per sequence for the recurrent state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict, deque
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool) -> None:
+        self.total = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.state_page = block_size > 16
+        self._free: deque[int] = deque(range(num_blocks))
+        self._cached: OrderedDict[str, int] = OrderedDict()  # block hash -> block id, LRU first
+        self._hash_of: dict[int, str] = {}
+        self._refs: dict[int, int] = {}
+
+    @property
+    def used(self) -> int:
+        """Blocks not on the free list (held by a sequence, or cached for reuse)."""
+        return self.total - len(self._free)
+
+    def hashes(self, prompt: list[int]) -> list[str]:
+        """One hash per full block, each chained from the one before it."""
+        out, parent = [], ""
+        size = self.block_size
+        for start in range(0, len(prompt) - len(prompt) % size, size):
+            parent = hashlib.blake2b((parent + repr(prompt[start:start + size])).encode(), digest_size=12).hexdigest()
+            out.append(parent)
+        return out
+
+    def cached_prefix(self, prompt: list[int]) -> list[int]:
+        """Claim the cached blocks that begin `prompt`, leaving its last token to be computed (as vLLM does)."""
+        if not self.prefix_caching:
+            return []
+        reused: list[int] = []
+        for h in self.hashes(prompt):
+            block = self._cached.get(h)
+            if block is None:
+                break
+            reused.append(block)
+        reused = reused[: min(len(reused) * self.block_size, len(prompt) - 1) // self.block_size]
+        for block in reused:
+            self._refs[block] = self._refs.get(block, 0) + 1
+            self._cached.move_to_end(self._hash_of[block])
+        return reused
+
+    def grow(self, blocks: list[int], tokens: int) -> bool:
+        """Append blocks until `blocks` holds `tokens`; False (keeping what was taken) when none is left."""
+        need = math.ceil(tokens / self.block_size) - len(blocks)
+        need += 1 if self.state_page and not blocks else 0
+        for _ in range(max(0, need)):
+            block = self._take()
+            if block is None:
+                return False
+            blocks.append(block)
+        return True
+
+    def release(self, blocks: list[int]) -> None:
+        """Drop one hold on each block; unheld blocks go back to the free list unless cached for reuse."""
+        for block in blocks:
+            self._refs[block] = self._refs.get(block, 1) - 1
+            if self._refs[block] <= 0 and block not in self._hash_of:
+                self._free.append(block)
+        blocks.clear()
+
+    def register(self, computed_prompt: list[int], blocks: list[int]) -> None:
+        """Make the full blocks of the prompt computed so far findable by later requests."""
+        if not self.prefix_caching:
+            return
+        for i, h in enumerate(self.hashes(computed_prompt)):
+            if i < len(blocks) and h not in self._cached:
+                self._cached[h] = blocks[i]
+                self._hash_of[blocks[i]] = h
+
+    def _take(self) -> int | None:
+        if self._free:
+            block = self._free.popleft()
+        else:
+            victim = next((b for b in self._cached.values() if self._refs.get(b, 0) == 0), None)
+            if victim is None:
+                return None
+            del self._cached[self._hash_of.pop(victim)]
+            block = victim
+        self._refs[block] = 1
+        return block

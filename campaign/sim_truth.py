@@ -1,0 +1,238 @@
+"""What the simulated server really did: truth records, and the figures they imply.
+
+The simulator (`--truth FILE`) writes JSON lines on its own clock, in simulated seconds, so the truth is the
+same at any time scale:
+
+    {"kind": "start", "format": 1, "time_scale": S, "anchor": A, "clock": "CLOCK_MONOTONIC", ...}
+    {"kind": "step", "start": t, "end": t, "model_s": d, "decode_seqs": n, "decode_tokens": n,
+     "prefill_tokens": n, "prefill_seqs": n, "running": n, "waiting": n, "kv_used_blocks": n}
+    {"kind": "request", "id": "cmpl-sim-7", "arrival": t, "prompt_tokens": n, "max_tokens": n,
+     "emits": [[t, tokens], ...], "finish": t, "reason": "length" | "abort", "queried": n, "hits": n,
+     "preemptions": n}
+
+A step's tokens are emitted at its `end`. `anchor` maps the client's clock onto the simulated one: a
+`time.perf_counter()` reading p (CLOCK_MONOTONIC on Linux, shared by every process of the machine) is the
+simulated time (p - anchor) x time_scale. Requests are written when they end; a request still running when
+the server stops is written then, without `finish`.
+
+The figures below are computed from the truth alone, by their definitions, not by the tool's arithmetic
+(cells.py), so a mistake there shows up as a difference.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from campaign import stats
+from campaign.sim_engine import Request, Step
+
+FORMAT = 1
+
+
+@dataclass
+class RequestTruth:
+    id: str
+    arrival: float
+    prompt_tokens: int
+    max_tokens: int
+    emits: list[tuple[float, int]] = field(default_factory=list)
+    finish: float | None = None
+    reason: str | None = None
+    queried: int = 0
+    hits: int = 0
+    preemptions: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.emits)
+
+    @property
+    def ttft(self) -> float | None:
+        return self.emits[0][0] - self.arrival if self.emits else None
+
+
+@dataclass
+class StepTruth:
+    start: float
+    end: float
+    model_s: float
+    decode_seqs: int
+    decode_tokens: int
+    prefill_tokens: int
+    prefill_seqs: int
+    running: int
+    waiting: int
+    kv_used_blocks: int
+
+
+class Recorder:
+    """A TruthSink that keeps everything in memory (the virtual clock's runs read it directly)."""
+
+    def __init__(self) -> None:
+        self.requests: list[RequestTruth] = []
+        self.steps: list[StepTruth] = []
+        self._live: dict[int, RequestTruth] = {}
+
+    def arrival(self, req: Request, t: float) -> None:
+        self._live[id(req)] = RequestTruth(id=req.id, arrival=t, prompt_tokens=len(req.prompt),
+                                           max_tokens=req.max_tokens)
+
+    def emit(self, req: Request, t: float, tokens: int) -> None:
+        self._live[id(req)].emits.append((t, tokens))
+
+    def finish(self, req: Request, t: float, reason: str) -> None:
+        truth = self._live.pop(id(req), None)
+        if truth is None:
+            return
+        truth.finish, truth.reason = t, reason
+        self._close(req, truth)
+
+    def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
+        self._add_step(StepTruth(start=start, end=end, model_s=step.duration, decode_seqs=len(step.decoding),
+                                 decode_tokens=step.decode_tokens, prefill_tokens=step.prefill_tokens,
+                                 prefill_seqs=step.prefill_seqs, running=running, waiting=waiting,
+                                 kv_used_blocks=kv_used))
+
+    def _close(self, req: Request, truth: RequestTruth) -> None:
+        truth.queried, truth.hits, truth.preemptions = req.queried, req.hits, req.preemptions
+        self.requests.append(truth)
+
+    def _add_step(self, step: StepTruth) -> None:
+        self.steps.append(step)
+
+    def behind_s(self) -> float:
+        """Simulated time the engine had work but no step ran: the simulator fell behind its clock."""
+        return sum(max(0.0, b.start - a.end) for a, b in zip(self.steps, self.steps[1:], strict=False)
+                   if a.running or a.waiting)
+
+
+class Writer(Recorder):
+    """A Recorder that also writes each record as a JSON line as soon as it is complete."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        super().__init__()
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+        self._write({"kind": "start", "format": FORMAT, "clock": time.get_clock_info("perf_counter").implementation,
+                     **header})
+        self._lines = 0
+
+    def _write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _close(self, req: Request, truth: RequestTruth) -> None:
+        super()._close(req, truth)
+        self._write({"kind": "request", **asdict(truth)})
+        self.requests.clear()  # written: a long-lived server keeps nothing it does not need
+        self._tick()
+
+    def _add_step(self, step: StepTruth) -> None:
+        self._write({"kind": "step", **asdict(step)})
+        self._tick()
+
+    def _tick(self) -> None:
+        self._lines += 1
+        if self._lines % 256 == 0:
+            self._file.flush()
+
+    def close(self, live: list[Request]) -> None:
+        """Write what is still running, then close the file."""
+        for req in live:
+            truth = self._live.pop(id(req), None)
+            if truth is not None:
+                truth.queried, truth.hits, truth.preemptions = req.queried, req.hits, req.preemptions
+                self._write({"kind": "request", **asdict(truth)})
+        self._file.close()
+
+
+@dataclass
+class Truth:
+    header: dict[str, Any]
+    requests: list[RequestTruth]
+    steps: list[StepTruth]
+
+    def sim_time(self, perf_counter_t: float) -> float:
+        """A client's `time.perf_counter()` reading on the simulated clock."""
+        return (perf_counter_t - float(self.header["anchor"])) * float(self.header["time_scale"])
+
+    def by_id(self) -> dict[str, RequestTruth]:
+        return {r.id: r for r in self.requests}
+
+
+def read(path: Path) -> Truth:
+    header: dict[str, Any] = {}
+    requests: list[RequestTruth] = []
+    steps: list[StepTruth] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        kind = record.pop("kind")
+        if kind == "start":
+            if record.get("format") != FORMAT:
+                raise ValueError(f"{path}:{number}: truth format {record.get('format')!r}, this reader knows {FORMAT}")
+            header = record
+        elif kind == "request":
+            record["emits"] = [(float(t), int(n)) for t, n in record["emits"]]
+            requests.append(RequestTruth(**record))
+        elif kind == "step":
+            steps.append(StepTruth(**record))
+    return Truth(header=header, requests=requests, steps=steps)
+
+
+# --- figures by their definitions -------------------------------------------------------------------------
+def _pcts(values: list[float], prefix: str) -> dict[str, float | None]:
+    return {f"{prefix}_p50": stats.median(values), f"{prefix}_p90": stats.percentile(values, 90),
+            f"{prefix}_p99": stats.percentile(values, 99)}
+
+
+def latency_figures(requests: list[RequestTruth], start: float, end: float) -> dict[str, float | None]:
+    """TTFT, per-token ITL (both emissions inside [start, end]), TPOT and end-to-end, in seconds."""
+    ttfts = [r.ttft for r in requests if r.ttft is not None]
+    itls: list[float] = []
+    for r in requests:
+        for (t0, _), (t1, k) in zip(r.emits, r.emits[1:], strict=False):
+            if start <= t0 and t1 <= end:
+                itls.extend([(t1 - t0) / k] * k)
+    tpots = [(r.emits[-1][0] - r.emits[0][0]) / (r.tokens - 1) for r in requests
+             if r.reason == "length" and r.tokens >= 2 and r.emits[-1][0] > r.emits[0][0]]
+    e2es = [r.finish - r.arrival for r in requests if r.reason == "length" and r.finish is not None]
+    return {**_pcts(ttfts, "ttft"), **_pcts(itls, "itl"), **_pcts(tpots, "tpot"), **_pcts(e2es, "e2e")}
+
+
+def window_figures(requests: list[RequestTruth], start: float, end: float) -> dict[str, float | None]:
+    """A sustained window: what the engine emitted inside [start, end], per second of simulated time."""
+    span = end - start
+    tokens = 0
+    rates: list[float] = []
+    completed = 0
+    for r in requests:
+        inside = [(t, n) for t, n in r.emits if start <= t <= end]
+        tokens += sum(n for _, n in inside)
+        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+            rates.append(sum(n for _, n in inside[1:]) / (inside[-1][0] - inside[0][0]))
+        if r.reason == "length" and r.finish is not None and start <= r.finish <= end:
+            completed += 1
+    return {"total_tok_s": tokens / span if span > 0 else None, "per_request_tok_s": stats.median(rates),
+            "output_tokens": float(tokens), "completed": float(completed)}
+
+
+def fixed_figures(requests: list[RequestTruth]) -> dict[str, float | None]:
+    """Every request to its end: tokens over the span from the first arrival to the last finish."""
+    finishes = [r.finish for r in requests if r.finish is not None]
+    if not requests or not finishes:
+        return {}
+    span = max(finishes) - min(r.arrival for r in requests)
+    rates = [(r.tokens - r.emits[0][1]) / (r.emits[-1][0] - r.emits[0][0]) for r in requests
+             if len(r.emits) >= 2 and r.emits[-1][0] > r.emits[0][0]]
+    tokens = sum(r.tokens for r in requests)
+    return {"total_tok_s": tokens / span if span > 0 else None, "per_request_tok_s": stats.median(rates),
+            "output_tokens": float(tokens), "completed": float(sum(1 for r in requests if r.reason == "length"))}
+
+
+def hit_rate(requests: list[RequestTruth]) -> float | None:
+    queried = sum(r.queried for r in requests)
+    return sum(r.hits for r in requests) / queried if queried else None
