@@ -305,9 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     log.line("APIServer", "INFO", "model.py:2170", f"Using max model len {args.max_model_len}")
     log.line("APIServer", "INFO", "scheduler.py:310",
              f"Chunked prefill is enabled with max_num_batched_tokens={args.max_num_batched_tokens}.")
-    block = args.block_size or sim_model.block_size(args.hardware, args.model_shape, args.kv_cache_dtype)
+    block = args.block()
     if block > 16:
-        block = max(block, args.block_size or 0)
         log.line("APIServer", "INFO", "interface.py:1106", f"Setting attention block size to {block} tokens to "
                  "ensure that attention page size is >= mamba page size.")
     spec_text = "None" if not args.num_speculative_tokens else (
@@ -320,10 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.faults.hang_startup:
         while True:
             time.sleep(1)
-    mem = sim_model.memory(hardware=args.hardware, model=args.model_shape, tp=tp,
-                           utilization=args.gpu_memory_utilization, max_num_batched_tokens=args.max_num_batched_tokens,
-                           kv_cache_dtype=args.kv_cache_dtype,
-                           num_speculative_tokens=args.num_speculative_tokens)
+    mem = args.memory()
     if args.faults.start_oom or mem.weights_gib > mem.total_gib * args.gpu_memory_utilization:
         log.line("Worker_TP0", "ERROR", "gpu_model_runner.py:5079", "Failed to load model - not enough GPU memory. "
                  "Try lowering --gpu-memory-utilization to free memory for weights, increasing "

@@ -96,6 +96,16 @@ class SimConfig:
         """vLLM >= 0.32 silently clamps max_tokens to what the window leaves; older versions refuse."""
         return self.version_style >= Version("0.32")
 
+    def block(self) -> int:
+        """The KV page size: as passed, else the pair's own (hybrid models: at least the mamba state's page)."""
+        return self.block_size or sim_model.block_size(self.hardware, self.model_shape, self.kv_cache_dtype)
+
+    def memory(self) -> sim_model.Memory:
+        return sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
+                                utilization=self.gpu_memory_utilization,
+                                max_num_batched_tokens=self.max_num_batched_tokens,
+                                kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens)
+
     @property
     def process_prefixes(self) -> bool:
         """vLLM >= 0.29 prefixes log lines with `(Process pid=N)`."""

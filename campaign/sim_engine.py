@@ -266,6 +266,12 @@ class Engine:
         self.waiting.appendleft(victim)
 
 
+def engine_for(config: SimConfig, truth: TruthSink | None = None) -> Engine:
+    """The engine a server with `config` runs: its KV cache sized by the memory model."""
+    blocks = BlockManager(config.memory().num_blocks, config.block(), prefix_caching=config.enable_prefix_caching)
+    return Engine(config, blocks, truth=truth)
+
+
 class Virtual:
     """The engine on a clock the caller owns: requests go in at simulated times, steps run back to back with
     no wall clock, and the truth records say what happened. Deterministic for a given seed."""

@@ -97,6 +97,10 @@ class Recorder:
                                  prefill_seqs=step.prefill_seqs, running=running, waiting=waiting,
                                  kv_used_blocks=kv_used))
 
+    def all_requests(self) -> list[RequestTruth]:
+        """Finished requests and those still running, by arrival."""
+        return sorted([*self.requests, *self._live.values()], key=lambda r: r.arrival)
+
     def _close(self, req: Request, truth: RequestTruth) -> None:
         truth.queried, truth.hits, truth.preemptions = req.queried, req.hits, req.preemptions
         self.requests.append(truth)

@@ -1,5 +1,6 @@
-"""The simulator: its memory model and roofline against the seeds' tables, the A/B reproduced, the faults,
-and a contract test against the real CPU build's log lines and metric names."""
+"""The simulator over HTTP on the wall clock: its memory model against the seeds, the A/B reproduced, the faults,
+and a contract test against the real CPU build's log lines and metric names. Its step-time calibration
+against the seeds runs in simulated time (test_sim_calibration.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from campaign import compare, sim_model, startup_log, store, study
-from campaign.cells import CellResult, CellSpec, itl_per_token, over_capacity
+from campaign.cells import CellResult, CellSpec, over_capacity
 from campaign.errors import LaunchError
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Measurer, Target
@@ -73,90 +74,6 @@ def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
     assert facts.max_concurrency == pytest.approx(3.76, abs=0.01)
     assert (facts.gpu_memory_utilization_equivalent, facts.gpu_memory_utilization_suggested) == (0.812, 0.988)
     assert a5000.warnings == []  # the log and /metrics agree
-
-
-SEED_000_PER_REQUEST = {1: 59.4, 2: 52.3, 4: 47.1, 8: 39.0, 16: 29.2, 32: 18.4, 64: 10.0}
-
-
-def test_a5000_decode_ladder_within_ten_percent(a5000: LaunchedServer) -> None:
-    measurer = Measurer(target_of(a5000))
-
-    async def ladder() -> dict[int, float]:
-        out = {}
-        for conc in SEED_000_PER_REQUEST:
-            cell = await measurer.run_cell(CellSpec(phase="decode", context_tokens=128, concurrency=conc,
-                                                    max_tokens=256, window_s=2.0, warmup_s=0.3))
-            assert cell.status == "Valid", cell.reasons
-            assert cell.per_request_tok_s is not None
-            out[conc] = cell.per_request_tok_s / TIME_SCALE
-            # No speculative decoding: one token a step, so the per-token median gap is 1000 / per-request rate.
-            if conc <= 8:
-                assert cell.itl_ms == pytest.approx(1000 / cell.per_request_tok_s, rel=0.15), conc
-        return out
-
-    measured = asyncio.run(ladder())
-    for conc, expected in SEED_000_PER_REQUEST.items():
-        assert measured[conc] == pytest.approx(expected, rel=0.10), (conc, measured)
-
-
-def test_a5000_prefill_and_long_context(a5000: LaunchedServer) -> None:
-    result = asyncio.run(study.long_context(target_of(a5000), [6616, 26452, 82660], reply_tokens=64))
-    rows = {r["context_tokens"]: r for r in result.details["rows"]}
-    assert rows[6616]["ttft_s"] * TIME_SCALE == pytest.approx(6.6, rel=0.10)
-    assert rows[26452]["ttft_s"] * TIME_SCALE == pytest.approx(27.0, rel=0.10)
-    for context, expected in ((6616, 58.8), (26452, 57.1), (82660, 53.5)):
-        assert rows[context]["generation_tok_s"] / TIME_SCALE == pytest.approx(expected, rel=0.10), context
-
-
-def test_prefix_order_doubles_with_800_token_blocks(a5000: LaunchedServer) -> None:
-    result = asyncio.run(study.prefix_order(target_of(a5000), block_size=a5000.facts.block_size, agents=4,
-                                            shared_tokens=2400, task_tokens=200, reply_tokens=64))
-    arms = result.details["arms"]
-    assert result.details["shared_tokens"] == 2400
-    assert arms["task-first"]["hit_rate"] == 0 and arms["unrelated"]["hit_rate"] == 0
-    assert arms["shared-first"]["hit_rate"] == pytest.approx(0.63, abs=0.08)   # seed 000: 62.9%
-    assert result.values["speedup"] is not None and result.values["speedup"] >= 1.7
-
-
-def test_h200_seed_004_decode_and_prefill() -> None:
-    os.environ["CAMPAIGN_SIM_TIME_SCALE"] = str(TIME_SCALE)
-    profile, _ = load_profile("h200")
-    with launched(profile, Path("/tmp") / f"sim-h200-{os.getpid()}.log", engine="sim") as server:
-        assert server.facts.speculative_method == "mtp" and server.facts.num_speculative_tokens == 2
-        measurer = Measurer(target_of(server))
-
-        async def cells() -> list:
-            return [await measurer.run_cell(spec) for spec in (
-                CellSpec(phase="prefill", context_tokens=8192),
-                # Seed 004's method: sustained decode with up to 4,096-token replies.
-                CellSpec(phase="decode", context_tokens=8192, concurrency=1, max_tokens=4096, window_s=2,
-                         warmup_s=0.2),
-                CellSpec(phase="decode", context_tokens=8192, concurrency=64, max_tokens=4096, window_s=2,
-                         warmup_s=0.2),
-                CellSpec(phase="decode", context_tokens=8192, concurrency=8, max_tokens=4096, window_s=2,
-                         warmup_s=0.2),
-            )]
-
-        prefill, single, wide, eight = asyncio.run(cells())
-    assert prefill.prompt_tok_s is not None and prefill.prompt_tok_s / TIME_SCALE == pytest.approx(10_100, rel=0.10)
-    assert single.total_tok_s is not None and single.total_tok_s / TIME_SCALE == pytest.approx(148.2, rel=0.10)
-    assert wide.total_tok_s is not None and wide.total_tok_s / TIME_SCALE == pytest.approx(3_104.6, rel=0.10)
-    # Per-position acceptance 0.7 with 2 draft tokens: accepted/drafted = (0.7 + 0.49) / 2, length 1 + 0.7 + 0.49.
-    assert single.spec_acceptance_rate == pytest.approx(0.595, abs=0.05)
-    assert single.spec_mean_acceptance_length == pytest.approx(2.19, abs=0.1)
-    for cell in (single, eight):
-        assert cell.per_request_tok_s is not None and cell.itl_ms is not None and cell.tpot_ms is not None
-        seed_tbt = 1000 / cell.per_request_tok_s  # seed 004's "time between tokens": the mean gap
-        # The mean of the per-token gaps is decode time / tokens, exactly 1000 / rate; TPOT is that per request.
-        window = (min(t for r in cell.records for t in r.chunk_t), max(t for r in cell.records for t in r.chunk_t))
-        gaps = itl_per_token(cell.records, *window)
-        assert 1000 * sum(gaps) / len(gaps) == pytest.approx(seed_tbt, rel=0.15)
-        assert cell.tpot_ms == pytest.approx(seed_tbt, rel=0.15)
-        # With MTP a step delivers 1-3 tokens at once, so the per-token median sits below the mean gap ...
-        assert cell.itl_ms < seed_tbt
-        for name in ("ttft", "itl", "tpot", "e2e"):
-            p50, p90, p99 = (getattr(cell, f"{name}{suffix}_ms") for suffix in ("", "_p90", "_p99"))
-            assert p50 is not None and p90 is not None and p99 is not None and p50 <= p90 <= p99, name
 
 
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path) -> None:
