@@ -365,6 +365,9 @@ class CellResult(BaseModel):
     completed: int | None = None
     output_tokens: int | None = None
     measured_s: float | None = None
+    # Sustained cells: the window's bounds on the request records' clock (perf_counter seconds), so every
+    # window figure can be recomputed from the raw records (format 4; None before, and for other modes).
+    window: tuple[float, float] | None = None
     discarded_steps: int = 0
     discarded_tokens: int = 0
     max_tokens: int | None = None

@@ -32,7 +32,8 @@ TokenCount = Literal["usage", "chunks"]
 
 @dataclass(slots=True, kw_only=True)
 class RequestRecord:
-    """The truth about one request. Times are `time.perf_counter()` seconds; derived values are None if undefined."""
+    """The truth about one request. Times are `time.perf_counter()` seconds; derived values are None if undefined.
+    `send_t` is when the request's bytes went to the socket (a request that failed before: when it began)."""
 
     id: str
     prompt_tokens: int
@@ -209,6 +210,9 @@ async def stream_completion(
 
     try:
         reply = await client.post_stream(path, completion_body(model, prompt, max_tokens), on_event)
+        # TTFT counts from the moment the request left, not from before connecting and encoding it (an
+        # 8K-token prompt takes about a millisecond to encode): the client's own time is not the server's.
+        record.send_t = reply.sent_t
         record.status = reply.status
         if reply.status != 200:
             record.error, record.error_kind = _error_message(reply.body) or f"HTTP {reply.status}", "http"

@@ -391,6 +391,7 @@ class Measurer:
             values = prefill_metrics(records)
         elif step.window is not None:
             values = window_metrics(records, *step.window)
+            values["window"] = step.window
         else:
             values = fixed_metrics(records)
         hits = delta.optional(m.PREFIX_HITS)

@@ -77,8 +77,8 @@ class Driver:
         self.busy_s = 0.0
         self._stretch = (0.0, 0.0)   # (busy, behind) at the last warning check
 
-    def submit(self, req: Request) -> None:
-        self.engine.submit(req, self.clock.now())
+    def submit(self, req: Request, arrived: float) -> None:
+        self.engine.submit(req, arrived)
         self.wake.set()
 
     async def run(self) -> None:
@@ -88,13 +88,14 @@ class Driver:
                 self.wake.clear()
                 await self.wake.wait()
                 end = self.clock.now()
-            step = self.engine.schedule()
-            start = max(end, self.clock.now() - step.duration)
+            now = self.clock.now()
+            step = self.engine.schedule(now)
+            start = max(end, now - step.duration)
             self.behind_s += start - end
             end = start + step.duration
             self.busy_s += step.duration
             await self.clock.sleep_until(end)
-            self.engine.complete(step, start, end)
+            self.engine.complete(step, start, end, emitted=self.clock.now())
             self._check_behind()
 
     def _check_behind(self) -> None:
@@ -127,11 +128,12 @@ class Server:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
+                arrived = self.driver.clock.now()  # the server has the request from here: parsing is its time
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
-                keep = await self.route(method, path.split("?")[0], headers, body, writer)
+                keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -148,7 +150,7 @@ class Server:
         return True
 
     async def route(self, method: str, path: str, headers: dict[str, str], body: bytes,
-                    writer: asyncio.StreamWriter) -> bool:
+                    writer: asyncio.StreamWriter, arrived: float) -> bool:
         if path == "/health":
             return await self.respond(writer, 200, b"")
         if path == "/version":
@@ -162,14 +164,14 @@ class Server:
                     "root": self.config.model, "max_model_len": self.config.max_model_len}
             return await self.respond(writer, 200, json.dumps({"object": "list", "data": [card]}).encode())
         if path == "/v1/completions" and method == "POST":
-            return await self.completions(json.loads(body or b"{}"), writer)
+            return await self.completions(json.loads(body or b"{}"), writer, arrived)
         return await self.respond(writer, 404, json.dumps({"detail": "Not Found"}).encode())
 
     def error(self, message: str, param: str | None = None) -> bytes:
         return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
                                      "code": 400}}).encode()
 
-    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float) -> bool:
         prompt = data.get("prompt")
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             # Text prompts: about four characters a token, as a tokenizer would roughly do.
@@ -196,7 +198,7 @@ class Server:
         self.ids += 1
         queue: asyncio.Queue[int | None] = asyncio.Queue()
         req = Request(id=f"cmpl-sim-{self.ids}", prompt=prompt, max_tokens=max(1, max_tokens), sink=queue.put_nowait)
-        self.driver.submit(req)
+        self.driver.submit(req, arrived)
         model = self.config.name
         stream = bool(data.get("stream"))
         options = data.get("stream_options") or {}

@@ -31,6 +31,7 @@ class Request:
     max_tokens: int
     sink: Callable[[int | None], None]   # tokens produced this step; None when the request ends
     arrived: float = 0.0                 # simulated seconds
+    admitted: float | None = None        # when its first step was scheduled (a seat and KV blocks found)
     computed: int = 0                    # prompt tokens with KV computed (cache hits included)
     generated: int = 0
     blocks: list[int] = field(default_factory=list)
@@ -77,6 +78,7 @@ class Step:
     """One engine step as planned: who decodes, how many prompt tokens are prefilled, how long it takes."""
 
     decoding: list[Request]
+    admitted: list[Request]          # taken from the queue by this step
     decode_tokens: int               # scheduled positions, speculative ones included
     prefill_tokens: int
     prefill_seqs: int
@@ -112,13 +114,15 @@ class Engine:
         return self.counters["generation"] + self.config.faults.foreign_tok_s * now
 
     # --- one step ------------------------------------------------------------------------------------------
-    def schedule(self) -> Step:
+    def schedule(self, at: float) -> Step:
+        """Plan the next step; `at` is when the scheduler runs (requests it seats are admitted then)."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         decoding = [r for r in self.running if not r.in_prefill]
         decode_tokens = len(decoding) * (1 + cfg.num_speculative_tokens)
         budget -= len(decoding)
         prefill_tokens, prefill_weight, prefill_seqs = 0, 0, 0
+        admitted: list[Request] = []
         # Running prefills first, then admit waiting requests while seats and budget remain.
         for req in [r for r in self.running if r.in_prefill]:
             if budget <= 0:
@@ -143,6 +147,8 @@ class Engine:
                 break
             self.waiting.popleft()
             self.running.append(req)
+            admitted.append(req)
+            req.admitted = at if req.admitted is None else req.admitted
             budget -= took[0]
             prefill_tokens += took[0]
             prefill_weight += took[1]
@@ -154,17 +160,19 @@ class Engine:
             context_tokens_read=sum(r.context for r in decoding))
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
-        return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
-                    prefill_seqs=prefill_seqs, duration=duration)
+        return Step(decoding=decoding, admitted=admitted, decode_tokens=decode_tokens,
+                    prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, duration=duration)
 
-    def complete(self, step: Step, start: float, end: float) -> None:
+    def complete(self, step: Step, start: float, end: float, *, emitted: float | None = None) -> None:
         """The step ran from `start` to `end`: decoding sequences get 1 + accepted draft tokens, finished
-        prefills their first token; requests that reach max_tokens finish."""
+        prefills their first token; requests that reach max_tokens finish. The tokens leave at `emitted`
+        (default `end`): a driver on the wall clock wakes a little after the step's end, and the truth says
+        when the tokens really went out."""
+        out = end if emitted is None else emitted
         decoding = set(map(id, step.decoding))
-        emitted = 0
         for req in list(self.running):
             if req.aborted:
-                self._finish(req, end, "abort")
+                self._finish(req, out, "abort")
                 continue
             if id(req) in decoding:
                 produced = 1 + self._accepted_drafts()
@@ -177,12 +185,11 @@ class Engine:
                 self._preempt(keep=req)
                 continue
             req.generated += produced
-            emitted += produced
             self.counters["generation"] += produced
             req.sink(produced)
-            self.truth.emit(req, end, produced)
+            self.truth.emit(req, out, produced)
             if req.generated >= req.max_tokens:
-                self._finish(req, end, "length")
+                self._finish(req, out, "length")
                 self.success += 1
                 if self.config.faults.crash_after is not None and self.success >= self.config.faults.crash_after:
                     if self.on_crash is not None:
@@ -310,6 +317,6 @@ class Virtual:
                     return
                 self.now = self._arrivals[0][0]
                 continue
-            step = self.engine.schedule()
+            step = self.engine.schedule(self.now)
             start, self.now = self.now, self.now + step.duration
             self.engine.complete(step, start, self.now)

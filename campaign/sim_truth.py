@@ -7,8 +7,8 @@ same at any time scale:
     {"kind": "step", "start": t, "end": t, "model_s": d, "decode_seqs": n, "decode_tokens": n,
      "prefill_tokens": n, "prefill_seqs": n, "running": n, "waiting": n, "kv_used_blocks": n}
     {"kind": "request", "id": "cmpl-sim-7", "arrival": t, "prompt_tokens": n, "max_tokens": n,
-     "emits": [[t, tokens], ...], "finish": t, "reason": "length" | "abort", "queried": n, "hits": n,
-     "preemptions": n}
+     "emits": [[t, tokens], ...], "finish": t, "reason": "length" | "abort", "admitted": t, "queried": n,
+     "hits": n, "preemptions": n}
 
 A step's tokens are emitted at its `end`. `anchor` maps the client's clock onto the simulated one: a
 `time.perf_counter()` reading p (CLOCK_MONOTONIC on Linux, shared by every process of the machine) is the
@@ -42,6 +42,7 @@ class RequestTruth:
     emits: list[tuple[float, int]] = field(default_factory=list)
     finish: float | None = None
     reason: str | None = None
+    admitted: float | None = None
     queried: int = 0
     hits: int = 0
     preemptions: int = 0
@@ -102,16 +103,13 @@ class Recorder:
         return sorted([*self.requests, *self._live.values()], key=lambda r: r.arrival)
 
     def _close(self, req: Request, truth: RequestTruth) -> None:
-        truth.queried, truth.hits, truth.preemptions = req.queried, req.hits, req.preemptions
+        truth.admitted, truth.queried, truth.hits, truth.preemptions = (
+            req.admitted, req.queried, req.hits, req.preemptions)
         self.requests.append(truth)
 
     def _add_step(self, step: StepTruth) -> None:
         self.steps.append(step)
 
-    def behind_s(self) -> float:
-        """Simulated time the engine had work but no step ran: the simulator fell behind its clock."""
-        return sum(max(0.0, b.start - a.end) for a, b in zip(self.steps, self.steps[1:], strict=False)
-                   if a.running or a.waiting)
 
 
 class Writer(Recorder):
@@ -147,7 +145,8 @@ class Writer(Recorder):
         for req in live:
             truth = self._live.pop(id(req), None)
             if truth is not None:
-                truth.queried, truth.hits, truth.preemptions = req.queried, req.hits, req.preemptions
+                truth.admitted, truth.queried, truth.hits, truth.preemptions = (
+                    req.admitted, req.queried, req.hits, req.preemptions)
                 self._write({"kind": "request", **asdict(truth)})
         self._file.close()
 
@@ -164,6 +163,11 @@ class Truth:
 
     def by_id(self) -> dict[str, RequestTruth]:
         return {r.id: r for r in self.requests}
+
+    def behind_s(self) -> float:
+        """Simulated time the engine had work but no step ran: the simulator fell behind its clock."""
+        return sum(max(0.0, b.start - a.end) for a, b in zip(self.steps, self.steps[1:], strict=False)
+                   if a.running or a.waiting)
 
 
 def read(path: Path) -> Truth:

@@ -41,7 +41,10 @@ from campaign.errors import ResultFormatError
 # 3 - sustained cells carry the server's sampled queue: `avg_running`, `avg_waiting`, `kv_usage_max`; a queued
 #     cell's reason code names its cause (`queued_scheduler_cap`, `queued_kv_cache`; `queued` where it could
 #     not be told, as format 2 stored every queued cell). Formats 1 and 2 read unchanged.
-SCHEMA_VERSION = 3
+# 4 - request records carry `server_id` (the reply's id as the server named it); sustained cells carry
+#     `window` (its bounds on the records' clock), so window figures can be recomputed from the raw records.
+#     Formats 1 to 3 read unchanged (the new fields are None).
+SCHEMA_VERSION = 4
 
 
 def _dumps(data: Any) -> str:

@@ -77,6 +77,7 @@ class Reply:
     events: int          # SSE events dispatched
     http_version: str
     keep_alive: bool
+    sent_t: float        # perf_counter when the request's bytes went to the socket (connected, encoded)
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -362,7 +363,7 @@ class _Exchange:
         if not self.done.done():
             self.done.set_result(Reply(
                 status=self.status, content_type=self.content_type, body=bytes(self.body), events=self.sse.events,
-                http_version=self.parser.get_http_version(), keep_alive=self.keep_alive))
+                http_version=self.parser.get_http_version(), keep_alive=self.keep_alive, sent_t=self.sent_at))
 
     def _not_an_event_stream(self) -> StreamError:
         return StreamError("not-event-stream", f"HTTP 200 with Content-Type {self.content_type or '(none)'}, not an "

@@ -261,13 +261,13 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     completed = sum(1 for r in records if r.ok and not r.short)
     errored = sum(1 for r in records if not r.ok)
     # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
-    # its first token after its prefill, one that waited for a seat only after another request finished; so
-    # a first token later than half the shortest whole request means it queued.
-    durations = [r.end_t - r.send_t for r in records if r.ok and r.end_t is not None]
-    shortest = min(durations) if durations else None
-    queued = sum(1 for r in records if shortest is not None and r.ttft_s is not None and r.ttft_s > shortest / 2)
-    ran = n - queued if shortest is not None else None
-    first_end = shortest
+    # its first token after its prefill, before any request of the burst ends (ending takes that prefill and
+    # a whole reply); one that waited for a seat gets a seat, and so its first token, only after another
+    # request finished. (Half the shortest request, the rule before, called a prefill-heavy burst queued.)
+    ends = [r.end_t for r in records if r.ok and r.end_t is not None]
+    first_end = min(ends) if ends else None
+    queued = sum(1 for r in records if first_end is not None and r.chunk_t and r.chunk_t[0] > first_end)
+    ran = n - queued if first_end is not None else None
     peak_running = max(running) if running else None
     peak_waiting = max(waiting) if waiting else None
     verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
@@ -370,5 +370,7 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
         kind="repeat", key=f"repeat-{spec.key}", status="Valid" if values else "Failed",
         reasons=[f"run {i + 1}: {r.status}: {'; '.join(r.reasons)}" for i, r in enumerate(results) if r in invalid],
         verdict=verdict, values={"mean_total_tok_s": mean},
-        details={"runs": values, "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
+        # Each Valid run's window on the client's clock, so its rate can be recomputed (`make truth` does).
+        details={"runs": values, "windows": [r.window for r in results if r.status == "Valid"
+                                             and r.total_tok_s is not None], "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
                  "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})

@@ -1,0 +1,413 @@
+"""`make truth`: every figure the tool publishes, checked against what the simulated server really did.
+
+The simulator writes truth records (sim_truth) on its own clock. This module launches it twice (the seed-004
+H200 with MTP, so chunks carry several tokens, and the seed-000 A5000 pair with 800-token blocks), measures
+prefill, sustained and fixed decode cells and one of each experiment with the tool's own code, then
+recomputes every published figure from the truth alone and compares:
+
+- rates and counts (tok/s, completed requests, output tokens, hit rates, overload counts) within 1%;
+- latencies (TTFT, per-token ITL, TPOT, end-to-end, walls) within 1 ms or 2%, whichever is larger.
+
+All comparisons are in simulated units: the tool's rates are divided by the time scale and its latencies
+multiplied by it. A window on the client's clock maps onto the simulated one through the truth's anchor,
+moved back by the median delivery delay (engine emission to client read, measured on every matched token),
+so the two sides count the same tokens; the delay itself is reported as the client's own error. At a high
+time scale a millisecond of client delay is many simulated milliseconds: the bound the run can promise for
+latencies is stated with the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from campaign import sim_truth, stats, study
+from campaign.cells import CellResult, CellSpec
+from campaign.client import RequestRecord
+from campaign.launcher import LaunchedServer, launched
+from campaign.measure import Measurer
+from campaign.profiles import load_profile
+from campaign.sim_truth import RequestTruth, Truth
+
+RATE_TOLERANCE_PCT = 1.0
+LATENCY_TOLERANCE_MS = 1.0
+LATENCY_TOLERANCE_PCT = 2.0
+DEFAULT_SCALE = 5.0
+
+Kind = Literal["rate", "count", "latency"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published figure beside its truth, both in simulated units (latencies in seconds)."""
+
+    where: str
+    name: str
+    kind: Kind
+    tool: float | None
+    truth: float | None
+
+    @property
+    def error_pct(self) -> float | None:
+        if self.tool is None or self.truth is None:
+            return None
+        if self.truth == 0:
+            return 0.0 if self.tool == 0 else math.inf
+        return 100.0 * abs(self.tool - self.truth) / abs(self.truth)
+
+    @property
+    def error_ms(self) -> float | None:
+        if self.tool is None or self.truth is None:
+            return None
+        return 1000.0 * abs(self.tool - self.truth)
+
+    @property
+    def ok(self) -> bool:
+        if self.tool is None or self.truth is None:
+            return self.tool is None and self.truth is None  # both undefined agrees; one alone never does
+        if self.kind == "latency":
+            bound = max(LATENCY_TOLERANCE_MS, LATENCY_TOLERANCE_PCT / 100 * 1000 * abs(self.truth))
+            return (self.error_ms or 0.0) <= bound
+        return (self.error_pct or 0.0) <= RATE_TOLERANCE_PCT
+
+
+@dataclass
+class Report:
+    figures: list[Figure]
+    delivery_ms: list[float]          # median engine-to-client delay per compared cell, simulated ms
+    time_scale: float
+    behind_s: float                   # simulated seconds the simulator fell behind its clock
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.figures)
+
+    def summary_line(self) -> str:
+        rates = [f.error_pct for f in self.figures if f.kind != "latency" and f.error_pct is not None]
+        latencies = [f.error_ms for f in self.figures if f.kind == "latency" and f.error_ms is not None]
+        return (f"max_error_pct={max(rates, default=0.0):.3f} max_latency_error_ms={max(latencies, default=0.0):.3f} "
+                f"figures={len(self.figures)}")
+
+
+# --- matching the tool's records with the truth -----------------------------------------------------------
+class Matched:
+    """The truth of one launch, seen from the client's clock."""
+
+    def __init__(self, truth: Truth) -> None:
+        self.truth = truth
+        self.scale = float(truth.header["time_scale"])
+        self.by_id = truth.by_id()
+
+    def of(self, records: list[RequestRecord]) -> list[RequestTruth]:
+        missing = [r.id for r in records if r.server_id not in self.by_id]
+        if missing:
+            raise AssertionError(f"{len(missing)} request(s) have no truth record (first: {missing[0]}): the "
+                                 "client recorded a reply the server never produced")
+        return [self.by_id[r.server_id] for r in records if r.server_id is not None]
+
+    def delivery(self, records: list[RequestRecord]) -> float:
+        """Median simulated seconds from the engine's emission to the client's read, over every token event."""
+        delays: list[float] = []
+        for rec, truth in zip(records, self.of(records), strict=True):
+            for t, (emitted, _) in zip(rec.chunk_t, truth.emits, strict=False):
+                delays.append(self.truth.sim_time(t) - emitted)
+        return stats.median(delays) or 0.0
+
+    def window(self, window: tuple[float, float], delay: float) -> tuple[float, float]:
+        return self.truth.sim_time(window[0]) - delay, self.truth.sim_time(window[1]) - delay
+
+    def between(self, began: float, ended: float) -> list[RequestTruth]:
+        """Truth requests that arrived while the client was inside [began, ended] (perf_counter)."""
+        lo, hi = self.truth.sim_time(began), self.truth.sim_time(ended)
+        return sorted((r for r in self.truth.requests if lo <= r.arrival <= hi), key=lambda r: r.arrival)
+
+
+def _latency_figures(where: str, cell: CellResult, truth: dict[str, float | None], scale: float) -> Iterator[Figure]:
+    for name, field in (("ttft", "ttft"), ("itl", "itl"), ("tpot", "tpot"), ("e2e", "e2e")):
+        for suffix, key in (("", "p50"), ("_p90", "p90"), ("_p99", "p99")):
+            tool_ms = getattr(cell, f"{field}{suffix}_ms")
+            yield Figure(where, f"{name}_{key}", "latency", None if tool_ms is None else tool_ms / 1000 * scale,
+                         truth[f"{name}_{key}"])
+
+
+def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], float | None]:
+    """Every figure of one cell beside its truth, and the cell's median delivery delay (simulated s)."""
+    scale = matched.scale
+    records = cell.records
+    mine = matched.of(records)
+    where = cell.spec.key
+    figures: list[Figure] = []
+    if cell.phase == "prefill":
+        truth = mine[0]
+        ttft = truth.ttft
+        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s, scale),
+                              truth.prompt_tokens / ttft if ttft else None))
+        figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms, scale), ttft))
+        return figures, None
+    delay = matched.delivery(records)
+    if cell.window is not None:
+        start, end = matched.window(cell.window, delay)
+        # Everything the server emitted in the window, whoever asked: a record the client lost shows here.
+        window = sim_truth.window_figures(matched.truth.requests, start, end)
+        latency = sim_truth.latency_figures(mine, start, end)
+    else:
+        window = sim_truth.fixed_figures(mine)
+        sends = [r.send_t for r in records]
+        ends = [r.end_t for r in records if r.end_t is not None]
+        latency = sim_truth.latency_figures(mine, matched.truth.sim_time(min(sends)) - delay,
+                                            matched.truth.sim_time(max(ends)) - delay)
+    figures += [
+        Figure(where, "total_tok_s", "rate", _rate(cell.total_tok_s, scale), window["total_tok_s"]),
+        Figure(where, "per_request_tok_s", "rate", _rate(cell.per_request_tok_s, scale), window["per_request_tok_s"]),
+        Figure(where, "output_tokens", "count", _count(cell.output_tokens), window["output_tokens"]),
+        Figure(where, "completed", "count", _count(cell.completed), window["completed"]),
+    ]
+    figures += _latency_figures(where, cell, latency, scale)
+    return figures, delay
+
+
+def _rate(value: float | None, scale: float) -> float | None:
+    return None if value is None else value / scale
+
+
+def _seconds(ms: float | None, scale: float) -> float | None:
+    return None if ms is None else ms / 1000 * scale
+
+
+def _count(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+# --- experiments ------------------------------------------------------------------------------------------
+def long_context_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
+    scale = matched.scale
+    records = [RequestRecord.from_dict(r) for r in result.requests]
+    figures = []
+    for row, truth in zip([r for r in result.details["rows"] if "ttft_s" in r], matched.of(records), strict=True):
+        where = f"long-context L{row['context_tokens']}"
+        ttft = truth.ttft
+        rate = sim_truth.fixed_figures([truth])["per_request_tok_s"]
+        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"], scale), ttft),
+                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"], scale),
+                           truth.prompt_tokens / ttft if ttft else None),
+                    Figure(where, "generation_tok_s", "rate", _rate(row["generation_tok_s"], scale), rate)]
+    return figures
+
+
+def overload_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
+    records = [RequestRecord.from_dict(r) for r in result.requests]
+    mine = matched.of(records)
+    first_finish = min(r.finish for r in mine if r.finish is not None)
+    # The truth of "queued": admitted only after another request of the burst had finished (it waited for a
+    # seat), which the tool infers from each first token on its own clock.
+    queued = sum(1 for r in mine if r.admitted is not None and r.admitted >= first_finish)
+    values = result.values
+    return [Figure("overload", "queued", "count", values["queued"], float(queued)),
+            Figure("overload", "ran_concurrently", "count", values["ran_concurrently"], float(len(mine) - queued)),
+            Figure("overload", "completed", "count", values["completed"],
+                   float(sum(1 for r in mine if r.reason == "length" and r.tokens == r.max_tokens))),
+            Figure("overload", "errored", "count", values["errored"], float(len(records) - len(mine)))]
+
+
+def prefix_order_figures(result: study.ExperimentResult, requests: list[RequestTruth], agents: int,
+                         scale: float) -> list[Figure]:
+    """The arms ran one after the other, `agents` requests each: the truth's requests in arrival order."""
+    figures = []
+    arms = result.details["arms"]
+    for i, arm in enumerate(("shared-first", "task-first", "unrelated")):
+        mine = requests[i * agents:(i + 1) * agents]
+        wall = max(r.finish or r.arrival for r in mine) - min(r.arrival for r in mine)
+        figures += [Figure(f"prefix-order {arm}", "hit_rate", "rate", arms[arm]["hit_rate"], sim_truth.hit_rate(mine)),
+                    Figure(f"prefix-order {arm}", "wall", "latency", arms[arm]["wall_s"] * scale, wall)]
+    return figures
+
+
+def context_window_figures(result: study.ExperimentResult, requests: list[RequestTruth]) -> list[Figure]:
+    """The over-the-window request reached the engine (clamped); the prompt alone over it never did."""
+    got = result.details["over_total"]["completion_tokens"]
+    truth = requests[0].tokens if requests else None
+    return [Figure("context-window", "completion_tokens", "count", None if got is None else float(got),
+                   None if truth is None else float(truth)),
+            Figure("context-window", "requests_served", "count", 1.0, float(len(requests)))]
+
+
+def repeat_figures(result: study.ExperimentResult, matched: Matched, delay: float) -> list[Figure]:
+    """Each run's total against the truth in its window. The runs keep no records, so the window moves by
+    `delay`, the delivery delay measured on the launch's other cells."""
+    figures = []
+    totals: list[float] = []
+    for i, (tool, window) in enumerate(zip(result.details["runs"], result.details["windows"], strict=True)):
+        start, end = matched.window(window, delay)
+        truth = sim_truth.window_figures(matched.truth.requests, start, end)["total_tok_s"]
+        if truth is not None:
+            totals.append(truth)
+        figures.append(Figure(f"repeat run {i + 1}", "total_tok_s", "rate", tool / matched.scale, truth))
+    mean = result.values.get("mean_total_tok_s")
+    figures.append(Figure("repeat", "mean_total_tok_s", "rate", None if mean is None else mean / matched.scale,
+                          stats.mean(totals) if mean is not None else None))
+    return figures
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """One simulated server and what is measured against it."""
+
+    profile: str
+    overrides: dict[str, int]
+    cells: tuple[CellSpec, ...]
+    experiments: tuple[str, ...]
+
+
+WINDOW_SIM_S = 10.0   # a sustained window, in simulated seconds (the wall window is this over the scale)
+WARMUP_SIM_S = 1.0
+
+
+def _sustained(context: int, concurrency: int, max_tokens: int, scale: float) -> CellSpec:
+    return CellSpec(phase="decode", context_tokens=context, concurrency=concurrency, max_tokens=max_tokens,
+                    window_s=WINDOW_SIM_S / scale, warmup_s=WARMUP_SIM_S / scale)
+
+
+def _fixed(context: int, concurrency: int, max_tokens: int) -> CellSpec:
+    return CellSpec(phase="decode", mode="fixed", context_tokens=context, concurrency=concurrency,
+                    max_tokens=max_tokens, min_requests=2 * concurrency)
+
+
+def launches(scale: float) -> tuple[Launch, ...]:
+    """The same simulated workload at any time scale."""
+    return (
+        # Seed 004's H200 with MTP (2 draft tokens): chunks carry 1-3 tokens.
+        Launch("h200", {"max-model-len": 16384}, cells=(
+            CellSpec(phase="prefill", context_tokens=8192),
+            _sustained(1024, 1, 512, scale), _sustained(2048, 16, 256, scale), _fixed(1024, 4, 128),
+        ), experiments=("long-context", "repeat")),
+        # Seed 000's A5000 pair: 800-token blocks; four seats so that the overload burst queues.
+        Launch("a5000-tp2", {"max-model-len": 8192, "max-num-seqs": 4}, cells=(
+            CellSpec(phase="prefill", context_tokens=4096), _sustained(512, 4, 384, scale), _fixed(256, 2, 64),
+        ), experiments=("context-window", "overload", "prefix-order")),
+    )
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One experiment's result and when it ran on the client's clock (perf_counter)."""
+
+    kind: str
+    result: study.ExperimentResult
+    began: float
+    ended: float
+
+
+async def _measure(server: LaunchedServer, launch: Launch, scale: float) -> tuple[list[CellResult], list[Ran]]:
+    target = server.target()
+    measurer = Measurer(target)
+    cells = [await measurer.run_cell(spec) for spec in launch.cells]
+    ran: list[Ran] = []
+    for kind in launch.experiments:
+        began = time.perf_counter()
+        if kind == "long-context":
+            result = await study.long_context(target, [2048, 6144], reply_tokens=48)
+        elif kind == "repeat":
+            result = await study.repeat_cell(target, _sustained(512, 4, 256, scale), times=2)
+        elif kind == "context-window":
+            result = await study.context_window(target, reply_tokens=64)
+        elif kind == "overload":
+            result = await study.overload(target, max_num_seqs=4, factor=2, prompt_tokens=256, reply_tokens=48)
+        else:
+            result = await study.prefix_order(target, block_size=server.facts.block_size, agents=4,
+                                              shared_tokens=1600, task_tokens=200, reply_tokens=32)
+        ran.append(Ran(kind, result, began, time.perf_counter()))
+    return cells, ran
+
+
+def run(scale: float = DEFAULT_SCALE, *, workdir: Path | None = None) -> Report:
+    """Launch, measure, stop, and compare every figure with the truth the simulator wrote."""
+    figures: list[Figure] = []
+    delays: list[float] = []
+    behind = 0.0
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        for launch in launches(scale):
+            truth_path = Path(tmp) / f"{launch.profile}.truth.jsonl"
+            os.environ["CAMPAIGN_SIM_TIME_SCALE"] = f"{scale:g}"
+            os.environ["CAMPAIGN_SIM_TRUTH"] = str(truth_path)
+            try:
+                profile, _ = load_profile(launch.profile)
+                with launched(profile, Path(tmp) / f"{launch.profile}.log", launch.overrides, engine="sim") as server:
+                    cells, experiments = asyncio.run(_measure(server, launch, scale))
+            finally:
+                del os.environ["CAMPAIGN_SIM_TRUTH"]
+            matched = Matched(sim_truth.read(truth_path))
+            behind += matched.truth.behind_s()
+            launch_delays = []
+            for cell in cells:
+                if cell.status != "Valid":
+                    raise AssertionError(f"{launch.profile} {cell.spec.key} is {cell.status}: {cell.reasons}")
+                cell_figs, delay = cell_figures(cell, matched)
+                figures += [_named(f, launch.profile) for f in cell_figs]
+                if delay is not None:
+                    launch_delays.append(delay)
+            delay = stats.median(launch_delays) or 0.0
+            delays += launch_delays
+            for ran in experiments:
+                kind, result = ran.kind, ran.result
+                if result.status != "Valid":
+                    raise AssertionError(f"{launch.profile} {kind} is {result.status}: {result.reasons}")
+                if kind == "long-context":
+                    found = long_context_figures(result, matched)
+                elif kind == "repeat":
+                    found = repeat_figures(result, matched, delay)
+                elif kind == "context-window":
+                    found = context_window_figures(result, matched.between(ran.began, ran.ended))
+                elif kind == "overload":
+                    found = overload_figures(result, matched)
+                else:
+                    found = prefix_order_figures(result, matched.between(ran.began, ran.ended), 4, matched.scale)
+                figures += [_named(f, launch.profile) for f in found]
+    return Report(figures=figures, delivery_ms=[1000 * d for d in delays], time_scale=scale, behind_s=behind)
+
+
+def _named(figure: Figure, profile: str) -> Figure:
+    return Figure(f"{profile} {figure.where}", figure.name, figure.kind, figure.tool, figure.truth)
+
+
+def lines(report: Report) -> list[str]:
+    """The figures as text, the ones out of tolerance marked, then the machine-readable summary last."""
+    out = [f"{'where':<48} {'figure':<18} {'tool':>12} {'truth':>12} {'error':>10}"]
+    for f in report.figures:
+        unit = 1000.0 if f.kind == "latency" else 1.0
+        tool = "—" if f.tool is None else f"{f.tool * unit:,.3f}"
+        truth = "—" if f.truth is None else f"{f.truth * unit:,.3f}"
+        if f.kind == "latency":
+            error = "—" if f.error_ms is None else f"{f.error_ms:.2f} ms"
+        else:
+            error = "—" if f.error_pct is None else f"{f.error_pct:.2f}%"
+        out.append(f"{f.where:<48} {f.name:<18} {tool:>12} {truth:>12} {error:>10}{'' if f.ok else '  OUT'}")
+    delay = stats.median(report.delivery_ms)
+    out.append(f"time scale {report.time_scale:g}: latencies in simulated ms; the client read each token a median "
+               f"{delay or 0:.2f} simulated ms after the engine emitted it (its own error, "
+               f"{(delay or 0) / report.time_scale:.3f} ms of wall time)")
+    if report.behind_s:
+        out.append(f"the simulator fell behind its clock for {report.behind_s:.2f} simulated s")
+    failed = [f for f in report.figures if not f.ok]
+    out.append(f"{len(failed)} of {len(report.figures)} figures out of tolerance (rates and counts "
+               f"{RATE_TOLERANCE_PCT:g}%, latencies {LATENCY_TOLERANCE_MS:g} ms or {LATENCY_TOLERANCE_PCT:g}%)")
+    out.append(report.summary_line())
+    return out
+
+
+def main() -> None:
+    scale = float(os.environ.get("CAMPAIGN_TRUTH_SCALE", DEFAULT_SCALE))
+    report = run(scale)
+    print("\n".join(lines(report)))  # noqa: T201 - the command's output
+    raise SystemExit(0 if report.ok else 1)
+
+
+if __name__ == "__main__":
+    main()
