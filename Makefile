@@ -9,7 +9,7 @@ MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold gpu-check clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold gpu-check truth clean
 
 setup: $(VENV)/bin/campaign
 
@@ -71,6 +71,12 @@ bench-cold: setup vllm-cpu tiny-model
 GPU_PYTHON ?= python3
 gpu-check: setup
 	$(VENV)/bin/python -m campaign.gpu_check --gpu-python $(GPU_PYTHON)
+
+# A check that also runs in `make test`: every figure the tool publishes beside the simulator's truth records
+# (about 2 minutes at time scale 1). Rates and counts within 1%, latencies within 1 ms or 2%; the last line is
+# max_error_pct=... max_latency_error_ms=... figures=N. SCALE=20: throughput and counts at 20x.
+truth: setup
+	$(VENV)/bin/python -m campaign.truth $(if $(SCALE),--scale $(SCALE))
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -81,6 +81,7 @@ class _Gauges:
     running: float
     waiting: float
     kv_usage: float | None
+    sim_clock: tuple[float, float] | None = None   # the simulator's (busy, behind) seconds; None elsewhere
 
 
 @dataclass
@@ -93,7 +94,24 @@ class _Step:
     kv_usage: list[float | None]   # aligned with running and waiting; None where the gauge is not exported
     cpu: float | None          # the busiest client process's share of one core
     processes: int = 1
+    sim_clock: list[tuple[float, float]] = field(default_factory=list)  # in-window (busy, behind) samples
     telemetry: StepTelemetry | None = None
+
+
+SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
+
+
+def sim_behind_share(window: list[tuple[float, float]], delta: m.Delta) -> float | None:
+    """The share of simulated time the simulator fell behind: between the first and last sample inside a
+    window where there are two, else over the whole step; None against a real server."""
+    if len(window) >= 2:
+        busy, behind = window[-1][0] - window[0][0], window[-1][1] - window[0][1]
+    else:
+        busy_delta, behind_delta = delta.optional(m.SIM_BUSY), delta.optional(m.SIM_BEHIND)
+        if busy_delta is None or behind_delta is None:
+            return None
+        busy, behind = busy_delta, behind_delta
+    return behind / (busy + behind) if busy + behind > 0 else None
 
 
 class Measurer:
@@ -250,7 +268,9 @@ class Measurer:
                 snap = await self.scrape(control)
                 samples.append(_Gauges(t=(before + time.perf_counter()) / 2, running=snap.value(m.RUNNING),
                                        waiting=snap.value(m.WAITING),
-                                       kv_usage=snap.value(m.KV_USAGE) if snap.has(m.KV_USAGE) else None))
+                                       kv_usage=snap.value(m.KV_USAGE) if snap.has(m.KV_USAGE) else None,
+                                       sim_clock=(snap.value(m.SIM_BUSY), snap.value(m.SIM_BEHIND))
+                                       if snap.has(m.SIM_BEHIND) else None))
             except (httpx.HTTPError, MetricMissingError):
                 pass  # a missed sample is a missing sample, never a zero
             delay = interval_s
@@ -319,7 +339,8 @@ class Measurer:
         return _Step(records=records, priming=priming, window=window, running=[g.running for g in samples],
                      waiting=[g.waiting for g in samples],
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
-                     processes=processes, telemetry=telemetry)
+                     processes=processes, telemetry=telemetry,
+                     sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None])
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None, *, prompt: list[int] | None = None) -> RequestRecord:
@@ -430,6 +451,11 @@ class Measurer:
             notes.append(f"tokens counted per chunk in {per_chunk} of {len(records)} requests: the server sent no "
                          "continuous usage stats, so a chunk carrying several tokens (speculative decoding) "
                          "would be undercounted")
+        behind = sim_behind_share(step.sim_clock, delta)
+        if behind is not None and behind > SIM_BEHIND_NOTE:
+            notes.append(f"the simulator fell behind its clock for {behind:.1%} of the "
+                         f"{'window' if len(step.sim_clock) >= 2 else 'step'}: its rates read up to that much low "
+                         "for the hardware it imitates; lower CAMPAIGN_SIM_TIME_SCALE")
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(

@@ -25,6 +25,9 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# Only the simulator's: simulated seconds it ran steps, and those it had work but fell behind its clock.
+SIM_BUSY = "campaign_sim:busy_seconds_total"
+SIM_BEHIND = "campaign_sim:behind_seconds_total"
 
 # What every measured step relies on (the bracket, the prefix-cache check, preemptions, concurrency).
 MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, RUNNING,

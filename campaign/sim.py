@@ -278,7 +278,9 @@ class _Metrics(Collector):
             yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", e.counters["draft_tokens"])
             yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                           e.counters["accepted"])
-        # Not vLLM's: simulated seconds the engine had work but ran no step (the interpreter fell behind).
+        # Not vLLM's: simulated seconds of steps, and those the engine had work but ran no step (the
+        # interpreter fell behind its clock); a client reads the share of a window that was lost.
+        yield counter("campaign_sim:busy_seconds", "Simulated seconds spent in engine steps.", s.driver.busy_s)
         yield counter("campaign_sim:behind_seconds", "Simulated seconds the simulator fell behind its clock.",
                       s.driver.behind_s)
         info = {"block_size": str(s.block), "gpu_memory_utilization": str(s.config.gpu_memory_utilization),

@@ -372,5 +372,6 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
         verdict=verdict, values={"mean_total_tok_s": mean},
         # Each Valid run's window on the client's clock, so its rate can be recomputed (`make truth` does).
         details={"runs": values, "windows": [r.window for r in results if r.status == "Valid"
-                                             and r.total_tok_s is not None], "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
+                                             and r.total_tok_s is not None],
+                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
                  "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})

@@ -11,6 +11,7 @@ tok/s single stream and 3,104.6 at 64 streams at 8K context, 10.1K prompt tok/s 
 from __future__ import annotations
 
 import itertools
+
 import pytest
 
 from campaign import argv, sim_config, sim_truth
