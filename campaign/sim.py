@@ -18,16 +18,16 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from campaign import sim_config, sim_model, sim_truth
-from campaign.sim_blocks import BlockManager
 from campaign.sim_config import VERSION, SimConfig
-from campaign.sim_engine import Engine, Request
+from campaign.sim_engine import Engine, Request, engine_for
 
 PROMPT_RE_HINT = "Please reduce the length of the input prompt."
 BEHIND_WARN = 0.01       # warn when the engine fell behind its clock for over 1% of a stretch ...
@@ -113,12 +113,11 @@ class Driver:
 
 # --- HTTP --------------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory, block: int) -> None:
+    def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory) -> None:
         self.config = config
         self.driver = driver
         self.engine = driver.engine
         self.memory = memory
-        self.block = block
         self.ids = 0
         self.api_key = config.api_key
         self.registry = CollectorRegistry(auto_describe=False)
@@ -248,7 +247,7 @@ class _Metrics(Collector):
     def __init__(self, server: Server) -> None:
         self.server = server
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         s, e = self.server, self.server.engine
         labels, values = ["engine", "model_name"], ["0", s.config.name]
 
@@ -283,7 +282,7 @@ class _Metrics(Collector):
         yield counter("campaign_sim:busy_seconds", "Simulated seconds spent in engine steps.", s.driver.busy_s)
         yield counter("campaign_sim:behind_seconds", "Simulated seconds the simulator fell behind its clock.",
                       s.driver.behind_s)
-        info = {"block_size": str(s.block), "gpu_memory_utilization": str(s.config.gpu_memory_utilization),
+        info = {"block_size": str(blocks.block_size), "gpu_memory_utilization": str(s.config.gpu_memory_utilization),
                 "num_gpu_blocks": str(blocks.total), "enable_prefix_caching": str(s.config.enable_prefix_caching),
                 "kv_cache_size_tokens": str(s.memory.kv_tokens), "cache_dtype": s.config.kv_cache_dtype}
         family = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
@@ -369,16 +368,20 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         "num_speculative_tokens": config.num_speculative_tokens, "max_num_seqs": config.max_num_seqs,
         "max_num_batched_tokens": config.max_num_batched_tokens})
 
+    def close_truth() -> None:
+        if truth is not None:
+            truth.close(list(engine.waiting) + engine.running)
+
     def crash() -> None:
+        close_truth()  # what it did until the crash is part of the truth
         sys.stdout.write("(EngineCore pid=0) ERROR [core.py:1120] EngineCore encountered an issue. See stack trace "
                          "(above) for the root cause.\n")
         sys.stdout.flush()
         os._exit(1)
 
-    engine = Engine(config, BlockManager(mem.num_blocks, block, prefix_caching=config.enable_prefix_caching),
-                    truth=truth, on_crash=crash)
+    engine = engine_for(config, truth, on_crash=crash)
     driver = Driver(engine, clock, log)
-    server = Server(config, driver, mem, block)
+    server = Server(config, driver, mem)
     tls = None
     if config.ssl_certfile:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -396,12 +399,14 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     engine_task = asyncio.create_task(driver.run())
-    async with listener:
+    try:
         await stop.wait()
-    log.line("APIServer", "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered")
-    engine_task.cancel()
-    if truth is not None:
-        truth.close(list(engine.waiting) + engine.running)
+        log.line("APIServer", "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered")
+    finally:
+        # Before the listener closes: from Python 3.12 closing it waits for clients' open connections.
+        engine_task.cancel()
+        close_truth()
+        listener.close()
 
 
 if __name__ == "__main__":

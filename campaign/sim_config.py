@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[
         f for f in os.environ.get("CAMPAIGN_SIM_FAULTS", "").split(",") if f])
     p.add_argument("--truth", type=Path, default=os.environ.get("CAMPAIGN_SIM_TRUTH") or None,
-                   help="write what the simulated server really did, as JSON lines, to this file")
+                   help="write what the simulated server really did, as JSON lines, to this new file (or a file per "
+                        "launch in this directory)")
     return p
 
 
@@ -173,6 +174,12 @@ def parse(argv: list[str]) -> SimConfig:
         p.error(f"argument --version-style: not a version: {args.version_style!r}")
     if args.time_scale <= 0:
         p.error("argument --time-scale: must be above 0")
+    truth: Path | None = args.truth
+    if truth is not None and truth.is_dir():
+        truth = truth / f"truth-{os.getpid()}.jsonl"  # a directory: one file per launch
+    if truth is not None and truth.exists():
+        p.error(f"argument --truth: {truth} exists; a truth file is never overwritten: remove it or name a "
+                "directory (one file per launch)")
     big = calibration.reported_memory_gib >= 70
     args.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if big else 2048)
     args.max_num_seqs = args.max_num_seqs or (1024 if big else 256)
@@ -194,5 +201,5 @@ def parse(argv: list[str]) -> SimConfig:
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,
         acceptance_rate=float(spec.get("acceptance_rate", calibration.default_acceptance)) if k else 0.0,
         kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
-        faults=faults, truth=args.truth, non_default=non_default,
+        faults=faults, truth=truth, non_default=non_default,
     )

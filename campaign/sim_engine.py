@@ -30,7 +30,6 @@ class Request:
     prompt: list[int]
     max_tokens: int
     sink: Callable[[int | None], None]   # tokens produced this step; None when the request ends
-    arrived: float = 0.0                 # simulated seconds
     admitted: float | None = None        # when its first step was scheduled (a seat and KV blocks found)
     computed: int = 0                    # prompt tokens with KV computed (cache hits included)
     generated: int = 0
@@ -78,11 +77,14 @@ class Step:
     """One engine step as planned: who decodes, how many prompt tokens are prefilled, how long it takes."""
 
     decoding: list[Request]
-    admitted: list[Request]          # taken from the queue by this step
     decode_tokens: int               # scheduled positions, speculative ones included
     prefill_tokens: int
     prefill_seqs: int
     duration: float                  # simulated seconds, from the roofline (and the bimodal fault)
+    # Speculative decoding, counted as the step completes (the server's counters add the same numbers).
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
 
 
 class Engine:
@@ -105,7 +107,6 @@ class Engine:
         return bool(self.running or self.waiting)
 
     def submit(self, req: Request, now: float) -> None:
-        req.arrived = now
         self.waiting.append(req)
         self.truth.arrival(req, now)
 
@@ -122,7 +123,6 @@ class Engine:
         decode_tokens = len(decoding) * (1 + cfg.num_speculative_tokens)
         budget -= len(decoding)
         prefill_tokens, prefill_weight, prefill_seqs = 0, 0, 0
-        admitted: list[Request] = []
         # Running prefills first, then admit waiting requests while seats and budget remain.
         for req in [r for r in self.running if r.in_prefill]:
             if budget <= 0:
@@ -139,6 +139,7 @@ class Engine:
             req = self.waiting[0]
             if req.aborted:
                 self.waiting.popleft()
+                self._finish(req, at, "abort")
                 continue
             self._admit(req)
             took = self._prefill_chunk(req, budget)
@@ -147,7 +148,6 @@ class Engine:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            admitted.append(req)
             req.admitted = at if req.admitted is None else req.admitted
             budget -= took[0]
             prefill_tokens += took[0]
@@ -160,8 +160,8 @@ class Engine:
             context_tokens_read=sum(r.context for r in decoding))
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
-        return Step(decoding=decoding, admitted=admitted, decode_tokens=decode_tokens,
-                    prefill_tokens=prefill_tokens, prefill_seqs=prefill_seqs, duration=duration)
+        return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
+                    prefill_seqs=prefill_seqs, duration=duration)
 
     def complete(self, step: Step, start: float, end: float, *, emitted: float | None = None) -> None:
         """The step ran from `start` to `end`: decoding sequences get 1 + accepted draft tokens, finished
@@ -175,7 +175,7 @@ class Engine:
                 self._finish(req, out, "abort")
                 continue
             if id(req) in decoding:
-                produced = 1 + self._accepted_drafts()
+                produced = 1 + self._accepted_drafts(step)
             elif not req.in_prefill:
                 produced = 1
             else:
@@ -202,13 +202,16 @@ class Engine:
         req.aborted = True
 
     # --- internals -----------------------------------------------------------------------------------------
-    def _accepted_drafts(self) -> int:
+    def _accepted_drafts(self, step: Step) -> int:
         k = self.config.num_speculative_tokens
         if not k:
             return 0
         accepted = 0
         while accepted < k and self.rng.random() < self.config.acceptance_rate:
             accepted += 1
+        step.drafts += 1
+        step.draft_tokens += k
+        step.accepted += accepted
         self.counters["drafts"] += 1
         self.counters["draft_tokens"] += k
         self.counters["accepted"] += accepted
@@ -273,10 +276,11 @@ class Engine:
         self.waiting.appendleft(victim)
 
 
-def engine_for(config: SimConfig, truth: TruthSink | None = None) -> Engine:
+def engine_for(config: SimConfig, truth: TruthSink | None = None, *,
+               on_crash: Callable[[], None] | None = None) -> Engine:
     """The engine a server with `config` runs: its KV cache sized by the memory model."""
     blocks = BlockManager(config.memory().num_blocks, config.block(), prefix_caching=config.enable_prefix_caching)
-    return Engine(config, blocks, truth=truth)
+    return Engine(config, blocks, truth=truth, on_crash=on_crash)
 
 
 class Virtual:

@@ -3,17 +3,23 @@
 The simulator (`--truth FILE`) writes JSON lines on its own clock, in simulated seconds, so the truth is the
 same at any time scale:
 
-    {"kind": "start", "format": 1, "time_scale": S, "anchor": A, "clock": "CLOCK_MONOTONIC", ...}
+    {"kind": "start", "format": 1, "time_scale": S, "anchor": A,
+     "clock": "clock_gettime(CLOCK_MONOTONIC)", ...}
     {"kind": "step", "start": t, "end": t, "model_s": d, "decode_seqs": n, "decode_tokens": n,
-     "prefill_tokens": n, "prefill_seqs": n, "running": n, "waiting": n, "kv_used_blocks": n}
+     "prefill_tokens": n, "prefill_seqs": n, "running": n, "waiting": n, "kv_used_blocks": n,
+     "drafts": n, "draft_tokens": n, "accepted": n}
     {"kind": "request", "id": "cmpl-sim-7", "arrival": t, "prompt_tokens": n, "max_tokens": n,
      "emits": [[t, tokens], ...], "finish": t, "reason": "length" | "abort", "admitted": t, "queried": n,
      "hits": n, "preemptions": n}
 
-A step's tokens are emitted at its `end`. `anchor` maps the client's clock onto the simulated one: a
-`time.perf_counter()` reading p (CLOCK_MONOTONIC on Linux, shared by every process of the machine) is the
-simulated time (p - anchor) x time_scale. Requests are written when they end; a request still running when
-the server stops is written then, without `finish`.
+A request's tokens are stamped when they left: on the wall clock the server wakes a little after a step's
+planned `end`, and that later time is recorded (on a virtual clock the two are equal). `anchor` maps the
+client's clock onto the simulated one: a `time.perf_counter()` reading p (CLOCK_MONOTONIC on Linux, shared
+by every process of the machine) is the simulated time (p - anchor) x time_scale. Requests are written
+(and flushed) when they end; a request still running when the server stops, or when it crashes on purpose,
+is written then, without `finish`.
+Prefix-cache `queried` and `hits` are the engine's own bookkeeping, the same that feeds its counters: they
+check that the tool attributes the counter to the right requests, not the counter itself.
 
 The figures below are computed from the truth alone, by their definitions, not by the tool's arithmetic
 (cells.py), so a mistake there shows up as a difference.
@@ -68,6 +74,9 @@ class StepTruth:
     running: int
     waiting: int
     kv_used_blocks: int
+    drafts: int = 0                   # speculative decoding: sequences that verified drafts this step
+    draft_tokens: int = 0
+    accepted: int = 0
 
 
 class Recorder:
@@ -87,67 +96,61 @@ class Recorder:
 
     def finish(self, req: Request, t: float, reason: str) -> None:
         truth = self._live.pop(id(req), None)
-        if truth is None:
-            return
-        truth.finish, truth.reason = t, reason
-        self._close(req, truth)
+        if truth is not None:
+            truth.finish, truth.reason = t, reason
+            self._keep_request(_filled(truth, req))
 
     def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
-        self._add_step(StepTruth(start=start, end=end, model_s=step.duration, decode_seqs=len(step.decoding),
-                                 decode_tokens=step.decode_tokens, prefill_tokens=step.prefill_tokens,
-                                 prefill_seqs=step.prefill_seqs, running=running, waiting=waiting,
-                                 kv_used_blocks=kv_used))
+        self._keep_step(StepTruth(start=start, end=end, model_s=step.duration, decode_seqs=len(step.decoding),
+                                  decode_tokens=step.decode_tokens, prefill_tokens=step.prefill_tokens,
+                                  prefill_seqs=step.prefill_seqs, running=running, waiting=waiting,
+                                  kv_used_blocks=kv_used, drafts=step.drafts, draft_tokens=step.draft_tokens,
+                                  accepted=step.accepted))
 
     def all_requests(self) -> list[RequestTruth]:
         """Finished requests and those still running, by arrival."""
         return sorted([*self.requests, *self._live.values()], key=lambda r: r.arrival)
 
-    def _close(self, req: Request, truth: RequestTruth) -> None:
-        truth.admitted, truth.queried, truth.hits, truth.preemptions = (
-            req.admitted, req.queried, req.hits, req.preemptions)
+    def _keep_request(self, truth: RequestTruth) -> None:
         self.requests.append(truth)
 
-    def _add_step(self, step: StepTruth) -> None:
+    def _keep_step(self, step: StepTruth) -> None:
         self.steps.append(step)
 
 
+def _filled(truth: RequestTruth, req: Request) -> RequestTruth:
+    """The request's bookkeeping, copied onto its truth record when it is written."""
+    truth.admitted, truth.queried, truth.hits, truth.preemptions = req.admitted, req.queried, req.hits, req.preemptions
+    return truth
+
 
 class Writer(Recorder):
-    """A Recorder that also writes each record as a JSON line as soon as it is complete."""
+    """A Recorder that writes each record as a JSON line as soon as it is complete, and keeps none of them."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         super().__init__()
-        self._file: IO[str] = path.open("w", encoding="utf-8")
+        self._file: IO[str] = path.open("x", encoding="utf-8")  # a truth file is never overwritten
         self._write({"kind": "start", "format": FORMAT, "clock": time.get_clock_info("perf_counter").implementation,
                      **header})
-        self._lines = 0
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
-    def _close(self, req: Request, truth: RequestTruth) -> None:
-        super()._close(req, truth)
+    def _keep_request(self, truth: RequestTruth) -> None:
         self._write({"kind": "request", **asdict(truth)})
-        self.requests.clear()  # written: a long-lived server keeps nothing it does not need
-        self._tick()
+        self._file.flush()  # requests are what a reader matches: never left in a buffer
 
-    def _add_step(self, step: StepTruth) -> None:
+    def _keep_step(self, step: StepTruth) -> None:
         self._write({"kind": "step", **asdict(step)})
-        self._tick()
-
-    def _tick(self) -> None:
-        self._lines += 1
-        if self._lines % 256 == 0:
-            self._file.flush()
 
     def close(self, live: list[Request]) -> None:
-        """Write what is still running, then close the file."""
+        """Write what is still running (without `finish`), then close the file."""
+        if self._file.closed:
+            return
         for req in live:
             truth = self._live.pop(id(req), None)
             if truth is not None:
-                truth.admitted, truth.queried, truth.hits, truth.preemptions = (
-                    req.admitted, req.queried, req.hits, req.preemptions)
-                self._write({"kind": "request", **asdict(truth)})
+                self._keep_request(_filled(truth, req))
         self._file.close()
 
 
@@ -212,11 +215,13 @@ def latency_figures(requests: list[RequestTruth], start: float, end: float) -> d
 
 
 def window_figures(requests: list[RequestTruth], start: float, end: float) -> dict[str, float | None]:
-    """A sustained window: what the engine emitted inside [start, end], per second of simulated time."""
+    """A sustained window: what the engine emitted inside [start, end], per second of simulated time, and how
+    many requests it held on average (all of them, and those without a first token yet)."""
     span = end - start
     tokens = 0
     rates: list[float] = []
     completed = 0
+    held = waiting = 0.0
     for r in requests:
         inside = [(t, n) for t, n in r.emits if start <= t <= end]
         tokens += sum(n for _, n in inside)
@@ -224,21 +229,29 @@ def window_figures(requests: list[RequestTruth], start: float, end: float) -> di
             rates.append(sum(n for _, n in inside[1:]) / (inside[-1][0] - inside[0][0]))
         if r.reason == "length" and r.finish is not None and start <= r.finish <= end:
             completed += 1
-    return {"total_tok_s": tokens / span if span > 0 else None, "per_request_tok_s": stats.median(rates),
-            "output_tokens": float(tokens), "completed": float(completed)}
+        finish = r.finish if r.finish is not None else end
+        held += max(0.0, min(finish, end) - max(r.arrival, start))
+        first = r.emits[0][0] if r.emits else finish
+        waiting += max(0.0, min(first, end) - max(r.arrival, start))
+    if span <= 0:
+        return dict.fromkeys(("total_tok_s", "per_request_tok_s", "output_tokens", "completed", "avg_active",
+                              "avg_before_first_token"))
+    return {"total_tok_s": tokens / span, "per_request_tok_s": stats.median(rates), "output_tokens": float(tokens),
+            "completed": float(completed), "avg_active": held / span, "avg_before_first_token": waiting / span}
 
 
 def fixed_figures(requests: list[RequestTruth]) -> dict[str, float | None]:
     """Every request to its end: tokens over the span from the first arrival to the last finish."""
     finishes = [r.finish for r in requests if r.finish is not None]
-    if not requests or not finishes:
-        return {}
-    span = max(finishes) - min(r.arrival for r in requests)
+    span = max(finishes) - min(r.arrival for r in requests) if requests and finishes else 0.0
+    if span <= 0:
+        return dict.fromkeys(("total_tok_s", "per_request_tok_s", "output_tokens", "completed", "avg_active"))
     rates = [(r.tokens - r.emits[0][1]) / (r.emits[-1][0] - r.emits[0][0]) for r in requests
              if len(r.emits) >= 2 and r.emits[-1][0] > r.emits[0][0]]
-    tokens = sum(r.tokens for r in requests)
-    return {"total_tok_s": tokens / span if span > 0 else None, "per_request_tok_s": stats.median(rates),
-            "output_tokens": float(tokens), "completed": float(sum(1 for r in requests if r.reason == "length"))}
+    return {"total_tok_s": sum(r.tokens for r in requests) / span, "per_request_tok_s": stats.median(rates),
+            "output_tokens": float(sum(r.tokens for r in requests)),
+            "completed": float(sum(1 for r in requests if r.reason == "length")),
+            "avg_active": sum((r.finish or r.arrival) - r.arrival for r in requests) / span}
 
 
 def hit_rate(requests: list[RequestTruth]) -> float | None:

@@ -280,7 +280,8 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     return ExperimentResult(
         kind="overload", key=f"overload-x{factor:g}", status="Valid" if first_end is not None else "Failed",
         reasons=[] if first_end is not None else ["no request of the burst completed"], verdict=verdict,
-        values={"ran_concurrently": None if ran is None else float(ran), "queued": float(queued),
+        values={"ran_concurrently": None if ran is None else float(ran),
+                "queued": float(queued) if first_end is not None else None,
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running)},
@@ -327,7 +328,8 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
                 return _contaminated("prefix-order", f"prefix-order-K{agents}", exc, attempts)
             queries, hits = delta(m.PREFIX_QUERIES), delta(m.PREFIX_HITS)
             arms[arm] = {"wall_s": wall, "hit_rate": hits / queries if queries else None, "hits": hits,
-                         "queries": queries, "errors": [r.error for r in records if not r.ok]}
+                         "queries": queries, "errors": [r.error for r in records if not r.ok],
+                         "server_ids": [r.server_id for r in records]}
     sf, tf, un = arms["shared-first"], arms["task-first"], arms["unrelated"]
     speedup = min(tf["wall_s"], un["wall_s"]) / sf["wall_s"] if sf["wall_s"] else None
     verdict = (f"{agents} agents, {shared_len:,}-token shared block ({shared_len // block} blocks of {block}): "

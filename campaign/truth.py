@@ -1,12 +1,16 @@
-"""`make truth`: every figure the tool publishes, checked against what the simulated server really did.
+"""`make truth`: the figures the tool publishes, checked against what the simulated server really did.
 
 The simulator writes truth records (sim_truth) on its own clock. This module launches it twice (the seed-004
 H200 with MTP, so chunks carry several tokens, and the seed-000 A5000 pair with 800-token blocks), measures
 prefill, sustained and fixed decode cells and one of each experiment with the tool's own code, then
-recomputes every published figure from the truth alone and compares:
+recomputes each cell's and experiment's figures from the truth alone and compares:
 
-- rates and counts (tok/s, completed requests, output tokens, hit rates, overload counts) within 1%;
+- rates and counts (tok/s, completed requests, output tokens, streams held, preemptions, prefix hits, draft
+  acceptance, hit rates, overload counts) within 1%;
 - latencies (TTFT, per-token ITL, TPOT, end-to-end, walls) within 1 ms or 2%, whichever is larger.
+
+Not compared: the queue gauges a cell samples (a few scrapes, no truth to match a sample to), energy and the
+client's CPU.
 
 All comparisons are in simulated units: the tool's rates are divided by the time scale and its latencies
 multiplied by it. A window on the client's clock maps onto the simulated one through the truth's anchor,
@@ -90,7 +94,7 @@ def latency_tolerance_ms(truth_s: float) -> float:
 @dataclass
 class Report:
     figures: list[Figure]
-    delivery_ms: list[float]          # median engine-to-client delay per compared cell, simulated ms
+    delivery_ms: list[float]          # median engine-to-client delay of each compared cell, simulated ms
     time_scale: float
     behind_s: float                   # simulated seconds the simulator fell behind its clock
 
@@ -122,19 +126,29 @@ class Matched:
         self.by_id = truth.by_id()
 
     def of(self, records: list[RequestRecord]) -> list[RequestTruth]:
-        missing = [r.id for r in records if r.server_id not in self.by_id]
+        """The truth of each request that succeeded (a failed one may never have reached the engine)."""
+        ok = [r for r in records if r.ok]
+        missing = [r.id for r in ok if r.server_id not in self.by_id]
         if missing:
             raise AssertionError(f"{len(missing)} request(s) have no truth record (first: {missing[0]}): the "
                                  "client recorded a reply the server never produced")
-        return [self.by_id[r.server_id] for r in records if r.server_id is not None]
+        return [self.by_id[str(r.server_id)] for r in ok]
 
     def delivery(self, records: list[RequestRecord]) -> float:
         """Median simulated seconds from the engine's emission to the client's read, over every token event."""
-        delays: list[float] = []
-        for rec, truth in zip(records, self.of(records), strict=True):
-            for t, (emitted, _) in zip(rec.chunk_t, truth.emits, strict=False):
-                delays.append(self.truth.sim_time(t) - emitted)
-        return stats.median(delays) or 0.0
+        ok = [r for r in records if r.ok]
+        delays = [self.truth.sim_time(t) - emitted for rec, truth in zip(ok, self.of(records), strict=True)
+                  for t, (emitted, _) in zip(rec.chunk_t, truth.emits, strict=False)]
+        delay = stats.median(delays)
+        if delay is None:
+            raise AssertionError("no token of these requests was matched with the truth")
+        return delay
+
+    def steps_during(self, requests: list[RequestTruth]) -> list[sim_truth.StepTruth]:
+        """The engine steps that ended while these requests were in the server."""
+        lo = min(r.arrival for r in requests)
+        hi = max(r.finish if r.finish is not None else r.arrival for r in requests)
+        return [s for s in self.truth.steps if lo <= s.end <= hi]
 
     def window(self, window: tuple[float, float], delay: float) -> tuple[float, float]:
         return self.truth.sim_time(window[0]) - delay, self.truth.sim_time(window[1]) - delay
@@ -146,10 +160,9 @@ class Matched:
 
 
 def _latency_figures(where: str, cell: CellResult, truth: dict[str, float | None], scale: float) -> Iterator[Figure]:
-    for name, field in (("ttft", "ttft"), ("itl", "itl"), ("tpot", "tpot"), ("e2e", "e2e")):
+    for name in ("ttft", "itl", "tpot", "e2e"):
         for suffix, key in (("", "p50"), ("_p90", "p90"), ("_p99", "p99")):
-            tool_ms = getattr(cell, f"{field}{suffix}_ms")
-            yield Figure(where, f"{name}_{key}", "latency", None if tool_ms is None else tool_ms / 1000 * scale,
+            yield Figure(where, f"{name}_{key}", "latency", _seconds(getattr(cell, f"{name}{suffix}_ms"), scale),
                          truth[f"{name}_{key}"])
 
 
@@ -175,16 +188,28 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
         latency = sim_truth.latency_figures(mine, start, end)
     else:
         window = sim_truth.fixed_figures(mine)
-        sends = [r.send_t for r in records]
-        ends = [r.end_t for r in records if r.end_t is not None]
-        latency = sim_truth.latency_figures(mine, matched.truth.sim_time(min(sends)) - delay,
-                                            matched.truth.sim_time(max(ends)) - delay)
+        latency = sim_truth.latency_figures(mine, -math.inf, math.inf)  # a fixed cell keeps every gap
+    steps = matched.steps_during(mine)
+    drafts, draft_tokens = sum(s.drafts for s in steps), sum(s.draft_tokens for s in steps)
+    accepted = sum(s.accepted for s in steps)
     figures += [
         Figure(where, "total_tok_s", "rate", _rate(cell.total_tok_s, scale), window["total_tok_s"]),
         Figure(where, "per_request_tok_s", "rate", _rate(cell.per_request_tok_s, scale), window["per_request_tok_s"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), window["output_tokens"]),
         Figure(where, "completed", "count", _count(cell.completed), window["completed"]),
+        Figure(where, "avg_active", "count", cell.avg_active, window["avg_active"]),
+        Figure(where, "preemptions", "count", cell.preemptions, float(sum(r.preemptions for r in mine))),
+        Figure(where, "prefix_cache_hits", "count", cell.prefix_cache_hits, float(sum(r.hits for r in mine))),
+        Figure(where, "prefix_cache_queries", "count", cell.prefix_cache_queries,
+               float(sum(r.queried for r in mine))),
+        Figure(where, "spec_acceptance_rate", "rate", cell.spec_acceptance_rate,
+               accepted / draft_tokens if draft_tokens else None),
+        Figure(where, "spec_mean_acceptance_length", "rate", cell.spec_mean_acceptance_length,
+               1 + accepted / drafts if drafts else None),
     ]
+    if cell.window is not None:
+        figures.append(Figure(where, "avg_before_first_token", "count", cell.avg_before_first_token,
+                              window["avg_before_first_token"]))
     figures += _latency_figures(where, cell, latency, scale)
     return figures, delay
 
@@ -217,31 +242,30 @@ def long_context_figures(result: study.ExperimentResult, matched: Matched) -> li
     return figures
 
 
-def overload_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
-    records = [RequestRecord.from_dict(r) for r in result.requests]
-    mine = matched.of(records)
-    first_finish = min(r.finish for r in mine if r.finish is not None)
+def overload_figures(result: study.ExperimentResult, burst: list[RequestTruth]) -> list[Figure]:
+    """`burst`: every request that reached the engine while the experiment ran."""
+    n = int(result.details["requests"])
+    finished = [r for r in burst if r.finish is not None]
+    first_finish = min(r.finish for r in finished if r.finish is not None) if finished else math.inf
     # The truth of "queued": admitted only after another request of the burst had finished (it waited for a
     # seat), which the tool infers from each first token on its own clock.
-    queued = sum(1 for r in mine if r.admitted is not None and r.admitted >= first_finish)
+    queued = sum(1 for r in burst if r.admitted is not None and r.admitted >= first_finish)
+    completed = sum(1 for r in burst if r.reason == "length" and r.tokens == r.max_tokens)
     values = result.values
     return [Figure("overload", "queued", "count", values["queued"], float(queued)),
-            Figure("overload", "ran_concurrently", "count", values["ran_concurrently"], float(len(mine) - queued)),
-            Figure("overload", "completed", "count", values["completed"],
-                   float(sum(1 for r in mine if r.reason == "length" and r.tokens == r.max_tokens))),
-            Figure("overload", "errored", "count", values["errored"], float(len(records) - len(mine)))]
+            Figure("overload", "ran_concurrently", "count", values["ran_concurrently"], float(len(burst) - queued)),
+            Figure("overload", "completed", "count", values["completed"], float(completed)),
+            Figure("overload", "errored", "count", values["errored"], float(n - completed))]
 
 
-def prefix_order_figures(result: study.ExperimentResult, requests: list[RequestTruth], agents: int,
-                         scale: float) -> list[Figure]:
-    """The arms ran one after the other, `agents` requests each: the truth's requests in arrival order."""
+def prefix_order_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
+    """Each arm's hit rate and wall time, against the truth of the requests the arm stored (by their ids)."""
     figures = []
-    arms = result.details["arms"]
-    for i, arm in enumerate(("shared-first", "task-first", "unrelated")):
-        mine = requests[i * agents:(i + 1) * agents]
+    for arm, values in result.details["arms"].items():
+        mine = [matched.by_id[i] for i in values["server_ids"]]
         wall = max(r.finish or r.arrival for r in mine) - min(r.arrival for r in mine)
-        figures += [Figure(f"prefix-order {arm}", "hit_rate", "rate", arms[arm]["hit_rate"], sim_truth.hit_rate(mine)),
-                    Figure(f"prefix-order {arm}", "wall", "latency", arms[arm]["wall_s"] * scale, wall)]
+        figures += [Figure(f"prefix-order {arm}", "hit_rate", "rate", values["hit_rate"], sim_truth.hit_rate(mine)),
+                    Figure(f"prefix-order {arm}", "wall", "latency", values["wall_s"] * matched.scale, wall)]
     return figures
 
 
@@ -250,8 +274,7 @@ def context_window_figures(result: study.ExperimentResult, requests: list[Reques
     got = result.details["over_total"]["completion_tokens"]
     truth = requests[0].tokens if requests else None
     return [Figure("context-window", "completion_tokens", "count", None if got is None else float(got),
-                   None if truth is None else float(truth)),
-            Figure("context-window", "requests_served", "count", 1.0, float(len(requests)))]
+                   None if truth is None else float(truth))]
 
 
 def repeat_figures(result: study.ExperimentResult, matched: Matched, delay: float) -> list[Figure]:
@@ -379,9 +402,9 @@ def run(scale: float = DEFAULT_SCALE, *, workdir: Path | None = None) -> Report:
                 elif kind == "context-window":
                     found = context_window_figures(result, matched.between(ran.began, ran.ended))
                 elif kind == "overload":
-                    found = overload_figures(result, matched)
+                    found = overload_figures(result, matched.between(ran.began, ran.ended))
                 else:
-                    found = prefix_order_figures(result, matched.between(ran.began, ran.ended), 4, matched.scale)
+                    found = prefix_order_figures(result, matched)
                 figures += [_named(f, launch.profile) for f in found]
     return Report(figures=figures, delivery_ms=[1000 * d for d in delays], time_scale=scale, behind_s=behind)
 
@@ -418,10 +441,11 @@ def lines(report: Report) -> list[str]:
         judged = f.kind != "latency" or report.latencies_judged
         mark = "" if f.ok else ("  OUT" if judged else "  (not judged)")
         out.append(f"{f.where:<48} {f.name:<18} {tool:>12} {truth:>12} {error:>10}{mark}")
-    delay = stats.median(report.delivery_ms)
-    out.append(f"time scale {report.time_scale:g}: latencies in simulated ms; the client read each token a median "
-               f"{delay or 0:.2f} simulated ms after the engine emitted it (its own error, "
-               f"{(delay or 0) / report.time_scale:.3f} ms of wall time)")
+    delay, worst = stats.median(report.delivery_ms), max(report.delivery_ms, default=None)
+    if delay is not None and worst is not None:
+        out.append(f"time scale {report.time_scale:g}: latencies in simulated ms; the client read each token a "
+                   f"median {delay:.2f} simulated ms after the engine emitted it, {worst:.2f} in the slowest cell "
+                   f"(its own error: {delay / report.time_scale:.3f} ms of wall time)")
     if report.behind_s:
         out.append(f"the simulator fell behind its clock for {report.behind_s:.2f} simulated s")
     if not report.latencies_judged:

@@ -5,6 +5,7 @@ own arithmetic and tolerances on constructed records."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from pathlib import Path
 
@@ -23,17 +24,17 @@ def test_every_published_figure_matches_the_simulators_truth(capsys: pytest.Capt
     lines = truth.lines(report)
     with capsys.disabled():
         print("\n" + "\n".join(lines))  # the figures stay in the test log, as `make truth` prints them
+    out = [f"{f.where} {f.name}: tool {f.tool} truth {f.truth}" for f in report.figures if not f.ok]
+    assert not out, out
     assert re.fullmatch(r"max_error_pct=[\d.]+ max_latency_error_ms=[\d.]+ figures=\d+", lines[-1])
     assert len(report.figures) >= 40
     assert report.latencies_judged
-    kinds = {f.kind for f in report.figures}
-    assert kinds == {"rate", "count", "latency"}
-    out = [f"{f.where} {f.name}: tool {f.tool} truth {f.truth}" for f in report.figures if not f.ok]
-    assert not out, out
+    assert {f.kind for f in report.figures} == {"rate", "count", "latency"}
     # Every kind of figure is there: window rates, per-token latency tails, prompt rates, experiments.
     names = {f"{f.where.split()[1]} {f.name}" for f in report.figures}
     for expected in ("decode-sustained-L2048-C16-N256-W10 itl_p99", "prefill-L8192 prompt_tok_s",
-                     "overload queued", "prefix-order hit_rate", "long-context generation_tok_s"):
+                     "decode-sustained-L1024-C1-N512-W10 spec_acceptance_rate", "overload queued",
+                     "prefix-order hit_rate", "long-context generation_tok_s"):
         assert any(name.startswith(expected.split()[0]) and name.endswith(expected.split()[1]) for name in names), \
             expected
 
@@ -71,6 +72,8 @@ def test_window_counts_what_was_emitted_inside_it() -> None:
     b = request(0.5, [(2.5, 1), (3.5, 2)], finish=3.5)
     figures = sim_truth.window_figures([a, b], 2.0, 3.5)
     assert figures["output_tokens"] == 3 + 1 + 1 + 2
+    assert figures["avg_active"] == pytest.approx((1.5 + 1.5) / 1.5)        # both held all through the window
+    assert figures["avg_before_first_token"] == pytest.approx(0.5 / 1.5)    # b waited from 2.0 to 2.5
     assert figures["total_tok_s"] == pytest.approx(7 / 1.5)
     # a: tokens after its first in-window emission over the span, (1) / (3.0 - 2.0); b: 2 / 1.0.
     assert figures["per_request_tok_s"] == pytest.approx(1.5)
@@ -117,3 +120,12 @@ def test_simulator_config_faults_and_versions() -> None:
     assert exc.value.code == 2
     with pytest.raises(SystemExit):
         sim_config.parse([*base, "--fault", "melt"])
+
+
+def test_a_truth_file_is_never_overwritten(tmp_path: Path) -> None:
+    base = ["m", "--hardware", "a5000x2", "--model-shape", "qwen-27b-hybrid", "--truth"]
+    assert sim_config.parse([*base, str(tmp_path)]).truth == tmp_path / f"truth-{os.getpid()}.jsonl"
+    (tmp_path / "old.jsonl").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        sim_config.parse([*base, str(tmp_path / "old.jsonl")])
+    assert exc.value.code == 2
