@@ -261,11 +261,13 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     completed = sum(1 for r in records if r.ok and not r.short)
     errored = sum(1 for r in records if not r.ok)
     # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
-    # its first token after its prefill, before any request of the burst ends (ending takes that prefill and
-    # a whole reply); one that waited for a seat gets a seat, and so its first token, only after another
-    # request finished. (Half the shortest request, the rule before, called a prefill-heavy burst queued.)
-    ends = [r.end_t for r in records if r.ok and r.end_t is not None]
-    first_end = min(ends) if ends else None
+    # its first token after its prefill, before any request of the burst has its last token (that takes the
+    # prefill and a whole reply); one that waited for a seat gets it, and so its first token, only in a step
+    # after another request's last. The last token, not the end of its stream: the stream's end can reach
+    # the client after the next step's tokens. (Half the shortest request, the rule before, called a
+    # prefill-heavy burst queued: the simulator's truth records showed it.)
+    lasts = [r.chunk_t[-1] for r in records if r.ok and r.chunk_t]
+    first_end = min(lasts) if lasts else None
     queued = sum(1 for r in records if first_end is not None and r.chunk_t and r.chunk_t[0] > first_end)
     ran = n - queued if first_end is not None else None
     peak_running = max(running) if running else None
