@@ -284,18 +284,17 @@ def engine_for(config: SimConfig, truth: TruthSink | None = None, *,
 
 
 class Virtual:
-    """The engine on a clock the caller owns: requests go in at simulated times, steps run back to back with
-    no wall clock, and the truth records say what happened. Deterministic for a given seed."""
+    """The engine on a clock the caller owns: requests go in at the current simulated time, steps run back to
+    back with no wall clock, and the truth records say what happened. Deterministic for a given seed."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.now = 0.0
         self._ids = 0
-        self._arrivals: list[tuple[float, Request]] = []
 
-    def submit(self, prompt: list[int], max_tokens: int, *, at: float | None = None,
+    def submit(self, prompt: list[int], max_tokens: int, *,
                on_finish: Callable[[float], None] | None = None) -> Request:
-        """A request arriving at `at` (default: now); `on_finish(t)` is called when it ends."""
+        """A request arriving now; `on_finish(t)` is called when it ends (it may submit the next one)."""
         self._ids += 1
 
         def sink(tokens: int | None) -> None:
@@ -303,24 +302,12 @@ class Virtual:
                 on_finish(self.now)
 
         req = Request(id=f"v{self._ids}", prompt=prompt, max_tokens=max_tokens, sink=sink)
-        when = self.now if at is None else at
-        if when <= self.now:
-            self.engine.submit(req, self.now)
-        else:
-            self._arrivals.append((when, req))
-            self._arrivals.sort(key=lambda a: a[0])
+        self.engine.submit(req, self.now)
         return req
 
     def run(self, until: float | None = None) -> None:
         """Step until nothing is left to do, or until simulated time `until`."""
-        while until is None or self.now < until:
-            while self._arrivals and self._arrivals[0][0] <= self.now:
-                self.engine.submit(self._arrivals.pop(0)[1], self.now)
-            if not self.engine.busy:
-                if not self._arrivals:
-                    return
-                self.now = self._arrivals[0][0]
-                continue
+        while self.engine.busy and (until is None or self.now < until):
             step = self.engine.schedule(self.now)
             start, self.now = self.now, self.now + step.duration
             self.engine.complete(step, start, self.now)

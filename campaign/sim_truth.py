@@ -61,6 +61,11 @@ class RequestTruth:
     def ttft(self) -> float | None:
         return self.emits[0][0] - self.arrival if self.emits else None
 
+    @property
+    def prompt_tok_s(self) -> float | None:
+        ttft = self.ttft
+        return self.prompt_tokens / ttft if ttft else None
+
 
 @dataclass
 class StepTruth:

@@ -29,7 +29,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -134,10 +134,11 @@ class Matched:
                                  "client recorded a reply the server never produced")
         return [self.by_id[str(r.server_id)] for r in ok]
 
-    def delivery(self, records: list[RequestRecord]) -> float:
-        """Median simulated seconds from the engine's emission to the client's read, over every token event."""
+    def delivery(self, records: list[RequestRecord], truths: list[RequestTruth]) -> float:
+        """Median simulated seconds from the engine's emission to the client's read, over every token event;
+        `truths` is `of(records)`."""
         ok = [r for r in records if r.ok]
-        delays = [self.truth.sim_time(t) - emitted for rec, truth in zip(ok, self.of(records), strict=True)
+        delays = [self.truth.sim_time(t) - emitted for rec, truth in zip(ok, truths, strict=True)
                   for t, (emitted, _) in zip(rec.chunk_t, truth.emits, strict=False)]
         delay = stats.median(delays)
         if delay is None:
@@ -175,12 +176,10 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
     figures: list[Figure] = []
     if cell.phase == "prefill":
         truth = mine[0]
-        ttft = truth.ttft
-        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s, scale),
-                              truth.prompt_tokens / ttft if ttft else None))
-        figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms, scale), ttft))
+        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s, scale), truth.prompt_tok_s))
+        figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms, scale), truth.ttft))
         return figures, None
-    delay = matched.delivery(records)
+    delay = matched.delivery(records, mine)
     if cell.window is not None:
         start, end = matched.window(cell.window, delay)
         # Everything the server emitted in the window, whoever asked: a record the client lost shows here.
@@ -233,11 +232,9 @@ def long_context_figures(result: study.ExperimentResult, matched: Matched) -> li
     figures = []
     for row, truth in zip([r for r in result.details["rows"] if "ttft_s" in r], matched.of(records), strict=True):
         where = f"long-context L{row['context_tokens']}"
-        ttft = truth.ttft
         rate = sim_truth.fixed_figures([truth])["per_request_tok_s"]
-        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"], scale), ttft),
-                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"], scale),
-                           truth.prompt_tokens / ttft if ttft else None),
+        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"], scale), truth.ttft),
+                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"], scale), truth.prompt_tok_s),
                     Figure(where, "generation_tok_s", "rate", _rate(row["generation_tok_s"], scale), rate)]
     return figures
 
@@ -245,8 +242,7 @@ def long_context_figures(result: study.ExperimentResult, matched: Matched) -> li
 def overload_figures(result: study.ExperimentResult, burst: list[RequestTruth]) -> list[Figure]:
     """`burst`: every request that reached the engine while the experiment ran."""
     n = int(result.details["requests"])
-    finished = [r for r in burst if r.finish is not None]
-    first_finish = min(r.finish for r in finished if r.finish is not None) if finished else math.inf
+    first_finish = min((r.finish for r in burst if r.finish is not None), default=math.inf)
     # The truth of "queued": admitted only after another request of the burst had finished (it waited for a
     # seat), which the tool infers from each first token on its own clock.
     queued = sum(1 for r in burst if r.admitted is not None and r.admitted >= first_finish)
@@ -277,9 +273,11 @@ def context_window_figures(result: study.ExperimentResult, requests: list[Reques
                    None if truth is None else float(truth))]
 
 
-def repeat_figures(result: study.ExperimentResult, matched: Matched, delay: float) -> list[Figure]:
+def repeat_figures(result: study.ExperimentResult, matched: Matched, delay: float | None) -> list[Figure]:
     """Each run's total against the truth in its window. The runs keep no records, so the window moves by
     `delay`, the delivery delay measured on the launch's other cells."""
+    if delay is None:
+        raise AssertionError("repeat: no decode cell of this launch measured the delivery delay")
     figures = []
     totals: list[float] = []
     for i, (tool, window) in enumerate(zip(result.details["runs"], result.details["windows"], strict=True)):
@@ -302,7 +300,7 @@ class Launch:
     profile: str
     overrides: dict[str, int]
     cells: tuple[CellSpec, ...]
-    experiments: tuple[str, ...]
+    experiments: tuple[study.ExperimentKind, ...]
 
 
 WINDOW_SIM_S = 10.0   # a sustained window, in simulated seconds (the wall window is this over the scale)
@@ -338,40 +336,55 @@ def launches(scale: float) -> tuple[Launch, ...]:
 class Ran:
     """One experiment's result and when it ran on the client's clock (perf_counter)."""
 
-    kind: str
     result: study.ExperimentResult
     began: float
     ended: float
 
 
-async def _measure(server: LaunchedServer, launch: Launch, scale: float) -> tuple[list[CellResult], list[Ran]]:
+def _experiment(kind: study.ExperimentKind, server: LaunchedServer, scale: float) -> Awaitable[study.ExperimentResult]:
     target = server.target()
-    measurer = Measurer(target)
+    runners: dict[study.ExperimentKind, Callable[[], Awaitable[study.ExperimentResult]]] = {
+        "long-context": lambda: study.long_context(target, [2048, 6144], reply_tokens=48),
+        "repeat": lambda: study.repeat_cell(target, _sustained(512, 4, 256, scale), times=2),
+        "context-window": lambda: study.context_window(target, reply_tokens=64),
+        "overload": lambda: study.overload(target, max_num_seqs=4, factor=2, prompt_tokens=256, reply_tokens=48),
+        "prefix-order": lambda: study.prefix_order(target, block_size=server.facts.block_size, agents=4,
+                                                   shared_tokens=1600, task_tokens=200, reply_tokens=32),
+    }
+    return runners[kind]()
+
+
+async def _measure(server: LaunchedServer, launch: Launch, scale: float) -> tuple[list[CellResult], list[Ran]]:
+    measurer = Measurer(server.target())
     cells = [await measurer.run_cell(spec) for spec in launch.cells]
     ran: list[Ran] = []
     for kind in launch.experiments:
         began = time.perf_counter()
-        if kind == "long-context":
-            result = await study.long_context(target, [2048, 6144], reply_tokens=48)
-        elif kind == "repeat":
-            result = await study.repeat_cell(target, _sustained(512, 4, 256, scale), times=2)
-        elif kind == "context-window":
-            result = await study.context_window(target, reply_tokens=64)
-        elif kind == "overload":
-            result = await study.overload(target, max_num_seqs=4, factor=2, prompt_tokens=256, reply_tokens=48)
-        else:
-            result = await study.prefix_order(target, block_size=server.facts.block_size, agents=4,
-                                              shared_tokens=1600, task_tokens=200, reply_tokens=32)
-        ran.append(Ran(kind, result, began, time.perf_counter()))
+        result = await _experiment(kind, server, scale)
+        ran.append(Ran(result, began, time.perf_counter()))
     return cells, ran
 
 
-def run(scale: float = DEFAULT_SCALE, *, workdir: Path | None = None) -> Report:
+def experiment_figures(ran: Ran, matched: Matched, delay: float | None) -> list[Figure]:
+    """The experiment's figures beside their truth; `delay`: the launch's median delivery delay."""
+    result = ran.result
+    if result.kind == "long-context":
+        return long_context_figures(result, matched)
+    if result.kind == "repeat":
+        return repeat_figures(result, matched, delay)
+    if result.kind == "context-window":
+        return context_window_figures(result, matched.between(ran.began, ran.ended))
+    if result.kind == "overload":
+        return overload_figures(result, matched.between(ran.began, ran.ended))
+    return prefix_order_figures(result, matched)
+
+
+def run(scale: float = DEFAULT_SCALE) -> Report:
     """Launch, measure, stop, and compare every figure with the truth the simulator wrote."""
     figures: list[Figure] = []
     delays: list[float] = []
     behind = 0.0
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         for launch in launches(scale):
             truth_path = Path(tmp) / f"{launch.profile}.truth.jsonl"
             profile, _ = load_profile(launch.profile)
@@ -389,22 +402,12 @@ def run(scale: float = DEFAULT_SCALE, *, workdir: Path | None = None) -> Report:
                 figures += [_named(f, launch.profile) for f in cell_figs]
                 if delay is not None:
                     launch_delays.append(delay)
-            delay = stats.median(launch_delays) or 0.0
             delays += launch_delays
             for ran in experiments:
-                kind, result = ran.kind, ran.result
+                result = ran.result
                 if result.status != "Valid":
-                    raise AssertionError(f"{launch.profile} {kind} is {result.status}: {result.reasons}")
-                if kind == "long-context":
-                    found = long_context_figures(result, matched)
-                elif kind == "repeat":
-                    found = repeat_figures(result, matched, delay)
-                elif kind == "context-window":
-                    found = context_window_figures(result, matched.between(ran.began, ran.ended))
-                elif kind == "overload":
-                    found = overload_figures(result, matched.between(ran.began, ran.ended))
-                else:
-                    found = prefix_order_figures(result, matched)
+                    raise AssertionError(f"{launch.profile} {result.kind} is {result.status}: {result.reasons}")
+                found = experiment_figures(ran, matched, stats.median(launch_delays))
                 figures += [_named(f, launch.profile) for f in found]
     return Report(figures=figures, delivery_ms=[1000 * d for d in delays], time_scale=scale, behind_s=behind)
 
