@@ -1,9 +1,12 @@
 """Startup log text -> the facts the server became. Pure: no I/O, no guessed defaults.
 
-Formats covered: vLLM 0.9 to 0.33 (as its source prints them and users paste them), one- or two-line KV
-cache reports, thousands separators, the ASCII logo, `(EngineCore pid=N)` process prefixes or none, uvicorn
-lines. Every pattern is matched with `re.search`, never anchored, because the prefix varies by version.
-A fact the log does not state stays None; it is never a default and never 0.
+Formats covered: vLLM 0.3 to 0.33, V0 and V1 (as its source prints them and as users paste them in public
+issue threads: tests/fixtures/logs/public), one- or two-line KV cache reports, `# GPU/cuda/CUDA blocks`,
+the V0 memory-profiling lines, thousands separators, negative sizes, the ASCII logo, process prefixes
+(`(EngineCore_DP0 pid=N)`, `(Worker_PP6 pid=N)`, `(VllmWorkerProcess pid=N)`), docker-compose and CI
+prefixes and timestamps, uvicorn lines. Every pattern is matched with `re.search`, never anchored, because
+the prefix varies by version and by whoever captured the log. A fact the log does not state stays None;
+it is never a default and never 0.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ class StartupFacts(BaseModel):
     engine_init_s: float | None = None
     speculative_method: str | None = None
     num_speculative_tokens: int | None = None
+    gpu_blocks: int | None = None
+    max_num_seqs: int | None = None
+    # True: the non-default args carry it (yours); False: they do not, so vLLM chose it by card size (256 on
+    # cards under 70 GiB, 1024 on H100/H200-class ones, 128 per CPU worker); None: the log has no such line.
+    max_num_seqs_set: bool | None = None
     failure: Failure | None = None
 
 
@@ -60,6 +68,7 @@ def _int(text: str) -> int:
 # --- single-value patterns: (field, regex, converter); the first match in the log wins -----------------
 _NUM = r"([\d][\d,]*)"
 _FLOAT = r"(\d+(?:\.\d+)?)"
+_SIGNED = r"(-?\d+(?:\.\d+)?)"  # memory left for the KV cache can be printed negative
 
 _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
     # "GPU KV cache size: 1,234 tokens" (all versions since 0.9, one or two lines); "CPU", "XPU", "GPU + host".
@@ -68,8 +77,21 @@ _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
      re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: "), _int),
     ("max_concurrency", re.compile(r"Maximum concurrency for [\d,]+ tokens per request: " + _FLOAT + r"x"),
      float),
-    ("model_weights_gib", re.compile(r"Model loading took " + _FLOAT + r" GiB"), float),
-    ("available_kv_cache_gib", re.compile(r"Available KV cache memory: " + _FLOAT + r" GiB"), float),
+    # "GiB" since 0.8; V0 and early V1 printed the same GiB figure labelled "GB".
+    ("model_weights_gib", re.compile(r"Model loading took " + _FLOAT + r" Gi?B\b"), float),
+    ("model_weights_gib", re.compile(r"Loading model weights took " + _FLOAT + r" GB"), float),
+    ("model_weights_gib", re.compile(r"model weights take " + _FLOAT + r" ?GiB"), float),  # V0 profiling
+    ("available_kv_cache_gib", re.compile(r"Available KV cache memory: " + _SIGNED + r" GiB"), float),
+    # V0 profiling: "... the rest of the memory reserved for KV Cache is -1.05GiB." / "kv_cache_size=2.89GiB".
+    ("available_kv_cache_gib", re.compile(r"the rest of the memory reserved for KV Cache is " + _SIGNED + r" ?GiB"),
+     float),
+    ("available_kv_cache_gib", re.compile(r"\bkv_cache_size=" + _SIGNED + r"GiB"), float),
+    # Stated only inside the V1 does-not-fit error: "... larger than the available KV cache memory (5.44 GiB)".
+    ("available_kv_cache_gib", re.compile(r"available KV cache memory \(" + _SIGNED + r" GiB\)"), float),
+    # V0: "# GPU blocks: 1478, # CPU blocks: 2048" (0.7/0.8 print the platform's name: cuda, CUDA); V1 logs
+    # the cache config's "num_gpu_blocks is: 15745".
+    ("gpu_blocks", re.compile(r"# (?:GPU|cuda|CUDA) blocks: " + _NUM), _int),
+    ("gpu_blocks", re.compile(r"num_gpu_blocks is: " + _NUM), _int),
     # CPU backend: "Auto set (1.0/23.4) GiB for KV cache" / "Explicitly set (1.0...) GiB for KV cache".
     ("available_kv_cache_gib", re.compile(r"(?:Auto|Explicitly) set \(" + _FLOAT + r"\b[^)]*\) GiB for KV cache"),
      float),
@@ -81,6 +103,9 @@ _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
     ("block_size", re.compile(r"Setting kv cache block size to " + _NUM + r" for"), _int),
     ("max_model_len", re.compile(r"Using max model len " + _NUM), _int),
     ("max_model_len", re.compile(r"\bmax_seq_len=" + _NUM), _int),
+    # The does-not-fit errors name it: V0 "The model's max seq len (N) is larger than ...", V1 "with the
+    # model's max seq len (N)" (printed "models's" in some versions).
+    ("max_model_len", re.compile(r"\bmodels?'s max seq len \(" + _NUM + r"\)"), _int),
     ("max_num_batched_tokens",
      re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=" + _NUM), _int),
     ("tensor_parallel_size", re.compile(r"\btensor_parallel_size=(\d+)"), int),
@@ -89,15 +114,17 @@ _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
 _VERSION_PATTERNS = [
     re.compile(r"vLLM server version (\S+?),? serving model"),        # 0.16+ without the logo
     re.compile(r"vLLM API server version (\S+)"),                      # <= 0.11
-    re.compile(r"Initializing a V1 LLM engine \(v(\S+?)\) with config"),
-    re.compile(r"Initializing an LLM engine \(v(\S+?)\) with config"),  # V0
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v(\S+?)\) with config"),  # V0 and V1 wordings
     # The ASCII logo prints "version 0.32.0" on a line of its own, among box-drawing characters.
     re.compile(r"\bversion\s+v?(\d+\.\d+\.\d+[\w.+-]*)"),
 ]
 
 _PLATFORM = re.compile(r"Automatically detected platform (\w+)\.")
 _KV_DEVICE = re.compile(r"\b([A-Z]{3})(?: \+ host)? KV cache size: ")
-_V0_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
+_V0_BLOCKS = re.compile(r"# (?:GPU|cuda|CUDA) blocks: (\d+)")
+# V0 profiling states the setting: "total_gpu_memory (8.00GiB) x gpu_memory_utilization (0.70)" (0.7/0.8) or
+# "... gpu_memory_utilization=0.90" at the end of the one-line "Memory profiling results" (0.6).
+_V0_UTILIZATION = re.compile(r"gpu_memory_utilization(?: \(" + _FLOAT + r"\)|=" + _FLOAT + r"\s*$)", re.MULTILINE)
 
 # CUDA-graph memory note (0.21+): the setting, what it is worth, and what vLLM suggests instead.
 _CG_NOTE = re.compile(
@@ -105,7 +132,7 @@ _CG_NOTE = re.compile(
     + _FLOAT + r" without CUDA graph memory profiling.*?increase --gpu-memory-utilization to " + _FLOAT
 )
 _CG_DISABLED = re.compile(
-    r"increasing --gpu-memory-utilization from " + _FLOAT + r" to " + _FLOAT
+    r"increas(?:e|ing) --gpu-memory-utilization from " + _FLOAT + r" to " + _FLOAT
 )
 _NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$", re.MULTILINE)
 _SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(([^)]*)\)")
@@ -117,9 +144,16 @@ _PLATFORM_NAMES = {"cuda": "GPU", "rocm": "GPU", "cpu": "CPU", "xpu": "XPU", "tp
 # --- failures, most specific first --------------------------------------------------------------------
 _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
     ("kv_cache_insufficient",
-     re.compile(r"(To serve at least one request with the model's max seq len.*?estimated maximum model "
+     re.compile(r"(To serve at least one request with the models?'s max seq len.*?estimated maximum model "
                 r"length is \d+\.?)"),
      "Lower --max-model-len to the estimated maximum above, or raise --gpu-memory-utilization."),
+    ("kv_cache_insufficient",  # without the estimate (older V1 wording, or a cut line)
+     re.compile(r"(To serve at least one request with the models?'s max seq len \(\d+\)[^\n]*)"),
+     "Lower --max-model-len, or raise --gpu-memory-utilization."),
+    ("kv_cache_insufficient",  # V0 (0.3 to 0.10)
+     re.compile(r"(The model's max seq len \(\d+\) is larger than the maximum number of tokens that can be "
+                r"stored in KV cache \(\d+\)[^\n]*)"),
+     "Lower --max-model-len to the KV cache's token count above, or raise --gpu-memory-utilization."),
     ("kv_cache_insufficient", re.compile(r"(No available memory for the cache blocks\.[^\n]*)"),
      "Raise --gpu-memory-utilization, or free GPU memory held by other processes."),
     ("bad_argument", re.compile(r"(error: (?:unrecognized arguments|argument [^\n]*|invalid choice)[^\n]*)"),
@@ -127,9 +161,10 @@ _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
      "with `vllm serve --help`."),
     ("out_of_memory",
      re.compile(r"((?:torch\.)?(?:cuda\.)?OutOfMemoryError[^\n]*|CUDA out of memory[^\n]*|"
+                r"CUDA error: out of memory[^\n]*|HIP out of memory[^\n]*|"
                 r"Failed to load model - not enough GPU memory[^\n]*)"),
      "Lower --gpu-memory-utilization, --max-num-batched-tokens or --max-model-len, or use more GPUs."),
-    ("engine_init_failed", re.compile(r"(Engine core initialization failed[^\n]*)"),
+    ("engine_init_failed", re.compile(r"(Engine core initialization failed[^\n]*|EngineCore failed to start[^\n]*)"),
      "The root cause is logged above this line; read the log tail."),
     ("crashed", re.compile(r"(EngineCore encountered an issue[^\n]*|EngineDeadError[^\n]*|"
                            r"Traceback \(most recent call last\):)"),
@@ -150,16 +185,31 @@ def classify_failure(text: str) -> Failure | None:
 _STRIP_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _non_default_args(text: str) -> dict[str, Any]:
-    """The `non-default args: {...}` dict (a Python repr); {} if absent or unparseable."""
+# A quoted string (left as it is), or a JSON literal outside quotes (made Python's).
+_JSON_LITERAL = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|\b(null|true|false)\b""")
+_PYTHON = {"null": "None", "true": "True", "false": "False"}
+
+
+_MAX_NUM_SEQS_ARG = re.compile(r"'max_num_seqs': (\d+)")
+
+
+def _non_default_args(text: str) -> tuple[dict[str, Any], bool] | None:
+    """The `non-default args: {...}` dict (a Python repr, in which a config given on the command line can
+    appear as raw JSON with null/true/false) and whether it could be read whole; None: no such line."""
     match = _NON_DEFAULT_ARGS.search(text)
     if not match:
-        return {}
-    try:
-        value = ast.literal_eval(match.group(1))
-    except (ValueError, SyntaxError):
-        return {}
-    return value if isinstance(value, dict) else {}
+        return None
+    raw = match.group(1)
+    for attempt in (raw, _JSON_LITERAL.sub(lambda m: m.group(1) or _PYTHON[m.group(2)], raw)):
+        try:
+            value = ast.literal_eval(attempt)
+        except (ValueError, SyntaxError):
+            continue
+        return (value, True) if isinstance(value, dict) else ({}, False)
+    # Not a literal (an object's repr inside, such as CompilationConfig(...)): the flags that matter most
+    # are still read one by one; whether one is absent cannot be said.
+    seqs = _MAX_NUM_SEQS_ARG.search(raw)
+    return ({"max_num_seqs": int(seqs.group(1))} if seqs else {}), False
 
 
 def startup_part(text: str) -> str:
@@ -206,7 +256,18 @@ def parse(text: str) -> StartupFacts:
             values["gpu_memory_utilization"] = float(disabled.group(1))
             values["gpu_memory_utilization_suggested"] = float(disabled.group(2))
 
-    args = _non_default_args(text)
+    if "gpu_memory_utilization" not in values:
+        v0 = _V0_UTILIZATION.search(text)
+        if v0:
+            values["gpu_memory_utilization"] = float(v0.group(1) or v0.group(2))
+
+    found_args = _non_default_args(text)
+    args, whole = found_args or ({}, False)
+    seqs = args.get("max_num_seqs")
+    if isinstance(seqs, int):
+        values["max_num_seqs"], values["max_num_seqs_set"] = seqs, True
+    elif found_args is not None and whole:
+        values["max_num_seqs_set"] = False  # the whole dict was read, and it is not there: vLLM's default
     if isinstance(args.get("gpu_memory_utilization"), int | float):
         # The note rounds to 4 places; the argument as given (0.883643) is the exact setting.
         values["gpu_memory_utilization"] = float(args["gpu_memory_utilization"])
@@ -229,8 +290,43 @@ def parse(text: str) -> StartupFacts:
         values["speculative_method"] = method.group(1) if method else None
         values["num_speculative_tokens"] = int(tokens.group(1)) if tokens else None
 
-    values["failure"] = classify_failure(text)
+    failure = classify_failure(text)
+    if failure is None or failure.kind in {"crashed", "engine_init_failed"}:
+        # V0 went on after profiling left no room (negative memory, 0 blocks) and died later of something
+        # that names no cause; the sizes it printed are the cause.
+        kv = values.get("available_kv_cache_gib")
+        if (kv is not None and kv < 0) or values.get("gpu_blocks") == 0:
+            failure = Failure(kind="kv_cache_insufficient",
+                              message=f"no memory left for the KV cache ({_no_room(values)})",
+                              hint="Raise --gpu-memory-utilization, lower --max-model-len, or free GPU memory.")
+    if failure is not None and not _looks_like_vllm(text, values):
+        failure = None  # another program's argparse error or traceback is not a vLLM failure
+    values["failure"] = failure
     return StartupFacts(**values)
+
+
+def _no_room(values: dict[str, Any]) -> str:
+    parts = []
+    if values.get("available_kv_cache_gib") is not None:
+        parts.append(f"{values['available_kv_cache_gib']} GiB available for it")
+    if values.get("gpu_blocks") is not None:
+        parts.append(f"{values['gpu_blocks']} GPU blocks")
+    return ", ".join(parts)
+
+
+# Words only vLLM's logs carry: its name, its engine's process names, its own report lines.
+_VLLM_MARKERS = re.compile(r"vllm|EngineCore|VllmWorker|KV cache|max seq len|# (?:GPU|cuda|CUDA) blocks|"
+                           r"Automatically detected platform|model weights|usage: api_server\.py|"
+                           r"--gpu-memory-utilization", re.IGNORECASE)
+
+
+def _looks_like_vllm(text: str, values: dict[str, Any]) -> bool:
+    return any(v is not None for k, v in values.items() if k != "failure") or bool(_VLLM_MARKERS.search(text))
+
+
+def is_vllm_log(facts: StartupFacts) -> bool:
+    """Whether the parse found anything of vLLM's: a fact, or a failure vLLM printed."""
+    return any(v is not None for v in facts.model_dump().values())
 
 
 def summary(facts: StartupFacts) -> list[str]:
@@ -256,6 +352,16 @@ def summary(facts: StartupFacts) -> list[str]:
     add("memory for KV cache",
         None if facts.available_kv_cache_gib is None else f"{facts.available_kv_cache_gib} GiB")
     add("engine init", None if facts.engine_init_s is None else f"{facts.engine_init_s:.1f} s")
+    if facts.gpu_blocks is not None:
+        add("GPU blocks", f"{facts.gpu_blocks:,}")
+    # Seed 000: "whether the scheduler limit was ever yours to begin with".
+    if facts.max_num_seqs_set:
+        add("max-num-seqs (scheduler cap)", f"{facts.max_num_seqs} (set by you)")
+    elif facts.max_num_seqs_set is False:
+        add("max-num-seqs (scheduler cap)", "not set: vLLM chose it by card size (256 under 70 GiB, 1,024 on "
+                                            "H100/H200-class cards, 128 per CPU worker)")
+    else:
+        add("max-num-seqs (scheduler cap)", None)
     if facts.speculative_method is not None:
         add("speculative decoding", f"{facts.speculative_method}, {facts.num_speculative_tokens} tokens")
     if facts.gpu_memory_utilization_suggested is not None:
@@ -263,7 +369,7 @@ def summary(facts: StartupFacts) -> list[str]:
         equivalent = facts.gpu_memory_utilization_equivalent
         if current is not None and equivalent is not None:
             lines.append(
-                f"memory note: {current:.2f} here is effectively {equivalent:.3f}; "
+                f"memory note: {_setting(current)} here is effectively {equivalent:.3f}; "
                 f"vLLM suggests {facts.gpu_memory_utilization_suggested:.3f}"
             )
         else:
@@ -273,3 +379,8 @@ def summary(facts: StartupFacts) -> list[str]:
         lines.append(f"FAILED ({facts.failure.kind}): {facts.failure.message}")
         lines.append(f"hint: {facts.failure.hint}")
     return lines
+
+
+def _setting(value: float) -> str:
+    """A configured value as configured: 0.9 -> 0.90, 0.883643 -> 0.883643 (never rounded to 0.88)."""
+    return f"{value:.2f}" if round(value, 2) == value else f"{value:g}"

@@ -17,7 +17,8 @@ EXPECTED_KEYS = [
     "vllm_version", "device", "kv_cache_tokens", "max_concurrency", "max_concurrency_tokens_per_request",
     "block_size", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "gpu_memory_utilization",
     "gpu_memory_utilization_equivalent", "gpu_memory_utilization_suggested", "model_weights_gib",
-    "available_kv_cache_gib", "engine_init_s", "speculative_method", "num_speculative_tokens", "failure",
+    "available_kv_cache_gib", "engine_init_s", "speculative_method", "num_speculative_tokens", "gpu_blocks",
+    "max_num_seqs", "max_num_seqs_set", "failure",
 ]
 
 CASES = {
@@ -50,7 +51,7 @@ CASES = {
     "cpu_v0.32_tiny_real.log": dict(
         vllm_version="0.32.0", device="CPU", kv_cache_tokens=2_097_152, max_concurrency=1024.0,
         max_concurrency_tokens_per_request=2048, max_model_len=2048, available_kv_cache_gib=1.0,
-        block_size=None, model_weights_gib=None, failure=None),
+        block_size=None, model_weights_gib=None, max_num_seqs=64, max_num_seqs_set=True, failure=None),
 }
 
 
