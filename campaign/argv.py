@@ -51,6 +51,13 @@ class LaunchSpec:
         return [redact(arg, self.api_key) for arg in self.argv]
 
 
+def api_key_from(env_name: str | None) -> str | None:
+    """The key in that environment variable, without the line ending a key file read with `$(cat ...)` or
+    from a CRLF file brings (in a header it would fail, and the error would quote the key)."""
+    value = os.environ.get(env_name, "").strip() if env_name else ""
+    return value or None
+
+
 def redact(text: str, secret: str | None) -> str:
     return text.replace(secret, REDACTED) if secret else text
 
@@ -112,7 +119,7 @@ def port_is_free(host: str, port: int) -> bool:
         return True
 
 
-def _resolve(path_text: str) -> str:
+def resolve_path(path_text: str) -> str:
     """Project-relative paths in profiles (`.venv-vllm/bin/python`, `models/tiny-qwen3`) when they exist."""
     path = Path(os.path.expanduser(os.path.expandvars(path_text)))
     if not path.is_absolute() and (PROJECT_ROOT / path).exists():
@@ -133,7 +140,7 @@ def build(
         free_port(host if host not in {"0.0.0.0", ""} else "127.0.0.1") if profile.port == "auto"
         else profile.port
     )
-    model = _resolve(profile.model)
+    model = resolve_path(profile.model)
     engine = engine or profile.engine
     if engine == "sim":
         head = [sys.executable, "-m", "campaign.sim", "--model", model]
@@ -142,9 +149,9 @@ def build(
         if profile.model_shape:
             head += ["--model-shape", profile.model_shape]
     elif profile.command == "api_server":
-        head = [_resolve(profile.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+        head = [resolve_path(profile.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:
-        head = [_resolve(profile.executable), "serve", model]
+        head = [resolve_path(profile.executable), "serve", model]
     argv = head + flag_args(flags) + ["--host", host, "--port", str(chosen_port)]
     if profile.served_model_name:
         argv += ["--served-model-name", profile.served_model_name]
@@ -153,9 +160,7 @@ def build(
         argv += ["--ssl-certfile", str(profile.tls.certfile), "--ssl-keyfile", str(profile.tls.keyfile)]
         tls = TLS(ca_bundle=profile.tls.ca_bundle, insecure=profile.tls.insecure)
 
-    api_key: str | None = None
-    if profile.api_key_env:
-        api_key = os.environ.get(profile.api_key_env) or None
+    api_key = api_key_from(profile.api_key_env)
     env = dict(_LOG_ENV)
     env.update(profile.env)
     return LaunchSpec(

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from campaign import stats
 from campaign.client import RequestRecord
+from campaign.prompts import prompt_source
 
 Phase = Literal["prefill", "decode"]
 DecodeMode = Literal["sustained", "fixed"]
@@ -18,6 +21,7 @@ DecodeMode = Literal["sustained", "fixed"]
 # warm (seed 004's): each stream's prompt is cached by a one-token request first and reused, so TTFT mostly
 # excludes prefill and a replacement request costs almost no prefill.
 TTFTMode = Literal["cold", "warm"]
+PromptEndpoint = Literal["completions", "chat"]
 TTFT_MODE_TEXT = {"cold": "cold TTFT: fresh prompts, prefill and queueing included",
                   "warm": "warm TTFT: prompts cached first, prefill mostly excluded (seed 004's method)"}
 Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
@@ -27,7 +31,8 @@ CLIENT_CPU_LIMIT = 0.90
 
 
 class Reason(StrEnum):
-    """Why a cell is not Valid: a closed set of cases (hyperfine's warnings are the model). Each finding carries
+    """Why a cell is not Valid (or, SPEC_RANDOM_PROMPTS, what a Valid cell cannot say): a closed set of cases
+    (hyperfine's warnings are the model). Each finding carries
     its code, a message built from the step's own figures, and the code's hint; consumers match codes, never text.
     """
 
@@ -47,6 +52,9 @@ class Reason(StrEnum):
     OVER_WINDOW = "over_window"
     CONTAMINATED = "contaminated"
     SERVER_DIED = "server_died"
+    PROMPTS_UNAVAILABLE = "prompts_unavailable"
+    # The one caveat a Valid cell may carry: its figures stand, but one conclusion must not be drawn from them.
+    SPEC_RANDOM_PROMPTS = "spec_random_prompts"
 
 
 REASON_HINTS: dict[Reason, str] = {
@@ -66,6 +74,10 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.OVER_WINDOW: "not run: the prompt and reply do not fit max_model_len",
     Reason.CONTAMINATED: "another client used the server during every attempt: measure when it is idle",
     Reason.SERVER_DIED: "see the server log of the launch",
+    Reason.PROMPTS_UNAVAILABLE: "text and chat prompts need vLLM's /tokenize and /detokenize; use prompts: random "
+                                "(and the completions endpoint) against this server",
+    Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
+                                "own), where the drafter has something to predict",
 }
 
 
@@ -92,9 +104,12 @@ class StepEvidence:
     waiting: tuple[float, ...] = ()            # sampled vllm:num_requests_waiting inside the window
     avg_active: float | None = None            # time-averaged streams in flight (the client's clock)
     avg_before_first_token: float | None = None  # ... of which sent but without a token yet (queued or prefill)
-    client_cpu: float | None = None            # the busiest client process's share of one core
+    client_cpu: float | None = None            # the busiest client event loop thread's share of one core
     max_num_seqs: int | None = None            # the scheduler cap as launched
     shares_prefixes: bool = False              # warm TTFT: prompts are cached on purpose, hits are expected
+    # Chat: prompt-cache hits the chat template itself earns (a default system prompt or date header that every
+    # request starts with, in whole blocks): expected, not another client's traffic.
+    template_hits: float = 0.0
     gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
     not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
     context_tokens: int = 0                    # each request's prompt
@@ -246,9 +261,11 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.CLAMPED, f"{len(clamped)} request(s) cut short by the server: max_tokens "
                                              f"{clamped[0].max_tokens} clamped to {clamped[0].clamped_to} because "
                                              "prompt + reply exceed the context window"))
-    if e.prefix_cache_hits and not e.shares_prefixes:
+    if e.prefix_cache_hits and e.prefix_cache_hits > e.template_hits and not e.shares_prefixes:
         found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens in "
-                                                       "a step designed to share nothing"))
+                                                       "a step designed to share nothing" + (
+                                                           f" (the chat template's own prefix explains "
+                                                           f"{e.template_hits:.0f})" if e.template_hits else "")))
     if e.preemptions:
         found.append(Finding(Reason.PREEMPTIONS,
                              f"{e.preemptions:.0f} preemption(s) during the step: the KV cache ran out"))
@@ -291,6 +308,12 @@ class CellSpec(BaseModel):
     # too), so a single-stream cell rests on more than one request.
     min_requests: int = Field(default=1, ge=1)
     min_seconds: float = Field(default=0.0, ge=0)
+    # What the prompts are made of (random token ids, code, prose, or a FILE.jsonl's texts) and which endpoint
+    # they go to (chat: through the chat template and the server's parsers). Format 5.
+    prompts: str = "random"
+    endpoint: PromptEndpoint = "completions"
+
+    _prompts = field_validator("prompts")(prompt_source)
 
     @property
     def label(self) -> str:
@@ -300,13 +323,21 @@ class CellSpec(BaseModel):
     @property
     def key(self) -> str:
         if self.phase == "prefill":
-            return f"prefill-L{self.context_tokens}"
+            return f"prefill-L{self.context_tokens}{self._text_suffix}"
         base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
         # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
         base = f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
         if self.mode == "fixed" and (self.min_requests > 1 or self.min_seconds > 0):
             base += f"-R{self.min_requests}" + (f"s{self.min_seconds:g}" if self.min_seconds else "")
-        return f"{base}-Twarm" if self.ttft == "warm" else base
+        base = f"{base}-Twarm" if self.ttft == "warm" else base
+        return base + self._text_suffix
+
+    @property
+    def _text_suffix(self) -> str:
+        """Random ids on /v1/completions (every key before format 5) add nothing; text and chat are named."""
+        stem = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(self.prompts).name.removesuffix(".jsonl"))
+        source = "" if self.prompts == "random" else f"-P{stem}"
+        return source + ("-Echat" if self.endpoint == "chat" else "")
 
 
 class Attempt(BaseModel):
@@ -372,6 +403,9 @@ class CellResult(BaseModel):
     discarded_tokens: int = 0
     max_tokens: int | None = None
     client_cpu: float | None = None
+    # p99 of how late the controller's event loop ran a due timer, in ms, over the window (the step where
+    # there is none): the client's own timing noise, which every latency it stamps carries (format 5).
+    client_lag_p99_ms: float | None = None
     running_median: float | None = None
     waiting_max: float | None = None
     # The server's gauges sampled inside a sustained window (a few samples; see `notes` for how many): mean
@@ -385,8 +419,11 @@ class CellResult(BaseModel):
     # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
     # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
     energy_j_per_token: float | None = None
+    # Speculative decoding over the step, from the server's counters (bracketed like the token counters):
+    # accepted / drafted tokens, 1 + accepted / drafts (vLLM's acceptance length), accepted / drafts.
     spec_acceptance_rate: float | None = None
     spec_mean_acceptance_length: float | None = None
+    spec_mean_accepted: float | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     requests: list[dict[str, Any]] = Field(default_factory=list)
 

@@ -15,14 +15,39 @@ import typer
 
 from campaign import aio, report, startup_log
 from campaign.endpoint import Timeouts
-from campaign.errors import CampaignError, LaunchError
+from campaign.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, CampaignError, LaunchError
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
-    pretty_exceptions_show_locals=False,  # locals can hold environments and API keys
+    # Errors end in one `Error:` line (run_cli), never in a traceback that could show locals (API keys).
+    pretty_exceptions_enable=False,
+    # Plain help: typer's rich help labels every flag `<bool>`.
+    rich_markup_mode=None,
     help="Launch vLLM with flag sets, measure it the way the study says, and diff the configurations.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"vllm-campaign {version('vllm-campaign')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    _show_version: Annotated[bool, typer.Option(
+        "--version", help="print the version and exit", is_eager=True, callback=_version)] = False,
+) -> None:
+    """Launch vLLM with flag sets, measure it the way the study says, and diff the configurations."""
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and value <= 0:
+        raise typer.BadParameter(f"{value:g}: must be more than 0")
+    return value
 
 
 def _err(message: str) -> None:
@@ -56,11 +81,19 @@ def parse_list(text: str | None, *, tokens: bool = False) -> list[int]:
 # --- shared measurement options ------------------------------------------------------------------------
 ContextsOpt = Annotated[str | None, typer.Option("--contexts", help="decode contexts, e.g. 8k,16k,512")]
 ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="simultaneous requests, e.g. 1,2,4")]
-WindowOpt = Annotated[float, typer.Option("--window", help="sustained-decode window in seconds")]
+WindowOpt = Annotated[float, typer.Option("--window", help="sustained-decode window in seconds",
+                                          callback=_positive)]
 PrefillOpt = Annotated[bool, typer.Option("--prefill", help="also measure prefill at each context")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="reply length of every decode request")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="sustained (fixed window) or fixed (N tokens each)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+PromptsOpt = Annotated[str, typer.Option(
+    "--prompts", metavar="random|code|prose|FILE.jsonl",
+    help="what the prompts are made of: random token ids, the standard library's code or its docstrings, or "
+         "your own prompts; text is made exactly L tokens by the server's /tokenize")]
+EndpointOpt = Annotated[str, typer.Option(
+    "--endpoint", metavar="completions|chat",
+    help="/v1/completions, or /v1/chat/completions through the chat template and the server's parsers")]
 DEFAULT_TIMEOUTS = Timeouts()
 CaBundleOpt = Annotated[Path | None, typer.Option(
     "--ca-bundle", help="PEM file of the CA that signed an https server's certificate (default: system CAs, "
@@ -88,18 +121,26 @@ def _note_proxy(endpoint: Any) -> None:
 
 
 def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, prefill: bool, max_tokens: int,
-                mode: str) -> list[Any]:
+                mode: str, prompts: str = "random", endpoint: str = "completions") -> list[Any]:
     from campaign.cells import CellSpec
+    from campaign.prompts import ENDPOINTS, prompt_source
 
     if mode not in {"sustained", "fixed"}:
         raise CampaignError(f"--mode {mode!r}: expected sustained or fixed")
+    if endpoint not in ENDPOINTS:
+        raise CampaignError(f"--endpoint {endpoint!r}: expected {' or '.join(ENDPOINTS)}")
+    try:
+        prompt_source(prompts)
+    except ValueError as exc:
+        raise CampaignError(f"--prompts: {exc}") from None
+    text = {"prompts": prompts, "endpoint": endpoint}
     specs = []
     if prefill:
-        specs += [CellSpec(phase="prefill", context_tokens=c) for c in contexts]
+        specs += [CellSpec(phase="prefill", context_tokens=c, **text) for c in contexts]
     for ctx in contexts:
         for conc in concurrency or [1]:
             specs.append(CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=mode,
-                                  max_tokens=max_tokens, window_s=window))
+                                  max_tokens=max_tokens, window_s=window, **text))
     return specs
 
 
@@ -125,25 +166,36 @@ def _measure(target: Any, specs: list[Any], *, as_json: bool) -> list[Any]:
 
 @app.command("parse-log")
 def parse_log(
-    file: Annotated[Path, typer.Argument(help="a vLLM startup log")],
+    file: Annotated[Path, typer.Argument(metavar="LOG", help="a vLLM startup log")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Read a vLLM startup log into facts: KV cache, block size, chunk size, the memory-utilisation note."""
+    """Read a vLLM startup log into facts: KV cache, block size, chunk size, the memory-utilisation note.
+
+    Exit 0: a clean start; 3: the log shows a failure; 2: not a vLLM log (or empty)."""
+    from campaign.errors import ConfigError
+
     try:
         text = file.read_text(errors="replace")
-    except FileNotFoundError:
-        raise CampaignError(f"{file}: no such file") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(str(file), "", "no such file") from None
     facts = startup_log.parse(text)
+    if not startup_log.is_vllm_log(facts):
+        raise ConfigError(str(file), "", "empty, or not a vLLM log: not one fact vLLM prints is in it",
+                          hint="give the server's own output (stdout and stderr), from its first line")
     if as_json:
         typer.echo(facts.model_dump_json(indent=2))
     else:
         typer.echo("\n".join(startup_log.summary(facts)))
+    if facts.failure is not None:
+        raise typer.Exit(LaunchError.exit_code)
 
 
 @app.command()
 def launch(
-    profile: Annotated[str, typer.Argument(help="launch profile name (launch_profiles/NAME.yaml) or path")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override a flag: key=value")] = None,
+    profile: Annotated[str, typer.Argument(
+        metavar="PROFILE", help="launch profile name (launch_profiles/NAME.yaml) or path")],
+    set_: Annotated[list[str] | None, typer.Option("--set", metavar="FLAG=VALUE",
+                                                   help="override a flag (repeatable)")] = None,
     once: Annotated[bool, typer.Option("--once", help="launch, print the facts, stop")] = False,
     engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's)")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="server log file")] = None,
@@ -153,6 +205,8 @@ def launch(
     prefill: PrefillOpt = False,
     max_tokens: MaxTokensOpt = 256,
     mode: ModeOpt = "sustained",
+    prompts: PromptsOpt = "random",
+    endpoint_kind: EndpointOpt = "completions",
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -164,7 +218,8 @@ def launch(
     from campaign.argv import parse_set
     from campaign.profiles import load_profile
 
-    loaded, _ = load_profile(profile)
+    _check_engine(engine)
+    loaded, profile_path = load_profile(profile)
     if ca_bundle is not None or insecure:
         if loaded.tls is None:
             raise CampaignError(f"--ca-bundle/--insecure: profile {profile} serves plain http",
@@ -173,10 +228,14 @@ def launch(
             "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
     timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
+    from campaign.orchestrate import preflight
+
+    preflight(loaded, profile_path, engine, overrides=overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
     specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
-                        prefill=prefill, max_tokens=max_tokens, mode=mode) if contexts else []
+                        prefill=prefill, max_tokens=max_tokens, mode=mode, prompts=prompts,
+                        endpoint=endpoint_kind) if contexts else []
     _err(f"launching {profile}; log: {log_path}")
     try:
         _launch_and_serve(loaded, log_path, overrides, engine=engine, once=once, specs=specs, as_json=as_json,
@@ -217,7 +276,7 @@ def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *,
 
 @app.command()
 def probe(
-    url: Annotated[str, typer.Argument(help="base URL of a running server, e.g. http://127.0.0.1:8000")],
+    url: Annotated[str, typer.Argument(metavar="URL", help="base URL of a running server, e.g. http://127.0.0.1:8000")],
     model: Annotated[str | None, typer.Option("--model", help="served model (default: from /v1/models)")] = None,
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the API key")] = None,
     contexts: ContextsOpt = "1k",
@@ -226,6 +285,8 @@ def probe(
     prefill: PrefillOpt = False,
     max_tokens: MaxTokensOpt = 256,
     mode: ModeOpt = "sustained",
+    prompts: PromptsOpt = "random",
+    endpoint_kind: EndpointOpt = "completions",
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -234,18 +295,19 @@ def probe(
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
+    from campaign.argv import api_key_from
     from campaign.control import ControlClient
     from campaign.endpoint import TLS, Endpoint
     from campaign.measure import Target
 
-    api_key = os.environ.get(api_key_env) if api_key_env else None
+    api_key = api_key_from(api_key_env)
     endpoint = Endpoint.parse(url, api_key=api_key, tls=TLS(ca_bundle=ca_bundle, insecure=insecure),
                               timeouts=_timeouts(connect_timeout, first_byte_timeout, idle_timeout))
     _note_proxy(endpoint)
     import httpx
 
     try:
-        with ControlClient(endpoint) as control:
+        with ControlClient(endpoint, retry_s=2.0) as control:
             served, max_len = control.served_model()
             version = control.version()
     except httpx.TransportError as exc:
@@ -254,8 +316,13 @@ def probe(
         raise CampaignError(f"cannot reach {endpoint.root}: {exc}", hint=hint) from None
     target = Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version)
     specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
-                        prefill=prefill, max_tokens=max_tokens, mode=mode)
+                        prefill=prefill, max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint_kind)
     _measure(target, specs, as_json=as_json)
+
+
+def _check_engine(engine: str | None) -> None:
+    if engine is not None and engine not in {"vllm", "sim"}:
+        raise typer.BadParameter(f"{engine!r}: expected vllm or sim", param_hint="'--engine'")
 
 
 def _load_for_run(matrix_name: str, profile_name: str | None, window: float | None,
@@ -279,106 +346,90 @@ def _load_for_run(matrix_name: str, profile_name: str | None, window: float | No
 
 @app.command()
 def plan(
-    matrix: Annotated[str, typer.Argument(help="matrix name (matrices/NAME.yaml) or path")],
+    matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")],
     profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
-    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
-    repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats")] = None,
+    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)",
+                                                 callback=_positive)] = None,
+    repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats", min=1)] = None,
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
+    engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
+                      ] = None,
 ) -> None:
     """Print what a campaign will run: launches, cells per server, known over-capacity cells, duration."""
-    from campaign.cells import over_capacity
-    from campaign.matrix import schedule
-    from campaign.orchestrate import LAUNCH_ESTIMATE_S, estimate_s
-    from campaign.progress import fmt_duration
+    from campaign.orchestrate import preflight
+    from campaign.planning import make_plan
     from campaign.store import latest_run
 
-    loaded, matrix_path, prof, _ = _load_for_run(matrix, profile, window, repeats)
-    order = schedule(loaded)
-    cells = loaded.cells()
-    previous = latest_run(out, loaded.name)
-    known: dict[str, dict[str, Any]] = {}
-    ready: list[float] = []
-    if previous is not None:
-        for server in previous.servers():
-            if server.get("kind") == "server":
-                known.setdefault(server["variant"], server["facts"])
-                ready.append(float(server["ready_s"]))
-    typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {prof.served_name}")
-    variants = []
-    for variant in loaded.ordered_variants():
-        facts = known.get(variant.name, {})
-        skipped = [c.key for c in cells if c.phase == "decode" and over_capacity(
-            context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
-            kv_cache_tokens=facts.get("kv_cache_tokens"), block_size=facts.get("block_size"))]
-        variants.append((variant.name, variant.flags, facts.get("kv_cache_tokens"), skipped))
-    launch_s = sum(ready) / len(ready) if ready else LAUNCH_ESTIMATE_S
-    typer.echo(report.text(report.plan_tables(
-        launches=order, repeats=loaded.repeats, variants=variants,
-        known_from=previous.root.name if previous else None, cells=[(c.key, c.label) for c in cells],
-        experiments=[e.key for e in loaded.experiments()],
-        duration=f"{fmt_duration(estimate_s(loaded, len(order), launch_s))} "
-                 f"(launch ~{launch_s:.0f} s each{' from the last run' if ready else ', a guess'})")))
+    loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
+    _check_engine(engine)
+    flags_from = preflight(prof, profile_path, engine, loaded, matrix_path, will_launch=False)
+    typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {profile_path.stem} "
+               f"({engine or prof.engine}, serving {prof.served_name}); flags checked against {flags_from}")
+    typer.echo(report.text(report.plan_tables(make_plan(loaded, prof, latest_run(out, loaded.name)),
+                                              repeats=loaded.repeats)))
 
 
 @app.command()
 def run(
-    matrix: Annotated[str | None, typer.Argument(help="matrix name (matrices/NAME.yaml) or path")] = None,
+    matrix: Annotated[str | None, typer.Argument(
+        metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
                       ] = None,
-    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)")] = None,
+    window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)",
+                                                 callback=_positive)] = None,
     repeats: Annotated[int | None, typer.Option(
-        "--repeats", help="override the repeats (with --resume: raise them; new launches interleave as before)")
-                       ] = None,
+        "--repeats", min=1,
+        help="override the repeats (with --resume: raise them; new launches interleave as before)")] = None,
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
     resume: Annotated[Path | None, typer.Option("--resume", help="continue this run directory")] = None,
     live: Annotated[bool | None, typer.Option("--live/--plain", help="progress display (default: on a TTY)")] = None,
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
-    from campaign import store
-    from campaign.matrix import Matrix, schedule
-    from campaign.orchestrate import Campaign, Options, estimate_s, manifest
-    from campaign.profiles import LaunchProfile
+    from campaign import orchestrate
     from campaign.progress import Progress
 
-    if engine is not None and engine not in {"vllm", "sim"}:
-        raise CampaignError(f"--engine {engine!r}: expected vllm or sim")
+    _check_engine(engine)
     if resume is not None:
-        run_dir = store.RunDir(resume)
-        stored = run_dir.manifest()
-        loaded = Matrix.model_validate(stored["matrix"]["raw"])
-        loaded = loaded.model_copy(update={"repeats": run_dir.repeats(loaded.repeats, more=repeats)})
-        prof = LaunchProfile.model_validate(stored["profile"]["raw"])
-        engine = engine or stored.get("engine")
-        _err(f"resuming {run_dir.root}: {len(run_dir.cells())} cells already stored")
+        night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats)
+    elif matrix is None:
+        raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
-        if matrix is None:
-            raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
-        run_dir = store.RunDir.create(out, loaded.name)
-        store.write_new(run_dir.manifest_path, manifest(loaded, matrix_path, prof, profile_path,
-                                                        Options(engine=engine, max_attempts=loaded.max_attempts)))
-        _err(f"run directory: {run_dir.root}")
-    options = Options(engine=engine, max_attempts=loaded.max_attempts)
-    order = schedule(loaded)
-    total = sum(1 for v, r in order for c in loaded.cells() if not run_dir.done(v, c.key, r))
-    with Progress(total_cells=total, estimate_s=estimate_s(loaded, len(order)), live=live) as progress:
-        try:
-            Campaign(run_dir, loaded, prof, options=options, progress=progress).execute()
-        except KeyboardInterrupt:
-            progress.note(f"interrupted: every finished cell is stored in {run_dir.root}; continue with\n"
-                          f"  campaign run --resume {run_dir.root}")
-            raise typer.Exit(130) from None
-    _finish(run_dir)
+        night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out)
+    with night as tonight:
+        for line in tonight.notices:
+            _err(line)
+        work = tonight.pending()
+        if tonight.resumed and not work:
+            _err(f"{tonight.run.root} is complete: nothing left to measure")
+        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
+                      live=live) as progress:
+            try:
+                tonight.execute(progress)
+            except KeyboardInterrupt:
+                progress.note(f"interrupted: every finished cell is stored in {tonight.run.root}; continue with\n"
+                              f"  campaign run --resume {tonight.run.root}")
+                raise typer.Exit(130) from None
+        _finish(tonight.run)
+        unfinished = tonight.unfinished()
+    if unfinished:
+        _err(f"finished, but not everything: {', '.join(unfinished)}")
+        raise typer.Exit(EXIT_SOME_FAILED)
+
+
+def _say_damaged(run_dir: Any) -> None:
+    for message in run_dir.damaged:
+        _err(f"warning: skipped {message}")
 
 
 def _finish(run_dir: Any) -> None:
-    from campaign import compare, store
+    from campaign import compare, html_report
 
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
     short = compare.short_answers_by_variant(run_dir)
-    scale = float(run_dir.manifest().get("time_scale") or 1.0)
+    scale = run_dir.manifest().time_scale
     if scale != 1.0:
         typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
                    "latencies that much lower than on the simulated hardware.\n")
@@ -392,27 +443,18 @@ def _finish(run_dir: Any) -> None:
     typer.echo(report.diff_text(diffs))
     typer.echo("")
     typer.echo(f"drift: {drift.message}")
-    summary_path = run_dir.root / "summary.json"
-    if not summary_path.exists():
-        store.write_new(summary_path, {
-            "kind": "summary", "drift": drift.__dict__, "short_answers": short,
-            "vllm_versions": sorted({str(s["facts"].get("vllm_version")) for s in run_dir.servers()
-                                     if s.get("kind") == "server"}),
-            "recommendations": {d.variant: d.recommendation for d in diffs},
-            "outcomes": {d.variant: {"outcome": d.outcome, "provisional": d.provisional, "tests": d.tests,
-                                     "family_wise_alpha": d.alpha, "aa": d.aa} for d in diffs},
-        })
-    from campaign import html_report
-
+    run_dir.write_summary(compare.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
     written = html_report.write(run_dir)
+    _say_damaged(run_dir)
     typer.echo(f"results: {run_dir.root}")
     typer.echo(f"report: {written[0]}")
 
 
 @app.command()
 def diff(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
-    other: Annotated[Path | None, typer.Argument(help="a second run directory to compare against the first")] = None,
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
+    other: Annotated[Path | None, typer.Argument(
+        metavar="OTHER_RUN", help="a second run directory to compare against the first")] = None,
     baseline: Annotated[str | None, typer.Option("--baseline", help="baseline variant (default: the matrix's)")
                         ] = None,
     force: Annotated[bool, typer.Option("--force", help="compare cells that are not comparable")] = False,
@@ -424,11 +466,12 @@ def diff(
     diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
     typer.echo(report.diff_text(diffs))
     typer.echo(f"\ndrift: {compare.drift(first).message}")
+    _say_damaged(first)
 
 
 @app.command("report")
 def report_cmd(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
     fmt: Annotated[str, typer.Option("--format", help="html (default), md or png")] = "html",
     out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
 ) -> None:
@@ -437,13 +480,15 @@ def report_cmd(
 
     if fmt not in {"html", "md", "png"}:
         raise CampaignError(f"--format {fmt!r}: expected html, md or png")
-    for path in html_report.write(store.RunDir(run_dir), fmt=fmt, out=out):
+    stored = store.RunDir(run_dir)
+    for path in html_report.write(stored, fmt=fmt, out=out):
         typer.echo(str(path))
+    _say_damaged(stored)
 
 
 @app.command()
 def export(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory")],
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
     fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
     out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout)")] = None,
 ) -> None:
@@ -452,7 +497,9 @@ def export(
 
     if fmt not in {"json", "csv"}:
         raise CampaignError(f"--format {fmt!r}: expected json or csv")
-    rows = report.export_rows(store.RunDir(run_dir).cells())
+    stored = store.RunDir(run_dir)
+    rows = report.export_rows(stored.cells())
+    _say_damaged(stored)
     text = report.rows_json(rows) if fmt == "json" else report.rows_csv(rows)
     if out is None:
         typer.echo(text, nl=False)
@@ -461,26 +508,56 @@ def export(
         _err(f"wrote {len(rows)} rows to {out}")
 
 
-def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _fail(message: str, hint: str | None, code: int) -> int:
+    _err(f"Error: {message}")
+    if hint:
+        _err(f"hint: {hint}")
+    return code
+
+
+def run_cli(args: list[str] | None = None) -> int:
+    """The whole command line: every way it can end is an exit code, and every error one `Error:` line."""
+    debug = os.environ.get("CAMPAIGN_DEBUG") == "1"
+    argv = sys.argv[1:] if args is None else args
+    try:
+        code = app(args=argv or ["--help"], prog_name="campaign", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except LaunchError as exc:
+        if debug:
+            raise
+        if exc.log_tail:
+            _err("--- server log tail ---\n" + exc.log_tail + "\n---")
+        return _fail(f"{exc.message} [{exc.kind}]", exc.hint, exc.exit_code)
+    except CampaignError as exc:
+        if debug:
+            raise
+        return _fail(exc.message, exc.hint, exc.exit_code)
+    except typer.TyperException as exc:  # the command line itself: an unknown option, a bad value
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "campaign"
+        return _fail(exc.format_message().rstrip("."), f"{command} --help", EXIT_USAGE)
+    except typer.Abort:
+        return _fail("aborted", None, 130)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except OSError as exc:  # the machine said no (a folder that cannot be written, a full disk): not a bug
+        if debug:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        return _fail(f"{exc.strerror or exc}{where}", "check that path's permissions and free space", 1)
+    except Exception as exc:  # noqa: BLE001 - the last boundary: a bug still ends in one line
+        if debug:
+            raise
+        return _fail(f"unexpected {type(exc).__name__}: {exc}",
+                     "this is a bug; CAMPAIGN_DEBUG=1 shows the traceback (please report it)", EXIT_INTERNAL)
 
 
 def main() -> None:
-    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers are stopped and results kept.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
-    try:
-        app()
-    except LaunchError as exc:
-        _err(f"Error: {exc.message} [{exc.kind}]")
-        if exc.log_tail:
-            _err("--- server log tail ---\n" + exc.log_tail + "\n---")
-        if exc.hint:
-            _err(f"hint: {exc.hint}")
-        sys.exit(exc.exit_code)
-    except CampaignError as exc:
-        if os.environ.get("CAMPAIGN_DEBUG") == "1":
-            raise
-        _err(f"Error: {exc.message}")
-        if exc.hint:
-            _err(f"hint: {exc.hint}")
-        sys.exit(exc.exit_code)
+    # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers are stopped and results kept; both
+    # also set a flag the runner checks between cells, in case the first raise lands where it is swallowed.
+    from campaign.errors import request_stop
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    sys.exit(run_cli())

@@ -1,4 +1,4 @@
-"""One streamed /v1/completions request -> one raw RequestRecord. Never retried.
+"""One streamed /v1/completions or /v1/chat/completions request -> one raw RequestRecord. Never retried.
 
 Events arrive from streamclient already split; a chunk is not a token (speculative decoding puts several in
 one), so tokens come from vLLM's continuous usage stats: the cumulative `completion_tokens` in every chunk, found
@@ -26,6 +26,9 @@ _DONE = b"[DONE]"
 # vLLM >= 0.32 lowers max_tokens to fit the context window; with min_tokens = max_tokens that surfaces as
 # a 400 naming the clamped value instead of a silently short reply.
 _CLAMP_ERROR = re.compile(r"min_tokens must be less than or equal to max_tokens=(\d+)")
+# A chat chunk of reasoning (vLLM's reasoning parsers: `reasoning_content`, `reasoning` in newer versions),
+# found without parsing the JSON: the key with a string value (inside a string a quote would be escaped).
+_REASONING = re.compile(rb'"reasoning(?:_content)?":\s*"')
 
 TokenCount = Literal["usage", "chunks"]
 
@@ -52,6 +55,8 @@ class RequestRecord:
     token_count: TokenCount = "usage"
     error_kind: str | None = None   # StreamError.kind for transport failures, "http" for a non-200, "stream" else
     server_id: str | None = None    # the reply's `id` as the server named it (its logs, the simulator's truth)
+    # Chat requests: tokens that arrived as reasoning (counted in `tokens` too); None for /v1/completions.
+    reasoning_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -113,6 +118,15 @@ def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str,
     }
 
 
+def chat_body(model: str, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    """The same request through the chat template (and the server's reasoning and tool-call parsers):
+    vLLM takes ignore_eos and min_tokens on the chat endpoint too, so the reply is exactly max_tokens long."""
+    body = completion_body(model, [], max_tokens)
+    del body["prompt"]
+    body["messages"] = messages
+    return body
+
+
 def _int_after(event: bytes, key: bytes) -> int | None:
     at = event.rfind(key)
     if at < 0:
@@ -144,6 +158,19 @@ def _chunk_tokens(event: dict[str, Any]) -> int:
     return count
 
 
+def _reply_text(event: dict[str, Any]) -> str:
+    """The answer text a chunk carries (chat `delta.content`, or a completion's `text`), reasoning left out:
+    what a client puts back into the conversation."""
+    out = []
+    for choice in event.get("choices") or []:
+        if isinstance(choice, dict):
+            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+            text = delta.get("content") if delta else choice.get("text")
+            if isinstance(text, str):
+                out.append(text)
+    return "".join(out)
+
+
 def new_client(endpoint: Endpoint, *, limits: Limits | None = None) -> StreamClient:
     """The one shared client of a measurement: connections opened as streams need them and kept alive."""
     return StreamClient(endpoint, limits=limits)
@@ -152,26 +179,38 @@ def new_client(endpoint: Endpoint, *, limits: Limits | None = None) -> StreamCli
 async def stream_completion(
     client: StreamClient, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
     path: str = "/v1/completions", first_token: asyncio.Event | None = None,
+    messages: list[dict[str, Any]] | None = None, prompt_tokens: int | None = None,
+    answer: list[str] | None = None,
 ) -> RequestRecord:
-    """Stream one request to its end. `first_token` (if given) is set when the first token arrives."""
-    record = RequestRecord(id=request_id, prompt_tokens=len(prompt), max_tokens=max_tokens,
-                           send_t=time.perf_counter())
+    """Stream one request to its end. `first_token` (if given) is set when the first token arrives. With
+    `messages` the request goes to the chat endpoint (`path` defaults to it) and `prompt_tokens` says how long
+    the templated prompt is (the server's usage says it again). `answer`, if given, collects the reply's text
+    (every event parsed: for conversations, not for the throughput path)."""
+    chat = messages is not None
+    if chat and path == "/v1/completions":
+        path = "/v1/chat/completions"
+    record = RequestRecord(id=request_id, prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt),
+                           max_tokens=max_tokens, send_t=time.perf_counter(), reasoning_tokens=0 if chat else None)
     seen = 0
     mode: TokenCount | None = None
     done = False
+    data = b""
 
     def add(now: float, tokens: int) -> None:
         if first_token is not None and not record.chunk_t:
             first_token.set()
         record.chunk_t.append(now)
         record.chunk_tokens.append(tokens)
+        if chat and _REASONING.search(data):
+            record.reasoning_tokens = (record.reasoning_tokens or 0) + tokens
 
-    def on_event(now: float, data: bytes) -> None:
-        nonlocal seen, mode, done
+    def on_event(now: float, event_data: bytes) -> None:
+        nonlocal seen, mode, done, data
+        data = event_data
         if data == _DONE:
             done = True
             return
-        total = _int_after(data, _COMPLETION_KEY) if mode != "chunks" else None
+        total = _int_after(data, _COMPLETION_KEY) if mode != "chunks" and answer is None else None
         if mode == "usage" and total is not None:  # the fast path: one rfind per event
             record.usage_completion_tokens = total
             if total > seen:
@@ -191,6 +230,8 @@ async def stream_completion(
             record.error, record.error_kind = _error_message(data) or "stream error", "stream"
             return
         usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
+        if answer is not None:
+            answer.append(_reply_text(event))
         carried = _chunk_tokens(event)
         if mode is None and (carried or usage is not None):
             # Decided on the first chunk with anything in it: per-chunk usage means continuous usage stats.
@@ -209,7 +250,9 @@ async def stream_completion(
             add(now, carried)
 
     try:
-        reply = await client.post_stream(path, completion_body(model, prompt, max_tokens), on_event)
+        body = chat_body(model, messages, max_tokens) if messages is not None else (
+            completion_body(model, prompt, max_tokens))
+        reply = await client.post_stream(path, body, on_event)
         # TTFT counts from the moment the request left, not from before connecting and encoding it (an
         # 8K-token prompt takes about a millisecond to encode): the client's own time is not the server's.
         record.send_t = reply.sent_t

@@ -15,7 +15,15 @@ from campaign import gpu
 from campaign.answers import agents_that_fit
 from campaign.cells import REASON_HINTS, Reason
 from campaign.errors import ResultFormatError
-from campaign.store import RunDir, StoredCell, read
+from campaign.records import (
+    CellRecord,
+    DriftRecord,
+    Manifest,
+    OutcomeRecord,
+    ShortAnswers,
+    SummaryRecord,
+)
+from campaign.store import RunDir, StoredCell, read_record
 
 Verdict = Literal["better", "worse", "inside noise", "not judged", "not comparable", "no data"]
 # What a variant's diff concludes: one of four, `provisional` when it rests on launch facts alone.
@@ -29,6 +37,15 @@ DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1),
 # little more than the largest value seen, and its interval over repeats would flatter it.
 TAIL_METRICS = {"ttft_p99_ms": "latency_requests", "itl_p99_ms": "itl_samples"}
 TAIL_MIN_SAMPLES = 100
+THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s"}
+# ... and only on three measurements a side: a p99 moves between launches far more than a mean (on the
+# simulated A5000 pair, one cell's ITL p99 read 5.9-8.7 ms over six launches of identical servers), and two
+# values a side can come out close by chance and make Welch's test call a difference that is not there (a
+# CI run read a Holm-significant "better" ITL p99 between two identical flag sets this way).
+TAIL_MIN_REPEATS = 3
+# ... and only where the client's own timing noise (its event loop's p99 lateness, which every token time it
+# stamps carries) is under MIN_EFFECT of the tail itself: a 6 ms ITL p99 stamped by a loop that runs 0.5 ms
+# late one time in a hundred moves by more than a 3% change on the host's whim, not the server's.
 # Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
 TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
@@ -253,19 +270,15 @@ def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str,
     """The first successful launch's facts and flags per variant."""
     facts: dict[str, dict[str, Any]] = {}
     flags: dict[str, dict[str, Any]] = {}
-    for server in run.servers():
-        if server.get("kind") == "server" and server["variant"] not in facts:
-            facts[server["variant"]] = server["facts"]
-            flags[server["variant"]] = server["flags"]
+    for server in run.ready_servers():
+        if server.variant not in facts:
+            facts[server.variant] = server.facts.model_dump()
+            flags[server.variant] = server.flags
     return facts, flags
 
 
 def _suggested(run: RunDir, variant: str) -> dict[str, Any] | None:
-    for server in run.servers():
-        if server.get("kind") == "server" and server["variant"] == variant:
-            value = server.get("suggested")
-            return value if isinstance(value, dict) else None
-    return None
+    return next((s.suggested for s in run.ready_servers() if s.variant == variant), None)
 
 
 def _pct(before: Any, after: Any) -> float | None:
@@ -278,10 +291,10 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
              force: bool = False) -> list[VariantDiff]:
     """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline."""
     manifest = run.manifest()
-    base_name = baseline or manifest["matrix"]["raw"]["baseline"]
+    planned = manifest.matrix_model()
+    base_name = baseline or planned.baseline
     # Per-variant references (compare_to) apply when no baseline is forced on the command line.
-    references = {} if baseline else {v["name"]: v.get("compare_to") for v in manifest["matrix"]["raw"].get(
-        "variants", []) if v.get("compare_to")}
+    references = {} if baseline else {v.name: v.compare_to for v in planned.variants if v.compare_to}
     cells = run.cells()
     facts, flags = _facts_by_variant(run)
     if other is not None:
@@ -296,10 +309,10 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         by_variant[cell.variant].append(cell)
     experiments: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for stored in run.experiments():
-        experiments[stored["variant"]].append(stored["result"])
+        experiments[stored.variant].append(stored.result.model_dump())
     if other is not None:
         for stored in other.experiments():
-            experiments[f"{stored['variant']}@B"].append(stored["result"])
+            experiments[f"{stored.variant}@B"].append(stored.result.model_dump())
     if base_name not in by_variant and base_name not in facts:
         from campaign.errors import CampaignError
 
@@ -308,10 +321,9 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     diffs = []
     default_base = base_name
     # A variant that never became ready has failure records only: its start-up failure is a result too.
-    failed = {s["variant"] for s in run.servers() if s.get("kind") == "failure"} - set(facts)
+    failed = {s.variant for s in run.failures()} - set(facts)
     for name in failed:
-        flags.setdefault(name, next((dict(v.get("flags") or {}) for v in manifest["matrix"]["raw"].get(
-            "variants", []) if v.get("name") == name), {}))
+        flags.setdefault(name, next((dict(v.flags) for v in planned.variants if v.name == name), {}))
     for variant in sorted(set(by_variant) | set(facts) | failed):
         base_name = references.get(variant) or default_base
         if variant == base_name or (variant == default_base and variant not in references):
@@ -339,19 +351,19 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     return diffs
 
 
-def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, manifest_a: dict[str, Any],
-                  manifest_b: dict[str, Any]) -> str:
+def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, manifest_a: Manifest,
+                  manifest_b: Manifest) -> str:
     if base is None or other is None:
         return ""
     for key, label in (("vllm_version", "vLLM version"), ("device", "device")):
         if base.get(key) != other.get(key):
             return f"different {label}: {base.get(key)} vs {other.get(key)}"
-    model_a = manifest_a.get("profile", {}).get("raw", {}).get("model")
-    model_b = manifest_b.get("profile", {}).get("raw", {}).get("model")
+    model_a = manifest_a.profile_model().model
+    model_b = manifest_b.profile_model().model
     if model_a != model_b:
         return f"different model: {model_a} vs {model_b}"
-    gpus_a = [g.get("name") for g in (manifest_a.get("machine", {}).get("gpu") or {}).get("gpus", [])]
-    gpus_b = [g.get("name") for g in (manifest_b.get("machine", {}).get("gpu") or {}).get("gpus", [])]
+    gpus_a = manifest_a.machine.gpu_names()
+    gpus_b = manifest_b.machine.gpu_names()
     if gpus_a != gpus_b:
         return f"different GPUs: {gpus_a} vs {gpus_b}"
     return ""
@@ -375,6 +387,37 @@ def _samples(cells: list[StoredCell], key: str, field_name: str) -> list[int]:
     """How many samples each Valid measurement of a cell rests on (its latency_requests or itl_samples)."""
     return [int(getattr(c.result, field_name) or 0) for c in cells
             if c.result.spec.key == key and c.result.status == "Valid"]
+
+
+def _tail_unjudged(cells: list[StoredCell], key: str, metric: str, fewest_repeats: int) -> str | None:
+    """Why a tail metric of this cell cannot be judged (samples, repeats, the client's noise), or None."""
+    fewest = min(_samples(cells, key, TAIL_METRICS[metric]), default=0)
+    if fewest < TAIL_MIN_SAMPLES:
+        return (f"not judged: a p99 of {fewest} sample(s) is close to the largest value "
+                f"(needs {TAIL_MIN_SAMPLES} a measurement)")
+    if fewest_repeats < TAIL_MIN_REPEATS:
+        return (f"not judged: a p99 needs {TAIL_MIN_REPEATS} measurements a side to show how much it moves "
+                f"between launches (has {fewest_repeats})")
+    return _client_noise(cells, key, metric)
+
+
+def _client_noise(cells: list[StoredCell], key: str, metric: str) -> str | None:
+    """Why a tail metric cannot be judged from the client's own timing noise, or None: each Valid
+    measurement's p99 must exceed its client's loop-lag p99 by 1/MIN_EFFECT (files before format 5 have no
+    lag and are judged as they were)."""
+    worst: tuple[float, float] | None = None
+    for cell in cells:
+        r = cell.result
+        value, lag = getattr(r, metric), r.client_lag_p99_ms
+        if r.spec.key != key or r.status != "Valid" or value is None or lag is None or value <= 0:
+            continue
+        if worst is None or lag / value > worst[0] / worst[1]:
+            worst = (lag, value)
+    if worst is None or worst[0] < MIN_EFFECT * worst[1]:
+        return None
+    return (f"not judged: the client's own timing noise (event-loop lag p99 {worst[0]:.2f} ms) is "
+            f"{worst[0] / worst[1]:.0%} of a {worst[1]:.1f} ms p99, more than the {100 * MIN_EFFECT:g}% a change "
+            "must reach; a quieter client host, or fewer streams a client process, would let it be judged")
 
 
 def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
@@ -407,13 +450,12 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                 base_v, other_v = _values(base, key, metric), _values(other, key, metric)
                 if not (base_v or other_v):
                     continue  # stored before latency distributions existed
-                fewest = min(_samples(base + other, key, TAIL_METRICS[metric]), default=0)
-                if fewest < TAIL_MIN_SAMPLES:
+                why = _tail_unjudged(base + other, key, metric, min(len(base_v), len(other_v)))
+                if why is not None:
                     diff.metrics.append(MetricVerdict(
                         metric, statistics.fmean(base_v) if base_v else None,
                         statistics.fmean(other_v) if other_v else None, None, None, len(base_v), len(other_v),
-                        "no data", f"not judged: a p99 of {fewest} sample(s) is close to the largest value "
-                                   f"(needs {TAIL_MIN_SAMPLES} a measurement)"))
+                        "no data", why))
                     continue
             diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
                                             metric))
@@ -423,7 +465,7 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
 
 def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], comparable: bool) -> list[CellDiff]:
     """Experiments compare like cells, on their headline values."""
-    from campaign.study import VALUE_DIRECTIONS
+    from campaign.study import value_direction
 
     keys = sorted({r["key"] for r in base + other})
     out = []
@@ -431,13 +473,14 @@ def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], c
         diff = CellDiff(key=key, phase="experiment", context_tokens=0, concurrency=0, label="experiment")
         names = sorted({n for r in base + other if r["key"] == key for n in r.get("values", {})})
         for name in names:
-            if name not in VALUE_DIRECTIONS:
+            direction = value_direction(name)
+            if direction is None:
                 continue
             if not comparable:
                 diff.metrics.append(MetricVerdict(name, None, None, None, None, 0, 0, "not comparable"))
                 continue
             diff.metrics.append(verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
-                                            VALUE_DIRECTIONS[name], name))
+                                            direction, name))
         out.append(diff)
     return out
 
@@ -497,7 +540,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     Better/worse verdicts are family-wise (Holm) already. Revert needs evidence of harm (a metric worse, the KV
     cache 1% or more smaller, cells newly over capacity) or of cost without benefit (a smaller KV loss and
     nothing better: seed 000 reverted a chunk change whose only effect was -0.8% of cache); keep needs a
-    benefit and no harm; harm and benefit together are a trade-off; cells that could not be measured leave it
+    benefit and no harm; harm and benefit together are a trade-off, unless the only benefit is a latency tail
+    and the harm is not (a tail does not buy back throughput or capacity: revert); a speculative-decoding
+    change is not judged on the speed of random-id cells at all; cells that could not be measured leave it
     not settled; an A/A can only come out "no difference". With one measurement a side nothing measured is
     judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
     changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
@@ -508,8 +553,19 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         if base_facts is None:
             return "not settled", False, f"{changes}: neither server became ready; nothing to compare: not settled"
         return "revert", False, f"{changes}: the server never became ready with these flags: revert"
-    decisive = [(c, m) for c in diff.cells for m in c.metrics if m.metric not in DIAGNOSTIC_METRICS]
-    better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"]
+    # A change of speculative decoding measured on random token ids: their speed says nothing of text, so those
+    # cells decide nothing (other changes on a speculative server are measured like any other).
+    spec_changed = any(k.replace("_", "-").lstrip("-") == "speculative-config" for k, _, _ in diff.flag_changes)
+    random_spec = [c.key for c in diff.cells if spec_changed
+                   and Reason.SPEC_RANDOM_PROMPTS in c.variant_reasons + c.baseline_reasons]
+    decisive = [(c, m) for c in diff.cells for m in c.metrics
+                if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
+    text_judged = any(m.p_value is not None for c, m in decisive if c.phase == "decode")
+    # A cell whose throughput is worse is not better because one of its latency tails is: a faster p99 gap
+    # where tokens per second fell is the same change seen through a percentile, not a second benefit.
+    slower = {c.key for c, m in decisive if m.metric in THROUGHPUT_METRICS and m.verdict == "worse"}
+    better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"
+              and not (m.metric in TAIL_METRICS and c.key in slower)]
     worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
     judged = any(m.p_value is not None for c in diff.cells for m in c.metrics)
     one_measurement = any(m.verdict == "not judged" and m.n_baseline and m.n_variant
@@ -535,6 +591,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         parts.append(f"over capacity now in {_listed(lost)}")
     if gained:
         parts.append(f"no longer over capacity in {_listed(gained)}")
+    if random_spec:
+        parts.append(f"speculative decoding measured on random prompts in {_listed(random_spec)}, not judged on "
+                     f"speed ({REASON_HINTS[Reason.SPEC_RANDOM_PROMPTS]})")
     if unjudged:
         codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons})
         why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"
@@ -562,11 +621,27 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     # 1% or more of the KV cache counts like a faster or slower cell; a smaller loss is still a cost.
     harm = bool(worse) or kv_loss or bool(lost)
     benefit = bool(better) or kv_gain or bool(gained)
+    # A faster latency tail alone does not buy back lost throughput or capacity: only a rate, a first-token
+    # time or more cache can stand against a harm (issue 15: a drafter model, p99 gaps shorter at 8 streams,
+    # the cache cut 5x and 64 streams no longer served).
+    rate_benefit = kv_gain or bool(gained) or any(
+        m.verdict == "better" and m.metric not in TAIL_METRICS for _, m in decisive)
+    rate_harm = kv_loss or bool(lost) or any(m.verdict == "worse" and m.metric not in TAIL_METRICS
+                                             for _, m in decisive)
     cost = kv_change is not None and kv_change <= -0.05 and not diff.aa
-    if harm and benefit:
+    # Streams the baseline served that the variant cannot hold at all (over capacity now, and a smaller cache)
+    # are not weighed against a faster cell elsewhere: seed 000 reverted a drafter that cut the cache 5x.
+    if lost and kv_loss and not gained and not kv_gain:
+        return "revert", False, sentence("revert (it can no longer serve what the baseline served)")
+    if harm and (rate_benefit or (benefit and not rate_harm)):
         return "not settled", False, sentence("not settled: a trade-off, decide by which matters more")
+    if harm and benefit:
+        return "revert", False, sentence("revert (a better latency tail does not buy back what was lost)")
     if harm:
         return "revert", False, sentence("revert")
+    if random_spec and not text_judged:
+        return "not settled", False, sentence(
+            "not settled: speculative decoding cannot be judged on random prompts alone")
     if unjudged:
         return "not settled", False, sentence("not settled until those cells are measured")
     if benefit:
@@ -588,12 +663,11 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
     for stored in run.cells():
         cells[stored.variant].append(stored.result)
     manifest = run.manifest()
-    profile = manifest.get("profile", {}).get("raw", {})
-    floors = manifest.get("matrix", {}).get("raw", {}).get("floors") or answers.DEFAULT_FLOORS
-    time_scale = float(manifest.get("time_scale") or 1.0)
+    profile = manifest.profile_model()
+    floors = manifest.matrix_model().floors or answers.DEFAULT_FLOORS
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
-                                     floors=floors, hardware=profile.get("hardware"),
-                                     model_shape=profile.get("model_shape"), time_scale=time_scale)
+                                     floors=floors, hardware=profile.hardware,
+                                     model_shape=profile.model_shape, time_scale=manifest.time_scale)
             for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
 
 
@@ -612,8 +686,8 @@ class Drift:
 def _gpu_medians(cell: StoredCell) -> tuple[float | None, float | None]:
     """Median SM clock and power of a stored cell's raw GPU samples; None where it has none."""
     try:
-        samples = read(cell.path).get("gpu_telemetry")
-    except (OSError, ValueError, ResultFormatError):
+        samples = read_record(cell.path, CellRecord).gpu_telemetry
+    except (OSError, ResultFormatError):
         return None, None
     if not samples:
         return None, None
@@ -629,7 +703,7 @@ def drift(run: RunDir) -> Drift:
     """The baseline's first launch against its last: did the machine change through the night? Throughput, and
     where GPU telemetry exists the median SM clock and power of the same cells (a GPU that warmed up and clocks
     down, or one whose power limit changed, shows there before it hides in a throughput difference)."""
-    baseline = run.manifest()["matrix"]["raw"]["baseline"]
+    baseline = run.manifest().matrix_model().baseline
     cells = [c for c in run.cells() if c.variant == baseline and c.result.status == "Valid"]
     repeats = sorted({c.repeat for c in cells})
     if len(repeats) < 2:
@@ -671,3 +745,17 @@ def drift(run: RunDir) -> Drift:
     return Drift(True, drifted, 100 * median, message,
                  sm_clock_change_pct=None if clock is None else 100 * clock,
                  power_change_pct=None if power is None else 100 * power, moved=moved)
+
+
+def summary_record(run: RunDir, *, drift_: Drift, diffs: list[VariantDiff],
+                   short: dict[str, dict[str, Any]]) -> SummaryRecord:
+    """summary.json: what a finished run concluded (drift, short answers, each variant's verdict)."""
+    return SummaryRecord(
+        drift=DriftRecord(checked=drift_.checked, drifted=drift_.drifted, median_change_pct=drift_.median_change_pct,
+                          message=drift_.message, sm_clock_change_pct=drift_.sm_clock_change_pct,
+                          power_change_pct=drift_.power_change_pct, moved=list(drift_.moved)),
+        short_answers={v: ShortAnswers.model_validate(a) for v, a in short.items()},
+        vllm_versions=sorted({str(s.facts.vllm_version) for s in run.ready_servers()}),
+        recommendations={d.variant: d.recommendation for d in diffs},
+        outcomes={d.variant: OutcomeRecord(outcome=d.outcome, provisional=d.provisional, tests=d.tests,
+                                           family_wise_alpha=d.alpha, aa=d.aa) for d in diffs})

@@ -9,7 +9,7 @@ import ssl
 from typing import Any
 
 import httpx
-from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from campaign import metrics
 from campaign.endpoint import Endpoint
@@ -24,22 +24,20 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError) and not isinstance(exc.__context__, ssl.SSLError)
 
 
-_retry = retry(
-    retry=retry_if_exception(_transient),
-    stop=stop_after_delay(15),
-    wait=wait_exponential(multiplier=0.1, max=2.0),
-    reraise=True,
-)
 
 
 class ControlClient:
     """Synchronous control-plane client; the API key (if any) goes in a header, never into a log."""
 
-    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoint: Endpoint, *, timeout_s: float = 10.0, retry_s: float = 15.0) -> None:
+        """`retry_s`: how long a refused connection or a 5xx is tried again. A server this tool just saw become
+        ready gets 15 s; a URL the user typed gets little, so a wrong address fails in seconds."""
         self.endpoint = endpoint
         self.base_url = endpoint.root
         self._client = endpoint.control(timeout_s)
         self._version: str | None = None
+        self._retrying = Retrying(retry=retry_if_exception(_transient), stop=stop_after_delay(retry_s),
+                                  wait=wait_exponential(multiplier=0.1, max=2.0), reraise=True)
 
     def close(self) -> None:
         self._client.close()
@@ -50,11 +48,13 @@ class ControlClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @_retry
     def _get(self, path: str) -> httpx.Response:
-        response = self._client.get(path)
-        response.raise_for_status()
-        return response
+        for attempt in self._retrying:
+            with attempt:
+                response = self._client.get(path)
+                response.raise_for_status()
+                return response
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def version(self) -> str | None:
         if self._version is None:

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Literal
+
+# Why a launch produced no server, as stored in failure.json: what the startup log showed (the first five, see
+# startup_log.FailureKind), how waiting for readiness ended, or what stopped the launch before or around it.
+LaunchFailureKind = Literal[
+    "kv_cache_insufficient", "out_of_memory", "bad_argument", "engine_init_failed", "crashed",
+    "exited", "fatal_log_line", "deadline", "interrupted",
+    "port_in_use", "executable_not_found", "unresolved_flag", "metric_missing",
+    "error",  # a campaign error inside the launch (e.g. the control plane failed mid-cell)
+    "internal_error",  # an exception nobody expected: a bug, recorded so the night goes on
+]
+
+# Exit codes (README, "Exit codes"): 0 done; 1 a campaign error; 2 bad input (a file, a key, an option);
+# 3 a server did not start; 4 a metric the measurement needs is not exported; 5 a stored file this version
+# cannot read or write; 6 a campaign that finished, but a launch or a cell of it failed; 70 an unexpected
+# error (a bug: CAMPAIGN_DEBUG=1 shows the traceback); 130 interrupted. The classes below carry theirs.
+EXIT_USAGE = 2
+EXIT_SOME_FAILED = 6
+EXIT_INTERNAL = 70
 
 
 class CampaignError(Exception):
@@ -37,7 +56,8 @@ class LaunchError(CampaignError):
 
     exit_code = 3
 
-    def __init__(self, message: str, *, kind: str, log_tail: str = "", hint: str | None = None) -> None:
+    def __init__(self, message: str, *, kind: LaunchFailureKind, log_tail: str = "", hint: str | None = None
+                 ) -> None:
         super().__init__(message, hint=hint)
         self.kind = kind
         self.log_tail = log_tail
@@ -47,6 +67,11 @@ class MetricMissingError(CampaignError):
     """A metric the measurement relies on is not exported: never read it as 0."""
 
     exit_code = 4
+
+
+class PromptError(CampaignError):
+    """The prompts a cell asks for cannot be made against this server (no /tokenize, an unusual chat
+    template, a prompts file without text): that cell or experiment fails, the launch goes on."""
 
 
 class ResultFormatError(CampaignError):
@@ -60,3 +85,22 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     normalized = {c.replace("_", "-").lower(): c for c in candidates}
     match = difflib.get_close_matches(word.replace("_", "-").lower(), list(normalized), n=1, cutoff=0.6)
     return normalized[match[0]] if match else None
+
+
+# A stop asked for by a signal. The handler raises KeyboardInterrupt at once, but a raise that lands inside a
+# weakref callback or a __del__ is printed and swallowed ("Exception ignored in ..."), so the flag stays set
+# and the runner checks it between cells: a SIGTERM or Ctrl-C is never lost.
+_stop_requested = False
+
+
+def request_stop(signum: int = 0, frame: object = None) -> None:
+    """A signal handler: remember the stop, and raise KeyboardInterrupt where the program is."""
+    global _stop_requested
+    _stop_requested = True
+    raise KeyboardInterrupt
+
+
+def check_stop() -> None:
+    """Between units of work: raise KeyboardInterrupt if a stop was asked for and its first raise was lost."""
+    if _stop_requested:
+        raise KeyboardInterrupt

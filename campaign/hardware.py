@@ -48,7 +48,16 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536),
     ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536),
     ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536),
+    # Small dense models used as speculative drafters: 28 layers x 8 KV heads x 128 x (K, V) x 2 bytes each.
+    ModelShape("qwen3-0.6b", 0.75, 2.0, 114_688),
+    ModelShape("qwen3-1.7b", 2.03, 2.0, 114_688),
 )}
+
+
+def drafter_shape(model: str) -> ModelShape | None:
+    """The shape of a speculative drafter named by its Hugging Face id (e.g. Qwen/Qwen3-1.7B), if known."""
+    name = model.rsplit("/", 1)[-1].lower()
+    return next((shape for key, shape in MODELS.items() if name.startswith(key)), None)
 
 # A profile's `hardware:` may name a group of cards: "a5000x2" is two RTX A5000s.
 _HARDWARE_ALIASES = {"a5000": "rtx-a5000", "4090": "rtx-4090", "h200": "h200-nvl"}

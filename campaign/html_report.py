@@ -14,6 +14,7 @@ from typing import Any
 
 from campaign import compare, report
 from campaign.cells import CellResult
+from campaign.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.store import RunDir
 from campaign.tables import Cell, Table, md_escape, to_html, to_markdown
 
@@ -35,11 +36,11 @@ img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 @dataclass
 class ReportData:
     run: RunDir
-    manifest: dict[str, Any]
-    servers: list[dict[str, Any]]
+    manifest: Manifest
+    servers: list[ServerRecord | FailureRecord]
     latest: dict[str, dict[str, CellResult]]          # variant -> cell key -> the latest repeat's result
     all_cells: dict[str, list[CellResult]]
-    experiments: list[dict[str, Any]]
+    experiments: list[ExperimentRecord]
     short: dict[str, dict[str, Any]]
     diffs: list[compare.VariantDiff]
     drift: compare.Drift
@@ -71,11 +72,10 @@ def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
                 if cell.prompt_tok_s is not None:
                     prefill.setdefault(variant, []).append((cell.context_tokens, cell.prompt_tok_s))
     for item in data.experiments:
-        result = item["result"]
-        if result["kind"] == "long-context":
-            for row in result["details"].get("rows", []):
+        if item.result.kind == "long-context":
+            for row in item.result.details.get("rows", []):
                 if row.get("ttft_s"):
-                    ttft.setdefault(item["variant"], []).append((row["context_tokens"], 1000 * row["ttft_s"]))
+                    ttft.setdefault(item.variant, []).append((row["context_tokens"], 1000 * row["ttft_s"]))
     made = {
         "throughput": plots.throughput_vs_concurrency(data.all_cells, data.short, folder / "throughput.png"),
         "ttft": plots.ttft_vs_prompt(ttft, folder / "ttft_vs_prompt.png"),
@@ -98,7 +98,7 @@ def _img(path: Path, alt: str) -> str:
 
 def _variants(data: ReportData) -> list[str]:
     """Variants with short answers first (the run's order), then any whose every launch failed."""
-    return list(data.short) + sorted({str(s["variant"]) for s in data.servers} - set(data.short))
+    return list(data.short) + sorted({s.variant for s in data.servers} - set(data.short))
 
 
 def variant_tables(data: ReportData, variant: str) -> list[Table]:
@@ -147,27 +147,26 @@ def _how(data: ReportData) -> str:
 
 def render_html(data: ReportData) -> str:
     manifest = data.manifest
-    machine = manifest.get("machine", {})
-    gpus = (machine.get("gpu") or {}).get("gpus") or []
+    machine = manifest.machine
+    gpus = (machine.gpu or {}).get("gpus") or []
     hardware = ", ".join(f"{g['name']} ({g['memory_total_mib'] // 1024} GiB)" for g in gpus) or \
-        f"no GPU ({machine.get('cpu')}, {machine.get('cpu_count')} cores)"
-    first_server = next((s for s in data.servers if s.get("kind") == "server"), None)
-    version = first_server["facts"].get("vllm_version") if first_server else None
-    command = " ".join(first_server["command"]) if first_server else "—"
+        f"no GPU ({machine.cpu}, {machine.cpu_count} cores)"
+    first_server = next((s for s in data.servers if isinstance(s, ServerRecord)), None)
+    version = first_server.facts.vllm_version if first_server else None
+    command = " ".join(first_server.command) if first_server else "—"
     meta: list[tuple[str, object]] = [
-        ("Campaign", manifest.get("campaign")), ("Measured", manifest.get("created_utc")),
+        ("Campaign", manifest.campaign), ("Measured", manifest.created_utc),
         ("Hardware", hardware),
-        ("Engine", f"{manifest.get('engine')} {version or ''}" + (
-            f" — SIMULATED at a {manifest['time_scale']:g}x time scale: rates in the tables read that many times "
-            "higher" if (manifest.get("time_scale") or 1.0) != 1.0 else "")),
-        ("Model", manifest.get("profile", {}).get("raw", {}).get("model")),
+        ("Engine", f"{manifest.engine} {version or ''}" + (
+            f" — SIMULATED at a {manifest.time_scale:g}x time scale: rates in the tables read that many times "
+            "higher" if manifest.time_scale != 1.0 else "")),
+        ("Model", manifest.profile.raw.get("model")),
         ("Launch command (secrets redacted)", command),
-        ("Tool", f"vllm-campaign {manifest.get('tool', {}).get('version')} "
-                 f"({(manifest.get('tool', {}).get('git_commit') or 'no git')[:12]})"),
+        ("Tool", f"vllm-campaign {manifest.tool.version} ({(manifest.tool.git_commit or 'no git')[:12]})"),
     ]
     meta_table = Table(headers=["", ""], align="ll", cls="meta", rows=[
         [k, Cell(str(v), cls="cmd" if k.startswith("Launch") else None)] for k, v in meta])
-    parts = [f"<h1>{_e(manifest.get('campaign'))}: speed, context and capacity</h1>", to_html(meta_table)]
+    parts = [f"<h1>{_e(manifest.campaign)}: speed, context and capacity</h1>", to_html(meta_table)]
     for heading, tables in sections(data):
         parts += [f"<h2>{_e(heading)}</h2>", *map(to_html, tables)]
     titles = {"throughput": "Aggregate and per-request tok/s against concurrency",
@@ -181,13 +180,13 @@ def render_html(data: ReportData) -> str:
                      + "".join(to_html(t) for t in diff_tables(data)))
     parts.append(_how(data))
     body = "\n".join(p for p in parts if p)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(manifest.get("campaign"))} '
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(manifest.campaign)} '
             f"report</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def render_markdown(data: ReportData) -> str:
     """The same tables as the HTML report, as Markdown tables (charts beside it as PNG files)."""
-    parts = [f"# {md_escape(str(data.manifest.get('campaign')))} ({data.manifest.get('created_utc')})"]
+    parts = [f"# {md_escape(data.manifest.campaign)} ({data.manifest.created_utc})"]
     for heading, tables in sections(data):
         parts += [f"## {md_escape(heading)}", *map(to_markdown, tables)]
     parts.append("## A/B: every variant against the baseline")

@@ -15,10 +15,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from campaign import corpus
 from campaign.cells import CellSpec
 from campaign.endpoint import Timeouts
-from campaign.errors import ConfigError, did_you_mean
-from campaign.profiles import PROJECT_ROOT, FlagValue, check_flags, load_yaml, normalize_flag, resolve_named
+from campaign.errors import ConfigError, PromptError, did_you_mean
+from campaign.profiles import (
+    PROJECT_ROOT,
+    FlagValue,
+    flag_problems,
+    load_yaml,
+    normalize_flag,
+    raise_flag_problems,
+    resolve_named,
+)
+from campaign.prompts import prompt_source
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -61,17 +71,32 @@ class _Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PrefillWorkload(_Workload):
+class _TextWorkload(_Workload):
+    """What the prompts are made of (random token ids; code or prose from the standard library; the texts of
+    a FILE.jsonl next to the matrix) and the endpoint they go to (chat: the chat template and the server's
+    reasoning and tool-call parsers)."""
+
+    prompts: str = "random"
+    endpoint: Literal["completions", "chat"] = "completions"
+
+    _prompts = field_validator("prompts")(prompt_source)
+
+    @property
+    def text(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "endpoint": self.endpoint}
+
+
+class PrefillWorkload(_TextWorkload):
     kind: Literal["prefill"]
     contexts: TokenList
 
     _contexts = field_validator("contexts", mode="before")(_token_list)
 
     def cells(self, window_s: float) -> list[CellSpec]:
-        return [CellSpec(phase="prefill", context_tokens=c) for c in self.contexts]
+        return [CellSpec(phase="prefill", context_tokens=c, **self.text) for c in self.contexts]
 
 
-class DecodeWorkload(_Workload):
+class DecodeWorkload(_TextWorkload):
     """Seed 004's sustained decode (fixed window) or seed 000's fixed count (every request emits N tokens)."""
 
     kind: Literal["decode"]
@@ -92,7 +117,7 @@ class DecodeWorkload(_Workload):
         return [
             CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=self.mode,
                      max_tokens=self.max_tokens, window_s=self.window_s or window_s, warmup_s=self.warmup_s,
-                     ttft=self.ttft, min_requests=self.min_requests, min_seconds=self.min_seconds)
+                     ttft=self.ttft, min_requests=self.min_requests, min_seconds=self.min_seconds, **self.text)
             for ctx in self.contexts for conc in self.concurrency
         ]
 
@@ -172,14 +197,46 @@ class RepeatExperiment(_Experiment):
 
     @property
     def key(self) -> str:
+        # Matrix.experiments() fills window_s of a sustained repeat; 30 s only names a fixed-count one's key.
         return f"repeat-{self.spec(30.0).key}"
 
 
+class AgentsExperiment(_Experiment):
+    """N concurrent chat sessions on a shared system prompt, histories growing turn by turn (study.agents)."""
+
+    kind: Literal["agents"]
+    sessions: list[int] = Field(min_length=1)
+    turns: int = Field(default=4, ge=1)
+    system_tokens: int = Field(default=2000, gt=0)
+    user_tokens: int = Field(default=200, gt=0)
+    reply_tokens: int = Field(default=128, gt=1)
+    prompts: str = "prose"
+    floors: list[float] = Field(default_factory=lambda: [40.0, 30.0, 20.0], min_length=1)
+
+    @field_validator("sessions")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError("every number of sessions is at least 1")
+        return value
+
+    _prompts = field_validator("prompts")(prompt_source)
+
+    @property
+    def key(self) -> str:
+        from campaign.study import agents_key  # the experiment names its own results
+
+        return agents_key(sessions=self.sessions, turns=self.turns, system_tokens=self.system_tokens,
+                          user_tokens=self.user_tokens, reply_tokens=self.reply_tokens, prompts=self.prompts)
+
+
 Experiment = ContextWindowExperiment | LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | \
-    RepeatExperiment
-WORKLOAD_KINDS = ("prefill", "decode", "context-window", "long-context", "overload", "prefix-order", "repeat")
+    RepeatExperiment | AgentsExperiment
+WORKLOAD_KINDS = ("prefill", "decode", "context-window", "long-context", "overload", "prefix-order", "repeat",
+                  "agents")
 Workload = Annotated[PrefillWorkload | DecodeWorkload | ContextWindowExperiment | LongContextExperiment |
-                     OverloadExperiment | PrefixOrderExperiment | RepeatExperiment, Field(discriminator="kind")]
+                     OverloadExperiment | PrefixOrderExperiment | RepeatExperiment | AgentsExperiment,
+                     Field(discriminator="kind")]
 
 
 class Variant(BaseModel):
@@ -270,7 +327,15 @@ class Matrix(BaseModel):
         return sorted(variants, key=lambda v: v.name != self.baseline)
 
     def experiments(self) -> list[Experiment]:
-        return [w for w in self.workloads if isinstance(w, _Experiment)]
+        """The experiments as they will run: a sustained `repeat` carries the window it is measured over, so
+        its key (which names the window) is the same when it is planned, stored and looked up on resume."""
+        out: list[Experiment] = []
+        for w in self.workloads:
+            if isinstance(w, RepeatExperiment) and w.mode == "sustained" and w.window_s is None:
+                out.append(w.model_copy(update={"window_s": self.window_s}))
+            elif isinstance(w, _Experiment):
+                out.append(w)
+        return out
 
     def cells(self) -> list[CellSpec]:
         seen: dict[str, CellSpec] = {}
@@ -322,8 +387,13 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
     except ValidationError as exc:
         _raise_matrix_error(str(path), exc)
         raise
+    matrix = matrix.model_copy(update={"profile": _profile_relative_to(path, matrix.profile),
+                                       "workloads": _prompt_files_relative_to(path, matrix.workloads)})
+    raise_flag_problems(str(path), [
+        *(problem for index, variant in enumerate(matrix.variants)
+          for problem in flag_problems(f"variants[{index}].flags", variant.flags)),
+        *flag_problems("grid", {k: None for k in matrix.grid})])
     for index, variant in enumerate(matrix.variants):
-        check_flags(str(path), f"variants[{index}].flags", variant.flags)
         for key, value in variant.flags.items():
             margin = suggested_margin(value)
             if margin is not None and normalize_flag(key) != "gpu-memory-utilization":
@@ -336,8 +406,41 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
             if isinstance(value, str) and value.startswith(SUGGESTED) and margin is None:
                 raise ConfigError(str(path), f"variants[{index}].flags.{key}", f"{value!r} is not understood",
                                   hint="write suggested (0.01 below vLLM's advice) or suggested-0.02")
-    check_flags(str(path), "grid", {k: None for k in matrix.grid})
     return matrix, path, data
+
+
+def _prompt_files_relative_to(matrix_path: Path, workloads: list[Any]) -> list[Any]:
+    """A prompts FILE.jsonl is the matrix file's neighbour unless absolute; it must exist before the night."""
+    out = []
+    for index, workload in enumerate(workloads):
+        prompts = getattr(workload, "prompts", "random")
+        if prompts.endswith(".jsonl"):
+            file = Path(prompts).expanduser()
+            file = file if file.is_absolute() else (matrix_path.parent / file).resolve()
+            if not file.is_file():
+                raise ConfigError(str(matrix_path), f"workloads[{index}].prompts", f"no such file: {file}",
+                                  hint="give a .jsonl file of prompts, relative to the matrix file or absolute")
+            try:
+                corpus.jsonl(file)  # a bad line is found before the night, not at its first text cell
+            except PromptError as exc:
+                raise ConfigError(str(matrix_path), f"workloads[{index}].prompts", exc.message,
+                                  hint=exc.hint) from None
+            workload = workload.model_copy(update={"prompts": str(file)})
+        out.append(workload)
+    return out
+
+
+def _profile_relative_to(matrix_path: Path, profile: str) -> str:
+    """A profile named by a relative path is the matrix file's neighbour (or, as before, the project's), never
+    whatever the current directory happens to hold."""
+    candidate = Path(profile).expanduser()
+    if candidate.is_absolute() or (candidate.suffix not in {".yaml", ".yml"} and "/" not in profile):
+        return profile  # absolute, or a name in launch_profiles/
+    for base in (matrix_path.resolve().parent, PROJECT_ROOT):
+        if (base / candidate).exists():
+            return str(base / candidate)
+    raise ConfigError(str(matrix_path), "profile", f"{profile}: no such file next to the matrix",
+                      hint="relative paths are the matrix file's; or name a profile in launch_profiles/")
 
 
 def _raise_matrix_error(path: str, exc: ValidationError) -> None:

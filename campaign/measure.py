@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import psutil
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from campaign import metrics as m
@@ -40,8 +39,9 @@ from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
 from campaign.gpu import StepMonitor, StepTelemetry
-from campaign.prompts import PromptSource
+from campaign.prompts import Prompt, Prompts, PromptSource
 from campaign.streamclient import StreamClient
+from campaign.tokenizer import ServerTokenizer
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
@@ -92,13 +92,35 @@ class _Step:
     running: list[float]
     waiting: list[float]
     kv_usage: list[float | None]   # aligned with running and waiting; None where the gauge is not exported
-    cpu: float | None          # the busiest client process's share of one core
+    cpu: float | None          # the busiest client event loop thread's share of one core
     processes: int = 1
     sim_clock: list[tuple[float, float]] = field(default_factory=list)  # in-window (busy, behind) samples
     telemetry: StepTelemetry | None = None
+    lag: list[float] = field(default_factory=list)   # the controller's event-loop lateness, seconds
 
 
 SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
+LAG_EVERY_S = 0.005      # the controller's event-loop lag probe wakes this often (a few hundred cheap wake-ups)
+TIMER_RESOLUTION_S = 0.001  # event-loop timers fire up to this late on an idle loop: not the client's noise
+
+
+async def loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event, interval_s: float = LAG_EVERY_S) -> None:
+    """How long this process's event loop takes to run a callback that is ready: (when, seconds) every
+    `interval_s`. A token's arrival is stamped by a callback waiting in the same queue, so this delay is the
+    client's own timing noise: a busy client, or a host that lends its cores elsewhere, shows here and nowhere
+    in the server's counters. Timers are rounded to the millisecond (uvloop, and asyncio's epoll timeouts), so a
+    timer's lateness counts only beyond that (a loop blocked outright shows there), and a ready callback's wait
+    (a queue of other callbacks ahead of it) is added."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = time.perf_counter() + interval_s
+        await asyncio.sleep(interval_s)
+        woke = time.perf_counter()
+        ready = loop.create_future()
+        loop.call_soon(ready.set_result, None)
+        await ready
+        now = time.perf_counter()
+        samples.append((now, max(0.0, woke - due - TIMER_RESOLUTION_S) + (now - woke)))
 
 
 def sim_behind_share(window: list[tuple[float, float]], delta: m.Delta) -> float | None:
@@ -112,6 +134,11 @@ def sim_behind_share(window: list[tuple[float, float]], delta: m.Delta) -> float
             return None
         busy, behind = busy_delta, behind_delta
     return behind / (busy + behind) if busy + behind > 0 else None
+
+
+def _lag_ms(lags: list[float]) -> float | None:
+    p99 = stats.percentile(lags, 99)
+    return None if p99 is None else 1000.0 * p99
 
 
 class Measurer:
@@ -132,6 +159,8 @@ class Measurer:
         self.gpu_monitor = gpu_monitor
         self.max_attempts = max_attempts
         self.prompts = prompts or PromptSource()
+        # Text and chat prompt sources, made on first use (the corpus tokenized once by the server).
+        self._sources: dict[tuple[str, str], Prompts] = {}
         self.on_event = on_event or (lambda _msg: None)
         self._ids = 0
         self._checked_metrics = False
@@ -211,9 +240,12 @@ class Measurer:
         async with self.target.endpoint.async_control() as control, new_client(self.target.endpoint) as client:
             if not self._checked_metrics:
                 await self.check_metrics(control)
+            source = self._source(spec, control)
+            if source is not None:
+                await source.prepare(spec.context_tokens)
             for number in range(1, self.max_attempts + 1):
                 before = await self.scrape(control)
-                step = await self._run_step(spec, max_tokens, client, control)
+                step = await self._run_step(spec, max_tokens, client, control, source)
                 after, attempt = await self.bracket(control, before, step.records + step.priming)
                 attempts.append(attempt)
                 if attempt.accepted:
@@ -231,7 +263,9 @@ class Measurer:
     async def bracket(self, control: httpx.AsyncClient, before: m.MetricsSnapshot,
                        records: list[RequestRecord]) -> tuple[m.MetricsSnapshot, Attempt]:
         expected_gen = sum(r.completion_tokens for r in records)
-        expected_prompt = sum(r.prompt_tokens for r in records if r.status == 200)
+        # The server's own count of each of our prompts where it said it (a chat prompt's template included).
+        expected_prompt = sum(r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens
+                              for r in records if r.status == 200)
         deadline = time.monotonic() + SETTLE_S
         while True:
             after = await self.scrape(control)
@@ -275,16 +309,33 @@ class Measurer:
                 pass  # a missed sample is a missing sample, never a zero
             delay = interval_s
 
+    def _source(self, spec: CellSpec, control: httpx.AsyncClient) -> Prompts | None:
+        """The cell's text or chat prompts (None: random ids on /v1/completions, the PromptSource as ever).
+        A source made earlier keeps its tokenized corpus; it talks to the server through this cell's client."""
+        if spec.prompts == "random" and spec.endpoint == "completions":
+            return None
+        tokenizer = ServerTokenizer(control, self.target.model)
+        source = self._sources.get((spec.prompts, spec.endpoint))
+        if source is None:
+            source = Prompts(spec.prompts, spec.endpoint, tokenizer=tokenizer)
+            self._sources[(spec.prompts, spec.endpoint)] = source
+        source.use(tokenizer)
+        return source
+
     async def _run_step(self, spec: CellSpec, max_tokens: int, client: StreamClient,
-                        control: httpx.AsyncClient) -> _Step:
+                        control: httpx.AsyncClient, source: Prompts | None = None) -> _Step:
         records: list[RequestRecord] = []
         samples: list[_Gauges] = []
         window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
         interval = min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
-        me = psutil.Process()
-        cpu0, wall0 = sum(me.cpu_times()[:2]), time.perf_counter()
+        lags: list[tuple[float, float]] = []
+        lag_probe = asyncio.create_task(loop_lag(lags, stop_sampling))
+        lag_applies = True
+        # The event loop's own thread: a process's CPU counts other threads (NVML sampling, name lookups), and
+        # /proc's times come in 10 ms ticks, so a 0.1 s prefill step read as 101% of a core.
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         if self.gpu_monitor is not None:
             self.gpu_monitor.start()
         telemetry: StepTelemetry | None = None
@@ -295,7 +346,7 @@ class Measurer:
         try:
             warm = spec.phase == "decode" and spec.ttft == "warm"
             streams = 1 if spec.phase == "prefill" else spec.concurrency
-            prompts = [self.prompts.unique(spec.context_tokens) for _ in range(streams)] if warm else None
+            prompts = [await self._prompt(spec.context_tokens, source) for _ in range(streams)] if warm else None
             if prompts is not None:
                 # Seed 004's method: cache every stream's prompt with a one-token request, then reuse it.
                 priming = list(await asyncio.gather(*(self._one(client, spec.context_tokens, 1, prompt=p)
@@ -306,15 +357,18 @@ class Measurer:
                 began = time.perf_counter()
                 for _ in range(MAX_ROUNDS):
                     records += await asyncio.gather(*(
-                        self._one(client, spec.context_tokens, max_tokens, prompt=prompts[i] if prompts else None)
+                        self._one(client, spec.context_tokens, max_tokens,
+                                  prompt=prompts[i] if prompts else None, source=source)
                         for i in range(streams)))
                     if spec.phase == "prefill" or any(not r.ok for r in records):
                         break
                     if len(records) >= spec.min_requests and time.perf_counter() - began >= spec.min_seconds:
                         break
             else:
-                # The worker processes draw fresh prompts; a warm-TTFT cell keeps its cached prompts in one process.
-                processes = 1 if prompts else shard.client_processes(spec.concurrency, self.client_processes)
+                # The worker processes draw fresh random prompts; a warm-TTFT cell keeps its cached prompts, and a
+                # text or chat cell its server-tokenized corpus, in one process.
+                processes = 1 if prompts or source else shard.client_processes(spec.concurrency,
+                                                                                self.client_processes)
                 if processes > 1:
                     self._ids += 1
                     sharded = await shard.sustained_sharded(
@@ -324,35 +378,55 @@ class Measurer:
                         id_prefix=f"s{self._ids}")
                     records.extend(sharded.records)
                     window, worker_cpu = sharded.window, sharded.cpu
+                    lag_applies = False  # the workers stamp the tokens; this loop's lag says nothing of them
                 else:
-                    window = await self._sustained(spec, max_tokens, client, records, window_open, prompts)
+                    window = await self._sustained(spec, max_tokens, client, records, window_open, prompts, source)
         finally:
             stop_sampling.set()
             window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
             await sampler
+            await lag_probe
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
-        cpu = max([(sum(me.cpu_times()[:2]) - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
+        cpu = max([(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
         if window is not None:
             # The drain after a sustained window runs fewer than C: its samples say nothing of the window.
             samples = [g for g in samples if window[0] <= g.t <= window[1]]
+            lags = [lag for lag in lags if window[0] <= lag[0] <= window[1]]
         return _Step(records=records, priming=priming, window=window, running=[g.running for g in samples],
                      waiting=[g.waiting for g in samples],
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry,
-                     sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None])
+                     sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None],
+                     lag=[lag for _, lag in lags] if lag_applies else [])
+
+    def _template_hits(self, spec: CellSpec, requests: int) -> float:
+        """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request)."""
+        source = self._sources.get((spec.prompts, spec.endpoint))
+        shared = source.template_prefix if source is not None else 0
+        block = self.target.block_size
+        return float(requests * (shared // block * block if block else shared))
+
+    async def _prompt(self, context: int, source: Prompts | None) -> Prompt:
+        if source is None:
+            return Prompt(tokens=context, ids=self.prompts.unique(context))
+        return await source.next(context)
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
-                   first_token: asyncio.Event | None = None, *, prompt: list[int] | None = None) -> RequestRecord:
-        """One request: a fresh unique prompt, or the given one (warm TTFT reuses a stream's cached prompt)."""
-        return await stream_completion(client, model=self.target.model,
-                                       prompt=prompt if prompt is not None else self.prompts.unique(context),
+                   first_token: asyncio.Event | None = None, *, prompt: Prompt | None = None,
+                   source: Prompts | None = None) -> RequestRecord:
+        """One request: a fresh unique prompt (random ids, or from the cell's text source), or the given one
+        (warm TTFT reuses a stream's cached prompt)."""
+        if prompt is None:
+            prompt = await self._prompt(context, source)
+        return await stream_completion(client, model=self.target.model, prompt=prompt.ids or [],
+                                       messages=prompt.messages, prompt_tokens=prompt.tokens,
                                        max_tokens=max_tokens, request_id=self._next_id(),
                                        first_token=first_token)
 
     async def _sustained(self, spec: CellSpec, max_tokens: int, client: StreamClient,
                          records: list[RequestRecord], window_open: asyncio.Event,
-                         prompts: list[list[int]] | None = None) -> tuple[float, float]:
+                         prompts: list[Prompt] | None = None, source: Prompts | None = None) -> tuple[float, float]:
         """Keep exactly C streams busy; the window opens once every first stream has produced a token and
         the warm-up has passed; at its end no new request starts and the running ones are drained."""
         stop = asyncio.Event()
@@ -361,15 +435,31 @@ class Measurer:
 
         async def worker(index: int) -> None:
             first: asyncio.Event | None = first_round[index]
-            while not stop.is_set():
-                rec = await self._one(client, spec.context_tokens, max_tokens, first,
-                                      prompt=prompts[index] if prompts else None)
-                first = None
-                records.append(rec)
-                first_round[index].set()  # also when the request failed before any token
-                if not rec.ok:
-                    failed.set()
-                    return
+            # A text or chat prompt is made while the request before it streams (a chat prompt takes calls to
+            # /tokenize), so that the stream is never idle waiting for its next prompt.
+            upcoming = asyncio.create_task(self._prompt(spec.context_tokens, source)) if (
+                source is not None and not prompts) else None
+            try:
+                while not stop.is_set():
+                    prompt = prompts[index] if prompts else await upcoming if upcoming else None
+                    if upcoming is not None:
+                        upcoming = asyncio.create_task(self._prompt(spec.context_tokens, source))
+                    rec = await self._one(client, spec.context_tokens, max_tokens, first, prompt=prompt,
+                                          source=source)
+                    first = None
+                    records.append(rec)
+                    first_round[index].set()  # also when the request failed before any token
+                    if not rec.ok:
+                        failed.set()
+                        return
+            except BaseException:
+                failed.set()  # a prompt that could not be made ends the step, never a wait for its first token
+                first_round[index].set()
+                raise
+            finally:
+                if upcoming is not None:
+                    upcoming.cancel()
+                    await asyncio.gather(upcoming, return_exceptions=True)
 
         started = asyncio.Event()  # every stream has a token, or one failed
 
@@ -427,8 +517,14 @@ class Measurer:
             avg_active=values.get("avg_active"), avg_before_first_token=values.get("avg_before_first_token"),
             client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
             gpu_throttled=step.telemetry.throttled if step.telemetry else None,
-            shares_prefixes=spec.phase == "decode" and spec.ttft == "warm")
+            shares_prefixes=spec.phase == "decode" and spec.ttft == "warm",
+            template_hits=self._template_hits(spec, len(records) + len(step.priming)))
         status, findings = verdict(evidence)
+        if spec.phase == "decode" and spec.prompts == "random" and (
+                m.speculative(delta) or self.target.num_speculative_tokens):
+            findings.append(Finding(Reason.SPEC_RANDOM_PROMPTS, (
+                "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so "
+                "the acceptance and the speed here are not what text will get")))
         energy = step.telemetry.energy_j if step.telemetry else None
         generated = sum(r.tokens for r in records)
         if energy is not None and generated and spec.phase == "decode":
@@ -451,6 +547,12 @@ class Measurer:
             notes.append(f"tokens counted per chunk in {per_chunk} of {len(records)} requests: the server sent no "
                          "continuous usage stats, so a chunk carrying several tokens (speculative decoding) "
                          "would be undercounted")
+        off = sorted({r.usage_prompt_tokens for r in records
+                      if r.usage_prompt_tokens is not None and r.usage_prompt_tokens != spec.context_tokens})
+        if off:
+            notes.append(f"the server counted {len(off)} prompt length(s) other than {spec.context_tokens:,} tokens "
+                         f"({', '.join(f'{n:,}' for n in off[:3])}): its tokenizer split a prompt differently "
+                         "from the way the prompt was fitted")
         behind = sim_behind_share(step.sim_clock, delta)
         if behind is not None and behind > SIM_BEHIND_NOTE:
             notes.append(f"the simulator fell behind its clock for {behind:.1%} of the "
@@ -461,10 +563,12 @@ class Measurer:
         return CellResult(
             **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
-            client_cpu=step.cpu, running_median=running_median, waiting_max=waiting_max,
+            client_cpu=step.cpu, client_lag_p99_ms=_lag_ms(step.lag),
+            running_median=running_median, waiting_max=waiting_max,
             avg_running=stats.mean(step.running), avg_waiting=stats.mean(step.waiting),
             kv_usage_max=max((kv for kv in step.kv_usage if kv is not None), default=None),
             preemptions=preemptions, prefix_cache_queries=queries, prefix_cache_hits=hits,
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
+            spec_mean_accepted=m.spec_mean_accepted(delta),
             attempts=attempts, requests=[r.to_dict() for r in records],
         )

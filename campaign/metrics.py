@@ -113,6 +113,19 @@ class Delta:
         return None
 
 
+def speculative(delta: Delta) -> bool:
+    """Did the server run speculative decoding over this step (its draft counters exist)?"""
+    return delta.optional(SPEC_DRAFTS) is not None
+
+
+def spec_mean_accepted(delta: Delta) -> float | None:
+    """Draft tokens accepted per draft, over a step (the acceptance length less vLLM's bonus token); None
+    without speculative decoding or without a draft."""
+    drafts = delta.optional(SPEC_DRAFTS)
+    accepted = delta.optional(SPEC_ACCEPTED)
+    return accepted / drafts if accepted is not None and drafts else None
+
+
 def spec_decode(delta: Delta) -> tuple[float | None, float | None]:
     """(acceptance rate, mean acceptance length) over a step; None without speculative decoding.
     Rate = accepted / drafted tokens; length = 1 + accepted / drafts (vLLM's own definitions)."""

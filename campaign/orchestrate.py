@@ -9,6 +9,10 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,20 +21,27 @@ from typing import Any
 import httpx
 
 from campaign import aio, gpu, store, study
-from campaign.argv import redact
+from campaign.argv import api_key_from, redact
 from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
 from campaign.endpoint import Timeouts
 from campaign.envinfo import machine_info, tool_info
-from campaign.errors import CampaignError, LaunchError, MetricMissingError
+from campaign.errors import (
+    CampaignError,
+    LaunchError,
+    MetricMissingError,
+    PromptError,
+    ResultFormatError,
+    check_stop,
+)
 from campaign.launcher import LaunchedServer, launched
 from campaign.matrix import (
+    AgentsExperiment,
     ContextWindowExperiment,
     Experiment,
     LongContextExperiment,
     Matrix,
     OverloadExperiment,
     PrefixOrderExperiment,
-    RepeatExperiment,
     Variant,
     definition_hash,
     schedule,
@@ -39,31 +50,57 @@ from campaign.matrix import (
 from campaign.measure import Measurer
 from campaign.profiles import FlagValue, LaunchProfile, normalize_flag
 from campaign.progress import Progress
-
-LAUNCH_ESTIMATE_S = 90.0
-
-
-def estimate_cell_s(spec: CellSpec) -> float:
-    if spec.phase == "prefill":
-        return 3.0 + spec.context_tokens / 1000.0
-    if spec.mode == "sustained":
-        return spec.warmup_s + spec.window_s + 5.0
-    return 10.0
-
-
-def estimate_experiment_s(experiment: Experiment, window_s: float) -> float:
-    """A rough guess, assuming about 1,000 prompt tokens/s (the A5000 pair's rate) for long prompts."""
-    if isinstance(experiment, LongContextExperiment):
-        return sum(5.0 + c / 1000.0 for c in experiment.contexts)
-    if isinstance(experiment, RepeatExperiment):
-        return experiment.times * estimate_cell_s(experiment.spec(window_s))
-    return 10.0
+from campaign.records import (
+    Definition,
+    FailureRecord,
+    MachineInfo,
+    Manifest,
+    ScheduleEntry,
+    ServerRecord,
+    StopRecord,
+    ToolInfo,
+    WarmupRecord,
+)
+from campaign.server import executable_missing, log_tail
 
 
-def estimate_s(matrix: Matrix, launches: int, launch_s: float = LAUNCH_ESTIMATE_S) -> float:
-    per_launch = sum(estimate_cell_s(c) for c in matrix.cells())
-    per_launch += sum(estimate_experiment_s(e, matrix.window_s) for e in matrix.experiments())
-    return launches * (launch_s + per_launch)
+def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, matrix: Matrix | None = None,
+              matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
+              will_launch: bool = True) -> str:
+    """What can be known before the night, checked before it: the server's executable is here (when this
+    machine is to launch it; a plan may be made elsewhere), and every flag is one it accepts (all unknown ones
+    in one error). Returns where the flag list came from."""
+    from campaign import flag_list
+    from campaign.argv import resolve_path
+    from campaign.profiles import flag_problems, raise_flag_problems
+
+    raise_flag_problems("launch --set", flag_problems("--set", dict(overrides or {})))
+    found = shutil.which(resolve_path(profile.executable), path=profile.env.get("PATH"))  # as Popen will look
+    if will_launch and (engine or profile.engine) == "vllm" and found is None:
+        raise executable_missing(profile.executable, where=f"{profile_path}: executable: ")
+    flags = flag_list.for_profile(profile, engine)
+    flag_list.check(flag_list.night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
+    return flags.source
+
+
+@dataclass(frozen=True)
+class LaunchWork:
+    variant: str
+    repeat: int
+    cells: list[CellSpec]
+    experiments: list[Experiment]
+
+
+def pending_launches(run: store.RunDir, matrix: Matrix) -> list[LaunchWork]:
+    """The launches of the schedule that still have something to measure. Each key (cell or experiment) is
+    the matrix's, the one it is stored under, so a resumed run skips exactly what is stored."""
+    out = []
+    for variant, repeat in schedule(matrix):
+        cells = [c for c in matrix.cells() if not run.done(variant, c.key, repeat)]
+        experiments = [e for e in matrix.experiments() if not run.experiment_path(variant, e.key, repeat).exists()]
+        if cells or experiments:
+            out.append(LaunchWork(variant, repeat, cells, experiments))
+    return out
 
 
 @dataclass(kw_only=True)
@@ -86,13 +123,9 @@ class Campaign:
 
     # --- the loop ----------------------------------------------------------------------------------------
     def execute(self) -> None:
-        for variant_name, repeat in schedule(self.matrix):
-            pending = [c for c in self.cells if not self.run.done(variant_name, c.key, repeat)]
-            experiments = [e for e in self.matrix.experiments()
-                           if not self.run.experiment_path(variant_name, e.key, repeat).exists()]
-            if not pending and not experiments:
-                continue  # resumed: this launch's work is all stored
-            self._serve(self.variants[variant_name], repeat, pending, experiments)
+        for work in pending_launches(self.run, self.matrix):
+            check_stop()
+            self._serve(self.variants[work.variant], work.repeat, work.cells, work.experiments)
 
     def _resolve_flags(self, variant: Variant) -> tuple[dict[str, FlagValue], dict[str, Any] | None]:
         """The flags to launch with, and how a `suggested` value was resolved (stored with the launch)."""
@@ -114,10 +147,9 @@ class Campaign:
         return flags, resolution
 
     def _baseline_suggestion(self) -> float | None:
-        for server in self.run.servers():
-            if server.get("kind") == "server" and server["variant"] == self.matrix.baseline:
-                value = server["facts"].get("gpu_memory_utilization_suggested")
-                return float(value) if value is not None else None
+        for server in self.run.ready_servers():
+            if server.variant == self.matrix.baseline:
+                return server.facts.gpu_memory_utilization_suggested
         return None
 
     def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec], experiments: list[Experiment]) -> None:
@@ -140,18 +172,47 @@ class Campaign:
                 self.progress.note(f"{label}: the server died during a cell; relaunching for the cells left")
             except LaunchError as exc:
                 self._record_failure(launch_dir, variant, repeat, exc)
-                self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {exc.message}; the campaign goes on")
+                self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {redact(exc.message, self._api_key())}; "
+                                   "the campaign goes on")
                 return
             except MetricMissingError as exc:
                 self.progress.note(f"{label}: {exc}; skipping this variant's cells")
                 self._record_failure(launch_dir, variant, repeat,
                                      LaunchError(exc.message, kind="metric_missing", hint=exc.hint))
                 return
+            except ResultFormatError:
+                raise  # the store itself failed (disk full, a file in the way): no later launch can be kept
+            except Exception as exc:  # noqa: BLE001 - one launch's surprise must not end the night
+                if os.environ.get("CAMPAIGN_DEBUG") == "1":
+                    raise
+                # Recorded as this variant's failure, with what the server logged; the exit code says so.
+                known = exc if isinstance(exc, CampaignError) else None
+                self._record_failure(launch_dir, variant, repeat, LaunchError(
+                    known.message if known else f"{type(exc).__name__}: {exc}",
+                    kind="error" if known else "internal_error",
+                    log_tail=log_tail(launch_dir / "server.log", secret=self._api_key()),
+                    hint=known.hint if known else "CAMPAIGN_DEBUG=1 shows the traceback; please report it"))
+                self.progress.note(f"{label}: FAILED ({type(exc).__name__}: {redact(str(exc), self._api_key())}); "
+                                   "the campaign goes on")
+                return
             finally:
                 # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
-                if server is not None:
-                    self._record_stop(launch_dir, server)
-                self._scrub_log(launch_dir / "server.log")
+                self._clean_up(launch_dir, server)
+
+    def _clean_up(self, launch_dir: Path, server: LaunchedServer | None) -> None:
+        """Record the stop and scrub the log, each on its own: a failure here (a full disk) never hides the
+        exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with none, it is raised."""
+        in_flight = sys.exc_info()[1] is not None
+        steps: list[Callable[[], None]] = [lambda: self._scrub_log(launch_dir / "server.log")]
+        if server is not None:
+            steps.insert(0, lambda: self._record_stop(launch_dir, server))
+        for step in steps:
+            try:
+                step()
+            except (CampaignError, OSError) as exc:
+                if not in_flight:
+                    raise
+                self.progress.note(f"warning: after the launch, {exc}")
 
     def _timeouts(self) -> Timeouts:
         return self.matrix.timeouts.timeouts()
@@ -171,6 +232,7 @@ class Campaign:
         self._warm_up(measurer, queue, variant, repeat, launch_dir)
         first: CellResult | None = None  # the launch's first cell, measured again at its end
         while queue:
+            check_stop()
             spec = queue[0]
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): {spec.key} ({spec.label})")
             try:
@@ -179,6 +241,10 @@ class Campaign:
                 if server.process.alive():
                     raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
                 result = None
+            except PromptError as exc:  # this cell's prompts cannot be made here: it fails, the launch goes on
+                result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
+                                    concurrency=spec.concurrency, label=spec.label, status="Failed",
+                                    **findings_fields([Finding(Reason.PROMPTS_UNAVAILABLE, exc.message)]))
             dead = not server.process.alive()
             if dead and spec.key not in retried:
                 retried.add(spec.key)
@@ -207,10 +273,10 @@ class Campaign:
         if not self.matrix.warmup or not queue:
             return
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): warming up")
-        record = aio.run(measurer.warm_up(queue))
+        record = WarmupRecord.model_validate(aio.run(measurer.warm_up(queue)))
         store.write_new(launch_dir / "warmup.json", record)
-        self.progress.note(f"  {variant.name} r{repeat + 1}: warm-up {record['requests']} requests in "
-                           f"{record['seconds']:.1f} s" + (f", {record['errors']} failed" if record["errors"] else ""))
+        self.progress.note(f"  {variant.name} r{repeat + 1}: warm-up {record.requests} requests in "
+                           f"{record.seconds:.1f} s" + (f", {record.errors} failed" if record.errors else ""))
 
     def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path) -> None:
         """The launch's first cell again at its end: if the first reading was slower beyond noise, the server
@@ -231,13 +297,17 @@ class Campaign:
     def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],
                      launch_dir: Path) -> None:
         for experiment in experiments:
+            check_stop()
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): experiment {experiment.key}")
             try:
                 result = aio.run(self._experiment(server, experiment))
             except httpx.HTTPError as exc:
                 result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
                                                 reasons=[f"{type(exc).__name__}: {exc}"])
-            self.run.write_experiment(variant.name, repeat, result, launch=launch_dir.name)
+            except PromptError as exc:
+                result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
+                                                reasons=[f"{exc.message} ({exc.hint})"])
+            self.run.write_experiment(variant.name, repeat, experiment.key, result, launch=launch_dir.name)
             self.progress.note(f"  {variant.name} r{repeat + 1} {experiment.key}: {result.status}: "
                                f"{result.verdict or '; '.join(result.reasons)}")
 
@@ -260,36 +330,38 @@ class Campaign:
             return await study.prefix_order(target, block_size=server.facts.block_size, agents=experiment.agents,
                                             shared_tokens=experiment.shared_tokens, task_tokens=experiment.task_tokens,
                                             reply_tokens=experiment.reply_tokens)
+        if isinstance(experiment, AgentsExperiment):
+            return await study.agents(target, sessions=experiment.sessions, turns=experiment.turns,
+                                      system_tokens=experiment.system_tokens, user_tokens=experiment.user_tokens,
+                                      reply_tokens=experiment.reply_tokens, prompts=experiment.prompts,
+                                      floors=tuple(experiment.floors), time_scale=self.run.manifest().time_scale)
         return await study.repeat_cell(target, experiment.spec(self.matrix.window_s), times=experiment.times)
 
     # --- records -----------------------------------------------------------------------------------------
     def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
                        server: LaunchedServer, resolution: dict[str, Any] | None = None) -> None:
-        store.write_new(launch_dir / "server.json", {
-            "kind": "server", "variant": variant.name, "repeat": repeat,
-            "started_utc": datetime.now(UTC).isoformat(),
-            "command": server.spec.redacted_argv(), "flags": server.spec.flags, "variant_flags": flags,
-            "ready_s": server.ready.ready_s, "facts": server.facts.model_dump(mode="json"),
-            "warnings": server.warnings, "suggested": resolution,
-        })
+        store.write_new(launch_dir / "server.json", ServerRecord(
+            variant=variant.name, repeat=repeat, started_utc=datetime.now(UTC).isoformat(),
+            command=server.spec.redacted_argv(), flags=dict(server.spec.flags), variant_flags=dict(flags),
+            ready_s=server.ready.ready_s, facts=server.facts, warnings=server.warnings, suggested=resolution))
 
     def _record_stop(self, launch_dir: Path, server: LaunchedServer) -> None:
         stop = server.process.stop_info
         if stop is not None:
-            store.write_new(launch_dir / "stop.json", {
-                "kind": "stop", "mode": stop.mode, "exit_code": stop.exit_code, "stop_s": stop.stop_s,
-                "swept": stop.swept, "port_free": stop.port_free, "gpu_memory_released": stop.gpu_memory_released,
-            })
+            store.write_new(launch_dir / "stop.json", StopRecord(
+                stopped_utc=datetime.now(UTC).isoformat(), mode=stop.mode, exit_code=stop.exit_code,
+                stop_s=stop.stop_s, swept=stop.swept, port_free=stop.port_free,
+                gpu_memory_released=stop.gpu_memory_released))
 
     def _record_failure(self, launch_dir: Path, variant: Variant, repeat: int, exc: LaunchError) -> None:
-        store.write_new(launch_dir / "failure.json", {
-            "kind": "failure", "variant": variant.name, "repeat": repeat,
-            "failure_kind": exc.kind, "message": exc.message, "hint": exc.hint,
-            "log_tail": redact(exc.log_tail, self._api_key()),
-        })
+        key = self._api_key()
+        # The message can quote anything an exception carried (a header, a URL): redacted like the log.
+        store.write_new(launch_dir / "failure.json", FailureRecord(
+            variant=variant.name, repeat=repeat, failure_kind=exc.kind, message=redact(exc.message, key),
+            hint=redact(exc.hint, key) if exc.hint else None, log_tail=redact(exc.log_tail, key)))
 
     def _api_key(self) -> str | None:
-        return os.environ.get(self.profile.api_key_env) if self.profile.api_key_env else None
+        return api_key_from(self.profile.api_key_env)
 
     def _scrub_log(self, log: Path) -> None:
         """vLLM redacts --api-key in its own args line, and the key travels in the environment; this is the
@@ -313,21 +385,110 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
-             options: Options) -> dict[str, Any]:
+             options: Options, estimate: dict[str, Any] | None = None) -> Manifest:
     raw_matrix = matrix.model_dump(mode="json")
     raw_profile = profile.model_dump(mode="json")
-    return {
-        "kind": "manifest",
-        "campaign": matrix.name,
-        "created_utc": datetime.now(UTC).isoformat(),
-        "tool": tool_info(),
-        "matrix": {"path": str(matrix_path), "raw": raw_matrix, "hash": definition_hash(raw_matrix)},
-        "profile": {"path": str(profile_path), "raw": raw_profile, "hash": definition_hash(raw_profile)},
-        "engine": options.engine or profile.engine,
+    engine = options.engine or profile.engine
+    return Manifest(
+        campaign=matrix.name, created_utc=datetime.now(UTC).isoformat(), tool=ToolInfo(**tool_info()),
+        matrix=Definition(path=str(matrix_path), raw=raw_matrix, hash=definition_hash(raw_matrix)),
+        profile=Definition(path=str(profile_path), raw=raw_profile, hash=definition_hash(raw_profile)),
+        engine=engine,
         # The simulator can run faster than the hardware it imitates; its rates then read this many times higher.
-        "time_scale": float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1"))
-        if (options.engine or profile.engine) == "sim" else 1.0,
-        "machine": machine_info(),
-        "schedule": [{"variant": v, "repeat": r} for v, r in schedule(matrix)],
-        "cells": [c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
-    }
+        time_scale=float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")) if engine == "sim" else 1.0,
+        machine=MachineInfo(**machine_info()),
+        schedule=[ScheduleEntry(variant=v, repeat=r) for v, r in schedule(matrix)],
+        cells=[c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
+        estimate=estimate)
+
+
+# --- a night: one run directory, written by this process alone ---------------------------------------------
+@dataclass
+class Night:
+    """A run directory being written, what it runs, and what to tell the user before it starts."""
+
+    run: store.RunDir
+    matrix: Matrix
+    profile: LaunchProfile
+    options: Options
+    resumed: bool
+    notices: list[str]
+
+    def pending(self) -> list[LaunchWork]:
+        return pending_launches(self.run, self.matrix)
+
+    def estimate_s(self, work: list[LaunchWork]) -> float:
+        """What the launches left will take, at the per-launch estimate stored when the run began."""
+        from campaign import planning
+
+        stored = self.run.manifest().estimate or {}
+        per_launch = stored.get("per_launch_s")
+        if not isinstance(per_launch, int | float):
+            per_launch = planning.estimate(self.matrix, self.profile, 1,
+                                           planning.rates_from(None, self.profile)).per_launch_s
+        return float(per_launch) * len(work)
+
+    def execute(self, progress: Progress) -> None:
+        Campaign(self.run, self.matrix, self.profile, options=self.options, progress=progress).execute()
+
+    def unfinished(self) -> list[str]:
+        """What the night could not do: launches whose work is still not stored, or whose last record is a
+        failure (one after its cells, in the warm check), with why; cells and experiments that Failed.
+        Empty: everything the matrix asks for is measured."""
+        last: dict[tuple[str, int], ServerRecord | FailureRecord] = {}
+        for record in self.run.servers():  # in launch order: the last record of a launch wins
+            last[(record.variant, record.repeat)] = record
+        pending = {(w.variant, w.repeat) for w in self.pending()}
+        out = []
+        for variant, repeat in schedule(self.matrix):
+            latest = last.get((variant, repeat))
+            failed = latest.failure_kind if isinstance(latest, FailureRecord) else None
+            if (variant, repeat) in pending or failed:
+                out.append(f"{variant} r{repeat + 1} ({failed or 'not measured'})")
+        out += [f"{c.variant} r{c.repeat + 1} {c.result.spec.key}" for c in self.run.cells()
+                if c.result.status == "Failed"]
+        out += [f"{e.variant} r{e.repeat + 1} {e.result.key}" for e in self.run.experiments()
+                if e.result.status == "Failed"]
+        return out
+
+
+@contextmanager
+def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path, *, engine: str | None,
+            out: Path) -> Iterator[Night]:
+    """A new run: checked before anything is made (executable, every flag), estimated, its manifest written."""
+    from campaign import planning
+
+    source = preflight(profile, profile_path, engine, matrix, matrix_path)
+    estimated = planning.estimate(matrix, profile, len(schedule(matrix)),
+                                  planning.rates_from(store.latest_run(out, matrix.name), profile))
+    run = store.RunDir.create(out, matrix.name)
+    options = Options(engine=engine, max_attempts=matrix.max_attempts)
+    with run.writer() as locked:
+        store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
+                                                    estimated.to_json()))
+        notices = [f"flags checked against {source}", f"run directory: {run.root}", *_unlocked(locked)]
+        yield Night(run, matrix, profile, options, resumed=False, notices=notices)
+
+
+@contextmanager
+def resumed(root: Path, *, engine: str | None, more_repeats: int | None) -> Iterator[Night]:
+    """A run continued: rebuilt from its manifest under its lock; damaged files set aside (kept, renamed) so
+    that what they held is measured again; the repeats raised if asked."""
+    run = store.RunDir(root)
+    if not run.manifest_path.exists():
+        raise CampaignError(f"{root}: not a run directory (no manifest.json)",
+                            hint="give the folder `campaign run` printed, e.g. runs/demo/20261201T000000Z")
+    with run.writer() as locked:
+        stored = run.manifest()
+        matrix = stored.matrix_model()
+        matrix = matrix.model_copy(update={"repeats": run.repeats(matrix.repeats, more=more_repeats)})
+        engine = engine or stored.engine
+        notices = [f"{damaged} was damaged (not valid JSON): kept as {kept.name}; what it held is measured again"
+                   for damaged, kept in run.set_aside_damaged()]
+        notices += [f"resuming {run.root}: {len(run.cells())} cells already stored", *_unlocked(locked)]
+        yield Night(run, matrix, stored.profile_model(), Options(engine=engine, max_attempts=matrix.max_attempts),
+                    resumed=True, notices=notices)
+
+
+def _unlocked(locked: bool) -> list[str]:
+    return [] if locked else ["warning: this filesystem has no file locks: nothing stops a second writer of this run"]

@@ -50,6 +50,17 @@ class TLSConfig(BaseModel):
     insecure: bool = False
 
 
+class RateHints(BaseModel):
+    """What `campaign plan` assumes of this server before any run of a campaign has measured it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefill_tok_s: float = Field(gt=0, description="prompt tokens per second of one long prefill")
+    decode_tok_s: float = Field(gt=0, description="generated tokens per second of one stream")
+    launch_s: float = Field(gt=0, description="seconds from starting the server to ready")
+    measured: str = Field(description="where and how these were measured, said with every estimate")
+
+
 class LaunchProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,6 +83,7 @@ class LaunchProfile(BaseModel):
     # What the simulator imitates, and what roofline figures are computed against.
     hardware: str | None = None
     model_shape: str | None = None
+    rates: RateHints | None = None
 
     @field_validator("api_key_env")
     @classmethod
@@ -167,22 +179,25 @@ def resolve_profile_path(name_or_path: str) -> Path:
     return resolve_named(name_or_path, PROFILES_DIR, "launch profile")
 
 
-def check_flags(path: str, key_prefix: str, flags: dict[str, FlagValue]) -> None:
-    """Runner-owned flags and close misspellings of known vLLM flags are errors."""
-    from campaign.vllm_flags import KNOWN_FLAGS
+def flag_problems(key_prefix: str, flags: dict[str, FlagValue]) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for flags the runner owns. Whether a flag exists is for the flag list of the server
+    the profile launches to say, all unknown ones at once (flag_list.check, before the night)."""
+    return [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
+            for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]
 
-    for raw in flags:
-        name = normalize_flag(raw)
-        if name in RUNNER_OWNED_FLAGS:
-            raise ConfigError(path, f"{key_prefix}.{raw}", "this flag is owned by the runner",
-                              hint=RUNNER_OWNED_FLAGS[name])
-        bare = name.removeprefix("no-")
-        if name in KNOWN_FLAGS or bare in KNOWN_FLAGS:
-            continue
-        suggestion = did_you_mean(name, KNOWN_FLAGS)
-        if suggestion is not None:
-            raise ConfigError(path, f"{key_prefix}.{raw}", "unknown flag", hint=f"did you mean {suggestion}?")
-        # Not close to anything we know: a newer vLLM may have it; the server's own argparse decides.
+
+def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) -> None:
+    """One error for all of a file's flag problems, so that a fix is not followed by the next one's error."""
+    if len(problems) == 1:
+        key, problem, hint = problems[0]
+        raise ConfigError(path, key, problem, hint=hint)
+    if problems:
+        listed = "; ".join(f"{key}: {problem}" + (f" ({hint})" if hint else "") for key, problem, hint in problems)
+        raise ConfigError(path, "", f"{len(problems)} flag problems: {listed}")
+
+
+def check_flags(path: str, key_prefix: str, flags: dict[str, FlagValue]) -> None:
+    raise_flag_problems(path, flag_problems(key_prefix, flags))
 
 
 def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from campaign.cells import CellResult
+from campaign.cells import CellResult, CellSpec, Reason
 from campaign.tables import Cell, Item, Table, to_text
+
+if TYPE_CHECKING:
+    from campaign.planning import Plan
+    from campaign.records import ExperimentRecord, FailureRecord, ServerRecord
 
 DASH = "—"
 
@@ -130,9 +134,11 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
     if speculative:
         out.append(Table(
             title="Speculative decoding (from vllm:spec_decode_* counters over each step)",
-            headers=["Context", "Requests at once", "Total tok/s", "Acceptance rate", "Mean acceptance length"],
-            rows=[[fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
-                   f"{100 * (c.spec_acceptance_rate or 0):.1f}%", fmt_num(c.spec_mean_acceptance_length, 2)]
+            headers=["Context", "Requests at once", "Prompts", "Total tok/s", "Acceptance rate",
+                     "Mean accepted per draft", "Mean acceptance length"],
+            rows=[[fmt_context(c.context_tokens), str(c.concurrency), _prompts_label(c.spec),
+                   fmt_num(c.total_tok_s), f"{100 * (c.spec_acceptance_rate or 0):.1f}%",
+                   fmt_num(c.spec_mean_accepted, 2), fmt_num(c.spec_mean_acceptance_length, 2)]
                   for c in speculative]))
     energy = [c for c in cells if c.energy_j_per_token is not None]
     if energy:
@@ -142,13 +148,22 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
             rows=[["Decode", fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
                    f"{c.energy_j_per_token:,.3f} J/token"] for c in energy]))
     why = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}" for c in cells
-           for r in c.reasons]
+           for i, r in enumerate(c.reasons)
+           if i >= len(c.reason_codes) or c.reason_codes[i] != Reason.SPEC_RANDOM_PROMPTS]
     if why:
         out.append(Table(title="Why cells are not Valid", notes=why))
+    caveats = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {r}" for c in cells
+               for r, code in zip(c.reasons, c.reason_codes, strict=False) if code == Reason.SPEC_RANDOM_PROMPTS]
+    if caveats:
+        out.append(Table(title="Valid, with a caveat", notes=caveats))
     remarks = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]
     if remarks:
         out.append(Table(title="Notes", notes=remarks))
     return out
+
+
+def _prompts_label(spec: CellSpec) -> str:
+    return spec.prompts if spec.endpoint == "completions" else f"{spec.prompts} (chat)"
 
 
 def all_measurements(cells: Sequence[CellResult]) -> str:
@@ -268,30 +283,30 @@ def latest_cells(stored: Iterable[Any]) -> dict[str, dict[str, CellResult]]:
     return latest
 
 
-def failure_line(server: dict[str, Any]) -> str:
-    return f"FAILED TO START ({server['failure_kind']}): {server['message']}"
+def failure_line(failure: FailureRecord) -> str:
+    return f"FAILED TO START ({failure.failure_kind}): {failure.message}"
 
 
-def cells_by_variant_text(stored: Iterable[Any], servers: Sequence[dict[str, Any]]) -> str:
+def cells_by_variant_text(stored: Iterable[Any], servers: Sequence[ServerRecord | FailureRecord]) -> str:
     """Per variant, the speed-test matrix and all measurements (the latest repeat of each cell), then the launches
     that never became ready; from a run's stored cells and servers (RunDir.cells(), RunDir.servers())."""
     parts = [f"### {variant}\n{cells_report(list(cells.values()))}"
              for variant, cells in latest_cells(stored).items()]
-    parts += [f"### {s['variant']}: {failure_line(s)}" for s in servers if s.get("kind") == "failure"]
+    parts += [f"### {s.variant}: {failure_line(s)}" for s in servers if s.kind == "failure"]
     return "\n\n".join(parts)
 
 
-def facts_table(variant: str, servers: Sequence[dict[str, Any]]) -> Table:
+def facts_table(variant: str, servers: Sequence[ServerRecord | FailureRecord]) -> Table:
     """What each of the variant's launches became (startup log, cross-checked with /metrics), or why it failed."""
     rows: list[list[Item]] = []
     for server in servers:
-        if server.get("variant") != variant:
+        if server.variant != variant:
             continue
-        if server.get("kind") == "failure":
-            rows.append([server["launch_dir"], Cell(failure_line(server), cls="bad")])
+        if server.kind == "failure":
+            rows.append([server.launch_dir or DASH, Cell(failure_line(server), cls="bad")])
             continue
-        facts = server["facts"]
-        rows.append([server["launch_dir"],
+        facts = server.facts.model_dump()
+        rows.append([server.launch_dir or DASH,
                      ", ".join(f"{k}={v}" for k, v in facts.items() if v is not None and k != "failure")])
     return Table(title="What the server became (startup log, cross-checked with /metrics)",
                  headers=["Launch", "Facts"], rows=rows, align="ll")
@@ -366,18 +381,19 @@ def short_answers_text(variant: str, a: dict[str, Any]) -> str:
     return to_text(short_answers_table(variant, a))
 
 
-def experiments_table(stored: Sequence[dict[str, Any]]) -> Table | None:
+def experiments_table(stored: Sequence[ExperimentRecord]) -> Table | None:
     """The study's experiments, one row per variant and repeat (RunDir.experiments())."""
-    rows = [[item["variant"], str(item["repeat"] + 1), item["result"]["key"],
-             Cell(item["result"]["status"], cls=None if item["result"]["status"] == "Valid" else "bad"),
-             item["result"].get("verdict") or "; ".join(item["result"].get("reasons") or [])] for item in stored]
+    rows: list[list[Item]] = [
+        [item.variant, str(item.repeat + 1), item.result.key,
+         Cell(item.result.status, cls=None if item.result.status == "Valid" else "bad"),
+         item.result.verdict or "; ".join(item.result.reasons)] for item in stored]
     if not rows:
         return None
     return Table(title="Experiments", headers=["Variant", "Repeat", "Experiment", "Status", "Result"], rows=rows,
                  align="lrlll")
 
 
-def experiments_text(stored: Sequence[dict[str, Any]]) -> str:
+def experiments_text(stored: Sequence[ExperimentRecord]) -> str:
     return text([experiments_table(stored)])
 
 
@@ -389,24 +405,46 @@ ONE_REPEAT_WARNING = (
     "speed and latency.")
 
 
-def plan_tables(*, launches: Sequence[tuple[str, int]], repeats: int,
-                variants: Sequence[tuple[str, dict[str, Any], int | None, Sequence[str]]], known_from: str | None,
-                cells: Sequence[tuple[str, str]], experiments: Sequence[str], duration: str) -> list[Table]:
+def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     """What `campaign plan` says a campaign will run: launches in order (a repeat past `repeats` is the drift
-    sentinel), each variant's flags, KV cache (as the run `known_from` found it) and the cells it will skip as
-    over capacity, the cells of every launch (key, label), the experiments and the estimated duration."""
-    order = Table(title=f"{len(launches)} server launches, in this order (A B ... B A, so drift cannot read as a "
-                        "difference)", headers=["#", "Variant", "Repeat", "Note"], align="rlrl",
+    sentinel), each variant's flags, KV cache (as the last run found it) and the cells it will skip as over
+    capacity, the cells and experiments of every launch with what each is estimated to take, the total, and
+    how the last run's launches compared with its own estimate."""
+    from campaign.planning import cell_s
+    from campaign.progress import fmt_duration
+
+    est = plan.estimate
+    known_from = plan.previous.root.name if plan.previous is not None else None
+    order = Table(title=f"{len(plan.launches)} server launches, in this order (A B ... B A, so drift cannot read as "
+                        "a difference)", headers=["#", "Variant", "Repeat", "Note"], align="rlrl",
                   rows=[[str(i), variant, str(rep + 1), "drift sentinel" if rep >= repeats else ""]
-                        for i, (variant, rep) in enumerate(launches, 1)])
+                        for i, (variant, rep) in enumerate(plan.launches, 1)])
     per_variant = Table(title="Variants", headers=["Variant", "Flags", "KV cache", "Over capacity: will be skipped"],
                         align="llll", rows=[
-                            [name, ", ".join(f"{k}={v}" for k, v in flags.items()) or DASH,
-                             f"{kv:,} tokens (from {known_from})" if kv and known_from else "unknown until launched",
-                             ", ".join(skipped) or DASH] for name, flags, kv, skipped in variants])
-    notes = [f"{len(experiments)} experiments per launch: {', '.join(experiments)}"] if experiments else []
-    if repeats == 1 and len(variants) > 1:
+                            [v.name, ", ".join(f"{k}={x}" for k, x in v.flags.items()) or DASH,
+                             f"{v.kv_cache_tokens:,} tokens (from {known_from})" if v.kv_cache_tokens and known_from
+                             else "unknown until launched", ", ".join(v.skipped) or DASH] for v in plan.variants])
+    if repeats == 1 and len(plan.variants) > 1:
         order = replace(order, notes=[Cell(ONE_REPEAT_WARNING, cls="warn")])
-    per_launch = Table(title=f"{len(cells)} cells per launch", headers=["Cell", "Label"], align="ll",
-                       rows=[list(c) for c in cells], notes=[*notes, f"estimated duration: {duration}"])
-    return [order, per_variant, per_launch]
+    rows = [[c.key, c.label, f"{cell_s(c, est.rates):,.0f} s"] for c in plan.cells]
+    rows += [[key, "experiment", f"{seconds:,.0f} s"] for key, seconds in est.experiments_s.items()]
+    correction = (f", x{est.rates.correction:.2f} for how far the last run's estimate was off"
+                  if est.rates.correction != 1.0 else "")
+    per_launch = Table(
+        title=f"Every launch: {len(plan.cells)} cells, {len(est.experiments_s)} experiments",
+        headers=["Cell or experiment", "Label", "Estimated"], align="llr", rows=rows,
+        notes=[f"estimated duration: {fmt_duration(est.total_s)} = {len(plan.launches)} launch"
+               f"{'es' if len(plan.launches) != 1 else ''} x "
+               f"{fmt_duration(est.per_launch_s)} (start {est.launch_s:,.0f} s, cells with warm-up and warm check "
+               f"{est.cells_s:,.0f} s, experiments {sum(est.experiments_s.values()):,.0f} s{correction})",
+               f"rates: {est.rates.prefill_tok_s:,.0f} prompt tok/s, {est.rates.decode_tok_s:,.1f} tok/s per "
+               f"stream, {est.rates.launch_s:,.0f} s to start: {est.rates.source}"])
+    tables = [order, per_variant, per_launch]
+    if plan.previous_times:
+        tables.append(Table(
+            title=f"The last run ({known_from}): each launch, estimated and actual",
+            headers=["Launch", "Variant", "Repeat", "Estimated", "Actual"], align="llrrr",
+            rows=[[t.launch_dir, t.variant, str(t.repeat + 1),
+                   fmt_duration(t.estimated_s) if t.estimated_s is not None else DASH, fmt_duration(t.actual_s)]
+                  for t in plan.previous_times]))
+    return tables

@@ -22,10 +22,10 @@ import psutil
 
 from campaign import gpu
 from campaign.argv import LaunchSpec, port_is_free, redact
-from campaign.errors import LaunchError
+from campaign.errors import LaunchError, LaunchFailureKind
 from campaign.startup_log import classify_failure
 
-ReadyOutcome = Literal["ready", "exited", "fatal_log_line", "deadline", "interrupted"]
+FailOutcome = Literal["exited", "fatal_log_line", "deadline", "interrupted"]
 StopMode = Literal["sigint", "sigterm", "sigkill", "already_exited"]
 
 
@@ -43,6 +43,16 @@ class StopInfo:
     swept: int
     port_free: bool
     gpu_memory_released: bool | None  # None: no NVML here, nothing to check
+
+
+def executable_missing(executable: str, *, where: str = "", detail: str = "", unusable: bool = False
+                       ) -> LaunchError:
+    """The likeliest first error on a fresh GPU box: the profile's `vllm` is not on this PATH. Said the same
+    whether found before the night (orchestrate.preflight) or when the process is started."""
+    what = ("cannot be executed" if unusable else "does not exist" if "/" in executable else "is not on the PATH")
+    return LaunchError(f"{where}{executable!r} {what}{detail}", kind="executable_not_found",
+                       hint="activate the environment that has vLLM, or give its full path as the profile's "
+                            "`executable`")
 
 
 def log_tail(path: Path, lines: int = 40, secret: str | None = None) -> str:
@@ -100,6 +110,12 @@ class ServerProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        except (FileNotFoundError, PermissionError) as exc:
+            raise executable_missing(self.spec.argv[0], detail=f" ({exc.strerror})",
+                                     unusable=isinstance(exc, PermissionError)) from None
+        except OSError as exc:  # out of memory or processes at fork, not an executable format
+            raise LaunchError(f"{self.spec.argv[0]!r} could not be started: {exc.strerror or exc}", kind="exited",
+                              hint="check the machine's free memory and process limits") from None
         finally:
             log.close()
         self.started_at = time.monotonic()
@@ -168,7 +184,7 @@ class ServerProcess:
             return "", offset
         return data.decode("utf-8", "replace"), start + len(data)
 
-    def _fail(self, outcome: ReadyOutcome, message: str, kind: str | None = None,
+    def _fail(self, outcome: FailOutcome, message: str, kind: LaunchFailureKind | None = None,
               hint: str | None = None) -> None:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         failure = classify_failure(text)

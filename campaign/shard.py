@@ -63,7 +63,7 @@ class ShardError(RuntimeError):
 class ShardedStep:
     records: list[RequestRecord]
     window: tuple[float, float] | None
-    cpu: list[float]                   # per process: its CPU time over its wall time, as a share of one core
+    cpu: list[float]                   # per process: its loop thread's CPU time over wall time, as a share of one core
     streams: list[int] = field(default_factory=list)         # streams per process
     heads: dict[str, list[int]] = field(default_factory=dict)  # request id -> prompt head (keep_heads=True)
 
@@ -160,7 +160,7 @@ async def _worker(job: _Job, commands: Connection, results: Connection) -> None:
     heads: dict[str, list[int]] = {}
     first_round = [asyncio.Event() for _ in range(job.streams)]
     failed = asyncio.Event()
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0 = time.thread_time(), time.perf_counter()  # the loop's thread, as measure does
 
     async with new_client(job.endpoint) as client:
         async def stream(index: int) -> None:
@@ -201,7 +201,7 @@ async def _worker(job: _Job, commands: Connection, results: Connection) -> None:
         error = None if task.cancelled() else task.exception()
         if error is not None:
             raise error
-    cpu = (time.process_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
+    cpu = (time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0)
     results.send(("done", [r.to_dict() for r in records], cpu, heads))
 
 

@@ -2,7 +2,9 @@
 
 It takes vLLM's flags that matter (sim_config), prints a startup log in vLLM's formats with the values its
 memory model computes (sim_model), and serves /health, /version, /v1/models, /v1/completions (streaming,
-continuous usage stats, ignore_eos, min_tokens, token-id prompts) and /metrics with vLLM's metric names. The
+continuous usage stats, ignore_eos, min_tokens, token-id or text prompts), /v1/chat/completions (ChatML, and
+reasoning_content when started with a reasoning parser), /tokenize, /detokenize (sim_text's tokenizer) and
+/metrics with vLLM's metric names. Speculative acceptance follows how predictable each prompt is (sim_text). The
 engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); here it is driven against the wall
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
 times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
@@ -25,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from campaign import sim_config, sim_model, sim_truth
+from campaign import sim_config, sim_model, sim_text, sim_truth
 from campaign.sim_config import VERSION, SimConfig
 from campaign.sim_engine import Engine, Request, engine_for
 
@@ -119,6 +121,7 @@ class Server:
         self.engine = driver.engine
         self.memory = memory
         self.ids = 0
+        self.tokenizer = sim_text.Tokenizer()
         self.api_key = config.api_key
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(self))
@@ -162,19 +165,49 @@ class Server:
             card = {"id": self.config.name, "object": "model", "owned_by": "vllm",
                     "root": self.config.model, "max_model_len": self.config.max_model_len}
             return await self.respond(writer, 200, json.dumps({"object": "list", "data": [card]}).encode())
+        if path in {"/tokenize", "/detokenize"} and self.api_key and (
+                headers.get("authorization") != f"Bearer {self.api_key}"):
+            return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
+        if path == "/tokenize" and method == "POST":
+            return await self.tokenize(json.loads(body or b"{}"), writer)
+        if path == "/detokenize" and method == "POST":
+            data = json.loads(body or b"{}")
+            text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
+            return await self.respond(writer, 200, json.dumps({"prompt": text}).encode())
         if path == "/v1/completions" and method == "POST":
             return await self.completions(json.loads(body or b"{}"), writer, arrived)
+        if path == "/v1/chat/completions" and method == "POST":
+            data = json.loads(body or b"{}")
+            messages = data.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return await self.respond(writer, 400, self.error("messages: a non-empty list is required",
+                                                                  "messages"))
+            prompt = self.tokenizer.encode(sim_text.chat_prompt(messages))
+            return await self.completions(data, writer, arrived, prompt=prompt, chat=True)
         return await self.respond(writer, 404, json.dumps({"detail": "Not Found"}).encode())
 
     def error(self, message: str, param: str | None = None) -> bytes:
         return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
                                      "code": 400}}).encode()
 
-    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float) -> bool:
-        prompt = data.get("prompt")
-        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
-            # Text prompts: about four characters a token, as a tokenizer would roughly do.
-            prompt = [1000 + (ord(c) % 900) for c in str(prompt)][:: 4] or [1]
+    async def tokenize(self, data: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+        """vLLM's /tokenize: a `prompt`, or chat `messages` through the chat template."""
+        if isinstance(data.get("messages"), list):
+            text = sim_text.chat_prompt(data["messages"],
+                                        add_generation_prompt=bool(data.get("add_generation_prompt", True)))
+        else:
+            text = str(data.get("prompt", ""))
+        tokens = self.tokenizer.encode(text)
+        return await self.respond(writer, 200, json.dumps({
+            "count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens,
+            "token_strs": None}).encode())
+
+    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float, *,
+                          prompt: list[int] | None = None, chat: bool = False) -> bool:
+        if prompt is None:
+            given = data.get("prompt")
+            prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
+                self.tokenizer.encode(str(given)) or [1])
         window = self.config.max_model_len
         max_tokens = int(data.get("max_tokens") or 16)
         min_tokens = int(data.get("min_tokens") or 0)
@@ -196,7 +229,8 @@ class Server:
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."))
         self.ids += 1
         queue: asyncio.Queue[int | None] = asyncio.Queue()
-        req = Request(id=f"cmpl-sim-{self.ids}", prompt=prompt, max_tokens=max(1, max_tokens), sink=queue.put_nowait)
+        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-sim-{self.ids}", prompt=prompt,
+                      max_tokens=max(1, max_tokens), sink=queue.put_nowait)
         self.driver.submit(req, arrived)
         model = self.config.name
         stream = bool(data.get("stream"))
@@ -206,25 +240,40 @@ class Server:
                 pass
             usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
                                      "total_tokens": len(prompt) + req.generated}
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": " tok" * req.generated},
+                 "finish_reason": "length"} if chat else
+                {"index": 0, "text": " tok" * req.generated, "finish_reason": "length"})
             return await self.respond(writer, 200, json.dumps({
-                "id": req.id, "object": "text_completion", "model": model,
-                "choices": [{"index": 0, "text": " tok" * req.generated, "finish_reason": "length"}],
-                "usage": usage}).encode())
+                "id": req.id, "object": "chat.completion" if chat else "text_completion", "model": model,
+                "choices": [choice], "usage": usage}).encode())
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        # A reasoning model thinks first: with a reasoning parser, the first half of a chat reply is reasoning.
+        kwargs = data.get("chat_template_kwargs") or {}
+        thinks = chat and self.config.reasoning_parser and kwargs.get("enable_thinking") is not False
+        thinking = req.max_tokens // 2 if thinks else 0
         try:
+            if chat:  # vLLM's first chat chunk names the role and carries no token
+                opening = {"id": req.id, "object": kind, "model": model, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                self._chunk(writer, b"data: " + json.dumps(opening).encode() + b"\n\n")
             while True:
                 produced = await queue.get()
                 if produced is None:
                     break
-                event: dict[str, Any] = {"id": req.id, "object": "text_completion", "model": model,
-                                         "choices": [{"index": 0, "text": " tok" * produced, "finish_reason": None}]}
+                text = " tok" * produced
+                part = "reasoning_content" if req.generated <= thinking else "content"
+                event: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [
+                    {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
+                    {"index": 0, "text": text, "finish_reason": None}]}
                 if options.get("continuous_usage_stats"):
                     event["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
                                       "total_tokens": len(prompt) + req.generated}
                 self._chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")
                 await writer.drain()
             if options.get("include_usage"):
-                final: dict[str, Any] = {"id": req.id, "object": "text_completion", "model": model, "choices": [],
+                final: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [],
                          "usage": {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
                                    "total_tokens": len(prompt) + req.generated}}
                 self._chunk(writer, b"data: " + json.dumps(final).encode() + b"\n\n")
@@ -313,7 +362,8 @@ def main(argv: list[str] | None = None) -> None:
         log.line("APIServer", "INFO", "interface.py:1106", f"Setting attention block size to {block} tokens to "
                  "ensure that attention page size is >= mamba page size.")
     spec_text = "None" if not args.num_speculative_tokens else (
-        f"SpeculativeConfig(method='{args.speculative_method}', model='{args.model}', "
+        f"SpeculativeConfig(method='{args.speculative_method or 'draft_model'}', "
+        f"model='{args.drafter.name if args.drafter else args.model}', "
         f"num_spec_tokens={args.num_speculative_tokens})")
     log.line("EngineCore", "INFO", "core.py:139", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
              f"model='{args.model}', speculative_config={spec_text}, max_seq_len={args.max_model_len}, "

@@ -22,11 +22,13 @@ class BlockManager:
         self._cached: OrderedDict[str, int] = OrderedDict()  # block hash -> block id, LRU first
         self._hash_of: dict[int, str] = {}
         self._refs: dict[int, int] = {}
+        self._idle_cached = 0   # cached blocks nobody holds: free to vLLM's usage gauge, evictable
 
     @property
     def used(self) -> int:
-        """Blocks not on the free list (held by a sequence, or cached for reuse)."""
-        return self.total - len(self._free)
+        """Blocks held by a sequence. As in vLLM's block pool, a cached block nobody holds is free (evictable
+        on demand), so the usage gauge does not creep to 100% as the prefix cache fills with old prompts."""
+        return self.total - len(self._free) - self._idle_cached
 
     def hashes(self, prompt: list[int]) -> list[str]:
         """One hash per full block, each chained from the one before it."""
@@ -49,7 +51,9 @@ class BlockManager:
             reused.append(block)
         reused = reused[: min(len(reused) * self.block_size, len(prompt) - 1) // self.block_size]
         for block in reused:
-            self._refs[block] = self._refs.get(block, 0) + 1
+            if self._refs.get(block, 0) <= 0:
+                self._idle_cached -= 1
+            self._refs[block] = max(0, self._refs.get(block, 0)) + 1
             self._cached.move_to_end(self._hash_of[block])
         return reused
 
@@ -67,9 +71,13 @@ class BlockManager:
     def release(self, blocks: list[int]) -> None:
         """Drop one hold on each block; unheld blocks go back to the free list unless cached for reuse."""
         for block in blocks:
-            self._refs[block] = self._refs.get(block, 1) - 1
-            if self._refs[block] <= 0 and block not in self._hash_of:
-                self._free.append(block)
+            held = self._refs.get(block, 1)
+            self._refs[block] = held - 1
+            if held == 1:  # its last hold
+                if block in self._hash_of:
+                    self._idle_cached += 1
+                else:
+                    self._free.append(block)
         blocks.clear()
 
     def register(self, computed_prompt: list[int], blocks: list[int]) -> None:
@@ -89,6 +97,7 @@ class BlockManager:
             if victim is None:
                 return None
             del self._cached[self._hash_of.pop(victim)]
+            self._idle_cached -= 1
             block = victim
         self._refs[block] = 1
         return block

@@ -18,6 +18,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from campaign import sim_model
+from campaign.hardware import MODELS, ModelShape, drafter_shape
 
 VERSION = "0.33.0"
 FAULTS = ("start-oom", "hang-startup", "crash-after:N", "ignore-sigterm", "grandchild", "foreign:TOK_PER_S",
@@ -77,7 +78,7 @@ class SimConfig:
     enable_prefix_caching: bool
     speculative_method: str | None
     num_speculative_tokens: int
-    acceptance_rate: float               # per draft position; 0 without speculative decoding
+    acceptance_rate: float | None        # per draft position, as set in the config; None: from each prompt
     kv_cache_dtype: str
     time_scale: float                    # simulated seconds per wall second
     seed: int
@@ -85,6 +86,8 @@ class SimConfig:
     faults: Faults
     truth: Path | None                   # where to write the truth records (JSON lines), if anywhere
     non_default: dict[str, Any] = field(default_factory=dict)  # for the "non-default args" log line
+    reasoning_parser: str | None = None  # chat replies open with reasoning (half of each reply)
+    drafter: ModelShape | None = None    # a separate drafter model (speculative_config "model"), if any
 
     @property
     def name(self) -> str:
@@ -104,7 +107,8 @@ class SimConfig:
         return sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
                                 utilization=self.gpu_memory_utilization,
                                 max_num_batched_tokens=self.max_num_batched_tokens,
-                                kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens)
+                                kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens,
+                                speculative_method=self.speculative_method, drafter=self.drafter)
 
     @property
     def process_prefixes(self) -> bool:
@@ -134,7 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-config", type=json.loads)
     p.add_argument("--kv-cache-dtype", default="auto")
     # Accepted and without effect on the simulation.
-    for flag in ("--dtype", "--load-format", "--reasoning-parser", "--tool-call-parser", "--quantization"):
+    p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
+    for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization"):
         p.add_argument(flag)
     for flag in ("--trust-remote-code", "--enable-auto-tool-choice", "--disable-uvicorn-access-log",
                  "--enforce-eager"):
@@ -151,6 +156,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _NOT_VLLM = {"hardware", "model_shape", "time_scale", "seed", "version_style", "fault", "model_tag", "truth"}
+
+
+def option_names() -> frozenset[str]:
+    """The long flags the simulator accepts (without `--`), as vLLM's `--help=all` would list its own."""
+    names = {s[2:] for action in _parser()._actions for s in action.option_strings if s.startswith("--")}
+    return frozenset(names)
 
 
 def parse(argv: list[str]) -> SimConfig:
@@ -189,6 +200,12 @@ def parse(argv: list[str]) -> SimConfig:
     if "api_key" in non_default:
         non_default["api_key"] = "***"
     k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
+    drafter = None
+    if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):
+        drafter = drafter_shape(str(spec["model"]))
+        if drafter is None:
+            p.error(f"argument --speculative-config: drafter model {spec['model']!r} is not one the simulator "
+                    f"knows; known: {', '.join(n for n, m in MODELS.items() if m.params_b < 5)}")
     return SimConfig(
         model=model, served_model_name=args.served_model_name, hardware=args.hardware,
         model_shape=args.model_shape, host=args.host, port=args.port,
@@ -199,7 +216,8 @@ def parse(argv: list[str]) -> SimConfig:
         tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,
-        acceptance_rate=float(spec.get("acceptance_rate", calibration.default_acceptance)) if k else 0.0,
+        acceptance_rate=float(spec["acceptance_rate"]) if k and "acceptance_rate" in spec else None,
+        reasoning_parser=args.reasoning_parser, drafter=drafter,
         kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
         faults=faults, truth=truth, non_default=non_default,
     )

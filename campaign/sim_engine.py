@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from campaign import sim_model
+from campaign import sim_model, sim_text
 from campaign.sim_blocks import BlockManager
 from campaign.sim_config import SimConfig
 
@@ -39,6 +39,11 @@ class Request:
     preemptions: int = 0
     slow: bool = False                   # bimodal fault: this group of four runs at the slow speed
     aborted: bool = False
+    # Speculative decoding: per draft position, the chance a draft token is accepted, and the chance a draft
+    # is proposed at all in a step; both from how predictable the prompt is (sim_text), set on submission.
+    accept_p: float = 0.0
+    propose_p: float = 1.0
+    proposing: bool = False              # drafts in the step being planned (set by the scheduler)
 
     @property
     def in_prefill(self) -> bool:
@@ -107,6 +112,12 @@ class Engine:
         return bool(self.running or self.waiting)
 
     def submit(self, req: Request, now: float) -> None:
+        if self.config.num_speculative_tokens:
+            method = sim_text.acceptance_for(self.config.speculative_method)
+            score = sim_text.predictability(req.prompt)
+            override = self.config.acceptance_rate
+            req.accept_p = method.rate(score) if override is None else override
+            req.propose_p = method.proposal_chance(score) if override is None else 1.0
         self.waiting.append(req)
         self.truth.arrival(req, now)
 
@@ -120,7 +131,12 @@ class Engine:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         decoding = [r for r in self.running if not r.in_prefill]
-        decode_tokens = len(decoding) * (1 + cfg.num_speculative_tokens)
+        k = cfg.num_speculative_tokens
+        for req in decoding:
+            # Whether it drafts this step, decided now: a request with nothing to propose (an n-gram drafter
+            # without a match) is scheduled one position, as vLLM schedules it, not 1 + k.
+            req.proposing = bool(k) and (req.propose_p >= 1.0 or self.rng.random() < req.propose_p)
+        decode_tokens = sum(1 + (k if r.proposing else 0) for r in decoding)
         budget -= len(decoding)
         prefill_tokens, prefill_weight, prefill_seqs = 0, 0, 0
         # Running prefills first, then admit waiting requests while seats and budget remain.
@@ -157,7 +173,8 @@ class Engine:
             hardware=cfg.hardware, model=cfg.model_shape, tp=cfg.tensor_parallel_size,
             decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
             prefill_context=prefill_weight // max(1, prefill_tokens),
-            context_tokens_read=sum(r.context for r in decoding))
+            context_tokens_read=sum(r.context for r in decoding), drafter=cfg.drafter,
+            draft_passes=cfg.num_speculative_tokens if cfg.drafter is not None else 0, drafting_seqs=len(decoding))
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
         return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
@@ -175,7 +192,7 @@ class Engine:
                 self._finish(req, out, "abort")
                 continue
             if id(req) in decoding:
-                produced = 1 + self._accepted_drafts(step)
+                produced = 1 + self._accepted_drafts(step, req)
             elif not req.in_prefill:
                 produced = 1
             else:
@@ -202,12 +219,12 @@ class Engine:
         req.aborted = True
 
     # --- internals -----------------------------------------------------------------------------------------
-    def _accepted_drafts(self, step: Step) -> int:
+    def _accepted_drafts(self, step: Step, req: Request) -> int:
         k = self.config.num_speculative_tokens
-        if not k:
-            return 0
+        if not k or not req.proposing:
+            return 0  # an n-gram drafter with no match in the context proposes nothing (and counts no draft)
         accepted = 0
-        while accepted < k and self.rng.random() < self.config.acceptance_rate:
+        while accepted < k and self.rng.random() < req.accept_p:
             accepted += 1
         step.drafts += 1
         step.draft_tokens += k

@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from campaign.hardware import HARDWARE, MODELS, resolve_hardware
+from campaign.hardware import HARDWARE, MODELS, ModelShape, resolve_hardware
 
 GIB = 2**30
+
+
+NO_WEIGHT_METHODS = {"ngram", "suffix", "ngram_gpu"}   # drafters that need no extra weights
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,6 @@ class Calibration:
     prefill_mfu: float                  # compute efficiency for prefill chunks
     attention_flops_per_token_per_ctx: float  # 4 x heads x head_dim x attention layers (x kernel advantage)
     kv_read_factor: float = 1.0         # attention kernels read the KV cache at a different efficiency
-    default_acceptance: float = 0.7     # per-position draft acceptance for speculative decoding
 
 
 CALIBRATIONS: dict[tuple[str, str], Calibration] = {
@@ -87,16 +89,24 @@ class Memory:
 
 
 def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_batched_tokens: int,
-           kv_cache_dtype: str = "auto", num_speculative_tokens: int = 0) -> Memory:
+           kv_cache_dtype: str = "auto", num_speculative_tokens: int = 0, speculative_method: str | None = "mtp",
+           drafter: ModelShape | None = None) -> Memory:
+    """A drafter model costs twice, as on the real card: its weights, and its own KV for every token of every
+    sequence (vLLM pages the drafter's layers from the same budget), which is what cut seed 000's usable
+    cache "by nearly 5x" on 24 GB cards. An MTP head costs one more layer's weights; n-gram costs nothing."""
     cal = calibration_for(hardware, model)
     shape = MODELS[model.lower()]
     total = cal.reported_memory_gib
     weights = shape.params_b * 1e9 * shape.weight_bytes_per_param / tp / GIB
-    if num_speculative_tokens:
-        weights *= 1.03  # an MTP head: one more layer's weights
+    drafter_kv = 0.0
+    if num_speculative_tokens and drafter is not None:
+        weights += drafter.params_b * 1e9 * drafter.weight_bytes_per_param / tp / GIB
+        drafter_kv = drafter.kv_bytes_per_token
+    elif num_speculative_tokens and (speculative_method or "mtp") not in NO_WEIGHT_METHODS:
+        weights *= 1.03  # an MTP or EAGLE head: about one more layer's weights
     activation = cal.activation_bytes_per_batched_token * max_num_batched_tokens / GIB
     kv = utilization * total - weights - activation - cal.cuda_graph_gib - cal.other_gib
-    per_token = cal.kv_bytes_per_token * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0) / tp
+    per_token = (cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0) / tp
     block = cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
     # vLLM reports hybrid capacity as an effective token count, not a whole number of blocks.
     tokens = max(0, int(kv * GIB / per_token))
@@ -114,10 +124,12 @@ def block_size(hardware: str, model: str, kv_cache_dtype: str = "auto") -> int:
 
 
 def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,
-                 prefill_context: int, context_tokens_read: int) -> float:
+                 prefill_context: int, context_tokens_read: int, drafter: ModelShape | None = None,
+                 draft_passes: int = 0, drafting_seqs: int = 0) -> float:
     """Time of one engine step: `decode_tokens` (all sequences, speculative positions included),
     `prefill_tokens` scheduled from prompts whose attention spans `prefill_context` on average, and the KV
-    cache read for `context_tokens_read` tokens of decoding context."""
+    cache read for `context_tokens_read` tokens of decoding context; with a drafter model, its `draft_passes`
+    sequential forward passes over `drafting_seqs` sequences (each reads its weights and its own KV)."""
     cal = calibration_for(hardware, model)
     resolved = resolve_hardware(hardware)
     assert resolved is not None
@@ -133,7 +145,14 @@ def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, pref
     t_prefill = prefill_flops / (peak * cal.prefill_mfu)
     if decode_tokens == 0 and prefill_tokens == 0:
         return 0.0
-    return cal.fixed_step_s + t_mem + t_decode + t_prefill
+    t_draft = 0.0
+    if drafter is not None and draft_passes and drafting_seqs:
+        draft_bytes = (drafter.params_b * 1e9 * drafter.weight_bytes_per_param
+                       + drafter.kv_bytes_per_token * context_tokens_read)
+        draft_flops = drafting_seqs * 2 * drafter.params_b * 1e9
+        t_draft = draft_passes * (draft_bytes / bandwidth + draft_flops / (peak * cal.decode_mfu)
+                                  + cal.fixed_step_s / 2)
+    return cal.fixed_step_s + t_mem + t_decode + t_prefill + t_draft
 
 
 def blocks_for(tokens: int, block: int) -> int:

@@ -26,40 +26,51 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from campaign import records
 from campaign.cells import CellResult, Reason
-from campaign.errors import ResultFormatError
+from campaign.errors import CampaignError, ResultFormatError
+from campaign.records import (
+    SCHEMA_VERSION,
+    CellRecord,
+    ExperimentRecord,
+    FailureRecord,
+    GuardRecord,
+    Manifest,
+    RepeatsRecord,
+    ServerRecord,
+    StopRecord,
+    SummaryRecord,
+)
 
-# Format history:
-# 1 - first format (vllm-campaign 0.1.0)
-# 2 - cells carry `notes` (e.g. tokens counted per chunk) and latency distributions (ttft/itl/tpot/e2e at
-#     p50 (unsuffixed), p90 and p99, in ms; itl per token) with `latency_requests` and `itl_samples`;
-#     request records carry `token_count` ("usage" or
-#     "chunks") and `error_kind` (connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream,
-#     http, stream). Format 1 files read unchanged (the new fields take their defaults).
-# 3 - sustained cells carry the server's sampled queue: `avg_running`, `avg_waiting`, `kv_usage_max`; a queued
-#     cell's reason code names its cause (`queued_scheduler_cap`, `queued_kv_cache`; `queued` where it could
-#     not be told, as format 2 stored every queued cell). Formats 1 and 2 read unchanged.
-# 4 - request records carry `server_id` (the reply's id as the server named it); sustained cells carry
-#     `window` (its bounds on the records' clock), so window figures can be recomputed from the raw records.
-#     Formats 1 to 3 read unchanged (the new fields are None).
-SCHEMA_VERSION = 4
+R = TypeVar("R", bound=BaseModel)
+
+# The format's versions and history are records.py's (SCHEMA_VERSION, MIGRATIONS, docs/results-format.md).
 
 
 def _dumps(data: Any) -> str:
     return json.dumps(data, indent=1, sort_keys=False, default=str) + "\n"
 
 
-def write_new(path: Path, data: dict[str, Any]) -> Path:
-    """Write JSON atomically (temp file, fsync, link into place); refuse to overwrite an existing file."""
-    payload = {"schema_version": SCHEMA_VERSION, **data}
+def write_new(path: Path, data: dict[str, Any] | BaseModel) -> Path:
+    """Write JSON atomically (temp file, fsync, link into place); refuse to overwrite an existing file. A record
+    is written as its model dumps it (what is set when read, such as `launch_dir`, is not stored)."""
+    if isinstance(data, BaseModel):
+        payload = data.model_dump(mode="json", exclude={"launch_dir"} & set(type(data).model_fields))
+    else:
+        payload = {"schema_version": SCHEMA_VERSION, **data}
     return write_text_new(path, _dumps(payload))
 
 
 def write_text_new(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -70,10 +81,19 @@ def write_text_new(path: Path, text: str) -> Path:
         except FileExistsError:
             raise ResultFormatError(f"{path} already exists; results are never overwritten",
                                     hint="resume the run, or start a new one") from None
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return path
+
+
+def _write_failed(path: Path, exc: OSError) -> ResultFormatError:
+    """Disk full, quota, read-only: nothing half-written is left (the temporary file goes), and every file
+    written before stays, so the run can be resumed once there is room."""
+    return ResultFormatError(f"cannot write {path}: {exc.strerror or exc}",
+                             hint="free space (or fix the permissions) there, then `campaign run --resume` the run")
 
 
 def replace_text(path: Path, text: str) -> None:
@@ -86,13 +106,18 @@ def replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class DamagedFileError(ResultFormatError):
+    """A stored file that is not JSON any more (truncated by a crash or a full disk, edited by hand)."""
+
+
 def read(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ResultFormatError(f"{path}: no such file") from None
-    except json.JSONDecodeError as exc:
-        raise ResultFormatError(f"{path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DamagedFileError(f"{path}: damaged, not valid JSON ({exc})",
+                               hint="`campaign run --resume` on its run sets it aside and measures it again") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if not isinstance(version, int):
         raise ResultFormatError(f"{path}: no schema_version; not a vllm-campaign result file")
@@ -100,8 +125,19 @@ def read(path: Path) -> dict[str, Any]:
         raise ResultFormatError(
             f"{path} is stored in format {version}, newer than this vllm-campaign understands ({SCHEMA_VERSION})",
             hint="upgrade vllm-campaign to read it")
-    # Older formats would be upgraded here, one step at a time (upgrade_to_2, ...); there are none yet.
-    return dict(data)
+    return records.migrate(dict(data))  # older formats, one explicit step at a time
+
+
+def read_record(path: Path, model: type[R]) -> R:
+    """A stored file as its typed record: read, migrated, validated."""
+    data = read(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ResultFormatError(f"{path}: {where}: {first['msg']}; not a {model.__name__} this version can read",
+                                hint="was it written by another tool, or edited by hand?") from None
 
 
 def safe_name(name: str) -> str:
@@ -116,9 +152,79 @@ class StoredCell:
     path: Path
 
 
+class RunLockedError(CampaignError):
+    """Another process is writing this run directory."""
+
+
 class RunDir:
     def __init__(self, root: Path) -> None:
         self.root = root
+        # Damaged files the readers below skipped (each a DamagedFileError's message); the CLI says so.
+        self.damaged: list[str] = []
+
+    def read_each(self, paths: Iterator[Path] | list[Path], model: type[R]) -> Iterator[tuple[Path, R]]:
+        """Each file as its record; a damaged one is skipped and remembered (self.damaged), never fatal."""
+        for path in paths:
+            try:
+                yield path, read_record(path, model)
+            except DamagedFileError as exc:
+                if exc.message not in self.damaged:
+                    self.damaged.append(exc.message)
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[bool]:
+        """One writer per run directory: a second `campaign run --resume` of it is refused while the first
+        runs. The lock is the kernel's (flock), so a writer killed with SIGKILL leaves no stale lock. Yields
+        False where the filesystem has no locks (some network and FUSE mounts): the run goes on unguarded."""
+        import errno
+        import fcntl
+
+        try:
+            handle = (self.root / ".lock").open("a+")
+        except OSError as exc:
+            raise _write_failed(self.root / ".lock", exc) from None
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "?"
+                raise RunLockedError(f"{self.root} is being written by another campaign process (pid {holder})",
+                                     hint="let it finish or stop it; a run directory has one writer at a time"
+                                     ) from None
+            except OSError as exc:
+                if exc.errno not in {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}:
+                    raise
+                yield False
+                return
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            yield True
+        finally:
+            handle.close()
+
+    def set_aside_damaged(self) -> list[tuple[Path, Path]]:
+        """Before a resume: every stored file that is no longer JSON is renamed `<name>.damaged` (kept, never
+        deleted) so that what it held is measured again. A damaged manifest cannot be set aside: it says
+        what the run is."""
+        self.manifest()  # raises DamagedFileError with its hint when the manifest itself is damaged
+        moved: list[tuple[Path, Path]] = []
+        for path in sorted([*self.root.glob("variants/**/*.json"), *self.root.glob("*.json")]):
+            if path == self.manifest_path or path.name.startswith("repeats-"):
+                continue  # a repeats file's count is its name: damaged or not, it stays where repeats() reads
+            try:
+                read(path)
+            except DamagedFileError:
+                target = path.with_name(path.name + ".damaged")
+                index = 1
+                while target.exists():
+                    index += 1
+                    target = path.with_name(f"{path.name}.damaged-{index}")
+                os.rename(path, target)
+                moved.append((path, target))
+        return moved
 
     @classmethod
     def create(cls, base: Path, campaign: str) -> RunDir:
@@ -135,8 +241,8 @@ class RunDir:
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"
 
-    def manifest(self) -> dict[str, Any]:
-        return read(self.manifest_path)
+    def manifest(self) -> Manifest:
+        return read_record(self.manifest_path, Manifest)
 
     def variant_dir(self, variant: str) -> Path:
         return self.root / "variants" / safe_name(variant)
@@ -147,11 +253,13 @@ class RunDir:
     def repeats(self, planned: int, *, more: int | None = None) -> int:
         """The repeats this run is to have: the matrix's, raised by any earlier `--resume --repeats N` (each kept
         as repeats-N.json), and by `more` now (recorded). Never lowered: nothing measured is dropped."""
-        recorded = [int(read(p)["repeats"]) for p in self.root.glob("repeats-*.json")]
+        # The count is the file's name: a damaged repeats file still says how many repeats the run has.
+        recorded = [int(m.group(1)) for p in self.root.glob("repeats-*.json")
+                    if (m := re.fullmatch(r"repeats-(\d+)\.json", p.name))]
         current = max([planned, *recorded])
         if more is not None and more > current:
-            write_new(self.root / f"repeats-{more}.json", {"kind": "repeats", "repeats": more, "was": current,
-                                                          "written_utc": datetime.now(UTC).isoformat()})
+            write_new(self.root / f"repeats-{more}.json", RepeatsRecord(
+                repeats=more, was=current, written_utc=datetime.now(UTC).isoformat()))
             return more
         return current
 
@@ -161,11 +269,9 @@ class RunDir:
 
     def write_guard(self, variant: str, repeat: int, again: CellResult, *, launch: str,
                     not_warm: str | None) -> Path:
-        return write_new(self.guard_path(variant, again.spec.key, repeat), {
-            "kind": "guard", "variant": variant, "repeat": repeat, "launch": launch,
-            "written_utc": datetime.now(UTC).isoformat(), "not_warm": not_warm,
-            "result": again.model_dump(mode="json"),
-        })
+        return write_new(self.guard_path(variant, again.spec.key, repeat), GuardRecord(
+            variant=variant, repeat=repeat, launch=launch, written_utc=datetime.now(UTC).isoformat(),
+            not_warm=not_warm, result=again))
 
     def done(self, variant: str, cell_key: str, repeat: int) -> bool:
         return self.cell_path(variant, cell_key, repeat).exists()
@@ -173,15 +279,17 @@ class RunDir:
     def experiment_path(self, variant: str, key: str, repeat: int) -> Path:
         return self.variant_dir(variant) / "experiments" / safe_name(key) / f"rep-{repeat}.json"
 
-    def write_experiment(self, variant: str, repeat: int, result: Any, *, launch: str) -> Path:
-        return write_new(self.experiment_path(variant, result.key, repeat), {
-            "kind": "experiment", "variant": variant, "repeat": repeat, "launch": launch,
-            "written_utc": datetime.now(UTC).isoformat(), "result": result.model_dump(mode="json"),
-        })
+    def write_experiment(self, variant: str, repeat: int, key: str, result: Any, *, launch: str) -> Path:
+        """Stored under the matrix's key for the experiment (the one resume looks up), whatever the study
+        function called its result."""
+        return write_new(self.experiment_path(variant, key, repeat), ExperimentRecord(
+            variant=variant, repeat=repeat, launch=launch, written_utc=datetime.now(UTC).isoformat(),
+            result=result.model_copy(update={"key": key})))
 
-    def experiments(self) -> list[dict[str, Any]]:
-        """Stored experiment results: dicts with variant, repeat and result (study.ExperimentResult fields)."""
-        return [read(p) for p in sorted(self.root.glob("variants/*/experiments/*/rep-*.json"))]
+    def experiments(self) -> list[ExperimentRecord]:
+        """Every stored experiment result, in path order."""
+        paths = sorted(self.root.glob("variants/*/experiments/*/rep-*.json"))
+        return [record for _, record in self.read_each(paths, ExperimentRecord)]
 
     def new_launch_dir(self, variant: str) -> Path:
         base = self.variant_dir(variant)
@@ -201,39 +309,60 @@ class RunDir:
 
     def write_cell(self, variant: str, repeat: int, result: CellResult, *, launch: str,
                    telemetry: list[Any] | None) -> Path:
-        return write_new(self.cell_path(variant, result.spec.key, repeat), {
-            "kind": "cell", "variant": variant, "repeat": repeat, "launch": launch,
-            "written_utc": datetime.now(UTC).isoformat(), "result": result.model_dump(mode="json"),
-            "gpu_telemetry": telemetry,
-        })
+        return write_new(self.cell_path(variant, result.spec.key, repeat), CellRecord(
+            variant=variant, repeat=repeat, launch=launch, written_utc=datetime.now(UTC).isoformat(), result=result,
+            gpu_telemetry=telemetry))
 
     def cells(self) -> list[StoredCell]:
         out = []
-        for path in sorted(self.root.glob("variants/*/cells/*/rep-*.json")):
-            data = read(path)
-            result = CellResult.model_validate(data["result"])
-            guard = path.with_name(f"guard-{data['repeat']}.json")
-            if guard.exists():
-                result = _with_guard(result, read(guard))
-            out.append(StoredCell(variant=str(data["variant"]), repeat=int(data["repeat"]), result=result, path=path))
+        for path, record in self.read_each(sorted(self.root.glob("variants/*/cells/*/rep-*.json")), CellRecord):
+            result = record.result
+            guard = path.with_name(f"guard-{record.repeat}.json")
+            for _, guarded in self.read_each([guard] if guard.exists() else [], GuardRecord):
+                result = _with_guard(result, guarded)
+            out.append(StoredCell(variant=record.variant, repeat=record.repeat, result=result, path=path))
         return out
 
-    def servers(self) -> list[dict[str, Any]]:
-        """Every launch's server.json or failure.json, in launch order."""
-        out = []
+    def cell_record(self, cell: StoredCell) -> CellRecord | None:
+        """The whole stored record of a cell (its GPU telemetry too); None where it is damaged."""
+        return next((record for _, record in self.read_each([cell.path], CellRecord)), None)
+
+    def servers(self) -> list[ServerRecord | FailureRecord]:
+        """Every launch's server.json and failure.json, in launch order, each with its `launch_dir`."""
+        out: list[ServerRecord | FailureRecord] = []
         for launch in self.launches():
-            for name in ("server.json", "failure.json"):
-                if (launch / name).exists():
-                    data = read(launch / name)
-                    data["launch_dir"] = str(launch.relative_to(self.root))
-                    out.append(data)
+            where = {"launch_dir": str(launch.relative_to(self.root))}
+            ready = [launch / "server.json"] if (launch / "server.json").exists() else []
+            failed = [launch / "failure.json"] if (launch / "failure.json").exists() else []
+            out += [record.model_copy(update=where) for _, record in self.read_each(ready, ServerRecord)]
+            out += [record.model_copy(update=where) for _, record in self.read_each(failed, FailureRecord)]
         return out
 
+    def write_summary(self, summary: SummaryRecord) -> None:
+        """summary.json, rewritten (atomically) whenever the run ends: it is derived from the stored records,
+        never a measurement, and a resume that measured more concludes again."""
+        path = self.root / "summary.json"
+        if path.exists():
+            replace_text(path, _dumps(summary.model_dump(mode="json")))
+        else:
+            write_new(path, summary)
 
-def _with_guard(result: CellResult, guard: dict[str, Any]) -> CellResult:
+    def ready_servers(self) -> list[ServerRecord]:
+        return [s for s in self.servers() if isinstance(s, ServerRecord)]
+
+    def failures(self) -> list[FailureRecord]:
+        return [s for s in self.servers() if isinstance(s, FailureRecord)]
+
+    def stop(self, launch_dir: str) -> StopRecord | None:
+        """How the launch in `launch_dir` (relative to the run) stopped; None: not stored, or damaged."""
+        path = self.root / launch_dir / "stop.json"
+        return next((record for _, record in self.read_each([path] if path.exists() else [], StopRecord)), None)
+
+
+def _with_guard(result: CellResult, guard: GuardRecord) -> CellResult:
     """A first cell its guard found cold is Invalid (server not warm): it never reaches a verdict. The stored
     cell stays as measured; the judgement is the guard file's."""
-    why = guard.get("not_warm")
+    why = guard.not_warm
     if not why or Reason.SERVER_NOT_WARM in result.reason_codes:
         return result
     return result.model_copy(update={

@@ -5,6 +5,7 @@
 - scheduler cap and overload: more simultaneous requests than max-num-seqs; peak running and waiting
 - prefix order: shared block first, task first, unrelated; wall time and prefix-cache hit rate
 - repeat: one cell measured N times, to see bimodal behaviour instead of averaging it away
+- agents: N chat sessions on a shared system prompt with growing histories; the largest N above speed floors
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -25,7 +27,7 @@ from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.measure import Measurer, Target
 from campaign.prompts import PromptSource
 
-ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat"]
+ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat", "agents"]
 
 
 class ExperimentResult(BaseModel):
@@ -379,3 +381,138 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
                                              and r.total_tok_s is not None],
                  "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
                  "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})
+
+
+# --- agent sessions --------------------------------------------------------------------------------------
+AGENT_FLOORS = (40.0, 30.0, 20.0)   # seed 000: "if each agent needs 40 tok/s you can run 8; at 30, 16; at 20, 32"
+
+
+async def agents(target: Target, *, sessions: list[int], turns: int = 4, system_tokens: int = 2000,
+                 user_tokens: int = 200, reply_tokens: int = 128, prompts: str = "prose",
+                 floors: tuple[float, ...] = AGENT_FLOORS, time_scale: float = 1.0) -> ExperimentResult:
+    """N coding agents at once, for each N: every session a conversation on the chat endpoint that shares one
+    system prompt with the others, and whose history grows by each reply and a new user turn. Turns run in
+    lockstep (all N sessions send turn t, then t + 1), so each turn's prefix-cache hit rate comes from the
+    server's own counters. Per N: each agent's decode speed (tokens after its first over their time, averaged
+    over its turns), the slowest agent's, and the median TTFT of every turn. Then, per speed floor, the
+    largest N whose agents all stayed above it: seed 000's "how many agents can run against it at once", from
+    conversations instead of the synthetic ladder. Against a simulator running `time_scale` times faster than
+    the hardware it imitates, speeds and times are given for that hardware (the floors are a user's)."""
+    from campaign.prompts import Prompts
+    from campaign.tokenizer import ServerTokenizer
+
+    key = agents_key(sessions=sessions, turns=turns, system_tokens=system_tokens, user_tokens=user_tokens,
+                     reply_tokens=reply_tokens, prompts=prompts)
+    attempts: list[Attempt] = []
+    by_n: dict[int, dict[str, Any]] = {}
+    all_records: list[RequestRecord] = []
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+        source = Prompts(prompts, "chat", tokenizer=ServerTokenizer(control, target.model))
+        await source.prepare(system_tokens)
+        await source.prepare(user_tokens)
+        for n in sorted(set(sessions)):
+
+            async def conversation(n: int = n) -> tuple[list[list[RequestRecord]], list[dict[str, Any]]]:
+                system = (await source.next(system_tokens)).messages
+                assert system is not None
+                shared = {"role": "system", "content": system[0]["content"]}  # fresh per try: no earlier cache
+                histories: list[list[dict[str, Any]]] = [[shared] for _ in range(n)]
+                per_turn: list[list[RequestRecord]] = []
+                turn_cache: list[dict[str, Any]] = []
+                for turn in range(turns):
+                    for history in histories:
+                        user = (await source.next(user_tokens)).messages
+                        assert user is not None
+                        history.append(user[0])
+                    before = await _scrape(target, control)
+                    replies: list[list[str]] = [[] for _ in range(n)]
+                    records = await asyncio.gather(*(
+                        stream_completion(client, model=target.model, prompt=[], messages=list(history),
+                                          max_tokens=reply_tokens, request_id=f"a{n}-{i}-t{turn}", answer=reply)
+                        for i, (history, reply) in enumerate(zip(histories, replies, strict=True))))
+                    delta = m.Delta(before, await _scrape(target, control))
+                    queries, hits = delta.optional(m.PREFIX_QUERIES), delta.optional(m.PREFIX_HITS)
+                    turn_cache.append({"queries": queries, "hits": hits,
+                                       "hit_rate": hits / queries if hits is not None and queries else None})
+                    per_turn.append(list(records))
+                    for history, reply in zip(histories, replies, strict=True):
+                        history.append({"role": "assistant", "content": "".join(reply)})
+                return per_turn, turn_cache
+
+            try:
+                (per_turn, turn_cache), _ = await _bracketed(
+                    target, control, conversation, lambda v: [r for turn in v[0] for r in turn], attempts,
+                    name=f"{n} agent(s)")
+            except _Contaminated as exc:
+                return _contaminated("agents", key, exc, attempts)
+            records = [r for turn in per_turn for r in turn]
+            all_records += records
+            speeds = [_scaled(stats.mean([s for s in (per_turn[t][i].decode_tok_s for t in range(turns))
+                                          if s is not None]), 1 / time_scale) for i in range(n)]
+            by_n[n] = {
+                "agent_tok_s": speeds,
+                # An agent without a measured speed (a reply in one chunk) holds no floor: None, never skipped.
+                "slowest_tok_s": None if None in speeds else min((s for s in speeds if s is not None), default=None),
+                "ttft_ms_by_turn": [_scaled(_ms(stats.median([r.ttft_s for r in turn if r.ttft_s is not None])),
+                                            time_scale) for turn in per_turn],
+                "prompt_tokens_by_turn": [stats.median([float(r.usage_prompt_tokens) for r in turn
+                                                        if r.usage_prompt_tokens is not None]) for turn in per_turn],
+                "cache_by_turn": turn_cache,
+                "errors": [r.error for r in records if not r.ok],
+            }
+    errors = [e for v in by_n.values() for e in v["errors"]]
+    values: dict[str, float | None] = {}
+    fits: list[str] = []
+    for floor in floors:
+        above = [n for n, v in by_n.items() if v["slowest_tok_s"] is not None and v["slowest_tok_s"] >= floor]
+        # The largest N tried whose every agent held the floor, and every smaller N tried held it too.
+        held = max((n for n in above if all(k in above for k in by_n if k <= n)), default=0)
+        values[agents_value(floor)] = float(held)
+        fits.append(f"{held} at {floor:g} tok/s")
+    for n, v in by_n.items():
+        values[f"slowest_agent_tok_s_N{n}"] = v["slowest_tok_s"]
+    largest = max(by_n)
+    last = by_n[largest]
+    verdict = (f"agents that all stay above a speed floor ({', '.join(fits)}; tried {sorted(by_n)}); at "
+               f"{largest}: slowest agent {_g1(last['slowest_tok_s'])} tok/s, TTFT by turn "
+               f"{', '.join(_g1(t) for t in last['ttft_ms_by_turn'])} ms, prefix-cache hits by turn "
+               f"{', '.join(_pct(c['hit_rate']) for c in last['cache_by_turn'])}")
+    return ExperimentResult(
+        kind="agents", key=key, status="Failed" if errors else "Valid",
+        reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
+        values=values, attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
+        requests=[r.to_dict() for r in all_records],
+        details={"sessions": {str(n): v for n, v in by_n.items()}, "turns": turns, "system_tokens": system_tokens,
+                 "user_tokens": user_tokens, "reply_tokens": reply_tokens, "prompts": prompts,
+                 "floors": list(floors), "time_scale": time_scale})
+
+
+def agents_key(*, sessions: list[int], turns: int, system_tokens: int, user_tokens: int, reply_tokens: int,
+               prompts: str) -> str:
+    """Everything that defines what the experiment sends (the floors only read its results)."""
+    source = Path(prompts).name.removesuffix(".jsonl")
+    return (f"agents-P{source}-T{turns}-S{system_tokens}-U{user_tokens}-N{reply_tokens}-"
+            f"n{'_'.join(str(n) for n in sorted(set(sessions)))}")
+
+
+def agents_value(floor: float) -> str:
+    return f"agents_above_{floor:g}_tok_s"
+
+
+def value_direction(name: str) -> int | None:
+    """+1 where higher is better, -1 where lower is, None for a value that is not compared."""
+    if name.startswith(("agents_above_", "slowest_agent_tok_s_")):
+        return 1
+    return VALUE_DIRECTIONS.get(name)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def _g1(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.1f}"

@@ -40,6 +40,11 @@ CONFIG = {
 }
 
 
+# ChatML, the Qwen family's template (its markers are plain text to this tokenizer: it has no such specials).
+CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def _corpus(limit_files: int = 300) -> Iterator[str]:
     """Deterministic local text: the standard library's own sources, in sorted order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -66,6 +71,7 @@ def generate(out: Path) -> None:
         tokenizer_object=tokenizer, bos_token="<|bos|>", eos_token="<|endoftext|>", pad_token="<|pad|>"
     )
     fast.model_max_length = CONFIG["max_position_embeddings"]
+    fast.chat_template = CHAT_TEMPLATE  # the chat endpoint needs one (vLLM refuses chat without)
     fast.save_pretrained(str(out))
     config = dict(CONFIG)
     config["pad_token_id"] = fast.pad_token_id

@@ -199,3 +199,27 @@ def test_latency_distributions_are_none_without_samples() -> None:
     values = latency_distributions([rec(0.0, [], max_tokens=4)], 0.0, 1.0)
     assert all(values[f"{n}{s}_ms"] is None for n in ("ttft", "itl", "tpot") for s in ("", "_p90", "_p99"))
     assert values["latency_requests"] == 0 and values["itl_samples"] == 0
+
+
+def test_loop_lag_sees_a_client_that_blocks_its_own_event_loop() -> None:
+    """The probe's truth: a loop blocked for 30 ms runs its due timer at least ~30 ms late (a lower bound,
+    whatever else the host does), and the probe stops when told."""
+    import asyncio
+    import time
+
+    from campaign.measure import loop_lag
+
+    async def scenario() -> list[tuple[float, float]]:
+        samples: list[tuple[float, float]] = []
+        stop = asyncio.Event()
+        probe = asyncio.create_task(loop_lag(samples, stop, interval_s=0.002))
+        await asyncio.sleep(0.01)
+        time.sleep(0.03)  # noqa: ASYNC251 - the point: the client busy elsewhere, no timer can run
+        await asyncio.sleep(0.01)
+        stop.set()
+        await probe
+        return samples
+
+    samples = asyncio.run(scenario())
+    assert max(lag for _, lag in samples) >= 0.025
+    assert all(lag >= 0 for _, lag in samples) and len(samples) >= 3

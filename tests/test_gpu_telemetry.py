@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from fakes import builders
 from fakes.fake_nvml import (
     FakeClock,
     FakeNvml,
@@ -417,14 +418,12 @@ def telemetry_run(tmp_path: Path, series: dict[str, list[tuple[float, float | No
     from campaign.cells import CellResult
 
     run = store.RunDir.create(tmp_path, "t")
-    store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "baseline"}},
-                                        "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
+    builders.manifest(run, baseline="baseline", variants=list(series))
     for variant, rows in series.items():
         launch = run.new_launch_dir(variant)
-        store.write_new(launch / "server.json", {
-            "kind": "server", "variant": variant, "repeat": 0, "ready_s": 1.0,
-            "flags": {"max-num-seqs": 8 if variant == "baseline" else 16},
-            "facts": {"kv_cache_tokens": 1000, "vllm_version": "0.33.0", "device": "GPU"}})
+        builders.server(launch, variant=variant, ready_s=1.0,
+                        flags={"max-num-seqs": 8 if variant == "baseline" else 16},
+                        facts={"kv_cache_tokens": 1000, "vllm_version": "0.33.0", "device": "GPU"})
         for repeat, (tok_s, joules, sm_clock, power) in enumerate(rows):
             result = CellResult(spec=DECODE, phase="decode", context_tokens=DECODE.context_tokens,
                                 concurrency=DECODE.concurrency, label=DECODE.label, status="Valid",

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from campaign import flag_list
 from campaign.errors import ConfigError
 from campaign.matrix import load_matrix, schedule
+from campaign.profiles import load_profile
 
 BASE = """
 name: t
@@ -33,10 +35,13 @@ def write(tmp_path: Path, text: str) -> str:
 def test_misspelt_flag_in_a_variant(tmp_path: Path) -> None:
     text = BASE.replace("    flags: {max-num-seqs: 8}", "    flags: {max-num-seqs: 8}\n  - name: c\n    flags: {}\n"
                         "  - name: d\n    flags: {gpu-memory-utilisation: 0.95}")
-    with pytest.raises(ConfigError) as caught:
-        load_matrix(write(tmp_path, text))
-    assert str(caught.value) == (f"{tmp_path / 'm.yaml'}: variants[3].flags.gpu-memory-utilisation: unknown flag\n"
-                                 "hint: did you mean gpu-memory-utilization?")
+    matrix, path, _ = load_matrix(write(tmp_path, text))  # loads: the launched server's list judges flags
+    profile, profile_path = load_profile("cpu-tiny")
+    shipped = flag_list.FlagList(flag_list.shipped(), "the shipped list", authoritative=False)
+    with pytest.raises(flag_list.FlagError) as caught:
+        flag_list.check(flag_list.night_uses(profile, profile_path, matrix, path), shipped)
+    assert str(caught.value) == (f"1 unknown flag: {tmp_path / 'm.yaml'}: variants[3].flags.gpu-memory-utilisation "
+                                 "(did you mean gpu-memory-utilization?)\nhint: checked against the shipped list")
 
 
 def test_unknown_top_level_key(tmp_path: Path) -> None:

@@ -98,10 +98,13 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
 
 
 def test_misspelt_flag_is_named_with_a_suggestion(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as caught:
-        load_profile(write(tmp_path, "model: m\nflags:\n  gpu-memory-utilisation: 0.9\n"))
-    assert "flags.gpu-memory-utilisation: unknown flag" in str(caught.value)
-    assert "did you mean gpu-memory-utilization?" in str(caught.value)
+    from campaign import flag_list
+
+    profile, path = load_profile(write(tmp_path, "model: m\nflags:\n  gpu-memory-utilisation: 0.9\n"))
+    shipped = flag_list.FlagList(flag_list.shipped(), "the shipped list", authoritative=False)
+    with pytest.raises(flag_list.FlagError) as caught:
+        flag_list.check(flag_list.night_uses(profile, path), shipped)
+    assert "p.yaml: flags.gpu-memory-utilisation (did you mean gpu-memory-utilization?)" in str(caught.value)
 
 
 def test_runner_owned_flags_are_refused(tmp_path: Path) -> None:

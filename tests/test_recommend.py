@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+from fakes import builders
 
 from campaign import compare, report, store
 from campaign.cells import CellResult, CellSpec, Reason
@@ -33,15 +34,13 @@ def build(tmp_path: Path, cells: dict[str, list[list[CellResult]]], kv: dict[str
           flags: dict[str, dict[str, object]]) -> store.RunDir:
     """cells[variant][launch] = the cells that launch measured."""
     run = store.RunDir.create(tmp_path, "t")
-    store.write_new(run.manifest_path, {"kind": "manifest", "matrix": {"raw": {"baseline": "baseline"}},
-                                        "profile": {"raw": {"model": "m"}}, "machine": {"gpu": None}})
+    builders.manifest(run, baseline="baseline", variants=[*cells, "huge"])
     for variant, launches in cells.items():
         for repeat, measured in enumerate(launches):
             launch = run.new_launch_dir(variant)
-            store.write_new(launch / "server.json", {
-                "kind": "server", "variant": variant, "repeat": repeat, "flags": flags[variant],
-                "facts": {"kv_cache_tokens": kv[variant], "block_size": 16, "vllm_version": "0.32.0",
-                          "device": "GPU", "max_model_len": 131072}, "ready_s": 60.0})
+            builders.server(launch, variant=variant, repeat=repeat, flags=flags[variant], facts={
+                "kv_cache_tokens": kv[variant], "block_size": 16, "vllm_version": "0.32.0", "device": "GPU",
+                "max_model_len": 131072})
             for c in measured:
                 run.write_cell(variant, repeat, c, launch=launch.name, telemetry=None)
     return run
@@ -240,8 +239,30 @@ def test_a_variant_that_never_started_is_reverted(tmp_path: Path) -> None:
     rng = random.Random(4)
     run = build(tmp_path, {"baseline": noisy_launches(rng, 2)}, kv={"baseline": 100_000}, flags={"baseline": {}})
     launch = run.new_launch_dir("huge")
-    store.write_new(launch / "failure.json", {"kind": "failure", "variant": "huge", "repeat": 0,
-                                              "failure_kind": "out_of_memory", "message": "CUDA out of memory"})
+    builders.failure(launch, variant="huge", kind="out_of_memory", message="CUDA out of memory")
     (diff,) = compare.diff_run(run)
     assert diff.variant == "huge" and diff.outcome == "revert" and not diff.provisional
     assert diff.recommendation.endswith("the server never became ready with these flags: revert")
+
+
+def test_a_better_latency_tail_in_a_slower_cell_is_no_benefit(tmp_path: Path) -> None:
+    """A drafter model (issue 15): its cell runs 20% fewer tokens a second yet a better ITL p99 (tokens come in
+    bursts of accepted drafts); with a smaller KV cache that is harm and no benefit, so revert, not a
+    trade-off. The same better tail in a cell whose throughput held is a benefit."""
+    s = spec(2048, 4)
+
+    def cells(total: float, itl: float) -> list[list[CellResult]]:
+        return [[result(s, total * (1 + d)).model_copy(update={"itl_p99_ms": itl * (1 - d), "itl_samples": 5000})]
+                for d in (-0.01, 0.0, 0.01)]
+
+    flags: dict[str, dict[str, object]] = {"baseline": {}, "drafter": {"speculative-config": {"model": "d"}}}
+    slower = build(tmp_path / "slower", {"baseline": cells(400.0, 30.0), "drafter": cells(320.0, 20.0)},
+                   {"baseline": 567_000, "drafter": 122_000}, flags)
+    (diff,) = compare.diff_run(slower)
+    outcome, _, sentence = compare.recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 122_000})
+    assert outcome == "revert" and "better" not in sentence and "worse: total_tok_s" in sentence, sentence
+    held = build(tmp_path / "held", {"baseline": cells(400.0, 30.0), "drafter": cells(400.0, 20.0)},
+                 {"baseline": 567_000, "drafter": 567_000}, flags)
+    (diff,) = compare.diff_run(held)
+    outcome, _, sentence = compare.recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
+    assert outcome == "keep" and "better: itl_p99_ms" in sentence, sentence

@@ -8,8 +8,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from fakes import builders
 
-from campaign import html_report, report, store, tables
+from campaign import html_report, planning, report, store, tables
 from campaign.cells import CellResult, CellSpec
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"
@@ -24,11 +25,8 @@ def run_dir(tmp_path: Path) -> store.RunDir:
     shutil.copytree(FIXTURE_RUN, root)
     run = store.RunDir(root)
     launch = run.new_launch_dir("tight")
-    store.write_new(launch / "server.json", {
-        "kind": "server", "variant": "tight", "repeat": 0, "flags": {"kv-cache-memory-bytes": "4M"},
-        "command": ["python", "-m", "vllm.entrypoints.openai.api_server", "--kv-cache-memory-bytes", "4M"],
-        "facts": {"vllm_version": "0.32.0", "device": "CPU", "kv_cache_tokens": 8192, "block_size": 128},
-        "ready_s": 40.0})
+    builders.server(launch, variant="tight", flags={"kv-cache-memory-bytes": "4M"}, ready_s=40.0,
+                    facts={"vllm_version": "0.32.0", "device": "CPU", "kv_cache_tokens": 8192, "block_size": 128})
     over = CellSpec(phase="decode", context_tokens=512, concurrency=4, max_tokens=64, window_s=4, warmup_s=0.5)
     failed = CellSpec(phase="decode", context_tokens=512, concurrency=1, max_tokens=64, window_s=4, warmup_s=0.5)
     for spec, status, reason in ((over, "Over capacity", "not run: 4 x (512 + 64) tokens exceed 8,192"),
@@ -37,9 +35,8 @@ def run_dir(tmp_path: Path) -> store.RunDir:
                                               concurrency=spec.concurrency, label=spec.label, status=status,
                                               reasons=[reason]), launch=launch.name, telemetry=None)
     broken = run.new_launch_dir("broken")
-    store.write_new(broken / "failure.json", {"kind": "failure", "variant": "broken", "repeat": 0,
-                                              "failure_kind": "bad_argument", "message": "unrecognized arguments",
-                                              "hint": None, "log_tail": "error: unrecognized arguments"})
+    builders.failure(broken, variant="broken", kind="bad_argument", message="unrecognized arguments",
+                     log_tail="error: unrecognized arguments")
     return run
 
 
@@ -197,17 +194,30 @@ def test_the_command_line_names_launches_that_never_started(run_dir: store.RunDi
     assert "Why cells are not Valid:\n  512 x 1 decode: Failed: 1 of 1 requests failed" in text
 
 
-def test_the_plan_is_one_table_model_too() -> None:
-    plan = report.plan_tables(
-        launches=[("baseline", 0), ("memory", 0), ("memory", 1), ("baseline", 1), ("baseline", 2)], repeats=2,
-        variants=[("baseline", {}, 567_464, []), ("memory", {"gpu-memory-utilization": 0.95}, None, [])],
-        known_from="20250101T000000Z", cells=[("decode-sustained-L8192-C64-N256-W30", "aggregate")],
-        experiments=["overload-x1.25"], duration="2 h 10 min (launch ~90 s each, a guess)")
+def _plan(launches: list[tuple[str, int]], variants: list[planning.VariantPlan], *,
+          previous: store.RunDir | None = None) -> planning.Plan:
+    cells = [CellSpec(phase="decode", context_tokens=8192, concurrency=64, max_tokens=256, window_s=30)]
+    rates = planning.Rates(1000.0, 30.0, 90.0, "guessed: no earlier run")
+    return planning.Plan(launches=launches, variants=variants, cells=cells, previous=previous, previous_times=[],
+                         estimate=planning.Estimate(launches=len(launches), launch_s=90.0, cells_s=100.0,
+                                                    experiments_s={"overload-x1.25": 10.0}, rates=rates))
+
+
+def test_the_plan_is_one_table_model_too(tmp_path: Path) -> None:
+    previous = store.RunDir(tmp_path / "20250101T000000Z")
+    plan = report.plan_tables(_plan(
+        [("baseline", 0), ("memory", 0), ("memory", 1), ("baseline", 1), ("baseline", 2)],
+        [planning.VariantPlan("baseline", {}, 567_464, []),
+         planning.VariantPlan("memory", {"gpu-memory-utilization": 0.95}, None, [])], previous=previous),
+        repeats=2)
     text = report.text(plan)
     assert "5  baseline  3       drift sentinel" in text
     assert "567,464 tokens (from 20250101T000000Z)" in text and "unknown until launched" in text
-    assert text.endswith("1 experiments per launch: overload-x1.25\nestimated duration: 2 h 10 min (launch ~90 s "
-                         "each, a guess)")
+    assert "decode-sustained-L8192-C64-N256-W30  aggregate   " in text and "overload-x1.25" in text
+    # 5 launches x (90 s start + 100 s of cells + 10 s of experiments) = 1,000 s.
+    assert text.endswith("estimated duration: 16m40s = 5 launches x 3m20s (start 90 s, cells with warm-up and warm "
+                         "check 100 s, experiments 10 s)\nrates: 1,000 prompt tok/s, 30.0 tok/s per stream, 90 s to "
+                         "start: guessed: no earlier run")
     assert "| 5 | baseline | 3 | drift sentinel |" in tables.to_markdown(plan[0])
     assert "<td>5</td><td class=\"l\">baseline</td>" in tables.to_html(plan[0])
 
@@ -216,11 +226,11 @@ def test_the_speculative_sub_table_and_the_notes_reach_every_rendering() -> None
     spec = CellSpec(phase="decode", context_tokens=8192, concurrency=1)
     cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=1, label="single-stream",
                       status="Valid", total_tok_s=148.2, spec_acceptance_rate=0.595, spec_mean_acceptance_length=2.19,
-                      notes=["counted per chunk: the server sent no continuous usage"])
+                      spec_mean_accepted=1.19, notes=["counted per chunk: the server sent no continuous usage"])
     main, speculative, notes = report.all_measurements_tables([cell])
-    assert tables.texts(speculative) == [["8K", "1", "148.2", "59.5%", "2.19"]]
-    assert "| 8K | 1 | 148.2 | 59.5% | 2.19 |" in tables.to_markdown(speculative)
-    assert "<td>59.5%</td><td>2.19</td>" in tables.to_html(speculative)
+    assert tables.texts(speculative) == [["8K", "1", "random", "148.2", "59.5%", "1.19", "2.19"]]
+    assert "| 8K | 1 | random | 148.2 | 59.5% | 1.19 | 2.19 |" in tables.to_markdown(speculative)
+    assert "<td>59.5%</td><td>1.19</td><td>2.19</td>" in tables.to_html(speculative)
     assert "- 8K x 1 decode: counted per chunk" in tables.to_markdown(notes)
     assert "Notes:\n  8K x 1 decode: counted per chunk" in report.all_measurements([cell])
 
@@ -241,8 +251,7 @@ def test_energy_per_token_reaches_the_tables_and_the_export_where_measured() -> 
 def test_the_plan_warns_that_one_repeat_judges_nothing_measured() -> None:
     def plan(repeats: int, names: list[str]) -> str:
         return report.text(report.plan_tables(
-            launches=[(n, 0) for n in names], repeats=repeats, variants=[(n, {}, None, []) for n in names],
-            known_from=None, cells=[("prefill-L6616", "single-stream")], experiments=[], duration="1 min"))
+            _plan([(n, 0) for n in names], [planning.VariantPlan(n, {}, None, []) for n in names]), repeats=repeats))
 
     warned = plan(1, ["baseline", "memory"])
     assert "repeats: 1 with more than one variant" in warned and "keep or revert provisionally" in warned

@@ -1,0 +1,394 @@
+"""Every file a run stores, as a typed, versioned model with a description on every field.
+
+The run directory's API (store.RunDir) returns these; nothing reads a result file by string paths.
+docs/results-format.md is generated from them (`python -m campaign.records > docs/results-format.md`; a test
+keeps it current). Each file carries `schema_version`; an older one is brought to the current version by the
+explicit steps in MIGRATIONS, one version at a time, and a newer one is refused with a hint to upgrade.
+
+Format history:
+1 - first format (vllm-campaign 0.1.0).
+2 - cells carry `notes` and latency distributions (ttft/itl/tpot/e2e at p50, p90, p99 in ms), request
+    records `token_count` and `error_kind`; experiments carry their `attempts`; a launch may have
+    warmup.json, a first cell its guard-<n>.json, a run repeats-<n>.json.
+3 - sustained cells carry the server's sampled queue (`avg_running`, `avg_waiting`, `kv_usage_max`); a
+    queued cell's reason code names its cause.
+4 - request records carry `server_id`; sustained cells carry their `window`.
+5 - stop.json carries `stopped_utc`, the manifest the plan's `estimate`; cells their client's timing noise
+    (`client_lag_p99_ms`) and `spec_mean_accepted`; cell specs their `prompts` and `endpoint` (keys of text or
+    chat cells end in -P<source> and -Echat); request records `reasoning_tokens` (chat).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaign.cells import CellResult
+from campaign.errors import LaunchFailureKind
+from campaign.startup_log import StartupFacts
+from campaign.study import ExperimentResult
+
+if TYPE_CHECKING:
+    from campaign.matrix import Matrix
+    from campaign.profiles import LaunchProfile
+
+SCHEMA_VERSION = 5
+_VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- manifest.json ---------------------------------------------------------------------------------------
+class Definition(_Record):
+    path: str = Field(description="the file as named when the run began")
+    raw: dict[str, Any] = Field(description="its validated content, as run (resume rebuilds from this)")
+    hash: str = Field(description="a hash of `raw`: two runs of the same definition have the same hash")
+
+
+class ToolInfo(_Record):
+    name: str = Field(description="vllm-campaign")
+    version: str = Field(description="its version")
+    git_commit: str | None = Field(description="the checkout's commit, where it is a git checkout")
+    git_dirty: bool | None = Field(description="uncommitted changes in campaign/, matrices/ or launch_profiles/")
+
+
+class MachineInfo(_Record):
+    hostname: str = Field(description="the controller's host name")
+    os: str = Field(description="operating system and kernel release")
+    python: str = Field(description="the controller's Python version")
+    cpu: str | None = Field(description="CPU model name")
+    cpu_count: int | None = Field(description="logical CPUs")
+    memory_gib: float = Field(description="memory, GiB")
+    gpu: dict[str, Any] | None = Field(description="NVML's view of the GPUs (names, memory, driver); None: no NVML")
+
+    def gpu_names(self) -> list[str | None]:
+        return [g.get("name") for g in (self.gpu or {}).get("gpus", [])]
+
+
+class ScheduleEntry(_Record):
+    variant: str = Field(description="the variant launched")
+    repeat: int = Field(description="the repeat, from 0; one past the last repeat is the drift sentinel")
+
+
+class Manifest(_Record):
+    """manifest.json: what was run, on what, by which tool version. Written once, first."""
+
+    schema_version: int = _VERSION
+    kind: Literal["manifest"] = Field(default="manifest", description="this file's kind")
+    campaign: str = Field(description="the matrix's name")
+    created_utc: str = Field(description="when the run began, ISO 8601 UTC")
+    tool: ToolInfo = Field(description="the tool that wrote the run")
+    matrix: Definition = Field(description="the matrix as run")
+    profile: Definition = Field(description="the launch profile as run")
+    engine: str = Field(description="vllm, or sim (the simulator)")
+    time_scale: float = Field(default=1.0, description="the simulator's speed-up (its rates read this many times "
+                                                       "higher); 1 on vLLM")
+    machine: MachineInfo = Field(description="the controller's machine")
+    schedule: list[ScheduleEntry] = Field(description="every launch, in order")
+    cells: list[dict[str, Any]] = Field(description="every cell of a launch (CellSpec fields and its key)")
+    estimate: dict[str, Any] | None = Field(
+        default=None, description="what the plan said the run would take (planning.Estimate.to_json); None "
+                                  "before format 5")
+
+    def matrix_model(self) -> Matrix:
+        from campaign.matrix import Matrix
+
+        return Matrix.model_validate(self.matrix.raw)
+
+    def profile_model(self) -> LaunchProfile:
+        from campaign.profiles import LaunchProfile
+
+        return LaunchProfile.model_validate(self.profile.raw)
+
+
+# --- variants/<variant>/launch-<k>/ -----------------------------------------------------------------------
+class ServerRecord(_Record):
+    """server.json: a launch that became ready, and what it became."""
+
+    schema_version: int = _VERSION
+    kind: Literal["server"] = Field(default="server", description="this file's kind")
+    variant: str = Field(description="the variant launched")
+    repeat: int = Field(description="its repeat, from 0")
+    started_utc: str = Field(description="when it was ready, ISO 8601 UTC")
+    command: list[str] = Field(description="the command line, secrets redacted")
+    flags: dict[str, Any] = Field(description="every flag as launched (profile, variant and overrides merged)")
+    variant_flags: dict[str, Any] = Field(description="the variant's own flags, `suggested` resolved")
+    ready_s: float = Field(description="seconds from starting the process to a 200 from /health")
+    facts: StartupFacts = Field(description="what the startup log (and the live server) said it became")
+    warnings: list[str] = Field(description="where the log and the live server disagreed, or a fact is missing")
+    suggested: dict[str, Any] | None = Field(
+        default=None, description="how `gpu-memory-utilization: suggested` was resolved (suggested, margin, "
+                                  "resolved); None: not used")
+    launch_dir: str | None = Field(default=None, description="not stored: set when read, the launch's folder "
+                                                              "relative to the run")
+
+
+class StopRecord(_Record):
+    """stop.json: how a launched server stopped."""
+
+    schema_version: int = _VERSION
+    kind: Literal["stop"] = Field(default="stop", description="this file's kind")
+    stopped_utc: str | None = Field(default=None, description="when it had stopped, ISO 8601 UTC; None before "
+                                                              "format 5")
+    mode: Literal["sigint", "sigterm", "sigkill", "already_exited"] = Field(
+        description="the signal that stopped it, or already_exited")
+    exit_code: int | None = Field(description="the server process's exit code")
+    stop_s: float = Field(description="seconds the stop took")
+    swept: int = Field(description="stray processes that left the group and were stopped after it")
+    port_free: bool = Field(description="whether the port was free afterwards")
+    gpu_memory_released: bool | None = Field(description="whether GPU memory returned to where it was; None: no "
+                                                          "NVML")
+
+
+class FailureRecord(_Record):
+    """failure.json: a launch that produced no usable server (instead of server.json), or failed around it."""
+
+    schema_version: int = _VERSION
+    kind: Literal["failure"] = Field(default="failure", description="this file's kind")
+    variant: str = Field(description="the variant launched")
+    repeat: int = Field(description="its repeat, from 0")
+    failure_kind: LaunchFailureKind = Field(description="why (errors.LaunchFailureKind)")
+    message: str = Field(description="what happened, in one line")
+    hint: str | None = Field(description="what to do about it")
+    log_tail: str = Field(description="the server log's last lines, secrets redacted")
+    launch_dir: str | None = Field(default=None, description="not stored: set when read, the launch's folder "
+                                                              "relative to the run")
+
+
+class WarmupRecord(_Record):
+    """warmup.json: the unmeasured requests before a launch's first cell."""
+
+    schema_version: int = _VERSION
+    kind: Literal["warmup"] = Field(default="warmup", description="this file's kind")
+    requests: int = Field(description="requests sent")
+    seconds: float = Field(description="how long the warm-up took")
+    longest_prompt_tokens: int | None = Field(description="the longest prompt sent (the cells' longest)")
+    concurrencies: list[int] = Field(description="the decode concurrencies warmed")
+    errors: int = Field(description="requests that failed")
+    first_error: str | None = Field(description="the first failure's message")
+
+
+# --- variants/<variant>/cells/<key>/ and experiments/<key>/ -----------------------------------------------
+class _OnLaunch(_Record):
+    """What every result measured on a launch says of where it was measured."""
+
+    schema_version: int = _VERSION
+    kind: str = Field(description="this file's kind")
+    variant: str = Field(description="the variant measured")
+    repeat: int = Field(description="the repeat, from 0")
+    launch: str = Field(description="the launch folder it was measured on")
+    written_utc: str = Field(description="when it was stored, ISO 8601 UTC")
+
+
+class CellRecord(_OnLaunch):
+    """cells/<key>/rep-<n>.json: one measured cell, with every raw request record."""
+
+    kind: Literal["cell"] = Field(default="cell", description="this file's kind")
+    result: CellResult = Field(description="the result (cells.CellResult), raw request records included")
+    gpu_telemetry: list[Any] | None = Field(description="the raw GPU samples of its step; None: no NVML")
+
+
+class GuardRecord(_OnLaunch):
+    """cells/<key>/guard-<n>.json: a launch's first cell measured again at its end (the warm check)."""
+
+    kind: Literal["guard"] = Field(default="guard", description="this file's kind")
+    not_warm: str | None = Field(description="why the first reading was cold (then it is Invalid); None: warm")
+    result: CellResult = Field(description="the second measurement")
+
+
+class ExperimentRecord(_OnLaunch):
+    """experiments/<key>/rep-<n>.json: one of the study's experiments on one launch."""
+
+    kind: Literal["experiment"] = Field(default="experiment", description="this file's kind")
+    result: ExperimentResult = Field(description="the result (study.ExperimentResult); its key is the matrix's")
+
+
+# --- the run's top level ----------------------------------------------------------------------------------
+class RepeatsRecord(_Record):
+    """repeats-<n>.json: `campaign run --resume RUN --repeats n` raised the run's repeats."""
+
+    schema_version: int = _VERSION
+    kind: Literal["repeats"] = Field(default="repeats", description="this file's kind")
+    repeats: int = Field(description="the repeats the run has from then on")
+    was: int = Field(description="the repeats before")
+    written_utc: str = Field(description="when, ISO 8601 UTC")
+
+
+class Roofline(_Record):
+    hardware: str | None = Field(description="the profile's `hardware`")
+    model: str | None = Field(description="the profile's `model_shape`")
+    known: bool = Field(description="whether both are in the tables (hardware.py); if not, no bound is guessed")
+    note: str | None = Field(default=None, description="why there is no bound")
+    gpus: int | None = Field(default=None, description="GPUs the bound counts (tensor parallel size)")
+    decode_bound_tok_s: float | None = Field(default=None, description="single-stream decode bound: memory "
+                                                                       "bandwidth / bytes read per token")
+    prefill_bound_tok_s: float | None = Field(default=None, description="prefill bound: compute / FLOPs per token")
+    decode_ratio: float | None = Field(default=None, description="measured single-stream rate / its bound")
+    prefill_ratio: float | None = Field(default=None, description="measured prompt rate / its bound")
+
+
+class Knee(_Record):
+    concurrency: int = Field(description="the last concurrency worth its cost")
+    next_concurrency: int = Field(description="the step after it")
+    aggregate_gain_pct: float = Field(description="what that step adds in aggregate tokens/s, %")
+    per_request_loss_pct: float = Field(description="what it costs each request, %")
+
+
+class ShortAnswers(_Record):
+    """Seed 000's first table for one variant (answers.short_answers); every rate in the simulated hardware's
+    time on the simulator. None: not measured, never 0."""
+
+    time_scale: float = Field(default=1.0, description="the simulator's speed-up the figures were converted back "
+                                                       "from")
+    roofline: Roofline = Field(description="measured rates against the hardware's bounds")
+    single_stream_tok_s: float | None = Field(description="one request alone: generated tokens/s")
+    single_stream_ttft_ms: float | None = Field(description="its first-token time, median, ms")
+    aggregate_peak_tok_s: float | None = Field(description="the highest total tokens/s of the decode ladder")
+    aggregate_peak_concurrency: int | None = Field(description="the concurrency it was reached at")
+    prompt_tok_s: float | None = Field(description="prefill: prompt tokens/s, median of the prefill cells")
+    context_window: int | None = Field(description="max_model_len as launched")
+    max_num_seqs: Any = Field(description="the scheduler cap as launched; None: vLLM's card-size default")
+    useful_concurrency: int | None = Field(description="requests at once that each still get the floor")
+    useful_floor_tok_s: float | None = Field(description="that floor, tokens/s per request")
+    capacity_at_floor: dict[str, int | None] = Field(description="per floor (tokens/s), the useful concurrency")
+    naive_capacity: int | None = Field(description="aggregate peak / floor: what a naive reading would say")
+    naive_capacity_warning: str | None = Field(description="said when the naive reading overstates capacity")
+    knee: Knee | None = Field(description="where doubling concurrency stops paying; None: not found")
+    agents_that_fit: dict[str, int | None] = Field(description="per context (tokens), agents whose KV cache fits")
+    agents_beyond_window: list[int] = Field(default_factory=list,
+                                            description="contexts longer than the window: none fit")
+
+
+class DriftRecord(_Record):
+    checked: bool = Field(description="whether the baseline was measured more than once")
+    drifted: bool = Field(description="whether its last launch moved beyond the limit from its first")
+    median_change_pct: float | None = Field(description="median change of its cells, first to last, %")
+    message: str = Field(description="the drift line as printed")
+    sm_clock_change_pct: float | None = Field(default=None, description="median SM clock change, %; None: no NVML")
+    power_change_pct: float | None = Field(default=None, description="median power change, %; None: no NVML")
+    moved: list[str] = Field(default_factory=list, description="what moved: throughput, SM clock, power")
+
+
+class OutcomeRecord(_Record):
+    outcome: Literal["keep", "revert", "no difference", "not settled"] = Field(description="the verdict")
+    provisional: bool = Field(description="rests on launch facts alone (one measurement a side)")
+    tests: int = Field(description="cells and metrics tested together (Holm-adjusted)")
+    family_wise_alpha: float = Field(description="the family's error rate")
+    aa: bool = Field(description="an A/A comparison: the baseline's exact flags")
+
+
+class SummaryRecord(_Record):
+    """summary.json: written when a run ends: drift, short answers, each variant's outcome."""
+
+    schema_version: int = _VERSION
+    kind: Literal["summary"] = Field(default="summary", description="this file's kind")
+    drift: DriftRecord = Field(description="the baseline's first launch against its last")
+    short_answers: dict[str, ShortAnswers] = Field(default_factory=dict,
+                                                   description="per variant, seed 000's first table")
+    vllm_versions: list[str] = Field(default_factory=list, description="the vLLM versions the launches reported")
+    recommendations: dict[str, str] = Field(default_factory=dict, description="per variant, the keep/revert line")
+    outcomes: dict[str, OutcomeRecord] = Field(default_factory=dict,
+                                               description="per variant, the verdict and how it was reached")
+
+
+RECORDS: dict[str, type[_Record]] = {
+    "manifest": Manifest, "server": ServerRecord, "stop": StopRecord, "failure": FailureRecord,
+    "warmup": WarmupRecord, "cell": CellRecord, "guard": GuardRecord, "experiment": ExperimentRecord,
+    "repeats": RepeatsRecord, "summary": SummaryRecord,
+}
+FILES: dict[str, str] = {
+    "manifest": "manifest.json", "server": "variants/<variant>/launch-<k>/server.json",
+    "stop": "variants/<variant>/launch-<k>/stop.json", "failure": "variants/<variant>/launch-<k>/failure.json",
+    "warmup": "variants/<variant>/launch-<k>/warmup.json",
+    "cell": "variants/<variant>/cells/<cell-key>/rep-<n>.json",
+    "guard": "variants/<variant>/cells/<cell-key>/guard-<n>.json",
+    "experiment": "variants/<variant>/experiments/<key>/rep-<n>.json", "repeats": "repeats-<n>.json",
+    "summary": "summary.json",
+}
+
+
+# --- migrations: one step per version, each saying what it does ------------------------------------------
+def _defaults_suffice(data: dict[str, Any]) -> dict[str, Any]:
+    """Every key each version so far added has a default in its model, so an older file needs no rewriting.
+    A step that must rewrite (a renamed key, a changed unit) gets its own function here."""
+    return data
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    # 1 -> 2: cells' notes and latency distributions. Also keys that came in 0.1.x inside a format without a
+    # version of their own: the manifest's and short answers' time_scale (1.0), server.json's `suggested`
+    # (None), the summary's outcomes ({}) and agents_beyond_window ([]).
+    1: _defaults_suffice,
+    2: _defaults_suffice,  # 2 -> 3: the sampled queue (None); `queued` stays the reason code format 2 stored
+    3: _defaults_suffice,  # 3 -> 4: server_id and window (None)
+    4: _defaults_suffice,  # 4 -> 5: stop.json's stopped_utc and the manifest's estimate (None: not stored)
+}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Bring a stored mapping of an older format to the current one, one explicit step at a time."""
+    version = int(data.get("schema_version", SCHEMA_VERSION))
+    while version < SCHEMA_VERSION:
+        data = MIGRATIONS[version](dict(data))
+        version += 1
+    return {**data, "schema_version": SCHEMA_VERSION}
+
+
+def parse(data: dict[str, Any], kind: str | None = None) -> _Record:
+    """A stored mapping (already migrated) as its typed record; `kind` when the file is known to hold one."""
+    name = kind or str(data.get("kind"))
+    model = RECORDS.get(name)
+    if model is None:
+        raise ValueError(f"unknown record kind {name!r}")
+    return model.model_validate(data)
+
+
+# --- docs/results-format.md --------------------------------------------------------------------------------
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    text = re.sub(r"\b[A-Za-z_][\w]*\.", "", text or str(annotation))  # typing., campaign.records., ...
+    return text.replace("NoneType", "None").replace("|", "or")
+
+
+def document() -> str:
+    lines = [
+        "# Results format",
+        "",
+        "Generated from `campaign/records.py` by `python -m campaign.records`; do not edit by hand (a test",
+        "compares this file with the models). Every file is JSON, written atomically and never overwritten, and",
+        f"carries `schema_version` (now {SCHEMA_VERSION}). An older file is read through the explicit steps in",
+        "`records.MIGRATIONS`; a newer one is refused with a hint to upgrade.",
+        "",
+        "## Format history",
+        "",
+    ]
+    history = (sys.modules[__name__].__doc__ or "").split("Format history:\n", 1)[1].strip().splitlines()
+    lines += [f"- {line.strip()}" if line[:1].isdigit() else f"  {line.strip()}" for line in history]
+    lines.append("")
+    for kind, record in RECORDS.items():
+        lines += [f"## `{FILES[kind]}`", "", (record.__doc__ or "").strip(), "", "| key | type | meaning |",
+                  "|---|---|---|"]
+        for name, field in record.model_fields.items():
+            meaning = (field.description or "").replace("|", "\\|")
+            lines.append(f"| `{name}` | {_type_name(field.annotation)} | {meaning} |")
+        lines.append("")
+    lines += ["## Nested models", ""]
+    nested: tuple[type[BaseModel], ...] = (CellResult, ExperimentResult, StartupFacts)
+    for model in nested:
+        lines += [f"### `{model.__name__}`", "", (model.__doc__ or "").strip().split("\n\n")[0], "",
+                  "| key | type |", "|---|---|"]
+        lines += [f"| `{name}` | {_type_name(field.annotation)} |" for name, field in model.model_fields.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from campaign import records  # the models under their own module's name, not __main__'s
+
+    sys.stdout.write(records.document())

@@ -1,0 +1,132 @@
+"""The simulator's text side: a tokenizer, a chat template, and how predictable a prompt is to a drafter.
+
+- The tokenizer splits text into words with their leading space, single punctuation marks and runs of
+  whitespace (roughly what a BPE vocabulary does to English and code, at a similar tokens-per-character rate)
+  and numbers each piece by a stable hash. Like a real tokenizer it does not round-trip at arbitrary cuts:
+  `detokenize(ids[a:b])` tokenized again may merge across the cut, which is what the client's exact-length
+  prompts must cope with on a real server too.
+- The chat template is ChatML (the Qwen family's): `<|im_start|>{role}\n{content}<|im_end|>\n` per message,
+  and `<|im_start|>assistant\n` for the generation prompt, each marker one special token.
+- Predictability is how often prompt lookup would have guessed the prompt's own next token from an earlier
+  occurrence of the two before it: the n-gram drafter's chance in the prompt, and a proxy for how well a
+  trained draft head does on the text (code repeats itself, prose less, random token ids never).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+VOCAB = 151_936               # the Qwen family's vocabulary size
+SPECIAL = {"<|im_start|>": 151_644, "<|im_end|>": 151_645, "<|endoftext|>": 151_643}
+_FIRST = 2_000                # text pieces get ids from here: below are the random prompts' ids (16..1999)
+_PIECES = re.compile(r"<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>| ?[A-Za-z_]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9_]|\s+")
+
+
+class Tokenizer:
+    """Stable ids for text pieces (a hash, so two pieces can share an id: the first one seen is what that id
+    decodes to); `decode` gives back the text of the ids it made, and a word of its own for any other id."""
+
+    def __init__(self) -> None:
+        self._text: dict[int, str] = {v: k for k, v in SPECIAL.items()}
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in _PIECES.findall(text):
+            token = SPECIAL.get(piece)
+            if token is None:
+                token = _FIRST + zlib.crc32(piece.encode()) % (min(SPECIAL.values()) - _FIRST)
+                self._text.setdefault(token, piece)
+            ids.append(token)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        # An id this tokenizer never made (a random prompt's) reads as a word of its own, as random ids come
+        # back from a real tokenizer as unrelated word pieces, not as one repeated placeholder.
+        return "".join(self._text.get(i) or _word(i) for i in ids)
+
+
+def _word(token: int) -> str:
+    letters = []
+    while True:
+        token, digit = divmod(token, 26)
+        letters.append(chr(ord("a") + digit))
+        if not token:
+            return " " + "".join(letters)
+
+
+def chat_prompt(messages: list[dict[str, object]], *, add_generation_prompt: bool = True) -> str:
+    """ChatML, as the model's chat template would render these messages."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI's content parts: the text ones
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        out.append(f"<|im_start|>{message.get('role', 'user')}\n{content or ''}<|im_end|>\n")
+    if add_generation_prompt:
+        out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def predictability(ids: list[int], *, limit: int = 16_384) -> float:
+    """The share of positions (of the last `limit`) whose token prompt lookup would have proposed: the two
+    tokens before it occurred earlier and were followed by it there. 0 for random ids, highest for code."""
+    tail = ids[-limit:]
+    last: dict[tuple[int, int], int] = {}
+    hits = tries = 0
+    for i in range(2, len(tail)):
+        key = (tail[i - 2], tail[i - 1])
+        seen = last.get(key)
+        if seen is not None:
+            hits += tail[seen] == tail[i]
+        tries += 1
+        last[key] = i
+    return hits / tries if tries else 0.0
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Per-draft-position acceptance of one method, from unpredictable prompts (`low`) to prompts as
+    predictable as source code (`high`, reached at `saturate` predictability), and the chance a draft is
+    proposed at all (an n-gram drafter proposes nothing where the context has no match)."""
+
+    low: float
+    high: float
+    saturate: float = 0.35
+    proposes_always: bool = True
+
+    def rate(self, score: float) -> float:
+        return self.low + (self.high - self.low) * min(1.0, score / self.saturate)
+
+    def proposal_chance(self, score: float) -> float:
+        return 1.0 if self.proposes_always else min(1.0, score / self.saturate)
+
+
+# Calibration, from public figures:
+# - MTP: DeepSeek-V3's technical report (arXiv 2412.19437, section 5.4.3) reports 85-90% acceptance of the
+#   second-token prediction "across various generation topics": `high`. Its acceptance length is higher on
+#   code and maths than on chat (the fine-tuned DeepSeek-V3 MTP head's model card, nebius/MTP-DeepSeek-V3-0324,
+#   lists 4.64 on HumanEval against 3.88 on MT-Bench at 7 draft tokens). `low` is the simulator's calibration
+#   of seed 004 (0.7 per position at two MTP tokens), whose prompts the seed does not describe: the simulator
+#   reads that speed test as run on unpredictable filler, the kind such scripts send.
+# - EAGLE heads: like MTP, a little lower on noise (they are trained on chat data, not with the model).
+# - A separate drafter model: lower than a head trained on the model's own hidden states.
+# - n-gram (prompt lookup): proposes only where the last tokens occurred before in the context, and is then
+#   right most of the time; on random ids it proposes nothing. vLLM's documentation ranks it among the
+#   methods with "modest speedups".
+ACCEPTANCE: dict[str, Acceptance] = {
+    "mtp": Acceptance(low=0.70, high=0.90),
+    "eagle": Acceptance(low=0.55, high=0.85),
+    "draft_model": Acceptance(low=0.45, high=0.80),
+    "ngram": Acceptance(low=0.55, high=0.85, proposes_always=False),
+}
+# vLLM's method names for the same families.
+ALIASES = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "mimo_mtp": "mtp", "glm4_moe_mtp": "mtp",
+           "ernie_mtp": "mtp", "eagle3": "eagle", "medusa": "eagle", "draft": "draft_model",
+           "suffix": "ngram", "ngram_gpu": "ngram"}
+
+
+def acceptance_for(method: str | None) -> Acceptance:
+    name = (method or "draft_model").lower()
+    return ACCEPTANCE.get(ALIASES.get(name, name), ACCEPTANCE["draft_model"])
