@@ -8,6 +8,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from campaign.hardware import MODELS, resolve_hardware
 
@@ -149,12 +150,29 @@ def ladder_from_cells(cells: Sequence[object]) -> list[LadderStep]:
             for conc, vals in sorted(rungs.items())]
 
 
+def capacity_at_slo(searches: Sequence[dict[str, Any]]) -> dict[str, object] | None:
+    """The capacity searches of one variant (stored `slo-search` results, Valid ones) as one answer: the median
+    over repeats of the highest rate and concurrency that held the SLO, with the first repeat's bracket.
+    Already in the hardware's seconds (the search converts)."""
+    valid = [s for s in searches if s.get("status") == "Valid"]
+    if not valid:
+        return None
+    rates = [float(s["values"]["max_rate_rps"]) for s in valid if s["values"].get("max_rate_rps") is not None]
+    streams = [float(s["values"]["max_concurrency"]) for s in valid if s["values"].get("max_concurrency") is not None]
+    first = valid[0]["details"]
+    return {"slo": first.get("slo_text"), "max_rate_rps": statistics.median(rates) if rates else None,
+            "last_pass_rps": first["slo_search"].get("last_pass_rps"),
+            "first_fail_rps": first["slo_search"].get("first_fail_rps"),
+            "max_concurrency": statistics.median(streams) if streams else None, "searches": len(valid)}
+
+
 def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, flags: dict[str, object],
                   floors: Sequence[float] = DEFAULT_FLOORS, floor: float | None = None,
                   hardware: str | None = None, model_shape: str | None = None,
-                  time_scale: float = 1.0) -> dict[str, object]:
+                  time_scale: float = 1.0, searches: Sequence[dict[str, Any]] = ()) -> dict[str, object]:
     """Seed 000's first table for one variant, every number labelled. A simulator run at `time_scale` is
-    converted back to the simulated hardware's time, so floors and the roofline compare like with like."""
+    converted back to the simulated hardware's time, so floors and the roofline compare like with like.
+    `searches`: the variant's stored capacity searches (capacity at an SLO)."""
     ladder = [LadderStep(s.concurrency, s.total_tok_s / time_scale, s.per_request_tok_s / time_scale)
               for s in ladder_from_cells(cells)]
     single = next((s for s in ladder if s.concurrency == 1), None)
@@ -217,4 +235,5 @@ def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, f
                             for c in contexts},
         # Contexts the server cannot hold at all: said, not computed.
         "agents_beyond_window": [c for c in contexts if isinstance(window, int) and c > window],
+        "capacity_at_slo": capacity_at_slo(searches),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -9,13 +10,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from campaign import stats
+from campaign import slo, stats
 from campaign.client import RequestRecord
+from campaign.openloop import Arrival
 from campaign.prompts import prompt_source
+from campaign.slo import Slo
 
-Phase = Literal["prefill", "decode"]
+# rate: open-loop arrivals at a request rate (openloop.py), judged against a service level (slo.py).
+Phase = Literal["prefill", "decode", "rate"]
 DecodeMode = Literal["sustained", "fixed"]
 # cold: every request a fresh prompt, so TTFT is its prefill plus queueing behind the other prefills.
 # warm (seed 004's): each stream's prompt is cached by a one-token request first and reused, so TTFT mostly
@@ -53,6 +57,7 @@ class Reason(StrEnum):
     CONTAMINATED = "contaminated"
     SERVER_DIED = "server_died"
     PROMPTS_UNAVAILABLE = "prompts_unavailable"
+    SCHEDULE_BEHIND = "schedule_behind"
     # The one caveat a Valid cell may carry: its figures stand, but one conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
 
@@ -76,6 +81,8 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.SERVER_DIED: "see the server log of the launch",
     Reason.PROMPTS_UNAVAILABLE: "text and chat prompts need vLLM's /tokenize and /detokenize; use prompts: random "
                                 "(and the completions endpoint) against this server",
+    Reason.SCHEDULE_BEHIND: "the client could not send requests at the rate asked for: a lower rate, fewer "
+                            "client-side costs (random prompts), or a quieter or bigger client machine",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }
@@ -117,6 +124,7 @@ class StepEvidence:
     running: tuple[float, ...] = ()            # sampled vllm:num_requests_running inside the window
     kv_usage: tuple[float | None, ...] = ()    # vllm:kv_cache_usage_perc (0-1) of the same samples (None: absent)
     decode_tokens_per_seq: int = 1             # tokens a decoding sequence takes from the chunk: 1 + draft tokens
+    behind_schedule: str | None = None         # rate cells: how the client fell behind its arrival schedule
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -124,8 +132,9 @@ WARM_TOLERANCE = 0.05
 
 
 def primary_metric(phase: Phase) -> str:
-    """The figure a cell is judged on first: prompt tok/s for prefill, total tok/s for decode."""
-    return "prompt_tok_s" if phase == "prefill" else "total_tok_s"
+    """The figure a cell is judged on first: prompt tok/s for prefill, total tok/s for decode, goodput (requests
+    a second that met the service level) for an open-loop rate."""
+    return {"prefill": "prompt_tok_s", "decode": "total_tok_s", "rate": "goodput_rps"}[phase]
 
 
 def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TOLERANCE) -> str | None:
@@ -266,7 +275,7 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
                                                        "a step designed to share nothing" + (
                                                            f" (the chat template's own prefix explains "
                                                            f"{e.template_hits:.0f})" if e.template_hits else "")))
-    if e.preemptions:
+    if e.preemptions and e.phase != "rate":  # at an offered rate, preemption is how the server copes: a result
         found.append(Finding(Reason.PREEMPTIONS,
                              f"{e.preemptions:.0f} preemption(s) during the step: the KV cache ran out"))
     sustained = e.phase == "decode" and e.mode == "sustained"
@@ -289,6 +298,8 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.GPU_THROTTLED, f"the GPU was throttled during the step: {e.gpu_throttled}"))
     if e.not_warm:
         found.append(Finding(Reason.SERVER_NOT_WARM, f"server not warm: {e.not_warm}"))
+    if e.behind_schedule:
+        found.append(Finding(Reason.SCHEDULE_BEHIND, e.behind_schedule))
     status: Status = "Failed" if errors else ("Invalid" if found else "Valid")
     return status, found
 
@@ -312,18 +323,58 @@ class CellSpec(BaseModel):
     # they go to (chat: through the chat template and the server's parsers). Format 5.
     prompts: str = "random"
     endpoint: PromptEndpoint = "completions"
+    # Rate cells (format 6): requests arrive at `request_rate` a second (None: as fast as `max_concurrency`
+    # allows, a closed loop) for `duration_s`, in the hardware's seconds; `min_requests` raises the count. An
+    # optional cap on requests in flight; prompt and reply lengths drawn uniformly within +-`range_ratio` of
+    # context_tokens and max_tokens (vLLM bench's random-range-ratio); an SLO that judges them; early_stop: stop
+    # sending once the SLO has certainly failed (a capacity search's probes; the requests sent are drained).
+    request_rate: float | None = Field(default=None, gt=0)
+    arrival: Arrival = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    duration_s: float = Field(default=30.0, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    range_ratio: float = Field(default=0.0, ge=0, lt=1)
+    slo: Slo | None = None
+    early_stop: bool = False
 
     _prompts = field_validator("prompts")(prompt_source)
 
+    @model_validator(mode="after")
+    def _rate_has_a_limit(self) -> CellSpec:
+        if self.phase == "rate" and self.request_rate is None and self.max_concurrency is None:
+            raise ValueError("a rate of inf (as fast as possible) needs max_concurrency: the requests in flight at "
+                             "once, or nothing limits it")
+        return self
+
     @property
     def label(self) -> str:
-        """Every number is labelled: one stream is what a user feels, many is what the card produces."""
+        """Every number is labelled: one stream is what a user feels, many is what the card produces, and an
+        offered rate is what a service sees."""
+        if self.phase == "rate":
+            return "open-loop"
         return "single-stream" if self.concurrency == 1 else "aggregate"
+
+    @property
+    def seed(self) -> int:
+        """The arrival schedule's and the lengths' seed, from what the cell sends: every launch (and every
+        variant) of a rate cell sees the same arrivals, as an A/B should."""
+        return int.from_bytes(hashlib.sha256(self.key.encode()).digest()[:8], "big")
 
     @property
     def key(self) -> str:
         if self.phase == "prefill":
             return f"prefill-L{self.context_tokens}{self._text_suffix}"
+        if self.phase == "rate":
+            rate = "inf" if self.request_rate is None else f"{self.request_rate:g}"
+            base = f"rate-L{self.context_tokens}-N{self.max_tokens}-Q{rate}-{self.arrival}"
+            base += f"{self.burstiness:g}" if self.arrival == "gamma" else ""
+            base += f"-D{self.duration_s:g}"
+            base += f"-C{self.max_concurrency}" if self.max_concurrency else ""
+            base += f"-R{self.min_requests}" if self.min_requests > 1 else ""
+            base += f"-V{self.range_ratio:g}" if self.range_ratio else ""
+            base += f"-S{self.slo.key}" if self.slo else ""
+            base += "-X" if self.early_stop else ""
+            return base + self._text_suffix
         base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
         # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
         base = f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
@@ -398,6 +449,7 @@ class CellResult(BaseModel):
     measured_s: float | None = None
     # Sustained cells: the window's bounds on the request records' clock (perf_counter seconds), so every
     # window figure can be recomputed from the raw records (format 4; None before, and for other modes).
+    # Rate cells (format 6): the schedule's start and its nominal end (start + span) on the same clock.
     window: tuple[float, float] | None = None
     discarded_steps: int = 0
     discarded_tokens: int = 0
@@ -424,6 +476,30 @@ class CellResult(BaseModel):
     spec_acceptance_rate: float | None = None
     spec_mean_acceptance_length: float | None = None
     spec_mean_accepted: float | None = None
+    # Rate cells (format 6), in the hardware's time (a time-scaled simulator's figures converted back, and
+    # `time_scale` says from what; latencies here, unlike other cells', are then the hardware's too):
+    # the rate asked for (None: as fast as the cap allows) and the rate the requests were sent at (requests
+    # sent over the time their schedule took, as sent); requests planned (None: a closed loop), whether an
+    # early stop ended the load, and a closed loop's first wave (left out of the latencies and the SLO);
+    # goodput (requests a second that met every bound of the SLO, first send to last end) and the share of
+    # the requests judged that met it; whether the load held the SLO and each bound's figures; the client's
+    # lag behind its schedule (p99, ms) and the requests the cap held back; requests in flight
+    # (time-averaged, peak, and a series of (seconds from the first send, count)).
+    request_rate: float | None = None
+    achieved_rate_rps: float | None = None
+    scheduled_requests: int | None = None
+    early_stopped: bool | None = None
+    ramp_requests: int | None = None
+    goodput_rps: float | None = None
+    slo_met_fraction: float | None = None
+    slo_passed: bool | None = None
+    slo_bounds: list[slo.BoundResult] = Field(default_factory=list)
+    send_lag_p99_ms: float | None = None
+    cap_waits: int | None = None
+    avg_in_flight: float | None = None
+    max_in_flight: int | None = None
+    in_flight: list[tuple[float, int]] = Field(default_factory=list)
+    time_scale: float = 1.0
     attempts: list[Attempt] = Field(default_factory=list)
     requests: list[dict[str, Any]] = Field(default_factory=list)
 
@@ -551,3 +627,128 @@ def prefill_metrics(records: list[RequestRecord]) -> dict[str, Any]:
         "completed": 1 if rec.ok else 0,
         "measured_s": ttft,
     }
+
+
+# --- open-loop rate cells --------------------------------------------------------------------------------
+# The client is behind its schedule when requests leave later than they were due (after the cap let them go)
+# by more than the mean gap between arrivals (or 10 ms, whichever is larger), one time in a hundred: the
+# arrival process it offered is then not the one asked for (at 100 req/s a 10 ms lag is a whole gap; at
+# 0.5 req/s 200 ms is a tenth of one). A late request's own latencies are still exact (they count from its
+# send), so a few milliseconds of host scheduling noise are not a reason. Or when the requests left at below
+# this share of the rate asked for (lag that piled up): a lower load, never reported as the one asked for.
+SCHEDULE_LAG_FLOOR_S = 0.010
+SCHEDULE_LAG_GAPS = 1.0
+SCHEDULE_RATE_SHARE = 0.95
+IN_FLIGHT_POINTS = 120   # the in-flight series: at most this many samples of the load
+
+
+def _tpot_s(rec: RequestRecord) -> float | None:
+    if not rec.ok or rec.tokens < 2 or len(rec.chunk_t) < 2 or rec.chunk_t[-1] <= rec.chunk_t[0]:
+        return None
+    return (rec.chunk_t[-1] - rec.chunk_t[0]) / (rec.tokens - 1)
+
+
+def request_latencies(records: list[RequestRecord], scale: float = 1.0) -> list[slo.RequestLatency]:
+    """Each request's TTFT, TPOT and end-to-end latency in the hardware's ms (wall ms x `scale`)."""
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000.0 * scale
+
+    return [slo.RequestLatency(ok=r.ok, ttft_ms=ms(r.ttft_s), tpot_ms=ms(_tpot_s(r)),
+                               e2e_ms=ms(r.end_t - r.send_t if r.end_t is not None else None)) for r in records]
+
+
+def send_lags(records: list[RequestRecord]) -> list[float]:
+    """Wall seconds from when each request was free to go (its arrival, or the cap's slot) to its send."""
+    return [max(0.0, r.send_t - r.released_t) for r in records if r.released_t is not None]
+
+
+def behind_schedule(records: list[RequestRecord], *, wall_rate: float | None, achieved_share: float | None
+                    ) -> str | None:
+    """Why the load sent was not the load asked for, from the requests' own times; None: on schedule. A closed
+    loop (no rate) has no schedule to keep."""
+    if not wall_rate:
+        return None
+    lag = stats.percentile(send_lags(records), 99)
+    limit = max(SCHEDULE_LAG_FLOOR_S, SCHEDULE_LAG_GAPS / wall_rate)
+    problems = []
+    if lag is not None and lag > limit:
+        problems.append(f"requests left a p99 {1000 * lag:.1f} ms after they were due (the limit here is "
+                        f"{1000 * limit:.1f} ms of wall time)")
+    if achieved_share is not None and achieved_share < SCHEDULE_RATE_SHARE:
+        problems.append(f"they were sent at {100 * achieved_share:.0f}% of the rate asked for")
+    return "; ".join(problems) or None
+
+
+def in_flight_series(records: list[RequestRecord], start: float, end: float, scale: float = 1.0,
+                     points: int = IN_FLIGHT_POINTS) -> list[tuple[float, int]]:
+    """Requests sent and not yet ended at evenly spaced moments of [start, end] (seconds from `start`, in the
+    hardware's time)."""
+    if end <= start or not records:
+        return []
+    step = (end - start) / (points - 1)
+    spans = [(r.send_t, r.end_t if r.end_t is not None else end) for r in records]
+    out = []
+    for i in range(points):
+        t = start + i * step
+        out.append(((t - start) * scale, sum(1 for a, b in spans if a <= t < b)))
+    return out
+
+
+def max_in_flight(records: list[RequestRecord]) -> int:
+    """The most requests in flight at once: every send and end, in order (an end before a send at a tie)."""
+    events = sorted([(r.send_t, 1) for r in records] + [(r.end_t, -1) for r in records if r.end_t is not None])
+    peak = now = 0
+    for _, change in events:
+        now += change
+        peak = max(peak, now)
+    return peak
+
+
+def rate_metrics(records: list[RequestRecord], *, start: float, span_s: float, planned: int | None,
+                 early_stopped: bool, request_rate: float | None, service: Slo | None,
+                 scale: float = 1.0, ramp: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An open-loop load's columns, in the hardware's time (wall seconds x `scale`): `start` is the schedule's
+    start on the records' clock, `span_s` the span its arrivals were drawn over (hardware seconds); `planned`
+    the requests the schedule held (None: a closed loop, which has no fixed count); `ramp` the ids of a closed
+    loop's first wave (sent together, so queued behind each other as no later request is), which count in
+    the load but not in its latencies and service level."""
+    out: dict[str, Any] = {"scheduled_requests": planned, "request_rate": request_rate, "time_scale": scale,
+                           "early_stopped": early_stopped, "ramp_requests": len(ramp) if ramp else None}
+    if not records:
+        return out
+    judged = [r for r in records if r.id not in ramp]
+    sends = [r.send_t for r in records]
+    last = max([r.end_t for r in records if r.end_t is not None] + sends)
+    # Sending took the schedule's span, or longer if the last request left late.
+    sending = max(span_s, (max(sends) - start) * scale)
+    measured = (last - min(sends)) * scale
+    achieved = len(records) / sending if sending > 0 else None
+    tokens = sum(r.tokens for r in records)
+    latency = latency_distributions(judged, -math.inf, math.inf)
+    for name in list(latency):
+        if name.endswith("_ms") and latency[name] is not None:
+            latency[name] *= scale
+    active = sum((r.end_t if r.end_t is not None else last) - r.send_t for r in records)
+    lags = send_lags(records)
+    lag = stats.percentile(lags, 99)
+    out |= {
+        **latency,
+        "achieved_rate_rps": achieved,
+        "total_tok_s": tokens / measured if measured > 0 else None,
+        "per_request_tok_s": stats.median([r.decode_tok_s / scale for r in judged if r.decode_tok_s is not None]),
+        "completed": sum(1 for r in records if r.ok),
+        "output_tokens": tokens,
+        "measured_s": measured,
+        "send_lag_p99_ms": None if lag is None else 1000.0 * lag * scale,
+        "cap_waits": sum(1 for r in records if r.released_t is not None and r.scheduled_t is not None
+                         and r.released_t - r.scheduled_t > SCHEDULE_LAG_FLOOR_S),
+        "avg_in_flight": active * scale / measured if measured > 0 else None,
+        "in_flight": in_flight_series(records, min(sends), last, scale),
+        "max_in_flight": max_in_flight(records),
+    }
+    if service is not None:
+        outcome = slo.evaluate(service, request_latencies(judged, scale))
+        out |= {"goodput_rps": outcome.good / measured if measured > 0 else None,
+                "slo_met_fraction": outcome.met_fraction, "slo_passed": outcome.passed,
+                "slo_bounds": outcome.bounds}
+    return out

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -106,6 +107,97 @@ IdleTimeoutOpt = Annotated[float, typer.Option(
     "--idle-timeout", help="seconds of silence allowed inside a reply (covers prefill and queueing)")]
 
 
+RateOpt = Annotated[str | None, typer.Option(
+    "--rate", metavar="R,R,...", help="open-loop request rates a second, e.g. 0.5,1,2,inf (inf: as fast as "
+                                      "--max-concurrency allows); each is a rate cell at each context")]
+DurationOpt = Annotated[float, typer.Option("--duration", help="seconds of arrivals per rate cell (and per probe "
+                                                               "of --find-max-rate)", callback=_positive)]
+SloOpt = Annotated[str | None, typer.Option(
+    "--slo", metavar="BOUND=MS,...", help="service level, e.g. ttft_p99_ms=2000,tpot_p99_ms=50 (floor_tok_s=20 is "
+                                          "tpot_p99_ms=50): goodput and whether each rate held it")]
+ArrivalOpt = Annotated[str, typer.Option("--arrival", metavar="poisson|gamma|constant",
+                                         help="how requests arrive at a rate")]
+BurstinessOpt = Annotated[float, typer.Option(
+    "--burstiness", help="gamma arrivals: the shape (1 is Poisson, below 1 burstier)", callback=_positive)]
+MaxConcurrencyOpt = Annotated[int | None, typer.Option(
+    "--max-concurrency", min=1, help="at most this many rate requests in flight; later arrivals wait for a slot")]
+FindMaxRateOpt = Annotated[bool, typer.Option(
+    "--find-max-rate", help="search the highest rate (and concurrency) that holds --slo, at one context")]
+
+
+@dataclass(frozen=True)
+class RateAsk:
+    """What --rate, --slo and --find-max-rate asked for."""
+
+    rates: list[float | None]
+    duration: float
+    service: Any
+    arrival: str
+    burstiness: float
+    max_concurrency: int | None
+    find_max_rate: bool
+
+    @property
+    def any(self) -> bool:
+        return bool(self.rates) or self.find_max_rate
+
+
+def _rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: str, burstiness: float,
+              max_concurrency: int | None, find_max_rate: bool) -> RateAsk:
+    from campaign import slo
+    from campaign.openloop import ARRIVALS
+
+    rates: list[float | None] = []
+    for part in (rate or "").split(","):
+        text = part.strip().lower()
+        if not text:
+            continue
+        if text == "inf":
+            rates.append(None)
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{part!r} is not a rate (requests a second, or inf)", param_hint="'--rate'") \
+                from None
+        if not value > 0:
+            raise typer.BadParameter(f"{part!r}: a rate is above 0", param_hint="'--rate'")
+        rates.append(value)
+    if None in rates and max_concurrency is None:
+        raise typer.BadParameter("inf needs --max-concurrency N (the requests in flight at once)",
+                                 param_hint="'--rate'")
+    if arrival not in ARRIVALS:
+        raise typer.BadParameter(f"{arrival!r}: expected {', '.join(ARRIVALS)}", param_hint="'--arrival'")
+    try:
+        service = slo.parse(slo_text) if slo_text else None
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--slo'") from None
+    if find_max_rate and service is None:
+        raise typer.BadParameter("needs --slo: the service level to find the highest rate for",
+                                 param_hint="'--find-max-rate'")
+    return RateAsk(rates, duration, service, arrival, burstiness, max_concurrency, find_max_rate)
+
+
+def _rate_specs(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> list[Any]:
+    from campaign.cells import CellSpec
+
+    return [CellSpec(phase="rate", context_tokens=ctx, max_tokens=max_tokens, request_rate=rate,
+                     duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness,
+                     max_concurrency=ask.max_concurrency, slo=ask.service, prompts=prompts, endpoint=endpoint)
+            for ctx in contexts for rate in ask.rates]
+
+
+def _search_spec(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> Any:
+    from campaign.cells import CellSpec
+
+    if len(contexts) != 1:
+        raise typer.BadParameter("give one context with --find-max-rate (e.g. --contexts 8k)",
+                                 param_hint="'--contexts'")
+    return CellSpec(phase="rate", context_tokens=contexts[0], max_tokens=max_tokens, request_rate=1.0,
+                    duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness, slo=ask.service,
+                    prompts=prompts, endpoint=endpoint)
+
+
 def _timeouts(connect: float, first_byte: float, idle: float) -> Any:
     from campaign.endpoint import Timeouts
 
@@ -144,23 +236,39 @@ def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, p
     return specs
 
 
-def _measure(target: Any, specs: list[Any], *, as_json: bool) -> list[Any]:
+def _measure(target: Any, specs: list[Any], *, as_json: bool, search: Any = None) -> list[Any]:
+    """Measure the cells, then (`search`: a rate cell's shape with its SLO) the capacity at that SLO."""
+    from campaign import capacity
     from campaign.measure import Measurer
 
     measurer = Measurer(target, on_event=_err)
 
-    async def run_all() -> list[Any]:
+    async def run_all() -> tuple[list[Any], Any]:
         results = []
         for i, spec in enumerate(specs, 1):
             _err(f"cell {i}/{len(specs)}: {spec.key} ({spec.label})")
             results.append(await measurer.run_cell(spec))
-        return results
+        found = None
+        if search is not None:
+            _err(f"capacity at SLO ({search.slo.text}): searching")
+            found = await capacity.slo_search(measurer, search, on_probe=_err)
+        return results, found
 
-    results = aio.run(run_all())
+    results, found = aio.run(run_all())
     if as_json:
-        typer.echo(json.dumps({"cells": [report.cell_json(r) for r in results]}, indent=1))
+        out: dict[str, Any] = {"cells": [report.cell_json(r) for r in results]}
+        if found is not None:
+            out["slo_search"] = found.details["slo_search"] | {"status": found.status, "reasons": found.reasons,
+                                                                "verdict": found.verdict}
+            out["concurrency_search"] = found.details["concurrency_search"]
+            out["slo"] = found.details["slo"]
+        typer.echo(json.dumps(out, indent=1))
     else:
-        typer.echo(report.cells_report(results))
+        if results:
+            typer.echo(report.cells_report(results))
+        if found is not None:
+            typer.echo(f"{found.status}: {found.verdict}" + (f" ({'; '.join(found.reasons)})" if found.reasons
+                                                              else ""))
     return results
 
 
@@ -207,6 +315,13 @@ def launch(
     mode: ModeOpt = "sustained",
     prompts: PromptsOpt = "random",
     endpoint_kind: EndpointOpt = "completions",
+    rate: RateOpt = None,
+    duration: DurationOpt = 30.0,
+    slo_text: SloOpt = None,
+    arrival: ArrivalOpt = "poisson",
+    burstiness: BurstinessOpt = 1.0,
+    max_concurrency: MaxConcurrencyOpt = None,
+    find_max_rate: FindMaxRateOpt = False,
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -233,34 +348,51 @@ def launch(
     preflight(loaded, profile_path, engine, overrides=overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
-    specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
-                        prefill=prefill, max_tokens=max_tokens, mode=mode, prompts=prompts,
-                        endpoint=endpoint_kind) if contexts else []
+    ask = _rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    specs, search = _what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
+                                     max_tokens=max_tokens, mode=mode, prompts=prompts,
+                                     endpoint=endpoint_kind) if contexts or ask.any else ([], None)
     _err(f"launching {profile}; log: {log_path}")
     try:
         _launch_and_serve(loaded, log_path, overrides, engine=engine, once=once, specs=specs, as_json=as_json,
-                          timeouts=timeouts)
+                          timeouts=timeouts, search=search)
     except KeyboardInterrupt:
         _err("interrupted: the server was stopped; everything measured so far was printed or kept")
         raise typer.Exit(130) from None
 
 
+def _what_to_measure(contexts: str | None, concurrency: str | None, ask: RateAsk, *, window: float, prefill: bool,
+                     max_tokens: int, mode: str, prompts: str, endpoint: str) -> tuple[list[Any], Any]:
+    """The cells asked for, and the capacity search's shape: decode cells at --concurrency (1 unless only
+    rates were asked for), prefill with --prefill, rate cells at --rate, a search with --find-max-rate."""
+    lengths = parse_list(contexts or "1k", tokens=True)
+    decode = concurrency is not None or not ask.any
+    specs = _cell_specs(lengths, parse_list(concurrency or "1"), window=window, prefill=prefill,
+                        max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint)
+    if not decode:
+        specs = [s for s in specs if s.phase == "prefill"]
+    specs += _rate_specs(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint)
+    search = _search_spec(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint) if (
+        ask.find_max_rate) else None
+    return specs, search
+
+
 def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
-                      specs: list[Any], as_json: bool, timeouts: Any) -> None:
+                      specs: list[Any], as_json: bool, timeouts: Any, search: Any = None) -> None:
     from campaign.launcher import launched
 
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
         _err(f"ready in {server.ready.ready_s:.1f} s at {server.spec.base_url} (pid {server.ready.pid})")
         _note_proxy(server.spec.endpoint())
-        if as_json and not specs:
+        if as_json and not specs and search is None:
             typer.echo(server.facts.model_dump_json(indent=2))
         else:
             _err("\n".join(startup_log.summary(server.facts)))
         for warning in server.warnings:
             _err(f"warning: {warning}")
-        if specs:
-            _measure(server.target(timeouts), specs, as_json=as_json)
+        if specs or search is not None:
+            _measure(server.target(timeouts), specs, as_json=as_json, search=search)
         elif not once:
             _err("serving until Ctrl-C")
             while server.process.alive():
@@ -280,13 +412,20 @@ def probe(
     model: Annotated[str | None, typer.Option("--model", help="served model (default: from /v1/models)")] = None,
     api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the API key")] = None,
     contexts: ContextsOpt = "1k",
-    concurrency: ConcurrencyOpt = "1",
+    concurrency: ConcurrencyOpt = None,
     window: WindowOpt = 30.0,
     prefill: PrefillOpt = False,
     max_tokens: MaxTokensOpt = 256,
     mode: ModeOpt = "sustained",
     prompts: PromptsOpt = "random",
     endpoint_kind: EndpointOpt = "completions",
+    rate: RateOpt = None,
+    duration: DurationOpt = 30.0,
+    slo_text: SloOpt = None,
+    arrival: ArrivalOpt = "poisson",
+    burstiness: BurstinessOpt = 1.0,
+    max_concurrency: MaxConcurrencyOpt = None,
+    find_max_rate: FindMaxRateOpt = False,
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -300,6 +439,9 @@ def probe(
     from campaign.endpoint import TLS, Endpoint
     from campaign.measure import Target
 
+    ask = _rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    specs, search = _what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
+                                     max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint_kind)
     api_key = api_key_from(api_key_env)
     endpoint = Endpoint.parse(url, api_key=api_key, tls=TLS(ca_bundle=ca_bundle, insecure=insecure),
                               timeouts=_timeouts(connect_timeout, first_byte_timeout, idle_timeout))
@@ -315,9 +457,7 @@ def probe(
                 if "CERTIFICATE" in str(exc).upper() else "is the server running at that address?")
         raise CampaignError(f"cannot reach {endpoint.root}: {exc}", hint=hint) from None
     target = Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version)
-    specs = _cell_specs(parse_list(contexts, tokens=True), parse_list(concurrency), window=window,
-                        prefill=prefill, max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint_kind)
-    _measure(target, specs, as_json=as_json)
+    _measure(target, specs, as_json=as_json, search=search)
 
 
 def _check_engine(engine: str | None) -> None:

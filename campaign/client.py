@@ -57,6 +57,10 @@ class RequestRecord:
     server_id: str | None = None    # the reply's `id` as the server named it (its logs, the simulator's truth)
     # Chat requests: tokens that arrived as reasoning (counted in `tokens` too); None for /v1/completions.
     reasoning_tokens: int | None = None
+    # Open-loop requests (format 6): when the arrival schedule meant it to go, and when a cap on requests in
+    # flight let it (the same without a cap); None for closed-loop requests.
+    scheduled_t: float | None = None
+    released_t: float | None = None
 
     @property
     def ok(self) -> bool:

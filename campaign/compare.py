@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from campaign import gpu
 from campaign.answers import agents_that_fit
-from campaign.cells import REASON_HINTS, Reason
+from campaign.cells import REASON_HINTS, Reason, primary_metric
 from campaign.errors import ResultFormatError
 from campaign.records import (
     CellRecord,
@@ -35,9 +35,10 @@ DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1),
                   ("ttft_p99_ms", -1), ("itl_p99_ms", -1))
 # Tail latencies are judged only where every measurement's p99 rests on enough samples: below that a p99 is
 # little more than the largest value seen, and its interval over repeats would flatter it.
-TAIL_METRICS = {"ttft_p99_ms": "latency_requests", "itl_p99_ms": "itl_samples"}
+TAIL_METRICS = {"ttft_p99_ms": "latency_requests", "itl_p99_ms": "itl_samples", "tpot_p99_ms": "latency_requests",
+                "e2e_p99_ms": "latency_requests"}
 TAIL_MIN_SAMPLES = 100
-THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s"}
+THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s", "goodput_rps"}
 # ... and only on three measurements a side: a p99 moves between launches far more than a mean (on the
 # simulated A5000 pair, one cell's ITL p99 read 5.9-8.7 ms over six launches of identical servers), and two
 # values a side can come out close by chance and make Welch's test call a difference that is not there (a
@@ -49,6 +50,10 @@ TAIL_MIN_REPEATS = 3
 # Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
 TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
+# An open-loop rate cell: what a service gets at that load. The achieved rate is what was offered, not judged.
+RATE_METRICS = (("goodput_rps", 1), ("slo_met_fraction", 1), ("total_tok_s", 1), ("ttft_ms", -1), ("tpot_ms", -1),
+                ("ttft_p99_ms", -1), ("tpot_p99_ms", -1), ("e2e_p99_ms", -1))
+PHASE_METRICS = {"decode": DECODE_METRICS, "prefill": PREFILL_METRICS, "rate": RATE_METRICS}
 FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
                "gpu_memory_utilization", "max_model_len")
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
@@ -439,7 +444,7 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                 part for part in (
                     f"variant: {', '.join(sorted(statuses))}" if statuses else "",
                     f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
-        metrics = DECODE_METRICS if result.phase == "decode" else PREFILL_METRICS
+        metrics = PHASE_METRICS[result.phase]
         for metric, direction in metrics:
             if metric in TELEMETRY_METRICS and not (_values(base, key, metric) or _values(other, key, metric)):
                 continue
@@ -479,10 +484,33 @@ def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], c
             if not comparable:
                 diff.metrics.append(MetricVerdict(name, None, None, None, None, 0, 0, "not comparable"))
                 continue
-            diff.metrics.append(verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
-                                            direction, name))
+            verdict = verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
+                                  direction, name)
+            diff.metrics.append(_within_resolution(verdict, [r for r in base + other if r["key"] == key]))
         out.append(diff)
     return out
+
+
+def _within_resolution(verdict: MetricVerdict, results: list[dict[str, Any]]) -> MetricVerdict:
+    """A capacity search answers to within its bracket (the last passing and first failing values): two
+    searches that land one bisection step apart in every repeat differ by no more than that step, so a change
+    no larger than the widest bracket on either side is inside the search's resolution, never better or
+    worse."""
+    axis = {"max_rate_rps": "slo_search", "max_concurrency": "concurrency_search"}.get(verdict.metric)
+    if axis is None or verdict.verdict not in {"better", "worse"} or verdict.change_pct is None:
+        return verdict
+    widths = []
+    for result in results:
+        found = (result.get("details") or {}).get(axis) or {}
+        low = found.get("last_pass_rps", found.get("last_pass"))
+        high = found.get("first_fail_rps", found.get("first_fail"))
+        if low and high:
+            widths.append(100.0 * (high - low) / low)
+    width = max(widths, default=0.0)
+    if abs(verdict.change_pct) > width:
+        return verdict
+    return replace(verdict, verdict="inside noise",
+                   note=f"within the search's resolution (its brackets are up to {width:.0f}% wide)")
 
 
 def _experiment_values(results: list[dict[str, Any]], key: str, name: str) -> list[float]:
@@ -531,6 +559,23 @@ def _settle_advice(diff: VariantDiff) -> str:
         return f"find the noise's cause: over {MAX_ADVISED_REPEATS} repeats a side would be needed to resolve 3%"
     return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}; at this noise {typical} a side "
             f"resolve a {100 * MIN_EFFECT:g}% change)")
+
+
+CAPACITY_UNITS = {"max_rate_rps": "req/s", "max_concurrency": "streams"}
+
+
+def _capacity_texts(diff: VariantDiff) -> list[str]:
+    """Capacity at the SLO, baseline -> variant, from the slo-search experiments: for a service, the line that
+    matters ("capacity at SLO 6.1 -> 7.4 req/s"), with what the test said of it."""
+    out = []
+    for cell in diff.cells:
+        for m in cell.metrics:
+            unit = CAPACITY_UNITS.get(m.metric)
+            if unit is None or m.baseline is None or m.variant is None:
+                continue
+            what = "capacity at SLO" if m.metric == "max_rate_rps" else "concurrency at SLO"
+            out.append(f"{what} {m.baseline:.3g} -> {m.variant:.3g} {unit} ({m.verdict})")
+    return out
 
 
 def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
@@ -591,6 +636,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         parts.append(f"over capacity now in {_listed(lost)}")
     if gained:
         parts.append(f"no longer over capacity in {_listed(gained)}")
+    parts += _capacity_texts(diff)
     if random_spec:
         parts.append(f"speculative decoding measured on random prompts in {_listed(random_spec)}, not judged on "
                      f"speed ({REASON_HINTS[Reason.SPEC_RANDOM_PROMPTS]})")
@@ -665,9 +711,14 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
     manifest = run.manifest()
     profile = manifest.profile_model()
     floors = manifest.matrix_model().floors or answers.DEFAULT_FLOORS
+    searches: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in run.experiments():
+        if record.result.kind == "slo-search":
+            searches[record.variant].append(record.result.model_dump(mode="json"))
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
                                      floors=floors, hardware=profile.hardware,
-                                     model_shape=profile.model_shape, time_scale=manifest.time_scale)
+                                     model_shape=profile.model_shape, time_scale=manifest.time_scale,
+                                     searches=searches.get(v, []))
             for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
 
 
@@ -713,7 +764,7 @@ def drift(run: RunDir) -> Drift:
     clocks: list[tuple[float | None, float | None]] = []
     powers: list[tuple[float | None, float | None]] = []
     for cell in (c for c in cells if c.repeat == first):
-        metric = "total_tok_s" if cell.result.phase == "decode" else "prompt_tok_s"
+        metric = primary_metric(cell.result.phase)
         later = [c for c in cells if c.repeat == last and c.result.spec.key == cell.result.spec.key]
         a, b = getattr(cell.result, metric), getattr(later[0].result, metric) if later else None
         if a and b is not None:

@@ -16,9 +16,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign import corpus
+from campaign import slo as slos
 from campaign.cells import CellSpec
 from campaign.endpoint import Timeouts
 from campaign.errors import ConfigError, PromptError, did_you_mean
+from campaign.openloop import Arrival
 from campaign.profiles import (
     PROJECT_ROOT,
     FlagValue,
@@ -29,6 +31,7 @@ from campaign.profiles import (
     resolve_named,
 )
 from campaign.prompts import prompt_source
+from campaign.slo import Slo
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -120,6 +123,80 @@ class DecodeWorkload(_TextWorkload):
                      ttft=self.ttft, min_requests=self.min_requests, min_seconds=self.min_seconds, **self.text)
             for ctx in self.contexts for conc in self.concurrency
         ]
+
+
+def _slo_input(value: Any) -> Any:
+    """An SLO as written (`{ttft_p99_ms: 2000, floor_tok_s: 20}` or "ttft_p99_ms=2000,...") or as stored."""
+    if value is None or (isinstance(value, dict) and "bounds" in value) or isinstance(value, Slo):
+        return value
+    if isinstance(value, dict | str):
+        return slos.parse(value)
+    raise ValueError("an SLO is a mapping of bounds, e.g. {ttft_p99_ms: 2000, tpot_p99_ms: 50}")
+
+
+def _rate_input(value: Any) -> Any:
+    """`inf` (as fast as the cap allows) is None; every other rate a number of requests a second."""
+    if isinstance(value, list):
+        return [None if str(v).strip().lower() in {"inf", ".inf"} or v == float("inf") else v for v in value]
+    return value
+
+
+class _LoadShape(_TextWorkload):
+    """What an open-loop request looks like and how requests arrive (openloop.py)."""
+
+    max_tokens: int = Field(default=256, gt=0)
+    duration_s: float | None = Field(default=None, gt=0)   # default: the matrix's window_s
+    arrival: Arrival = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    range_ratio: float = Field(default=0.0, ge=0, lt=1)
+    slo: Slo | None = None                              # default: the matrix's slo
+
+    _slo = field_validator("slo", mode="before")(_slo_input)
+
+    @model_validator(mode="after")
+    def _chat_lengths_fixed(self) -> _LoadShape:
+        if self.range_ratio and self.endpoint == "chat":
+            raise ValueError("range_ratio with endpoint: chat: a chat prompt is fitted once per length, so its "
+                             "lengths are fixed; use the completions endpoint, or range_ratio: 0")
+        return self
+
+    def rate_spec(self, context: int, rate: float | None, *, window_s: float, matrix_slo: Slo | None,
+                  **more: Any) -> CellSpec:
+        return CellSpec(phase="rate", context_tokens=context, max_tokens=self.max_tokens, request_rate=rate,
+                        duration_s=self.duration_s or window_s, arrival=self.arrival, burstiness=self.burstiness,
+                        range_ratio=self.range_ratio, slo=self.slo or matrix_slo, **self.text, **more)
+
+
+class RateWorkload(_LoadShape):
+    """Open-loop load: requests arriving at each rate (req/s; `inf`: as fast as `max_concurrency` allows) for
+    duration_s, at each context; judged against the SLO where one is given."""
+
+    kind: Literal["rate"]
+    contexts: TokenList = Field(min_length=1)
+    rates: list[float | None] = Field(min_length=1)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    min_requests: int = Field(default=1, ge=1)
+
+    _contexts = field_validator("contexts", mode="before")(_token_list)
+    _rates = field_validator("rates", mode="before")(_rate_input)
+
+    @field_validator("rates")
+    @classmethod
+    def _positive_rates(cls, value: list[float | None]) -> list[float | None]:
+        if any(r is not None and r <= 0 for r in value):
+            raise ValueError("every rate is above 0 requests a second (or inf)")
+        return value
+
+    @model_validator(mode="after")
+    def _inf_needs_a_cap(self) -> RateWorkload:
+        if None in self.rates and self.max_concurrency is None:
+            raise ValueError("a rate of inf needs max_concurrency (the requests in flight at once)")
+        return self
+
+    def cells(self, window_s: float, matrix_slo: Slo | None = None) -> list[CellSpec]:
+        return [self.rate_spec(ctx, rate, window_s=window_s, matrix_slo=matrix_slo,
+                               max_concurrency=self.max_concurrency, min_requests=self.min_requests)
+                for ctx in self.contexts for rate in self.rates]
 
 
 class _Experiment(_Workload):
@@ -230,13 +307,39 @@ class AgentsExperiment(_Experiment):
                           user_tokens=self.user_tokens, reply_tokens=self.reply_tokens, prompts=self.prompts)
 
 
+class SloSearchExperiment(_LoadShape, _Experiment):
+    """Capacity at the SLO (capacity.py): the highest request rate of open-loop probes shaped like this, and
+    (concurrency: true) the highest number of streams at once, at which every bound holds."""
+
+    kind: Literal["slo-search"]
+    context: int
+    start_rps: float = Field(default=1.0, gt=0)
+    resolution: float = Field(default=0.05, gt=0, lt=1)
+    max_probes: int = Field(default=12, ge=2)
+    concurrency: bool = True
+    max_concurrency: int | None = Field(default=None, gt=0)   # the concurrency search's ceiling
+
+    _context = field_validator("context", mode="before")(tokens)
+
+    def spec(self, window_s: float = 30.0, matrix_slo: Slo | None = None) -> CellSpec:
+        """The probes' shape (each probe sets its own rate)."""
+        return self.rate_spec(self.context, 1.0, window_s=window_s, matrix_slo=matrix_slo)
+
+    @property
+    def key(self) -> str:
+        from campaign.capacity import search_key  # the experiment names its own results
+
+        # Matrix.experiments() fills duration_s and slo from the matrix; the key names both.
+        return search_key(self.spec(), concurrency=self.concurrency)
+
+
 Experiment = ContextWindowExperiment | LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | \
-    RepeatExperiment | AgentsExperiment
-WORKLOAD_KINDS = ("prefill", "decode", "context-window", "long-context", "overload", "prefix-order", "repeat",
-                  "agents")
-Workload = Annotated[PrefillWorkload | DecodeWorkload | ContextWindowExperiment | LongContextExperiment |
-                     OverloadExperiment | PrefixOrderExperiment | RepeatExperiment | AgentsExperiment,
-                     Field(discriminator="kind")]
+    RepeatExperiment | AgentsExperiment | SloSearchExperiment
+WORKLOAD_KINDS = ("prefill", "decode", "rate", "context-window", "long-context", "overload", "prefix-order",
+                  "repeat", "agents", "slo-search")
+Workload = Annotated[PrefillWorkload | DecodeWorkload | RateWorkload | ContextWindowExperiment |
+                     LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | RepeatExperiment |
+                     AgentsExperiment | SloSearchExperiment, Field(discriminator="kind")]
 
 
 class Variant(BaseModel):
@@ -290,6 +393,10 @@ class Matrix(BaseModel):
     # Add an exact copy of the baseline, `<baseline>-aa`, launched and measured like any variant: its diff
     # against the baseline is this rig's false-positive check (an A/A must come out "no difference").
     aa: bool = False
+    # The service level rate cells and SLO searches are judged against, unless a workload gives its own.
+    slo: Slo | None = None
+
+    _slo = field_validator("slo", mode="before")(_slo_input)
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> Matrix:
@@ -304,6 +411,10 @@ class Matrix(BaseModel):
             suggestion = did_you_mean(self.baseline, names)
             raise ValueError(f"baseline {self.baseline!r} is not a variant"
                              + (f"; did you mean {suggestion}?" if suggestion else f" (variants: {', '.join(names)})"))
+        for index, workload in enumerate(self.workloads):
+            if isinstance(workload, SloSearchExperiment) and workload.slo is None and self.slo is None:
+                raise ValueError(f"workloads[{index}] (slo-search): no SLO to search against: give `slo:` to the "
+                                 "matrix or the workload, e.g. {ttft_p99_ms: 2000, floor_tok_s: 20}")
         return self
 
     def all_variants(self) -> list[Variant]:
@@ -333,6 +444,8 @@ class Matrix(BaseModel):
         for w in self.workloads:
             if isinstance(w, RepeatExperiment) and w.mode == "sustained" and w.window_s is None:
                 out.append(w.model_copy(update={"window_s": self.window_s}))
+            elif isinstance(w, SloSearchExperiment):
+                out.append(w.model_copy(update={"duration_s": w.duration_s or self.window_s, "slo": w.slo or self.slo}))
             elif isinstance(w, _Experiment):
                 out.append(w)
         return out
@@ -340,7 +453,9 @@ class Matrix(BaseModel):
     def cells(self) -> list[CellSpec]:
         seen: dict[str, CellSpec] = {}
         for workload in self.workloads:
-            for spec in workload.cells(self.window_s):
+            specs = workload.cells(self.window_s, self.slo) if isinstance(workload, RateWorkload) else (
+                workload.cells(self.window_s))
+            for spec in specs:
                 seen.setdefault(spec.key, spec)
         return list(seen.values())
 
@@ -454,8 +569,9 @@ def _raise_matrix_error(path: str, exc: ValidationError) -> None:
     if first["type"] == "extra_forbidden":
         fields: set[str] = set(Matrix.model_fields)
         if loc[0] == "workloads":
-            fields = {f for model in (PrefillWorkload, DecodeWorkload, ContextWindowExperiment, LongContextExperiment,
-                                      OverloadExperiment, PrefixOrderExperiment, RepeatExperiment)
+            fields = {f for model in (PrefillWorkload, DecodeWorkload, RateWorkload, ContextWindowExperiment,
+                                      LongContextExperiment, OverloadExperiment, PrefixOrderExperiment,
+                                      RepeatExperiment, AgentsExperiment, SloSearchExperiment)
                       for f in model.model_fields}
         elif loc[0] == "variants":
             fields = set(Variant.model_fields)

@@ -9,6 +9,8 @@ counted too), so any excess is foreign traffic: the step is discarded and rerun 
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +20,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from campaign import metrics as m
-from campaign import shard, stats
+from campaign import openloop, shard, slo, stats
 from campaign.cells import (
     TTFT_MODE_TEXT,
     Attempt,
@@ -32,9 +34,12 @@ from campaign.cells import (
     over_capacity,
     prefill_metrics,
     queue_note,
+    rate_metrics,
+    request_latencies,
     verdict,
     window_metrics,
 )
+from campaign.cells import behind_schedule as schedule_problem
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
@@ -67,6 +72,9 @@ class Target:
     # The chunk (prompt tokens plus decodes per engine step): tells replacements queueing for it from the rest.
     max_num_batched_tokens: int | None = None
     num_speculative_tokens: int | None = None   # draft tokens per step: each decode takes 1 + this from the chunk
+    # Simulated seconds per wall second (the simulator says so in /metrics; 1 for a real server): open-loop
+    # schedules and service levels are in the hardware's seconds, and converted with it.
+    time_scale: float = 1.0
 
     @property
     def base_url(self) -> str:
@@ -95,8 +103,32 @@ class _Step:
     cpu: float | None          # the busiest client event loop thread's share of one core
     processes: int = 1
     sim_clock: list[tuple[float, float]] = field(default_factory=list)  # in-window (busy, behind) samples
+    load: _Load | None = None      # a rate cell's schedule
     telemetry: StepTelemetry | None = None
     lag: list[float] = field(default_factory=list)   # the controller's event-loop lateness, seconds
+
+
+@dataclass(frozen=True)
+class _Load:
+    """How a rate cell's requests were scheduled: its start (perf_counter), the span its arrivals were drawn
+    over and the requests they held (hardware seconds; None for a closed loop), and whether it stopped early."""
+
+    start: float
+    span_s: float
+    planned: int | None
+    early_stopped: bool
+    ramp: frozenset[str] = frozenset()   # a closed loop's first wave (request ids): not judged
+
+
+def lengths_range(spec: CellSpec) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The shortest and longest (prompt, reply) a rate cell draws: within +-range_ratio of its lengths."""
+    r = spec.range_ratio
+
+    def span(n: int) -> tuple[int, int]:
+        return max(1, math.ceil(n * (1 - r))), max(1, math.floor(n * (1 + r)))
+
+    (p_lo, p_hi), (n_lo, n_hi) = span(spec.context_tokens), span(spec.max_tokens)
+    return (p_lo, n_lo), (p_hi, n_hi)
 
 
 SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
@@ -181,6 +213,8 @@ class Measurer:
         """Before measuring: every family the run relies on must exist; a missing one is an error, not 0."""
         snapshot = await self.scrape(control)
         snapshot.require(m.MEASUREMENT_METRICS)
+        if snapshot.has(m.SIM_TIME_SCALE):
+            self.target.time_scale = snapshot.value(m.SIM_TIME_SCALE)
         info = snapshot.info(m.CACHE_CONFIG_INFO)
         if info is not None:
             if self.target.kv_cache_tokens is None and info.get("kv_cache_size_tokens", "None") != "None":
@@ -231,9 +265,10 @@ class Measurer:
             return CellResult(**base, status="Over capacity", **findings_fields([Finding(
                 Reason.OVER_CAPACITY, f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) "
                 f"tokens exceed the server's KV cache of {self.target.kv_cache_tokens:,} tokens")]))
-        if self.target.max_model_len is not None and spec.context_tokens + max_tokens > self.target.max_model_len:
+        longest, longest_reply = (spec.context_tokens, max_tokens) if spec.phase != "rate" else lengths_range(spec)[1]
+        if self.target.max_model_len is not None and longest + longest_reply > self.target.max_model_len:
             return CellResult(**base, status="Invalid", **findings_fields([Finding(
-                Reason.OVER_WINDOW, f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed "
+                Reason.OVER_WINDOW, f"not run: prompt {longest:,} + reply {longest_reply:,} tokens exceed "
                 f"max_model_len {self.target.max_model_len:,}")]))
 
         attempts: list[Attempt] = []
@@ -339,6 +374,7 @@ class Measurer:
         if self.gpu_monitor is not None:
             self.gpu_monitor.start()
         telemetry: StepTelemetry | None = None
+        load: _Load | None = None
         priming: list[RequestRecord] = []
         window: tuple[float, float] | None = None
         processes = 1
@@ -351,7 +387,9 @@ class Measurer:
                 # Seed 004's method: cache every stream's prompt with a one-token request, then reuse it.
                 priming = list(await asyncio.gather(*(self._one(client, spec.context_tokens, 1, prompt=p)
                                                       for p in prompts)))
-            if spec.phase == "prefill" or spec.mode == "fixed":
+            if spec.phase == "rate":
+                load = await self._rate(spec, client, records, source)
+            elif spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
                     window_open.set()
                 began = time.perf_counter()
@@ -398,7 +436,7 @@ class Measurer:
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry,
                      sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None],
-                     lag=[lag for _, lag in lags] if lag_applies else [])
+                     lag=[lag for _, lag in lags] if lag_applies else [], load=load)
 
     def _template_hits(self, spec: CellSpec, requests: int) -> float:
         """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request)."""
@@ -414,14 +452,14 @@ class Measurer:
 
     async def _one(self, client: StreamClient, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None, *, prompt: Prompt | None = None,
-                   source: Prompts | None = None) -> RequestRecord:
+                   source: Prompts | None = None, request_id: str | None = None) -> RequestRecord:
         """One request: a fresh unique prompt (random ids, or from the cell's text source), or the given one
         (warm TTFT reuses a stream's cached prompt)."""
         if prompt is None:
             prompt = await self._prompt(context, source)
         return await stream_completion(client, model=self.target.model, prompt=prompt.ids or [],
                                        messages=prompt.messages, prompt_tokens=prompt.tokens,
-                                       max_tokens=max_tokens, request_id=self._next_id(),
+                                       max_tokens=max_tokens, request_id=request_id or self._next_id(),
                                        first_token=first_token)
 
     async def _sustained(self, spec: CellSpec, max_tokens: int, client: StreamClient,
@@ -494,9 +532,128 @@ class Measurer:
             raise
         return start, end
 
+    async def _rate(self, spec: CellSpec, client: StreamClient, records: list[RequestRecord],
+                    source: Prompts | None) -> _Load:
+        """Requests on an arrival schedule (or, without a rate, as fast as the cap lets them), each a fresh
+        prompt of its drawn length, never waiting for the ones before it. Scheduled prompts are all made
+        before the first is due, so making them never delays the schedule. With early_stop, no request is
+        released once the SLO has certainly failed; the ones in flight end normally."""
+        scale = self.target.time_scale
+        rng = random.Random(spec.seed)
+        (p_lo, n_lo), (p_hi, n_hi) = lengths_range(spec)
+
+        def lengths() -> tuple[int, int]:
+            if not spec.range_ratio:
+                return spec.context_tokens, spec.max_tokens
+            return rng.randint(p_lo, p_hi), rng.randint(n_lo, n_hi)
+
+        service = spec.slo
+        stop = asyncio.Event() if spec.early_stop and service is not None and spec.request_rate is not None else None
+        seen: list[slo.RequestLatency] = []
+        shapes: list[tuple[int, int]] = []
+        prompts: list[Prompt] = []
+        offsets: list[float] = []
+        if spec.request_rate is not None:
+            offsets = openloop.arrivals(spec.request_rate, spec.duration_s, arrival=spec.arrival,
+                                        burstiness=spec.burstiness, seed=spec.seed, min_requests=spec.min_requests)
+            shapes = [lengths() for _ in offsets]
+            prompts = [await self._prompt(length, source) for length, _ in shapes]
+
+        ramp: set[str] = set()
+
+        async def send(sent: openloop.Sent) -> None:
+            released = sent.released_t
+            if sent.index < len(shapes):
+                (length, reply), prompt = shapes[sent.index], prompts[sent.index]
+            else:  # a closed loop makes each prompt as it goes; it has no schedule to be late for
+                length, reply = lengths()
+                prompt = await self._prompt(length, source)
+                released = time.perf_counter()
+            request_id = self._next_id()
+            if spec.request_rate is None and spec.max_concurrency and sent.index < spec.max_concurrency:
+                ramp.add(request_id)
+            rec = await self._one(client, length, reply, prompt=prompt, request_id=request_id)
+            rec.scheduled_t, rec.released_t = sent.scheduled_t, released
+            records.append(rec)
+            if stop is not None and service is not None and not stop.is_set():
+                seen.extend(request_latencies([rec], scale))
+                if slo.certain_to_fail(service, len(offsets), seen):
+                    stop.set()
+
+        if spec.request_rate is None:
+            assert spec.max_concurrency is not None  # CellSpec refuses a rate of inf without a cap
+            # The first wave does not count towards the minimum: that many requests are judged.
+            start = await openloop.closed(spec.max_concurrency, spec.duration_s, send,
+                                          min_requests=spec.min_requests + spec.max_concurrency, time_scale=scale)
+            return _Load(start=start, span_s=spec.duration_s, planned=None, early_stopped=False,
+                         ramp=frozenset(ramp))
+        start = await openloop.drive(offsets, send, time_scale=scale, cap=spec.max_concurrency, stop=stop)
+        return _Load(start=start, span_s=len(offsets) / spec.request_rate, planned=len(offsets),
+                     early_stopped=len(records) < len(offsets))
+
+    def _rate_result(self, base: dict[str, Any], spec: CellSpec, step: _Step, delta: m.Delta,
+                     attempts: list[Attempt]) -> CellResult:
+        load = step.load
+        assert load is not None
+        scale = self.target.time_scale
+        records = step.records
+        values = rate_metrics(records, start=load.start, span_s=load.span_s, planned=load.planned,
+                              early_stopped=load.early_stopped, request_rate=spec.request_rate,
+                              service=spec.slo, scale=scale, ramp=load.ramp)
+        # The schedule's start and nominal end on the records' clock, so the rate can be recomputed from them.
+        values["window"] = (load.start, load.start + load.span_s / scale)
+        achieved = values.get("achieved_rate_rps")
+        share = achieved / spec.request_rate if achieved is not None and spec.request_rate else None
+        # An early stop sends fewer requests on purpose: only their lag says whether the client kept up.
+        evidence = StepEvidence(
+            phase="rate", mode=spec.mode, concurrency=spec.concurrency, records=records,
+            prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
+            client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
+            template_hits=self._template_hits(spec, len(records)),
+            behind_schedule=schedule_problem(
+                records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
+                achieved_share=None if load.early_stopped else share))
+        status, findings = verdict(evidence)
+        notes = self._rate_notes(spec, values, delta, scale, sent=len(records))
+        discarded = [a for a in attempts if not a.accepted]
+        acceptance_rate, acceptance_length = m.spec_decode(delta)
+        return CellResult(
+            **base, status=status, **findings_fields(findings), notes=notes, **values,
+            discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
+            client_cpu=step.cpu, client_lag_p99_ms=_lag_ms(step.lag),
+            preemptions=delta.optional(m.PREEMPTIONS), prefix_cache_queries=delta.optional(m.PREFIX_QUERIES),
+            prefix_cache_hits=delta.optional(m.PREFIX_HITS),
+            spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
+            spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, requests=[r.to_dict() for r in records])
+
+    @staticmethod
+    def _rate_notes(spec: CellSpec, values: dict[str, Any], delta: m.Delta, scale: float, *, sent: int) -> list[str]:
+        notes = []
+        if scale != 1.0:
+            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the schedule, the rates "
+                         "and the latencies here are in the hardware's seconds")
+        if values.get("early_stopped"):
+            notes.append(f"stopped early: the service level had failed for certain after {sent} of "
+                         f"{values.get('scheduled_requests')} requests, so the rest were never sent (those sent "
+                         "were drained, not aborted)")
+        if values.get("ramp_requests"):
+            notes.append(f"a closed loop of {spec.max_concurrency} streams: its first {values['ramp_requests']} "
+                         "requests, sent together, count in the load but not in the latencies or the service level "
+                         "(no later request queues behind a whole wave)")
+        if values.get("cap_waits"):
+            notes.append(f"{values['cap_waits']} request(s) waited for the cap of {spec.max_concurrency} in flight: "
+                         "above that load the cap, not the rate, decides when requests go")
+        preempted = delta.optional(m.PREEMPTIONS)
+        if preempted:
+            notes.append(f"{preempted:.0f} preemption(s): at this rate the KV cache ran out and requests were "
+                         "recomputed, which their latencies include")
+        return notes
+
     # --- verdict -----------------------------------------------------------------------------------------
     def _result(self, base: dict[str, Any], spec: CellSpec, step: _Step, delta: m.Delta,
                 attempts: list[Attempt]) -> CellResult:
+        if spec.phase == "rate":
+            return self._rate_result(base, spec, step, delta, attempts)
         records = step.records
         if spec.phase == "prefill":
             values = prefill_metrics(records)

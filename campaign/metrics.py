@@ -28,6 +28,7 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 # Only the simulator's: simulated seconds it ran steps, and those it had work but fell behind its clock.
 SIM_BUSY = "campaign_sim:busy_seconds_total"
 SIM_BEHIND = "campaign_sim:behind_seconds_total"
+SIM_TIME_SCALE = "campaign_sim:time_scale"  # simulated seconds per wall second (the simulator only)
 
 # What every measured step relies on (the bracket, the prefix-cache check, preemptions, concurrency).
 MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, RUNNING,

@@ -42,6 +42,7 @@ from campaign.matrix import (
     Matrix,
     OverloadExperiment,
     PrefixOrderExperiment,
+    SloSearchExperiment,
     Variant,
     definition_hash,
     schedule,
@@ -335,6 +336,17 @@ class Campaign:
                                       system_tokens=experiment.system_tokens, user_tokens=experiment.user_tokens,
                                       reply_tokens=experiment.reply_tokens, prompts=experiment.prompts,
                                       floors=tuple(experiment.floors), time_scale=self.run.manifest().time_scale)
+        if isinstance(experiment, SloSearchExperiment):
+            from campaign import capacity
+
+            measurer = Measurer(target, max_attempts=self.options.max_attempts,
+                                on_event=lambda msg: self.progress.note(f"  {msg}"))
+            return await capacity.slo_search(
+                measurer, experiment.spec(self.matrix.window_s, self.matrix.slo), start_rps=experiment.start_rps,
+                resolution=experiment.resolution, max_probes=experiment.max_probes,
+                concurrency=experiment.concurrency,
+                concurrency_ceiling=experiment.max_concurrency or server.max_num_seqs,
+                on_probe=lambda line: self.progress.note(f"  {line}"))
         return await study.repeat_cell(target, experiment.spec(self.matrix.window_s), times=experiment.times)
 
     # --- records -----------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from campaign.matrix import (
     OverloadExperiment,
     PrefixOrderExperiment,
     RepeatExperiment,
+    SloSearchExperiment,
 )
 from campaign.profiles import LaunchProfile, normalize_flag
 from campaign.startup_log import StartupFacts
@@ -80,6 +81,11 @@ class Estimate:
 def cell_s(spec: CellSpec, rates: Rates) -> float:
     if spec.phase == "prefill":
         return STEP_OVERHEAD_S + spec.context_tokens / rates.prefill_tok_s
+    if spec.phase == "rate":
+        # The schedule (its span, or its minimum count at the rate), then the last requests' replies.
+        span = spec.duration_s if spec.request_rate is None else max(
+            spec.duration_s, spec.min_requests / spec.request_rate)
+        return STEP_OVERHEAD_S + span + spec.context_tokens / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
     prompts = spec.concurrency * spec.context_tokens / rates.prefill_tok_s
     if spec.mode == "sustained":
         # The window, the warm-up before it, and the requests in flight when it closes run to their end.
@@ -111,8 +117,32 @@ def experiment_s(experiment: Experiment, matrix: Matrix, profile: LaunchProfile,
                            + turn * experiment.reply_tokens)
                 total += STEP_OVERHEAD_S + n * history / prefill + experiment.reply_tokens / decode
         return total
+    if isinstance(experiment, SloSearchExperiment):
+        return search_s(experiment, matrix, rates)
     assert isinstance(experiment, RepeatExperiment)
     return experiment.times * cell_s(experiment.spec(matrix.window_s), rates)
+
+
+def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> float:
+    """A capacity search: rates doubling from the start to about where prefill alone saturates (prompt tok/s
+    over the context), a few bisections there, each probe at least its minimum of requests; then, if asked,
+    the concurrency probes (closed loops of the same count, C at a time; their bisections not counted)."""
+    spec = experiment.spec(matrix.window_s, matrix.slo)
+    need = max(spec.min_requests, spec.slo.min_requests if spec.slo else 1)
+    limit = max(experiment.start_rps, rates.prefill_tok_s / spec.context_tokens)
+    probes: list[float] = []
+    rate = experiment.start_rps
+    while rate < limit and len(probes) < experiment.max_probes:
+        probes.append(rate)
+        rate *= 2
+    probes += [limit] * min(4, max(0, experiment.max_probes - len(probes)))   # the bisections, about there
+    reply = spec.context_tokens / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
+    total = sum(STEP_OVERHEAD_S + max(spec.duration_s, need / r) + reply for r in probes)
+    if experiment.concurrency:  # C = 1, 2, 4, ... up to the ceiling: `need` requests, C at a time
+        ceiling = experiment.max_concurrency or 256
+        streams = [2 ** i for i in range(experiment.max_probes) if 2 ** i <= ceiling]
+        total += sum(STEP_OVERHEAD_S + max(spec.duration_s, (need + c) * reply / c) for c in streams)
+    return total
 
 
 def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates = GUESSED) -> Estimate:

@@ -16,6 +16,11 @@ Format history:
 5 - stop.json carries `stopped_utc`, the manifest the plan's `estimate`; cells their client's timing noise
     (`client_lag_p99_ms`) and `spec_mean_accepted`; cell specs their `prompts` and `endpoint` (keys of text or
     chat cells end in -P<source> and -Echat); request records `reasoning_tokens` (chat).
+6 - open-loop load: cells of phase `rate` (specs carry request_rate, arrival, burstiness, duration_s,
+    max_concurrency, range_ratio, slo, early_stop; results the achieved rate, goodput, slo_met_fraction,
+    slo_passed, slo_bounds, send lag, requests in flight, time_scale, and `window` as the schedule's span);
+    request records `scheduled_t` and `released_t`; experiments of kind `slo-search`; short answers
+    `capacity_at_slo`.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
     from campaign.matrix import Matrix
     from campaign.profiles import LaunchProfile
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -240,6 +245,16 @@ class Knee(_Record):
     per_request_loss_pct: float = Field(description="what it costs each request, %")
 
 
+class CapacityAtSlo(_Record):
+    slo: str | None = Field(description="the service level, in words")
+    max_rate_rps: float | None = Field(description="the highest request rate that held it, median over repeats")
+    last_pass_rps: float | None = Field(description="the first search's bracket: the highest rate that held ...")
+    first_fail_rps: float | None = Field(description="... and the lowest that failed (None: none did)")
+    max_concurrency: float | None = Field(description="the highest number of streams at once that held it, median; "
+                                                      "None: not searched")
+    searches: int = Field(description="Valid searches the answer rests on")
+
+
 class ShortAnswers(_Record):
     """Seed 000's first table for one variant (answers.short_answers); every rate in the simulated hardware's
     time on the simulator. None: not measured, never 0."""
@@ -263,6 +278,8 @@ class ShortAnswers(_Record):
     agents_that_fit: dict[str, int | None] = Field(description="per context (tokens), agents whose KV cache fits")
     agents_beyond_window: list[int] = Field(default_factory=list,
                                             description="contexts longer than the window: none fit")
+    capacity_at_slo: CapacityAtSlo | None = Field(default=None, description="capacity at the SLO, from the "
+                                                  "slo-search experiments (format 6; None: none ran)")
 
 
 class DriftRecord(_Record):
@@ -328,6 +345,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     2: _defaults_suffice,  # 2 -> 3: the sampled queue (None); `queued` stays the reason code format 2 stored
     3: _defaults_suffice,  # 3 -> 4: server_id and window (None)
     4: _defaults_suffice,  # 4 -> 5: stop.json's stopped_utc and the manifest's estimate (None: not stored)
+    5: _defaults_suffice,  # 5 -> 6: rate fields (None: not a rate cell), capacity_at_slo (None: no search)
 }
 
 

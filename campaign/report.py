@@ -111,9 +111,13 @@ def tail_columns(c: CellResult) -> list[str]:
     return [fmt_ms(c.ttft_p99_ms), fmt_itl(c.itl_p99_ms), fmt_itl(c.tpot_ms), fmt_ms(c.e2e_p99_ms)]
 
 
+def _phase_name(c: CellResult) -> str:
+    return {"prefill": "Prefill", "rate": "Rate (open loop)"}.get(c.phase, f"Decode ({c.spec.mode})")
+
+
 def _measurement_row(c: CellResult) -> list[Item]:
     return [
-        "Prefill" if c.phase == "prefill" else f"Decode ({c.spec.mode})",
+        _phase_name(c),
         fmt_context(c.context_tokens), str(c.concurrency), c.label,
         Cell(c.status, title=_why(c), cls=None if c.status == "Valid" else "bad"),
         fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
@@ -170,9 +174,43 @@ def all_measurements(cells: Sequence[CellResult]) -> str:
     return text(all_measurements_tables(cells))
 
 
+RATE_HEADERS = ["Context", "Reply", "Rate asked", "Rate sent", "Status", "SLO held", "Goodput", "Met SLO",
+                "TTFT p99", "TPOT p99", "E2E p99", "In flight (mean / peak)", "Requests", "Total tok/s"]
+
+
+def _rate_text(rate: float | None) -> str:
+    return "inf" if rate is None else f"{rate:.3g} req/s"
+
+
+def rate_table(cells: Sequence[CellResult]) -> Table | None:
+    """Open-loop cells: the rate asked and sent, whether the SLO held, goodput and the latencies a service
+    level is set on (in the hardware's time on a time-scaled simulator)."""
+    rates = sorted((c for c in cells if c.phase == "rate"),
+                   key=lambda c: (c.context_tokens, c.request_rate is None, c.request_rate or 0.0))
+    if not rates:
+        return None
+    slos = sorted({c.spec.slo.text for c in rates if c.spec.slo is not None})
+    rows: list[list[Item]] = []
+    for c in rates:
+        held = DASH if c.slo_passed is None else ("yes" if c.slo_passed else "no")
+        rows.append([
+            fmt_context(c.context_tokens), str(c.max_tokens or c.spec.max_tokens), _rate_text(c.request_rate),
+            DASH if c.achieved_rate_rps is None else f"{c.achieved_rate_rps:.3g} req/s",
+            Cell(c.status, title=_why(c), cls=None if c.status == "Valid" else "bad"),
+            Cell(held, cls=None if c.slo_passed is None else ("better" if c.slo_passed else "bad")),
+            DASH if c.goodput_rps is None else f"{c.goodput_rps:.3g} req/s",
+            DASH if c.slo_met_fraction is None else f"{100 * c.slo_met_fraction:.0f}%",
+            fmt_ms(c.ttft_p99_ms), fmt_itl(c.tpot_p99_ms), fmt_ms(c.e2e_p99_ms),
+            f"{fmt_num(c.avg_in_flight)} / {DASH if c.max_in_flight is None else c.max_in_flight}",
+            str(len(c.requests)), fmt_num(c.total_tok_s)])
+    return Table(title="Open-loop rates" + (f" (SLO: {'; '.join(slos)})" if slos else " (no SLO given)"),
+                 headers=RATE_HEADERS, rows=rows, align="rrrrllrrrrrrrr")
+
+
 def cells_tables(cells: Sequence[CellResult]) -> list[Table]:
-    """The decode matrix, the prefill row and all measurements of one server's cells."""
-    return [t for t in (decode_matrix_table(cells), prefill_table(cells)) if t] + all_measurements_tables(cells)
+    """The decode matrix, the prefill row, the open-loop rates and all measurements of one server's cells."""
+    return [t for t in (decode_matrix_table(cells), prefill_table(cells), rate_table(cells)) if t] + \
+        all_measurements_tables(cells)
 
 
 def cells_report(cells: Sequence[CellResult]) -> str:
@@ -241,7 +279,10 @@ EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "
                  "per_request_tok_s", "prompt_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms",
                  "itl_p90_ms", "itl_p99_ms", "tpot_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms",
                  "e2e_p99_ms", "latency_requests", "itl_samples", "energy_j_per_token", "avg_active", "completed",
-                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens", "repeat", "reasons", "notes"]
+                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens",
+                 # rate cells (format 6)
+                 "request_rate", "achieved_rate_rps", "goodput_rps", "slo_met_fraction", "slo_passed",
+                 "send_lag_p99_ms", "avg_in_flight", "max_in_flight", "repeat", "reasons", "notes"]
 
 
 def export_rows(cells: Sequence[Any]) -> list[dict[str, Any]]:
@@ -329,7 +370,20 @@ def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
         ["Concurrent requests accepted (max-num-seqs)", num(a.get("max_num_seqs"))],
         [f"Concurrent requests that are useful (at {floor:g} tok/s each)" if floor else "Useful concurrency",
          num(a.get("useful_concurrency"))],
+        *([[f"Capacity at the SLO ({slo['slo']})", capacity_text(slo)]] if (slo := a.get("capacity_at_slo")) else []),
     ]
+
+
+def capacity_text(c: dict[str, Any]) -> str:
+    """`7.3 req/s (held at 7.34, failed at 7.66); 30 streams at once`: the answer with its bracket."""
+    rate = c.get("max_rate_rps")
+    text = "none held it" if rate is None else f"{rate:.3g} req/s"
+    if c.get("first_fail_rps") is not None:
+        text += f" (held at {DASH if c.get('last_pass_rps') is None else format(c['last_pass_rps'], '.3g')}, " \
+                f"failed at {c['first_fail_rps']:.3g})"
+    if c.get("max_concurrency") is not None:
+        text += f"; {c['max_concurrency']:g} streams at once"
+    return text
 
 
 def short_answers_notes(a: dict[str, Any]) -> list[str]:

@@ -331,6 +331,9 @@ class _Metrics(Collector):
         yield counter("campaign_sim:busy_seconds", "Simulated seconds spent in engine steps.", s.driver.busy_s)
         yield counter("campaign_sim:behind_seconds", "Simulated seconds the simulator fell behind its clock.",
                       s.driver.behind_s)
+        # How many simulated seconds pass per wall second: a client timing a schedule or a service level in the
+        # hardware's seconds (open-loop rates, SLO bounds) converts with it.
+        yield gauge("campaign_sim:time_scale", "Simulated seconds per wall second.", s.driver.clock.scale)
         info = {"block_size": str(blocks.block_size), "gpu_memory_utilization": str(s.config.gpu_memory_utilization),
                 "num_gpu_blocks": str(blocks.total), "enable_prefix_caching": str(s.config.enable_prefix_caching),
                 "kv_cache_size_tokens": str(s.memory.kv_tokens), "cache_dtype": s.config.kv_cache_dtype}

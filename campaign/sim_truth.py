@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -262,3 +263,48 @@ def fixed_figures(requests: list[RequestTruth]) -> dict[str, float | None]:
 def hit_rate(requests: list[RequestTruth]) -> float | None:
     queried = sum(r.queried for r in requests)
     return sum(r.hits for r in requests) / queried if queried else None
+
+
+def rate_figures(requests: list[RequestTruth], start: float, span: float,
+                 bounds: Sequence[tuple[str, float, float]]) -> dict[str, float | None]:
+    """An open-loop load, from the requests that arrived for it (simulated seconds; `start` is when its
+    schedule began, `span` how long its arrivals were meant to take): the rate they arrived at; goodput, the
+    requests a second whose own TTFT (arrival to first emission), TPOT (first to last emission over the
+    tokens between) and end-to-end time (arrival to finish) were each within every bound (metric, percentile,
+    limit in ms), over first arrival to last finish; the share of requests that did; whether each bound's
+    percentile held; requests in the server on average."""
+    if not requests:
+        return {}
+    arrivals = [r.arrival for r in requests]
+    last = max([r.finish for r in requests if r.finish is not None] + arrivals)
+    measured = last - min(arrivals)
+
+    def value(r: RequestTruth, metric: str) -> float:
+        if r.reason != "length" or not r.emits or r.finish is None:
+            return float("inf")
+        if metric == "ttft":
+            return 1000.0 * (r.emits[0][0] - r.arrival)
+        if metric == "tpot":
+            return 1000.0 * (r.emits[-1][0] - r.emits[0][0]) / (r.tokens - 1) if r.tokens >= 2 else 0.0
+        return 1000.0 * (r.finish - r.arrival)
+
+    good = sum(1 for r in requests if all(value(r, m) <= limit for m, _, limit in bounds))
+    out: dict[str, float | None] = {
+        "achieved_rate_rps": len(requests) / max(span, max(arrivals) - start),
+        "goodput_rps": good / measured if bounds and measured > 0 else None,
+        "slo_met_fraction": good / len(requests) if bounds else None,
+        "avg_in_flight": sum((r.finish if r.finish is not None else last) - r.arrival for r in requests) / measured
+        if measured > 0 else None,
+        "completed": float(sum(1 for r in requests if r.reason == "length")),
+        "output_tokens": float(sum(r.tokens for r in requests)),
+        "measured_s": measured,
+    }
+    held = True
+    for metric, q, limit in bounds:
+        values = sorted(value(r, metric) for r in requests)
+        finite = all(v != float("inf") for v in values)
+        p = stats.percentile(values, q) if finite else None
+        out[f"{metric}_p{q:g}_ms"] = p
+        held = held and p is not None and p <= limit
+    out["slo_passed"] = float(held) if bounds else None
+    return out

@@ -6,6 +6,8 @@
 - prefix order: shared block first, task first, unrelated; wall time and prefix-cache hit rate
 - repeat: one cell measured N times, to see bimodal behaviour instead of averaging it away
 - agents: N chat sessions on a shared system prompt with growing histories; the largest N above speed floors
+
+(Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.measure import Measurer, Target
 from campaign.prompts import PromptSource
 
-ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat", "agents"]
+ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat", "agents",
+                         "slo-search"]
 
 
 class ExperimentResult(BaseModel):
@@ -53,6 +56,8 @@ VALUE_DIRECTIONS = {
     "ran_concurrently": 1, "queued": -1, "peak_running": 1, "peak_waiting": -1, "errored": -1, "completed": 1,
     "shared_first_wall_s": -1, "shared_first_hit_rate": 1, "speedup": 1,
     "mean_total_tok_s": 1,
+    # Capacity at a service level (capacity.py): the highest rate and concurrency that held it.
+    "max_rate_rps": 1, "max_concurrency": 1,
 }
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from campaign import sim_truth, stats, study
+from campaign import capacity, sim_truth, slo, stats, study
 from campaign.cells import CellResult, CellSpec
 from campaign.client import RequestRecord
 from campaign.launcher import LaunchedServer, launched
@@ -174,6 +174,9 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
     mine = matched.of(records)
     where = cell.spec.key
     figures: list[Figure] = []
+    if cell.phase == "rate":
+        delay = matched.delivery(records, mine)
+        return rate_cell_figures(cell, matched, delay), delay
     if cell.phase == "prefill":
         truth = mine[0]
         figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s, scale), truth.prompt_tok_s))
@@ -211,6 +214,38 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
                               window["avg_before_first_token"]))
     figures += _latency_figures(where, cell, latency, scale)
     return figures, delay
+
+
+def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:
+    """An open-loop cell's figures (already in the hardware's time) beside the truth of the requests that
+    arrived while its schedule ran; a closed loop's first wave is left out on both sides, as the tool does."""
+    assert cell.window is not None and cell.spec.slo is not None
+    ramp = cell.ramp_requests or 0
+    judged = sorted((r for r in cell.records if r.ok), key=lambda r: r.send_t)[ramp:]
+    mine = matched.of(judged)
+    start = matched.truth.sim_time(cell.window[0]) - delay
+    span = (cell.window[1] - cell.window[0]) * matched.scale
+    bounds = [(b.metric, b.percentile, b.limit_ms) for b in cell.spec.slo.bounds]
+    truth = sim_truth.rate_figures(mine, start, span, bounds)
+    # The rate they arrived at: every request of the cell (the first wave too) reached the engine.
+    arrived = sim_truth.rate_figures(matched.of(cell.records), start, span, [])
+    where = cell.spec.key
+    latency = sim_truth.latency_figures(mine, -math.inf, math.inf)
+    figures = [
+        Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"]),
+        Figure(where, "completed", "count", _count(cell.completed), arrived["completed"]),
+        Figure(where, "output_tokens", "count", _count(cell.output_tokens), arrived["output_tokens"]),
+        Figure(where, "avg_in_flight", "count", cell.avg_in_flight, arrived["avg_in_flight"]),
+        # Goodput counts the judged requests that met the SLO over the whole load's time, first wave included.
+        Figure(where, "goodput_rps", "rate", cell.goodput_rps,
+               None if truth["slo_met_fraction"] is None or not arrived["measured_s"]
+               else truth["slo_met_fraction"] * len(mine) / arrived["measured_s"]),
+        Figure(where, "slo_met_fraction", "rate", cell.slo_met_fraction, truth["slo_met_fraction"]),
+        Figure(where, "slo_passed", "count", _count(cell.slo_passed), truth["slo_passed"]),
+        *(Figure(where, b.name, "latency", _seconds(b.value_ms, 1.0), _seconds(truth[b.name], 1.0))
+          for b in cell.slo_bounds),
+    ]
+    return figures + list(_latency_figures(where, cell, latency, 1.0))
 
 
 def _rate(value: float | None, scale: float) -> float | None:
@@ -304,12 +339,20 @@ class Launch:
 
 
 WINDOW_SIM_S = 10.0   # a sustained window, in simulated seconds (the wall window is this over the scale)
+# Open-loop cells and the capacity search: p90 bounds, so that a probe of ten requests already means something.
+TRUTH_SLO = slo.parse("ttft_p90_ms=1500,tpot_p90_ms=40")
 WARMUP_SIM_S = 1.0
 
 
 def _sustained(context: int, concurrency: int, max_tokens: int, scale: float) -> CellSpec:
     return CellSpec(phase="decode", context_tokens=context, concurrency=concurrency, max_tokens=max_tokens,
                     window_s=WINDOW_SIM_S / scale, warmup_s=WARMUP_SIM_S / scale)
+
+
+def _open_loop(context: int, rate: float) -> CellSpec:
+    """An open-loop cell: its span is in the hardware's seconds at any scale (the tool converts)."""
+    return CellSpec(phase="rate", context_tokens=context, max_tokens=128, request_rate=rate, duration_s=8.0,
+                    slo=TRUTH_SLO)
 
 
 def _fixed(context: int, concurrency: int, max_tokens: int) -> CellSpec:
@@ -324,7 +367,8 @@ def launches(scale: float) -> tuple[Launch, ...]:
         Launch("h200", {"max-model-len": 16384}, cells=(
             CellSpec(phase="prefill", context_tokens=8192),
             _sustained(1024, 1, 512, scale), _sustained(2048, 16, 256, scale), _fixed(1024, 4, 128),
-        ), experiments=("long-context", "repeat")),
+            _open_loop(2048, 3.0),
+        ), experiments=("long-context", "repeat", "slo-search")),
         # Seed 000's A5000 pair: 800-token blocks; four seats so that the overload burst queues.
         Launch("a5000-tp2", {"max-model-len": 8192, "max-num-seqs": 4}, cells=(
             CellSpec(phase="prefill", context_tokens=4096), _sustained(512, 4, 384, scale), _fixed(256, 2, 64),
@@ -350,6 +394,10 @@ def _experiment(kind: study.ExperimentKind, server: LaunchedServer, scale: float
         "overload": lambda: study.overload(target, max_num_seqs=4, factor=2, prompt_tokens=256, reply_tokens=48),
         "prefix-order": lambda: study.prefix_order(target, block_size=server.facts.block_size, agents=4,
                                                    shared_tokens=1600, task_tokens=200, reply_tokens=32),
+        "slo-search": lambda: capacity.slo_search(
+            Measurer(target), CellSpec(phase="rate", context_tokens=4096, max_tokens=64, request_rate=1.0,
+                                       duration_s=5.0, slo=TRUTH_SLO),
+            resolution=0.1, max_probes=8, concurrency=False),
     }
     return runners[kind]()
 
@@ -376,7 +424,34 @@ def experiment_figures(ran: Ran, matched: Matched, delay: float | None) -> list[
         return context_window_figures(result, matched.between(ran.began, ran.ended))
     if result.kind == "overload":
         return overload_figures(result, matched.between(ran.began, ran.ended))
+    if result.kind == "slo-search":
+        return search_figures(result, matched)
     return prefix_order_figures(result, matched)
+
+
+def search_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
+    """Every probe of a capacity search beside its truth (whether the SLO held by the truth's own latencies
+    among them), and the capacity the truth's verdicts give: the highest probed rate that held, below the
+    lowest that failed. A search that took one wrong turn on the tool's clock shows here."""
+    figures: list[Figure] = []
+    held: dict[float, bool] = {}
+    for dumped in result.details["probes"]:
+        cell = CellResult.model_validate(dumped)
+        records = cell.records
+        delay = matched.delivery(records, matched.of(records))
+        found = rate_cell_figures(cell, matched, delay)
+        figures += [Figure(f"slo-search {f.where.removeprefix('rate-')}", f.name, f.kind, f.tool, f.truth)
+                    for f in found]
+        truth = next(f.truth for f in found if f.name == "slo_passed")
+        if cell.request_rate is not None and truth is not None:
+            held[cell.request_rate] = bool(truth) and cell.status == "Valid"
+    first_fail = min((rate for rate, ok in held.items() if not ok), default=math.inf)
+    capacity_truth = max((rate for rate, ok in held.items() if ok and rate < first_fail), default=None)
+    search = result.details["slo_search"]
+    figures.append(Figure("slo-search", "max_rate_rps", "rate", search["max_rate_rps"], capacity_truth))
+    figures.append(Figure("slo-search", "first_fail_rps", "rate", search["first_fail_rps"],
+                          None if first_fail == math.inf else first_fail))
+    return figures
 
 
 def run(scale: float = DEFAULT_SCALE) -> Report:
