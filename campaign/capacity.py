@@ -153,8 +153,9 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
                      resolution: float = DEFAULT_RESOLUTION, max_probes: int = DEFAULT_MAX_PROBES,
                      concurrency: bool = True, concurrency_ceiling: int | None = None,
                      on_probe: Callable[[str], None] | None = None) -> ExperimentResult:
-    """Capacity at `spec.slo`: the highest rate (open-loop probes shaped like `spec`), then, if asked, the
-    highest concurrency (closed loops at C), at which the SLO holds. Rates in the hardware's seconds."""
+    """Capacity at `spec.slo`: the highest rate (open-loop probes shaped like `spec`, uncapped), then, if
+    asked, the highest concurrency (closed loops at C, up to `concurrency_ceiling`, else the spec's
+    max_concurrency, else the server's max-num-seqs), at which the SLO holds. Rates in the hardware's seconds."""
     service = spec.slo
     key = search_key(spec, concurrency=concurrency)
     if service is None:
@@ -165,7 +166,7 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
 
     async def rate_probe(rate: float) -> Probe:
         cell = await measurer.run_cell(spec.model_copy(update={"request_rate": rate, "min_requests": need,
-                                                               "early_stop": True}))
+                                                               "early_stop": True, "max_concurrency": None}))
         cells.append(cell)
         outcome = probe_outcome(rate, cell)
         if on_probe is not None:
@@ -185,7 +186,8 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
                            max_probes=max_probes)
     by_concurrency = None
     if concurrency:
-        ceiling = concurrency_ceiling or measurer.target.max_num_seqs or CONCURRENCY_CEILING
+        ceiling = (concurrency_ceiling or spec.max_concurrency or measurer.target.max_num_seqs
+                   or CONCURRENCY_CEILING)
         by_concurrency = await search(concurrency_probe, axis="concurrency", start=1, floor=1, ceiling=ceiling,
                                       max_probes=max_probes)
     return _result(key, spec, by_rate, by_concurrency, cells, need)

@@ -120,7 +120,8 @@ ArrivalOpt = Annotated[str, typer.Option("--arrival", metavar="poisson|gamma|con
 BurstinessOpt = Annotated[float, typer.Option(
     "--burstiness", help="gamma arrivals: the shape (1 is Poisson, below 1 burstier)", callback=_positive)]
 MaxConcurrencyOpt = Annotated[int | None, typer.Option(
-    "--max-concurrency", min=1, help="at most this many rate requests in flight; later arrivals wait for a slot")]
+    "--max-concurrency", min=1, help="at most this many rate requests in flight (later arrivals wait for a slot); "
+                                     "with --find-max-rate, the concurrency search's ceiling")]
 FindMaxRateOpt = Annotated[bool, typer.Option(
     "--find-max-rate", help="search the highest rate (and concurrency) that holds --slo, at one context")]
 
@@ -193,9 +194,10 @@ def _search_spec(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts:
     if len(contexts) != 1:
         raise typer.BadParameter("give one context with --find-max-rate (e.g. --contexts 8k)",
                                  param_hint="'--contexts'")
+    # Its max_concurrency is the concurrency search's ceiling (the rate probes run uncapped).
     return CellSpec(phase="rate", context_tokens=contexts[0], max_tokens=max_tokens, request_rate=1.0,
                     duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness, slo=ask.service,
-                    prompts=prompts, endpoint=endpoint)
+                    max_concurrency=ask.max_concurrency, prompts=prompts, endpoint=endpoint)
 
 
 def _timeouts(connect: float, first_byte: float, idle: float) -> Any:

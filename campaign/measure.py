@@ -9,6 +9,7 @@ counted too), so any excess is foreign traffic: the step is discarded and rerun 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import random
 import time
@@ -379,6 +380,12 @@ class Measurer:
         window: tuple[float, float] | None = None
         processes = 1
         worker_cpu: list[float] = []
+        # No cyclic garbage collection while a step is timed (timeit does the same, for the same reason): a
+        # full collection walks every live object, and a controller holding a capacity search's thousands of
+        # request records paused for about 2 ms at a time, which `make truth` caught as the next launch's ITL
+        # p99 reading 1.1-1.7 ms high against the truth (0.01 ms without them). Collected after the step.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             warm = spec.phase == "decode" and spec.ttft == "warm"
             streams = 1 if spec.phase == "prefill" else spec.concurrency
@@ -426,6 +433,8 @@ class Measurer:
             await lag_probe
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
+            if collecting:
+                gc.enable()
         cpu = max([(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
         if window is not None:
             # The drain after a sustained window runs fewer than C: its samples say nothing of the window.

@@ -87,6 +87,8 @@ def parse(items: dict[str, object] | str) -> Slo:
             name, sep, value = part.partition("=")
             if not sep:
                 raise ValueError(f"{part!r}: expected NAME=VALUE, e.g. ttft_p99_ms=2000")
+            if name.strip() in pairs:
+                raise ValueError(f"{name.strip()} is given twice")
             pairs[name.strip()] = value.strip()
         items = pairs
     bounds: list[Bound] = []

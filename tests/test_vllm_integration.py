@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -371,3 +372,35 @@ def test_agent_sessions_on_the_real_build_hit_the_prefix_cache_from_the_second_t
     assert result.values[study.agents_value(1.0)] == float(max(holds, default=0)), slowest
     assert slowest[1] is not None and slowest[1] > 1.0  # one agent alone on the tiny model: far above 1 tok/s
     assert len(three["agent_tok_s"]) == 3
+
+
+def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(target: Target) -> None:
+    """Issue 16 on vLLM's own scheduler: two rates arrive on schedule (the real server says no time scale, so
+    the schedule is wall seconds), every reply exactly its length, goodput and the SLO judged; then a short
+    capacity search, every probe bracketed by vLLM's counters, ends with the highest rate that held."""
+    from campaign import capacity, slo
+
+    service = slo.parse("ttft_p90_ms=5000,tpot_p90_ms=500")
+    shape = CellSpec(phase="rate", context_tokens=256, max_tokens=16, request_rate=1.0, duration_s=6.0, slo=service)
+
+    async def measure() -> tuple[list[Any], Any]:
+        measurer = Measurer(target)
+        cells = [await measurer.run_cell(shape.model_copy(update={"request_rate": r})) for r in (1.0, 3.0)]
+        found = await capacity.slo_search(measurer, shape.model_copy(update={"duration_s": 3.0}), start_rps=2.0,
+                                          max_probes=3, resolution=0.5, concurrency=False)
+        return cells, found
+
+    cells, found = asyncio.run(measure())
+    for cell in cells:
+        assert cell.status == "Valid", cell.reasons
+        assert target.time_scale == 1.0 and cell.time_scale == 1.0
+        assert cell.achieved_rate_rps == pytest.approx(cell.request_rate, rel=0.15)
+        assert len(cell.requests) == round(6.0 * (cell.request_rate or 0))
+        assert {r.usage_completion_tokens for r in cell.records} == {16}
+        assert cell.goodput_rps is not None and cell.slo_met_fraction is not None and cell.slo_passed is not None
+        assert cell.attempts and cell.attempts[-1].accepted  # bracketed by vLLM's own counters
+    assert found.status == "Valid", found.reasons
+    search = found.details["slo_search"]
+    assert search["requests"] >= 10 * len(search["probes"]) and 1 <= len(search["probes"]) <= 3
+    assert search["last_pass_rps"] is not None or search["first_fail_rps"] is not None
+    assert found.values["max_rate_rps"] == search["last_pass_rps"]

@@ -1,0 +1,446 @@
+"""Open-loop load (issue 16): service levels, arrival schedules, the driver, the capacity search, rate cells'
+arithmetic, their verdict, matrices and diffs; then on the simulated H200 the issue's "Done when" and every
+rate figure and search verdict against the simulator's own truth records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import builders
+from pydantic import ValidationError
+
+from campaign import capacity, compare, openloop, sim_truth, slo, truth
+from campaign.cells import CellResult, CellSpec, Reason, behind_schedule, rate_metrics
+from campaign.client import RequestRecord
+from campaign.errors import ConfigError
+from campaign.launcher import LaunchedServer, launched
+from campaign.matrix import load_matrix
+from campaign.measure import Measurer
+from campaign.profiles import PROJECT_ROOT, load_profile
+
+
+# --- service levels -------------------------------------------------------------------------------------
+def test_an_slo_is_bounds_at_percentiles_and_a_speed_floor_is_a_tpot_bound() -> None:
+    service = slo.parse("ttft_p99_ms=2000, tpot_p90_ms=50,e2e_p50_ms=9000")
+    assert [(b.metric, b.percentile, b.limit_ms) for b in service.bounds] == [
+        ("ttft", 99, 2000), ("tpot", 90, 50), ("e2e", 50, 9000)]
+    assert service.min_requests == 100  # a p99 rests on 100 requests
+    assert slo.parse({"tpot_p90_ms": 40}).min_requests == 10
+    floor = slo.parse({"floor_tok_s": 20})
+    assert floor.bounds[0].name == "tpot_p99_ms" and floor.bounds[0].limit_ms == 50  # seed 000's 20 tok/s
+    assert slo.parse("ttft_p99_ms=2000").key == "ttft99_2000"
+
+
+@pytest.mark.parametrize("text, says", [
+    ("ttft_p99=2000", "'ttft_p99' is not a bound"),
+    ("itl_p99_ms=5", "'itl_p99_ms' is not a bound"),
+    ("ttft_p99_ms=-1", "must be a number above 0"),
+    ("ttft_p99_ms=fast", "is not a number"),
+    ("ttft_p99_ms=1,ttft_p99_ms=2", "given twice"),
+    ("ttft_p99_ms", "expected NAME=VALUE"),
+    ("", "at least one bound"),
+])
+def test_a_bad_slo_says_what_is_accepted(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        slo.parse(text)
+
+
+def test_a_failed_request_counts_as_infinitely_late() -> None:
+    service = slo.parse("ttft_p50_ms=100")
+    ok = [slo.RequestLatency(ok=True, ttft_ms=10.0, tpot_ms=1.0, e2e_ms=20.0) for _ in range(3)]
+    failed = [slo.RequestLatency(ok=False, ttft_ms=None, tpot_ms=None, e2e_ms=None) for _ in range(3)]
+    assert slo.evaluate(service, ok).passed
+    mixed = slo.evaluate(service, ok + failed)
+    assert not mixed.passed and mixed.good == 3 and mixed.met_fraction == 0.5
+    assert mixed.bounds[0].value_ms == slo.STORED_INFINITY and mixed.bounds[0].violations == 3
+    assert slo.percentile([1.0, 2.0, math.inf], 50) == 2.0 and slo.percentile([1.0, 2.0, math.inf], 75) == math.inf
+
+
+def test_certain_failure_never_calls_a_load_that_could_still_pass() -> None:
+    """Over many prefixes of a load: whenever the early stop says "failed", the whole load (the rest of its
+    requests as fast as possible) fails too; and it does say so as soon as no outcome could rescue it."""
+    service = slo.parse("ttft_p90_ms=100")
+    slow = slo.RequestLatency(ok=True, ttft_ms=500.0, tpot_ms=1.0, e2e_ms=600.0)
+    fast = slo.RequestLatency(ok=True, ttft_ms=5.0, tpot_ms=1.0, e2e_ms=6.0)
+    planned = 40
+    for violations in range(planned + 1):
+        seen = [slow] * violations
+        best_case = slo.evaluate(service, seen + [fast] * (planned - violations))
+        if slo.certain_to_fail(service, planned, seen):
+            assert not best_case.passed, violations
+        else:
+            assert violations < 5, violations  # p90 of 40: the fifth slow request decides it
+    assert slo.certain_to_fail(service, planned, [slow] * 5)
+
+
+# --- arrival schedules ----------------------------------------------------------------------------------
+def test_arrivals_offer_exactly_the_rate_asked_for_and_keep_their_distribution() -> None:
+    constant = openloop.arrivals(2.0, 10.0, arrival="constant")
+    assert constant == [i * 0.5 for i in range(20)]
+    poisson = openloop.arrivals(2.0, 10.0, seed=7)
+    assert len(poisson) == 20 and poisson[0] == 0.0 and poisson == sorted(poisson) and poisson[-1] < 10.0
+    assert poisson == openloop.arrivals(2.0, 10.0, seed=7) != openloop.arrivals(2.0, 10.0, seed=8)
+    # Over many gaps the shape shows: exponential gaps have a coefficient of variation of 1; gamma gaps of
+    # shape k have 1/sqrt(k) (burstiness 0.25: twice as variable; 4: half).
+    for arrival, shape, cv in (("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5)):
+        times = openloop.arrivals(100.0, 200.0, arrival=arrival, burstiness=shape, seed=1)  # type: ignore[arg-type]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.1), arrival
+    # A minimum count stretches the span at the same rate.
+    assert len(openloop.arrivals(0.5, 20.0, min_requests=100)) == 100
+    assert openloop.arrivals(0.5, 20.0, min_requests=100)[-1] < 200.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+def test_the_driver_keeps_to_the_schedule_and_the_cap_holds_arrivals_back_in_order() -> None:
+    """Five arrivals at once and a cap of two: two go at once, each later one when a slot frees, in order; a
+    stop releases nothing more and drains what is in flight. On a clock the test owns."""
+    async def scenario(stop_after: int | None) -> tuple[list[openloop.Sent], int]:
+        clock = _Clock()
+        done = [asyncio.Event() for _ in range(5)]
+        sent: list[openloop.Sent] = []
+        stop = asyncio.Event()
+        in_flight = peak = 0
+
+        async def send(s: openloop.Sent) -> None:
+            nonlocal in_flight, peak
+            sent.append(s)
+            in_flight += 1
+            peak = max(peak, in_flight)
+            if stop_after is not None and len(sent) == stop_after:
+                stop.set()
+            await done[s.index].wait()
+            in_flight -= 1
+
+        async def finish_in_order() -> None:
+            for event in done:
+                await asyncio.sleep(0.001)
+                clock.now += 1.0
+                event.set()
+
+        finisher = asyncio.create_task(finish_in_order())
+        await openloop.drive([0.0] * 5, send, cap=2, stop=stop, clock=clock, sleep=clock.sleep)
+        finisher.cancel()
+        return sent, peak
+
+    sent, peak = asyncio.run(scenario(None))
+    assert [s.index for s in sent] == [0, 1, 2, 3, 4] and peak == 2
+    assert [s.released_t for s in sent] == [0.0, 0.0, 1.0, 2.0, 3.0]   # each waited for a slot
+    assert all(s.scheduled_t == 0.0 for s in sent)
+    stopped, _ = asyncio.run(scenario(3))
+    assert [s.index for s in stopped] == [0, 1, 2]
+
+
+def test_the_driver_converts_hardware_seconds_for_a_faster_simulator() -> None:
+    clock = _Clock()
+    sent: list[openloop.Sent] = []
+
+    async def send(s: openloop.Sent) -> None:
+        sent.append(s)
+
+    asyncio.run(openloop.drive([0.0, 1.0, 2.5], send, time_scale=10.0, clock=clock, sleep=clock.sleep))
+    assert [round(s.scheduled_t, 9) for s in sent] == [0.0, 0.1, 0.25]
+
+
+# --- the search -----------------------------------------------------------------------------------------
+def _threshold(limit: float, seen: list[float] | None = None) -> Any:
+    async def probe(value: float) -> capacity.Probe:
+        if seen is not None:
+            seen.append(value)
+        return capacity.Probe(value, passed=value <= limit, requests=10)
+    return probe
+
+
+@pytest.mark.parametrize("limit, start", [(6.1, 1.0), (6.1, 20.0), (0.3, 1.0), (47.0, 0.5)])
+def test_the_rate_search_brackets_the_limit_within_its_resolution(limit: float, start: float) -> None:
+    result = asyncio.run(capacity.search(_threshold(limit), axis="rate", start=start, floor=0.01))
+    assert result.resolved and result.max == result.last_pass
+    assert result.last_pass is not None and result.first_fail is not None
+    assert result.last_pass <= limit < result.first_fail <= result.last_pass * 1.05
+    assert result.requests == 10 * len(result.probes) and len(result.probes) <= capacity.DEFAULT_MAX_PROBES
+
+
+def test_the_concurrency_search_stops_at_neighbours_or_the_ceiling() -> None:
+    found = asyncio.run(capacity.search(_threshold(30), axis="concurrency", start=1, floor=1, ceiling=256))
+    assert found.last_pass is not None and found.first_fail is not None
+    assert found.last_pass <= 30 < found.first_fail and found.resolved
+    assert all(float(p["value"]).is_integer() for p in found.probes)
+    held = asyncio.run(capacity.search(_threshold(1000), axis="concurrency", start=1, floor=1, ceiling=64))
+    assert held.max == 64 and held.first_fail is None and "held at the ceiling" in held.stopped and held.resolved
+
+
+def test_a_search_that_never_passes_or_cannot_tell_says_so() -> None:
+    none = asyncio.run(capacity.search(_threshold(0.001), axis="rate", start=1.0, floor=0.01))
+    assert none.max is None and none.first_fail is not None and "failed down to" in none.stopped
+
+    async def unclear(value: float) -> capacity.Probe:
+        return capacity.Probe(value, passed=False, requests=3, inconclusive="Invalid: the client fell behind")
+    stopped = asyncio.run(capacity.search(unclear, axis="rate", start=1.0, floor=0.01))
+    assert len(stopped.probes) == 1 and stopped.max is None and "could not tell" in stopped.stopped
+
+
+def test_a_probes_verdict_comes_from_its_status_and_its_slo() -> None:
+    def cell(status: str, passed: bool | None) -> CellResult:
+        spec = CellSpec(phase="rate", context_tokens=64, request_rate=1.0)
+        return CellResult(spec=spec, phase="rate", context_tokens=64, concurrency=1, label=spec.label,
+                          status=status, slo_passed=passed, reasons=["why"] if status != "Valid" else [])  # type: ignore[arg-type]
+    assert capacity.probe_outcome(1.0, cell("Valid", True)).passed
+    assert not capacity.probe_outcome(1.0, cell("Failed", True)).passed          # errors met nothing
+    assert capacity.probe_outcome(1.0, cell("Invalid", None)).inconclusive == "Invalid: why"
+
+
+# --- rate cells: arithmetic and verdict ------------------------------------------------------------------
+def _record(i: int, send: float, ttft: float, tokens: int, gap: float, *, due: float | None = None,
+            released: float | None = None, ok: bool = True) -> RequestRecord:
+    times = [send + ttft + k * gap for k in range(tokens)]
+    return RequestRecord(id=f"r{i}", prompt_tokens=100, max_tokens=tokens, send_t=send,
+                         chunk_t=times if ok else [], chunk_tokens=[1] * tokens if ok else [],
+                         end_t=times[-1] + 0.001 if ok else send + 0.5, status=200 if ok else 500,
+                         error=None if ok else "HTTP 500", usage_completion_tokens=tokens if ok else None,
+                         scheduled_t=send if due is None else due, released_t=send if released is None else released)
+
+
+def test_rate_metrics_from_raw_records_in_the_hardwares_time() -> None:
+    """Four requests due every 0.5 s from t=100 on a 2x simulator (so 0.25 wall s apart), one failed, one a
+    little late; every figure by hand."""
+    service = slo.parse("ttft_p50_ms=500,tpot_p50_ms=50")
+    records = [_record(0, 100.0, 0.1, 11, 0.01), _record(1, 100.25, 0.1, 11, 0.01),
+               _record(2, 100.5, 0.3, 11, 0.01, ok=False), _record(3, 100.76, 0.1, 11, 0.04, due=100.75,
+                                                                     released=100.75)]
+    out = rate_metrics(records, start=100.0, span_s=2.0, planned=4, early_stopped=False, request_rate=2.0,
+                       service=service, scale=2.0)
+    # Sent over max(span, last send - start) = max(2.0, 0.76 x 2): exactly the rate asked for.
+    assert out["achieved_rate_rps"] == pytest.approx(2.0)
+    # TTFT 0.1 wall s = 200 ms; TPOT 10 ms wall = 20 ms, the last 40 ms wall = 80 ms: over the TPOT bound.
+    assert out["ttft_ms"] == pytest.approx(200.0)
+    assert out["slo_met_fraction"] == pytest.approx(0.5)  # two of four: a failure and a slow one miss
+    measured = (records[3].end_t - 100.0) * 2.0  # type: ignore[operator]
+    assert out["measured_s"] == pytest.approx(measured)
+    assert out["goodput_rps"] == pytest.approx(2 / measured)
+    assert out["slo_passed"] is True  # the medians: TTFT 200 ms (the failure is one of four), TPOT 20 ms
+    # Lags 0, 0, 0 and 10 ms wall: the interpolated p99 is 0.97 of 10 ms, in hardware ms.
+    assert out["send_lag_p99_ms"] == pytest.approx(1000 * 0.01 * 0.97 * 2.0)
+    assert out["max_in_flight"] == 2 and out["completed"] == 3 and out["cap_waits"] == 0  # the failure and r3
+    assert out["in_flight"][0] == (0.0, 1)
+
+
+def test_a_client_behind_its_schedule_makes_the_cell_invalid_never_a_lower_load() -> None:
+    on_time = [_record(i, 10.0 + i, 0.1, 4, 0.01) for i in range(10)]
+    assert behind_schedule(on_time, wall_rate=1.0, achieved_share=1.0) is None
+    late = [_record(i, 10.0 + i + 1.5, 0.1, 4, 0.01, due=10.0 + i, released=10.0 + i) for i in range(10)]
+    assert "after they were due" in (behind_schedule(late, wall_rate=1.0, achieved_share=1.0) or "")
+    assert "90% of the rate" in (behind_schedule(on_time, wall_rate=1.0, achieved_share=0.9) or "")
+    assert behind_schedule(late, wall_rate=None, achieved_share=None) is None  # a closed loop has no schedule
+    # A few milliseconds of host noise at a slow rate are not a reason.
+    noisy = [_record(i, 10.0 + i + 0.02, 0.1, 4, 0.01, due=10.0 + i, released=10.0 + i) for i in range(10)]
+    assert behind_schedule(noisy, wall_rate=1.0, achieved_share=1.0) is None
+    assert Reason.SCHEDULE_BEHIND.value == "schedule_behind"
+
+
+def test_rate_cell_keys_name_what_they_send_and_inf_needs_a_cap() -> None:
+    spec = CellSpec(phase="rate", context_tokens=8192, max_tokens=128, request_rate=2.0, duration_s=20,
+                    slo=slo.parse("ttft_p99_ms=2000"))
+    assert spec.key == "rate-L8192-N128-Q2-poisson-D20-Sttft99_2000" and spec.label == "open-loop"
+    assert spec.seed == CellSpec.model_validate(spec.model_dump()).seed  # the same arrivals on every launch
+    capped = CellSpec(phase="rate", context_tokens=512, request_rate=None, max_concurrency=8, arrival="gamma",
+                      burstiness=0.5)
+    assert capped.key == "rate-L512-N256-Qinf-gamma0.5-D30-C8"
+    with pytest.raises(ValidationError, match="needs max_concurrency"):
+        CellSpec(phase="rate", context_tokens=512, request_rate=None)
+
+
+def test_a_matrix_names_rates_and_a_search_and_an_slo_they_share(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(
+        "name: m\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\nwindow_s: 20\n"
+        "slo: {ttft_p99_ms: 2000, floor_tok_s: 20}\n"
+        "workloads:\n"
+        "  - {kind: rate, contexts: [8k], rates: [0.5, 2, inf], max_concurrency: 16}\n"
+        "  - {kind: slo-search, context: 8k, max_tokens: 128}\n")
+    loaded, _, _ = load_matrix(str(matrix))
+    cells = loaded.cells()
+    assert [c.request_rate for c in cells] == [0.5, 2.0, None]
+    assert all(c.slo is not None and c.slo.text == "TTFT p99 <= 2000 ms, TPOT p99 <= 50 ms" and c.duration_s == 20
+               for c in cells)
+    (search,) = loaded.experiments()
+    assert search.key == "slo-search-L8192-N128-poisson-D20-Sttft99_2000.tpot99_50-conc"
+    for body, key in (("  - {kind: slo-search, context: 8k}\n", "no SLO to search against"),
+                      ("  - {kind: rate, contexts: [1k], rates: [1], slo: {ttft_p99: 5}}\n", "workloads[0].slo"),
+                      ("  - {kind: rate, contexts: [1k], rates: [inf]}\n", "needs max_concurrency"),
+                      ("  - {kind: rate, contexts: [1k], rates: [1], arival: gamma}\n", "did you mean arrival")):
+        matrix.write_text("name: m\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\nworkloads:\n" + body)
+        with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+            load_matrix(str(matrix))
+
+
+def test_the_shipped_slo_matrices_search_each_variant_at_seed_000s_floor() -> None:
+    for name in ("a5000-slo", "h200-slo"):
+        loaded, _, _ = load_matrix(name)
+        (search,) = [e for e in loaded.experiments() if e.kind == "slo-search"]
+        assert search.slo is not None and search.slo.as_mapping() == {"ttft_p99_ms": 2000.0, "tpot_p99_ms": 50.0}
+        assert len(loaded.all_variants()) >= 2, name
+
+
+# --- the diff: capacity at the SLO is the line that matters ----------------------------------------------
+def _search_result(rate: float, first_fail: float) -> dict[str, Any]:
+    return {"kind": "slo-search", "key": "slo-search-x", "status": "Valid",
+            "values": {"max_rate_rps": rate}, "details": {"slo_text": "TTFT p99 <= 2000 ms",
+                                                          "slo_search": {"last_pass_rps": rate,
+                                                                         "first_fail_rps": first_fail}}}
+
+
+def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -> None:
+    from campaign import store
+    from campaign.study import ExperimentResult
+
+    def run_with(base: list[float], other: list[float], name: str) -> compare.VariantDiff:
+        run = store.RunDir.create(tmp_path / name, "t")
+        builders.manifest(run, baseline="a", variants=["b"])
+        for variant, rates in (("a", base), ("b", other)):
+            launch = run.new_launch_dir(variant)
+            builders.server(launch, variant=variant, facts={"kv_cache_tokens": 1000}, flags={"x": variant})
+            for repeat, rate in enumerate(rates):
+                run.write_experiment(variant, repeat, "slo-search-x", ExperimentResult.model_validate(
+                    _search_result(rate, rate * 1.05)), launch=launch.name)
+        (diff,) = compare.diff_run(run)
+        return diff
+
+    clear = run_with([6.1, 6.0, 6.2], [7.4, 7.5, 7.3], "clear")
+    (metric,) = [m for c in clear.cells for m in c.metrics if m.metric == "max_rate_rps"]
+    assert metric.verdict == "better"
+    line = compare.recommend(clear, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
+    assert "capacity at SLO 6.1 -> 7.4 req/s (better)" in line and line.endswith(": keep")
+    # One bisection step apart, every repeat: no more than the search can resolve.
+    step = run_with([6.0, 6.0, 6.0], [6.2, 6.2, 6.2], "step")
+    (metric,) = [m for c in step.cells for m in c.metrics if m.metric == "max_rate_rps"]
+    assert metric.verdict == "inside noise" and "resolution" in metric.note
+
+
+def test_short_answers_carry_the_capacity_at_the_slo() -> None:
+    from campaign import answers, report
+
+    found = answers.capacity_at_slo([_search_result(6.0, 6.3), _search_result(7.0, 7.3),
+                                     {**_search_result(9.0, 9.3), "status": "Invalid"}])
+    assert found is not None and found["max_rate_rps"] == 6.5 and found["searches"] == 2
+    assert report.capacity_text(found) == "6.5 req/s (held at 6, failed at 6.3)"
+
+
+# --- on the simulated H200 -------------------------------------------------------------------------------
+TIME_SCALE = 5.0
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
+    folder = tmp_path_factory.mktemp("rate")
+    truth_path = folder / "truth.jsonl"
+    saved = {k: os.environ.get(k) for k in ("CAMPAIGN_SIM_TIME_SCALE", "CAMPAIGN_SIM_TRUTH")}
+    os.environ.update(CAMPAIGN_SIM_TIME_SCALE=f"{TIME_SCALE:g}", CAMPAIGN_SIM_TRUTH=str(truth_path))
+    try:
+        profile, _ = load_profile("h200")
+        with launched(profile, folder / "server.log", {"max-model-len": 16384}, engine="sim") as server:
+            yield server, truth_path
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _probe(server: LaunchedServer, *args: str) -> dict[str, Any]:
+    env = os.environ | {"H200_KEY": server.spec.api_key or ""}
+    out = subprocess.run(
+        [sys.executable, "-m", "campaign", "probe", server.spec.base_url, "--api-key-env", "H200_KEY", "--json",
+         *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data: dict[str, Any] = json.loads(out.stdout)
+    return data
+
+
+def test_done_when_two_rates_report_their_achieved_rate_and_goodput(h200: tuple[LaunchedServer, Path]) -> None:
+    """Done when: `campaign probe URL --rate 0.5,2 --duration 20 --slo ttft_p99_ms=3000,tpot_p99_ms=60 --json`
+    on the simulated H200 reports both rate cells with achieved rates within 15% of the requested ones and
+    goodput fields (the simulator runs 5x faster; the figures are the hardware's)."""
+    server, _ = h200
+    data = _probe(server, "--rate", "0.5,2", "--duration", "20", "--slo", "ttft_p99_ms=3000,tpot_p99_ms=60")
+    cells = data["cells"]
+    assert [c["request_rate"] for c in cells] == [0.5, 2.0]
+    for cell in cells:
+        assert cell["status"] == "Valid", cell["reasons"]
+        assert cell["phase"] == "rate" and cell["time_scale"] == TIME_SCALE
+        assert cell["achieved_rate_rps"] == pytest.approx(cell["request_rate"], rel=0.15)
+        assert len(cell["requests"]) == round(20 * cell["request_rate"])
+        for name in ("goodput_rps", "slo_met_fraction", "slo_passed", "ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms",
+                     "ttft_p90_ms", "itl_p99_ms", "in_flight", "send_lag_p99_ms"):
+            assert cell[name] is not None, name
+        assert cell["slo_passed"] and cell["slo_met_fraction"] == 1.0
+        assert [b["name"] for b in cell["slo_bounds"]] == ["ttft_p99_ms", "tpot_p99_ms"]
+        assert all(r["scheduled_t"] is not None and r["released_t"] is not None for r in cell["requests"])
+
+
+def test_goodput_falls_past_the_knee_and_the_search_finds_the_truths_limit(
+        h200: tuple[LaunchedServer, Path]) -> None:
+    """At 4K-token prompts the simulated H200 prefills about 2.5 requests a second: below that every request
+    meets a p90 TTFT of 1.5 s, above it the queue grows and goodput collapses. The capacity search then
+    finds, probe for probe, the verdicts the simulator's truth records give (its own arrival and emission
+    times), and the same bracketed maximum; `--find-max-rate` returns one too, with the concurrency beside it."""
+    server, truth_path = h200
+    service = slo.parse("ttft_p90_ms=1500,tpot_p90_ms=40")
+    shape = CellSpec(phase="rate", context_tokens=4096, max_tokens=64, request_rate=1.0, duration_s=10,
+                     slo=service)
+
+    async def measure() -> tuple[list[CellResult], Any]:
+        measurer = Measurer(server.target())
+        cells = [await measurer.run_cell(shape.model_copy(update={"request_rate": r})) for r in (1.0, 4.0)]
+        found = await capacity.slo_search(measurer, shape.model_copy(update={"duration_s": 5.0}),
+                                          resolution=0.1, max_probes=8, concurrency=False)
+        return cells, found
+
+    (low, high), found = asyncio.run(measure())
+    assert low.status == high.status == "Valid", (low.reasons, high.reasons)
+    assert low.slo_met_fraction == 1.0 and low.slo_passed
+    assert high.slo_passed is False and (high.slo_met_fraction or 0) < 0.5
+    assert (high.goodput_rps or 0) < (low.goodput_rps or 0)
+    matched = truth.Matched(sim_truth.read(truth_path))
+    for cell in (low, high):
+        figures = truth.rate_cell_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
+        wrong = [f for f in figures if f.kind != "latency" and not f.ok]
+        assert not wrong, wrong
+    assert found.status == "Valid", found.reasons
+    search = found.details["slo_search"]
+    assert search["resolved"] and search["last_pass_rps"] < search["first_fail_rps"] <= search["last_pass_rps"] * 1.1
+    checked = truth.search_figures(found, matched)
+    wrong = [f for f in checked if f.kind != "latency" and not f.ok]
+    assert not wrong, wrong
+    assert any(f.name == "max_rate_rps" and f.truth == search["max_rate_rps"] for f in checked)
+
+    data = _probe(server, "--contexts", "4k", "--max-tokens", "64", "--duration", "5", "--find-max-rate",
+                  "--slo", "ttft_p90_ms=1500,tpot_p90_ms=40", "--max-concurrency", "16")
+    assert data["cells"] == []
+    cli = data["slo_search"]
+    assert cli["status"] == "Valid" and cli["max_rate_rps"] == cli["last_pass_rps"]
+    assert cli["last_pass_rps"] < cli["first_fail_rps"] and cli["requests"] >= 10 * len(cli["probes"])
+    assert set(cli) >= {"max_rate_rps", "last_pass_rps", "first_fail_rps", "requests"}
+    streams = data["concurrency_search"]
+    assert streams["max"] is not None and streams["max"] <= 16
