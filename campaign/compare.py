@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -80,7 +81,12 @@ def welch_p(base: list[float], other: list[float]) -> float | None:
     diff = statistics.fmean(other) - statistics.fmean(base)
     if statistics.variance(base) == 0 and statistics.variance(other) == 0:
         return 1.0 if diff == 0 else 0.0
-    return float(sps.ttest_ind(other, base, equal_var=False).pvalue)
+    with warnings.catch_warnings():
+        # Nearly identical values (a capacity search landing on the same rate every repeat) make scipy warn of
+        # precision loss on the console; the p-value it returns is still the test's, and NaN is handled below.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(sps.ttest_ind(other, base, equal_var=False).pvalue)
+    return (1.0 if diff == 0 else 0.0) if math.isnan(p) else p
 
 
 def holm(p_values: list[float]) -> list[float]:
