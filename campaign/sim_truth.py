@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -266,13 +266,17 @@ def hit_rate(requests: list[RequestTruth]) -> float | None:
 
 
 def rate_figures(requests: list[RequestTruth], start: float, span: float,
-                 bounds: Sequence[tuple[str, float, float]]) -> dict[str, float | None]:
+                 bounds: Sequence[tuple[str, float, float]],
+                 margin_ms: Callable[[float], float] = lambda limit: 0.0) -> dict[str, float | None]:
     """An open-loop load, from the requests that arrived for it (simulated seconds; `start` is when its
     schedule began, `span` how long its arrivals were meant to take): the rate they arrived at; goodput, the
     requests a second whose own TTFT (arrival to first emission), TPOT (first to last emission over the
     tokens between) and end-to-end time (arrival to finish) were each within every bound (metric, percentile,
     limit in ms), over first arrival to last finish; the share of requests that did; whether each bound's
-    percentile held; requests in the server on average."""
+    percentile held; requests in the server on average. Where a value lies within `margin_ms(limit)` of its
+    limit, a measurement may honestly read it either side: `good_low` counts requests good by every bound
+    less that margin, `good_high` by every bound plus it, and `slo_borderline` says a percentile was that
+    close to its limit."""
     if not requests:
         return {}
     arrivals = [r.arrival for r in requests]
@@ -288,23 +292,32 @@ def rate_figures(requests: list[RequestTruth], start: float, span: float,
             return 1000.0 * (r.emits[-1][0] - r.emits[0][0]) / (r.tokens - 1) if r.tokens >= 2 else 0.0
         return 1000.0 * (r.finish - r.arrival)
 
-    good = sum(1 for r in requests if all(value(r, m) <= limit for m, _, limit in bounds))
+    def good_by(extra: float) -> float | None:
+        if not bounds:
+            return None
+        return float(sum(1 for r in requests
+                         if all(value(r, m) <= limit + extra * margin_ms(limit) for m, _, limit in bounds)))
+
+    good = good_by(0.0)
     out: dict[str, float | None] = {
+        "good": good, "good_low": good_by(-1.0), "good_high": good_by(1.0),
         "achieved_rate_rps": len(requests) / max(span, max(arrivals) - start),
-        "goodput_rps": good / measured if bounds and measured > 0 else None,
-        "slo_met_fraction": good / len(requests) if bounds else None,
+        "goodput_rps": good / measured if good is not None and measured > 0 else None,
+        "slo_met_fraction": good / len(requests) if good is not None else None,
         "avg_in_flight": sum((r.finish if r.finish is not None else last) - r.arrival for r in requests) / measured
         if measured > 0 else None,
         "completed": float(sum(1 for r in requests if r.reason == "length")),
         "output_tokens": float(sum(r.tokens for r in requests)),
         "measured_s": measured,
     }
-    held = True
+    held, borderline = True, False
     for metric, q, limit in bounds:
         values = sorted(value(r, metric) for r in requests)
         finite = all(v != float("inf") for v in values)
         p = stats.percentile(values, q) if finite else None
         out[f"{metric}_p{q:g}_ms"] = p
         held = held and p is not None and p <= limit
+        borderline = borderline or (p is not None and abs(p - limit) <= margin_ms(limit))
     out["slo_passed"] = float(held) if bounds else None
+    out["slo_borderline"] = float(borderline)
     return out

@@ -354,18 +354,10 @@ TIME_SCALE = 5.0
 def h200(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
     folder = tmp_path_factory.mktemp("rate")
     truth_path = folder / "truth.jsonl"
-    saved = {k: os.environ.get(k) for k in ("CAMPAIGN_SIM_TIME_SCALE", "CAMPAIGN_SIM_TRUTH")}
-    os.environ.update(CAMPAIGN_SIM_TIME_SCALE=f"{TIME_SCALE:g}", CAMPAIGN_SIM_TRUTH=str(truth_path))
-    try:
-        profile, _ = load_profile("h200")
-        with launched(profile, folder / "server.log", {"max-model-len": 16384}, engine="sim") as server:
-            yield server, truth_path
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    profile, _ = load_profile("h200")
+    with truth.environment(CAMPAIGN_SIM_TIME_SCALE=f"{TIME_SCALE:g}", CAMPAIGN_SIM_TRUTH=str(truth_path)), \
+            launched(profile, folder / "server.log", {"max-model-len": 16384}, engine="sim") as server:
+        yield server, truth_path
 
 
 def _probe(server: LaunchedServer, *args: str) -> dict[str, Any]:
@@ -478,3 +470,18 @@ def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(t
     for variant in ("seed", "chunk"):
         found = summary["short_answers"][variant]["capacity_at_slo"]
         assert found["max_rate_rps"] is not None and found["searches"] >= 1, found
+
+
+def test_launch_measures_rates_on_the_server_it_started(tmp_path: Path) -> None:
+    """`campaign launch PROFILE --rate ...` takes the same options as probe: here on the simulated H200, one
+    rate cell, then the server is stopped."""
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": f"{TIME_SCALE:g}"}
+    env.pop("CAMPAIGN_SIM_TRUTH", None)
+    out = subprocess.run([sys.executable, "-m", "campaign", "launch", "h200", "--engine", "sim", "--set",
+                          "max-model-len=16384", "--rate", "2", "--duration", "4", "--slo", "ttft_p99_ms=3000",
+                          "--json", "--log", str(tmp_path / "server.log")], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (cell,) = json.loads(out.stdout)["cells"]
+    assert cell["phase"] == "rate" and cell["status"] == "Valid" and cell["achieved_rate_rps"] == pytest.approx(2.0)
+    assert "stopped:" in out.stderr
