@@ -31,7 +31,7 @@ import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -460,8 +460,7 @@ def search_figures(result: study.ExperimentResult, matched: Matched) -> list[Fig
         records = cell.records
         delay = matched.delivery(records, matched.of(records))
         found = rate_cell_figures(cell, matched, delay)
-        figures += [Figure(f"slo-search {f.where.removeprefix('rate-')}", f.name, f.kind, f.tool, f.truth)
-                    for f in found]
+        figures += [replace(f, where=f"slo-search {f.where.removeprefix('rate-')}") for f in found]
         passed = next(f for f in found if f.name == "slo_passed")
         if cell.request_rate is not None and passed.truth is not None:
             # Where the truth cannot decide (a percentile within the tolerance of its bound), the tool's reading
@@ -531,7 +530,7 @@ def environment(**values: str) -> Iterator[None]:
 
 
 def _named(figure: Figure, profile: str) -> Figure:
-    return Figure(f"{profile} {figure.where}", figure.name, figure.kind, figure.tool, figure.truth)
+    return replace(figure, where=f"{profile} {figure.where}")
 
 
 def lines(report: Report) -> list[str]:
