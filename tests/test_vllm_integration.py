@@ -404,3 +404,35 @@ def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(targe
     assert search["requests"] >= 10 * len(search["probes"]) and 1 <= len(search["probes"]) <= 3
     assert search["last_pass_rps"] is not None or search["first_fail_rps"] is not None
     assert found.values["max_rate_rps"] == search["last_pass_rps"]
+
+
+def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(tmp_path: Path) -> None:
+    """Issue 15: the CPU build (0.32) runs n-gram speculative decoding (prompt lookup, no extra weights). A
+    server of its own: the startup log names the method and its draft tokens; a code cell's acceptance comes
+    from vllm:spec_decode_* over the bracketed step, and a random-id cell on the same server is Valid with
+    the reason that its acceptance is not what text gets. (With dummy weights the tiny model's greedy reply
+    repeats itself, which prompt lookup predicts well whatever the prompt: the figures are the counters', the
+    comparison between prompts means nothing on this model, so it is not asserted.)"""
+    from campaign.cells import Reason
+    from campaign.launcher import launched
+    from campaign.profiles import load_profile
+
+    profile, _ = load_profile("cpu-tiny")
+    flags = {"kv-cache-memory-bytes": "16M", "speculative-config": {
+        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}}
+    with launched(profile, tmp_path / "server.log", flags) as server:
+        assert server.facts.speculative_method == "ngram" and server.facts.num_speculative_tokens == 2
+        measurer = Measurer(server.target())
+
+        async def cells() -> list[Any]:
+            return [await measurer.run_cell(CellSpec(phase="decode", context_tokens=512, concurrency=1,
+                                                     max_tokens=64, window_s=4.0, prompts=prompts))
+                    for prompts in ("code", "random")]
+
+        code, noise = asyncio.run(cells())
+    for cell in (code, noise):
+        assert cell.status == "Valid", cell.reasons
+        assert cell.spec_acceptance_rate is not None and 0 < cell.spec_acceptance_rate <= 1
+        assert cell.spec_mean_accepted is not None and 0 < cell.spec_mean_accepted <= 2
+        assert cell.spec_mean_acceptance_length == pytest.approx(1 + cell.spec_mean_accepted)
+    assert code.reason_codes == [] and noise.reason_codes == [Reason.SPEC_RANDOM_PROMPTS]
