@@ -23,10 +23,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from campaign.cells import CellResult, CellSpec
 from campaign.measure import Measurer
+from campaign.slo import STORED_INFINITY
 from campaign.study import ExperimentResult
 
 DEFAULT_RESOLUTION = 0.05   # a rate bracket this narrow (5%) is an answer
@@ -53,13 +54,19 @@ class SearchResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     axis: Literal["rate", "concurrency"] = Field(description="what was searched")
-    max: float | None = Field(description="the highest value that held the SLO (None: none did)")
-    last_pass: float | None = Field(description="the same: the bracket's lower end")
+    last_pass: float | None = Field(description="the highest value that held the SLO (None: none did)")
     first_fail: float | None = Field(description="the lowest value that failed (None: none did, up to the ceiling)")
     resolved: bool = Field(description="the bracket is within the resolution asked for")
     requests: int = Field(description="requests sent by every probe together")
     probes: list[dict[str, Any]] = Field(default_factory=list, description="each probe: value, passed, requests")
     stopped: str = Field(description="why the search stopped, in words")
+    inconclusive: str | None = Field(default=None, description="why a probe could not tell, where one ended it")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def max(self) -> float | None:
+        """The answer: the bracket's lower end, the highest value that held."""
+        return self.last_pass
 
 
 def _next_bracketing(x: float, *, up: bool, integer: bool) -> float:
@@ -93,11 +100,12 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
     done: list[Probe] = []
     x = min(start, ceiling) if ceiling is not None else start
     stopped = f"the probe budget ({max_probes}) was spent"
+    unclear: str | None = None
     while len(done) < max_probes:
         outcome = await probe(x)
         done.append(outcome)
         if outcome.inconclusive:
-            stopped = f"the probe at {x:g} could not tell: {outcome.inconclusive}"
+            unclear = stopped = f"the probe at {x:g} could not tell: {outcome.inconclusive}"
             break
         if outcome.passed:
             last_pass = x if last_pass is None else max(last_pass, x)
@@ -123,7 +131,7 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
     resolved = last_pass is not None and first_fail is not None and _resolved(
         last_pass, first_fail, integer=integer, resolution=resolution)
     return SearchResult(
-        axis=axis, max=last_pass, last_pass=last_pass, first_fail=first_fail,
+        axis=axis, last_pass=last_pass, first_fail=first_fail, inconclusive=unclear,
         resolved=resolved or (first_fail is None and last_pass is not None and last_pass == ceiling),
         requests=sum(p.requests for p in done), stopped=stopped,
         probes=[{"value": p.value, "passed": p.passed, "requests": p.requests, "early_stopped": p.early_stopped,
@@ -164,23 +172,22 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
     cells: list[CellResult] = []
     need = max(spec.min_requests, service.min_requests)
 
-    async def rate_probe(rate: float) -> Probe:
-        cell = await measurer.run_cell(spec.model_copy(update={"request_rate": rate, "min_requests": need,
-                                                               "early_stop": True, "max_concurrency": None}))
+    async def measured(axis: str, value: float, shape: dict[str, Any]) -> Probe:
+        cell = await measurer.run_cell(spec.model_copy(update={"min_requests": need, **shape}))
         cells.append(cell)
-        outcome = probe_outcome(rate, cell)
+        outcome = probe_outcome(value, cell)
         if on_probe is not None:
-            on_probe(_probe_line("rate", rate, outcome, cell))
+            on_probe(_probe_line(axis, value, outcome, cell))
         return outcome
 
+    async def rate_probe(rate: float) -> Probe:
+        # Open loop, uncapped; stopped once its SLO has certainly failed.
+        return await measured("rate", rate, {"request_rate": rate, "early_stop": True, "max_concurrency": None})
+
     async def concurrency_probe(streams: float) -> Probe:
-        cell = await measurer.run_cell(spec.model_copy(update={
-            "request_rate": None, "max_concurrency": int(streams), "min_requests": need, "early_stop": False}))
-        cells.append(cell)
-        outcome = probe_outcome(streams, cell)
-        if on_probe is not None:
-            on_probe(_probe_line("concurrency", streams, outcome, cell))
-        return outcome
+        # A closed loop at C has no fixed count to stop early against.
+        return await measured("concurrency", streams, {"request_rate": None, "max_concurrency": int(streams),
+                                                       "early_stop": False})
 
     by_rate = await search(rate_probe, axis="rate", start=start_rps, floor=MIN_RATE_RPS, resolution=resolution,
                            max_probes=max_probes)
@@ -197,7 +204,7 @@ def _probe_line(axis: str, value: float, outcome: Probe, cell: CellResult) -> st
     unit = "req/s" if axis == "rate" else "streams"
     verdict = outcome.inconclusive or ("held" if outcome.passed else "failed")
     bounds = ", ".join(f"{b.name} {b.value_ms:,.0f}" for b in cell.slo_bounds if b.value_ms is not None
-                       and b.value_ms < 1e11)
+                       and b.value_ms < STORED_INFINITY)
     return (f"SLO probe at {value:g} {unit}: {verdict} ({outcome.requests} requests"
             + (", stopped early" if outcome.early_stopped else "") + (f"; {bounds}" if bounds else "") + ")")
 
@@ -206,7 +213,7 @@ def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: Sea
             cells: list[CellResult], need: int) -> ExperimentResult:
     assert spec.slo is not None
     searches = [s for s in (by_rate, by_concurrency) if s is not None]
-    inconclusive = [s.stopped for s in searches if s.stopped.startswith("the probe at")]
+    inconclusive = [s.inconclusive for s in searches if s.inconclusive is not None]
     failed = [c for c in cells if c.status == "Failed"]
     verdict = f"capacity at SLO ({spec.slo.text}): " + _answer(by_rate, "req/s")
     if by_concurrency is not None:

@@ -146,24 +146,12 @@ class RateAsk:
 def _rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: str, burstiness: float,
               max_concurrency: int | None, find_max_rate: bool) -> RateAsk:
     from campaign import slo
-    from campaign.openloop import ARRIVALS
+    from campaign.openloop import ARRIVALS, rate_value
 
-    rates: list[float | None] = []
-    for part in (rate or "").split(","):
-        text = part.strip().lower()
-        if not text:
-            continue
-        if text == "inf":
-            rates.append(None)
-            continue
-        try:
-            value = float(text)
-        except ValueError:
-            raise typer.BadParameter(f"{part!r} is not a rate (requests a second, or inf)", param_hint="'--rate'") \
-                from None
-        if not value > 0:
-            raise typer.BadParameter(f"{part!r}: a rate is above 0", param_hint="'--rate'")
-        rates.append(value)
+    try:
+        rates = [rate_value(part.strip()) for part in (rate or "").split(",") if part.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--rate'") from None
     if None in rates and max_concurrency is None:
         raise typer.BadParameter("inf needs --max-concurrency N (the requests in flight at once)",
                                  param_hint="'--rate'")

@@ -20,7 +20,7 @@ from campaign import slo as slos
 from campaign.cells import CellSpec
 from campaign.endpoint import Timeouts
 from campaign.errors import ConfigError, PromptError, did_you_mean
-from campaign.openloop import Arrival
+from campaign.openloop import Arrival, rate_value
 from campaign.profiles import (
     PROJECT_ROOT,
     FlagValue,
@@ -135,10 +135,8 @@ def _slo_input(value: Any) -> Any:
 
 
 def _rate_input(value: Any) -> Any:
-    """`inf` (as fast as the cap allows) is None; every other rate a number of requests a second."""
-    if isinstance(value, list):
-        return [None if str(v).strip().lower() in {"inf", ".inf"} or v == float("inf") else v for v in value]
-    return value
+    """`inf` (as fast as the cap allows) is None; every other rate a number of requests a second above 0."""
+    return [rate_value(v) for v in value] if isinstance(value, list) else value
 
 
 class _LoadShape(_TextWorkload):
@@ -179,13 +177,6 @@ class RateWorkload(_LoadShape):
 
     _contexts = field_validator("contexts", mode="before")(_token_list)
     _rates = field_validator("rates", mode="before")(_rate_input)
-
-    @field_validator("rates")
-    @classmethod
-    def _positive_rates(cls, value: list[float | None]) -> list[float | None]:
-        if any(r is not None and r <= 0 for r in value):
-            raise ValueError("every rate is above 0 requests a second (or inf)")
-        return value
 
     @model_validator(mode="after")
     def _inf_needs_a_cap(self) -> RateWorkload:

@@ -30,6 +30,7 @@ from campaign.cells import (
     Finding,
     Reason,
     StepEvidence,
+    behind_schedule,
     findings_fields,
     fixed_metrics,
     over_capacity,
@@ -40,7 +41,6 @@ from campaign.cells import (
     verdict,
     window_metrics,
 )
-from campaign.cells import behind_schedule as schedule_problem
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
@@ -619,7 +619,7 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
             template_hits=self._template_hits(spec, len(records)),
-            behind_schedule=schedule_problem(
+            behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))
         status, findings = verdict(evidence)

@@ -32,6 +32,22 @@ Arrival = Literal["poisson", "gamma", "constant"]
 ARRIVALS: tuple[Arrival, ...] = ("poisson", "gamma", "constant")
 
 
+def rate_value(value: object) -> float | None:
+    """A rate as written: requests a second above 0, or `inf` (None: as fast as a cap allows). ValueError
+    otherwise."""
+    if isinstance(value, str) and value.strip().lower() in {"inf", ".inf"}:
+        return None
+    try:
+        rate = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a rate (requests a second, or inf)") from None
+    if rate == float("inf"):
+        return None
+    if not rate > 0:
+        raise ValueError(f"{value!r}: a rate is above 0 requests a second (or inf)")
+    return rate
+
+
 def request_count(rate: float, span_s: float, min_requests: int = 1) -> int:
     return max(min_requests, round(rate * span_s), 1)
 

@@ -460,7 +460,10 @@ def search_figures(result: study.ExperimentResult, matched: Matched) -> list[Fig
         records = cell.records
         delay = matched.delivery(records, matched.of(records))
         found = rate_cell_figures(cell, matched, delay)
-        figures += [replace(f, where=f"slo-search {f.where.removeprefix('rate-')}") for f in found]
+        # What the search decides on: the rates, counts and service-level figures (the bounds' own
+        # percentiles among them); the rate cell of this launch checks a load's whole latency distribution.
+        figures += [replace(f, where=f"slo-search {f.where.removeprefix('rate-')}") for f in found
+                    if f.kind != "latency" or f.name in {b.name for b in cell.slo_bounds}]
         passed = next(f for f in found if f.name == "slo_passed")
         if cell.request_rate is not None and passed.truth is not None:
             # Where the truth cannot decide (a percentile within the tolerance of its bound), the tool's reading
