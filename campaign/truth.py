@@ -246,7 +246,10 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
         Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"]),
         Figure(where, "completed", "count", _count(cell.completed), arrived["completed"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), arrived["output_tokens"]),
-        Figure(where, "avg_in_flight", "count", cell.avg_in_flight, arrived["avg_in_flight"]),
+        # Requests in flight, time-averaged, is a sum of latencies over the load's time: each request may be
+        # off by its latency tolerance (the client's clock starts at its send and ends at its read).
+        Figure(where, "avg_in_flight", "count", cell.avg_in_flight, arrived["avg_in_flight"],
+               _around(arrived["avg_in_flight"], _latency_slack(matched.of(cell.records), load_s))),
         # Goodput counts the judged requests that met the SLO over the whole load's time, first wave included.
         Figure(where, "goodput_rps", "rate", cell.goodput_rps, _per(truth["good"], load_s),
                _between(_per(truth["good_low"], load_s), _per(truth["good_high"], load_s))),
@@ -258,6 +261,18 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
           for b in cell.slo_bounds),
     ]
     return figures + list(_latency_figures(where, cell, latency, 1.0))
+
+
+def _latency_slack(requests: list[RequestTruth], over: float | None) -> float | None:
+    """What a time integral of these requests' latencies over `over` seconds may be off by: each one's
+    latency tolerance (1 ms or 2%, whichever is larger)."""
+    if not over:
+        return None
+    return sum(latency_tolerance_ms((r.finish or r.arrival) - r.arrival) / 1000.0 for r in requests) / over
+
+
+def _around(value: float | None, slack: float | None) -> tuple[float, float] | None:
+    return None if value is None or slack is None else (value - slack, value + slack)
 
 
 def _per(count: float | None, over: float | None) -> float | None:
