@@ -9,12 +9,14 @@ import math
 import statistics
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from campaign import gpu
+from campaign import gpu, stats
 from campaign.answers import agents_that_fit
 from campaign.cells import REASON_HINTS, Reason, primary_metric
+from campaign.client import RequestRecord
 from campaign.errors import ResultFormatError
 from campaign.records import (
     CellRecord,
@@ -72,20 +74,31 @@ DIAGNOSTIC_METRICS = {"generation_tok_s_drop_pct", "speedup", "shared_first_hit_
                       "ran_concurrently"}
 
 
-def welch_p(base: list[float], other: list[float]) -> float | None:
-    """Two-sided p-value of Welch's t-test for equal means; None with fewer than two values a side."""
+def _spread(values: list[float], floor: float) -> float:
+    """A side's variance of one measurement: what its repeats show, and never less than `floor`, the variance
+    each measurement carries on its own (a median's error from its requests): two repeats that land close by
+    chance say nothing about how far a third would land."""
+    return max(statistics.variance(values), floor)
+
+
+def welch_p(base: list[float], other: list[float], floors: tuple[float, float] = (0.0, 0.0)) -> float | None:
+    """Two-sided p-value of Welch's t-test for equal means; None with fewer than two values a side. `floors`:
+    the least variance of one measurement on each side (see `_spread`)."""
     if len(base) < 2 or len(other) < 2:
         return None
     from scipy import stats as sps
 
     diff = statistics.fmean(other) - statistics.fmean(base)
-    if statistics.variance(base) == 0 and statistics.variance(other) == 0:
+    vb, vo = _spread(base, floors[0]), _spread(other, floors[1])
+    if vb == 0 and vo == 0:
         return 1.0 if diff == 0 else 0.0
     with warnings.catch_warnings():
         # Nearly identical values (a capacity search landing on the same rate every repeat) make scipy warn of
         # precision loss on the console; the p-value it returns is still the test's, and NaN is handled below.
         warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(sps.ttest_ind(other, base, equal_var=False).pvalue)
+        p = float(sps.ttest_ind_from_stats(statistics.fmean(other), math.sqrt(vo), len(other),
+                                           statistics.fmean(base), math.sqrt(vb), len(base),
+                                           equal_var=False).pvalue)
     return (1.0 if diff == 0 else 0.0) if math.isnan(p) else p
 
 
@@ -104,13 +117,15 @@ def holm(p_values: list[float]) -> list[float]:
     return adjusted
 
 
-def welch_ci95(base: list[float], other: list[float]) -> tuple[float, float] | None:
-    """95% interval of mean(other) - mean(base) (Welch); None with fewer than two values a side."""
+def welch_ci95(base: list[float], other: list[float],
+               floors: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float] | None:
+    """95% interval of mean(other) - mean(base) (Welch); None with fewer than two values a side. `floors`:
+    the least variance of one measurement on each side (see `_spread`)."""
     if len(base) < 2 or len(other) < 2:
         return None
     from scipy import stats as sps
 
-    vb, vo = statistics.variance(base) / len(base), statistics.variance(other) / len(other)
+    vb, vo = _spread(base, floors[0]) / len(base), _spread(other, floors[1]) / len(other)
     diff = statistics.fmean(other) - statistics.fmean(base)
     se = math.sqrt(vb + vo)
     if se == 0:
@@ -144,16 +159,17 @@ class MetricVerdict:
                 and not self.ci95_pct[0] <= 0 <= self.ci95_pct[1])
 
 
-def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT) -> int | None:
+def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT,
+                       floors: tuple[float, float] = (0.0, 0.0)) -> int | None:
     """Measurements a side for a change of `effect` (a fraction of the baseline mean) to come out of the noise
     with 80% power at the 95% level, from the pooled spread of what was measured (normal approximation:
     n = 2 (z_0.975 + z_0.8)^2 s^2 / d^2). With one measurement on a side, the other side's spread stands for
     both; None where neither side has two (no spread yet)."""
-    sides = [values for values in (base, other) if len(values) >= 2]
+    sides = [(values, floor) for values, floor in zip((base, other), floors, strict=True) if len(values) >= 2]
     if not sides or not base:
         return None
     mean = statistics.fmean(base)
-    pooled = sum((len(v) - 1) * statistics.variance(v) for v in sides) / sum(len(v) - 1 for v in sides)
+    pooled = sum((len(v) - 1) * _spread(v, f) for v, f in sides) / sum(len(v) - 1 for v, _ in sides)
     d = abs(effect * mean)
     if d == 0:
         return None
@@ -162,8 +178,10 @@ def repeats_to_resolve(base: list[float], other: list[float], *, effect: float =
     return max(2, math.ceil(2 * (1.959964 + 0.841621) ** 2 * pooled / d**2))
 
 
-def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "") -> MetricVerdict:
-    """Baseline vs variant samples of one metric -> change, 95% interval and a verdict."""
+def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "",
+                floors: tuple[float, float] = (0.0, 0.0)) -> MetricVerdict:
+    """Baseline vs variant samples of one metric -> change, 95% interval and a verdict. `floors`: the least
+    variance of one measurement on each side (its own error, where the metric has one; see `_spread`)."""
     if not base or not other:
         return MetricVerdict(metric, statistics.fmean(base) if base else None,
                              statistics.fmean(other) if other else None, None, None, len(base), len(other),
@@ -172,21 +190,21 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     if mb == 0:
         return MetricVerdict(metric, mb, mo, None, None, len(base), len(other), "no data", "baseline is zero")
     change = (mo - mb) / mb
-    ci = welch_ci95(base, other)
+    ci = welch_ci95(base, other, floors)
     ci_pct = None if ci is None else (100 * ci[0] / mb, 100 * ci[1] / mb)
     if ci is None:
         # One measurement is not evidence: a fixed noise floor is not an interval (issue 20).
-        needed = repeats_to_resolve(base, other)
+        needed = repeats_to_resolve(base, other, floors=floors)
         note = "one measurement: not judged; " + (
             repeats_advice(needed, 1) + " (from the other side's spread)" if needed is not None else
             "at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)")
         return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note, needed)
     inside = ci[0] <= 0 <= ci[1] or abs(change) < MIN_EFFECT
     verdict: Verdict = "inside noise" if inside else ("better" if change * direction > 0 else "worse")
-    needed = repeats_to_resolve(base, other) if verdict == "inside noise" else None
+    needed = repeats_to_resolve(base, other, floors=floors) if verdict == "inside noise" else None
     note = repeats_advice(needed, min(len(base), len(other))) if needed is not None else ""
     return MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), verdict, note, needed,
-                         p_value=welch_p(base, other))
+                         p_value=welch_p(base, other, floors))
 
 
 def repeats_advice(needed: int, have: int) -> str:
@@ -394,6 +412,34 @@ def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
     return values
 
 
+# Medians over a measurement's requests (phase, metric -> each request's value), whose own error is the
+# least variance a measurement of them carries (`_spread`). In a decode cell of streams in lockstep, each
+# wave's replacements reach the server within a step of each other; whether they are prefilled in one step
+# or split over two is decided by the client's timing to the microsecond, so one measurement's TTFT median
+# can land in either mode: the simulated A5000 pair read 208, 209 ms against 159, 160 ms for identical flags
+# in a CI run, and Welch's test on two close values a side called that "better". The requests of the
+# 159 ms measurements spanned both modes, which their median's error says.
+MEDIAN_OF_REQUESTS: dict[tuple[str, str], Callable[[RequestRecord], float | None]] = {
+    ("decode", "ttft_ms"): lambda r: r.ttft_s}
+
+
+def _median_floor(cells: list[StoredCell], key: str, metric: str) -> float:
+    """The mean over a side's Valid measurements of its median's squared error, from its stored requests, in
+    the metric's own units (0 where the metric is no such median or no requests were stored)."""
+    errors = []
+    for cell in cells:
+        r = cell.result
+        value_of = MEDIAN_OF_REQUESTS.get((r.phase, metric))
+        value = getattr(r, metric, None)
+        if r.spec.key != key or r.status != "Valid" or value_of is None or value is None:
+            continue
+        samples = [v for v in map(value_of, r.records) if v is not None]
+        se, middle = stats.median_standard_error(samples), stats.median(samples)
+        if se is not None and middle:
+            errors.append((se / middle * value) ** 2)  # relative: the stored value may be in scaled time
+    return statistics.fmean(errors) if errors else 0.0
+
+
 def _samples(cells: list[StoredCell], key: str, field_name: str) -> list[int]:
     """How many samples each Valid measurement of a cell rests on (its latency_requests or itl_samples)."""
     return [int(getattr(c.result, field_name) or 0) for c in cells
@@ -468,8 +514,9 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                         statistics.fmean(other_v) if other_v else None, None, None, len(base_v), len(other_v),
                         "no data", why))
                     continue
+            floors = (_median_floor(base, key, metric), _median_floor(other, key, metric))
             diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
-                                            metric))
+                                            metric, floors))
         out.append(diff)
     return out
 

@@ -223,3 +223,20 @@ def test_loop_lag_sees_a_client_that_blocks_its_own_event_loop() -> None:
     samples = asyncio.run(scenario())
     assert max(lag for _, lag in samples) >= 0.025
     assert all(lag >= 0 for _, lag in samples) and len(samples) >= 3
+
+
+def test_a_medians_own_error_matches_theory_and_spans_two_modes() -> None:
+    """The order-statistic error of a median: for a normal sample about sqrt(pi/2) sigma / sqrt(n) (the
+    asymptotic standard error), for a sample half in each of two modes about the distance between the modes
+    over 2 x 1.96 (its interval reaches both), and none below three values."""
+    import random
+
+    from campaign import stats
+
+    rng = random.Random(7)
+    normal = [rng.gauss(100.0, 10.0) for _ in range(10_000)]
+    assert stats.median_standard_error(normal) == pytest.approx(1.2533 * 10.0 / 100.0, rel=0.1)
+    bimodal = [107.0] * 12 + [208.0] * 12
+    assert stats.median_standard_error(bimodal) == pytest.approx((208.0 - 107.0) / (2 * 1.959964))
+    assert stats.median_standard_error([208.0 + 0.05 * i for i in range(24)]) < 0.2
+    assert stats.median_standard_error([1.0, 2.0]) is None

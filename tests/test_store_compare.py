@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from fakes import builders
 
 from campaign import compare, store
 from campaign.cells import CellResult, CellSpec
+from campaign.client import RequestRecord
 from campaign.errors import ResultFormatError
 
 SPEC = CellSpec(phase="decode", context_tokens=1024, concurrency=8, mode="fixed", max_tokens=256)
@@ -269,3 +271,42 @@ def test_noise_too_large_for_repeats_says_find_its_cause() -> None:
     result = compare.verdict_for([10.0, 100.0], [20.0, 90.0], direction=-1)
     assert result.verdict == "inside noise" and result.repeats_needed is not None and result.repeats_needed > 100
     assert "too large for repeats to settle; find its cause" in result.note
+
+
+def _ttft_cell(ttfts_ms: list[float]) -> CellResult:
+    """A sustained decode cell whose stored requests saw these TTFTs; its median is the cell's ttft_ms."""
+    records = [RequestRecord(id=f"r{i}", prompt_tokens=128, max_tokens=128, send_t=float(i),
+                             chunk_t=[i + t / 1000], chunk_tokens=[128], end_t=i + 1.0, status=200)
+               for i, t in enumerate(ttfts_ms)]
+    return cell(SPEC, 1160.0).model_copy(update={
+        "ttft_ms": statistics.median(ttfts_ms), "requests": [r.to_dict() for r in records]})
+
+
+@pytest.mark.parametrize(("low_share", "verdict"), [(12, "inside noise"), (0, "better")])
+def test_a_ttft_median_between_two_modes_is_not_judged_on_two_close_repeats(tmp_path: Path, low_share: int,
+                                                                               verdict: str) -> None:
+    """What a CI run read on the simulated A5000 pair with two identical flag sets: streams in lockstep are
+    prefilled in one wave (208 ms each) or split in two (107 and 208 ms) as the client's timing falls, and two
+    split measurements a side (medians 158 and 159 ms) against two unsplit ones made Welch's test call TTFT
+    "better". The split measurements' requests span both modes, which their medians' own error says, and
+    that error is the least variance a measurement carries. Requests all in one mode, 20% faster, still
+    read better."""
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="a", variants=["b"])
+    for variant in ("a", "b"):
+        launch = run.new_launch_dir(variant)
+        builders.server(launch, variant=variant, facts=facts(1000), ready_s=1.0)
+        for repeat, offset in enumerate((0.0, 0.6)):
+            if variant == "a":
+                ttfts = [208.0 + offset + 0.05 * i for i in range(24)]
+            else:
+                low = [107.0 + offset + 0.05 * i for i in range(low_share)]
+                ttfts = low + [(208.0 if low_share else 166.0) + offset + 0.05 * i for i in range(24 - low_share)]
+            run.write_cell(variant, repeat, _ttft_cell(ttfts), launch=launch.name, telemetry=None)
+    ttft = next(m for c in compare.diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_ms")
+    assert ttft.verdict == verdict
+    if verdict == "inside noise":
+        assert ttft.ci95_pct is not None and ttft.ci95_pct[0] < 0 < ttft.ci95_pct[1]
+        # Without the measurements' own error the same four values would have been "better".
+        values = {v: [c.result.ttft_ms for c in run.cells() if c.variant == v] for v in ("a", "b")}
+        assert compare.verdict_for(values["a"], values["b"], -1).verdict == "better"  # type: ignore[arg-type]
