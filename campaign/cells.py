@@ -481,9 +481,10 @@ class CellResult(BaseModel):
     # the rate asked for (None: as fast as the cap allows) and the rate the requests were sent at (requests
     # sent over the time their schedule took, as sent); requests planned (None: a closed loop), whether an
     # early stop ended the load, and a closed loop's first wave (left out of the latencies and the SLO);
-    # goodput (requests a second that met every bound of the SLO, first send to last end) and the share of
-    # the requests judged that met it; whether the load held the SLO and each bound's figures; the client's
-    # lag behind its schedule (p99, ms) and the requests the cap held back; requests in flight
+    # goodput (requests a second that met every bound of the SLO, first send to last end; a closed loop's
+    # first wave counts at the judged requests' share) and the share of the requests judged that met it;
+    # whether the load held the SLO and each bound's figures; the client's lag behind its schedule (p99, ms)
+    # and the requests the cap held back; requests in flight
     # (time-averaged, peak, and a series of (seconds from the first send, count)).
     request_rate: float | None = None
     achieved_rate_rps: float | None = None
@@ -748,7 +749,10 @@ def rate_metrics(records: list[RequestRecord], *, start: float, span_s: float, p
     }
     if service is not None:
         outcome = slo.evaluate(service, request_latencies(judged, scale))
-        out |= {"goodput_rps": outcome.good / measured if measured > 0 else None,
+        # The load's requests a second times the share of the judged ones that met the SLO: a closed loop's
+        # first wave is in the load's time, so it is counted in its requests too, at the judged ones' share.
+        met = outcome.met_fraction
+        out |= {"goodput_rps": met * len(records) / measured if measured > 0 and met is not None else None,
                 "slo_met_fraction": outcome.met_fraction, "slo_passed": outcome.passed,
                 "slo_bounds": outcome.bounds}
     return out

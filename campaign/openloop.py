@@ -68,16 +68,21 @@ def arrivals(rate: float, span_s: float, *, arrival: Arrival = "poisson", bursti
     shape = 1.0 if arrival == "poisson" else burstiness
     gaps = [rng.gammavariate(shape, 1.0) for _ in range(n)]   # n gaps: after each arrival, the next one's
     total = sum(gaps)
+    if total <= 0:
+        # A tiny burstiness (shape 0.001) can draw every gap below the smallest float: the burst's limit,
+        # all at once.
+        return [0.0] * n
     out, t = [], 0.0
     for gap in gaps:
-        out.append(span * t / total)
+        out.append(min(span, span * t / total))   # rounding may not carry one past the span
         t += gap
     return out
 
 
 @dataclass(frozen=True)
 class Sent:
-    """When one request was meant to go and when the cap let it (perf_counter seconds)."""
+    """When one request was meant to go and when it was free to: its due time, or later when the cap held it
+    back (perf_counter seconds)."""
 
     index: int
     scheduled_t: float
@@ -113,12 +118,18 @@ async def drive(offsets: list[float], send: Send, *, time_scale: float = 1.0, ca
                 await sleep(wait)
             if stop is not None and stop.is_set():
                 break
+            # Free to go when due, unless the cap held it back: a late wake-up of this loop is lag behind the
+            # schedule (send_lags counts from here), never a wait for the cap.
+            released = due
             if slots is not None:
+                held = slots.locked()
                 await slots.acquire()   # arrivals queue at the client in order, as a gateway's would
                 if stop is not None and stop.is_set():
                     slots.release()
                     break
-            tasks.append(asyncio.create_task(one(Sent(index, due, clock()))))
+                if held:
+                    released = max(due, clock())
+            tasks.append(asyncio.create_task(one(Sent(index, due, released))))
         await asyncio.gather(*tasks)
     except BaseException:
         for task in tasks:

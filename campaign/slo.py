@@ -59,7 +59,8 @@ class Slo(BaseModel):
     @property
     def key(self) -> str:
         """Part of a cell key: what it judges changes its goodput, so two SLOs never share a stored cell."""
-        return ".".join(f"{b.metric}{b.percentile:g}_{b.limit_ms:g}" for b in self.bounds)
+        # 12 digits: `:g`'s six would give 1,000,000 and 1,000,001 ms one key (and one stored cell).
+        return ".".join(f"{b.metric}{b.percentile:.12g}_{b.limit_ms:.12g}" for b in self.bounds)
 
     @property
     def text(self) -> str:
@@ -93,6 +94,7 @@ def parse(items: dict[str, object] | str) -> Slo:
         items = pairs
     bounds: list[Bound] = []
     for name, raw in items.items():
+        name = str(name)   # YAML reads `99: 2000` as an int key; it is then named as a wrong bound, not a crash
         try:
             limit = float(str(raw))
         except ValueError:

@@ -19,7 +19,7 @@ import pytest
 from fakes import builders
 from pydantic import ValidationError
 
-from campaign import capacity, compare, openloop, sim_truth, slo, truth
+from campaign import capacity, cells, compare, openloop, sim_truth, slo, store, truth
 from campaign.cells import CellResult, CellSpec, Reason, behind_schedule, rate_metrics
 from campaign.client import RequestRecord
 from campaign.errors import ConfigError
@@ -39,6 +39,9 @@ def test_an_slo_is_bounds_at_percentiles_and_a_speed_floor_is_a_tpot_bound() -> 
     floor = slo.parse({"floor_tok_s": 20})
     assert floor.bounds[0].name == "tpot_p99_ms" and floor.bounds[0].limit_ms == 50  # seed 000's 20 tok/s
     assert slo.parse("ttft_p99_ms=2000").key == "ttft99_2000"
+    assert slo.parse("ttft_p99_ms=1000000").key != slo.parse("ttft_p99_ms=1000001").key  # two cells, not one
+    with pytest.raises(ValueError, match="'99' is not a bound"):
+        slo.parse({99: 2000})  # YAML's int key: named, not a TypeError
 
 
 @pytest.mark.parametrize("text, says", [
@@ -152,6 +155,40 @@ def test_the_driver_keeps_to_the_schedule_and_the_cap_holds_arrivals_back_in_ord
     assert [s.index for s in stopped] == [0, 1, 2]
 
 
+def test_a_burst_too_tight_for_floats_arrives_all_at_once() -> None:
+    """Gamma gaps of shape 0.001 underflow to 0 for many seeds: the schedule is then the burst's limit."""
+    for seed in range(200):
+        assert openloop.arrivals(0.2, 5.0, arrival="gamma", burstiness=0.001, seed=seed) == [0.0]
+        offsets = openloop.arrivals(2.0, 5.0, arrival="gamma", burstiness=0.0005, seed=seed)
+        assert len(offsets) == 10 and offsets == sorted(offsets) and all(0.0 <= o <= 5.0 for o in offsets)
+
+
+def test_a_late_wake_up_is_lag_behind_the_schedule_not_a_wait_for_the_cap() -> None:
+    """A driver loop that wakes 30 ms late at 100 req/s (three arrival gaps) is behind its schedule: each
+    request is free to go when due, so the lag from then to its send is what the reason reads; with a cap
+    that never fills, nothing waited for it."""
+    class LateClock(_Clock):
+        async def sleep(self, seconds: float) -> None:
+            await super().sleep(seconds + 0.030)
+
+    for cap in (None, 1000):
+        clock = LateClock()
+        sent: list[tuple[openloop.Sent, float]] = []
+
+        async def send(s: openloop.Sent, sent: list[tuple[openloop.Sent, float]] = sent,
+                       clock: LateClock = clock) -> None:
+            sent.append((s, clock.now))
+
+        offsets = openloop.arrivals(100.0, 2.0, arrival="constant")
+        asyncio.run(openloop.drive(offsets, send, cap=cap, clock=clock, sleep=clock.sleep))
+        assert all(s.released_t == s.scheduled_t for s, _ in sent)   # nothing waited for a cap
+        records = [RequestRecord(id=str(s.index), prompt_tokens=8, max_tokens=4, send_t=at,
+                                 scheduled_t=s.scheduled_t, released_t=s.released_t) for s, at in sent]
+        assert max(cells.send_lags(records)) >= 0.030   # the wake-up's 30 ms, and the send task's turn
+        why = behind_schedule(records, wall_rate=100.0, achieved_share=0.985)
+        assert why is not None and "after they were due" in why, why
+
+
 def test_the_driver_converts_hardware_seconds_for_a_faster_simulator() -> None:
     clock = _Clock()
     sent: list[openloop.Sent] = []
@@ -245,6 +282,17 @@ def test_rate_metrics_from_raw_records_in_the_hardwares_time() -> None:
     assert out["in_flight"][0] == (0.0, 1)
 
 
+def test_a_closed_loops_goodput_counts_its_first_wave_in_the_requests_as_in_the_time() -> None:
+    """8 streams, each request 1 s, for 10 s: 80 requests, all within the SLO. The first wave is left out of
+    the latencies but is in the load's time, so it counts at the judged requests' share: 8 req/s, not 7.2."""
+    service = slo.parse("ttft_p99_ms=5000")
+    records = [_record(8 * w + s, 100.0 + w, 0.05, 10, 0.1) for w in range(10) for s in range(8)]
+    out = rate_metrics(records, start=100.0, span_s=10.0, planned=None, early_stopped=False, request_rate=None,
+                       service=service, ramp=frozenset(f"r{i}" for i in range(8)))
+    assert out["slo_met_fraction"] == 1.0 and out["ramp_requests"] == 8
+    assert out["goodput_rps"] == pytest.approx(80 / out["measured_s"])
+
+
 def test_a_client_behind_its_schedule_makes_the_cell_invalid_never_a_lower_load() -> None:
     on_time = [_record(i, 10.0 + i, 0.1, 4, 0.01) for i in range(10)]
     assert behind_schedule(on_time, wall_rate=1.0, achieved_share=1.0) is None
@@ -311,7 +359,6 @@ def _search_result(rate: float, first_fail: float) -> dict[str, Any]:
 
 
 def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -> None:
-    from campaign import store
     from campaign.study import ExperimentResult
 
     def run_with(base: list[float], other: list[float], name: str) -> compare.VariantDiff:
@@ -485,3 +532,23 @@ def test_launch_measures_rates_on_the_server_it_started(tmp_path: Path) -> None:
     (cell,) = json.loads(out.stdout)["cells"]
     assert cell["phase"] == "rate" and cell["status"] == "Valid" and cell["achieved_rate_rps"] == pytest.approx(2.0)
     assert "stopped:" in out.stderr
+
+
+def test_a_rate_cells_tail_is_weighed_against_the_clients_lag_in_the_same_time(tmp_path: Path) -> None:
+    """A rate cell's latencies are in the hardware's ms (wall x the simulator's time scale), the client's
+    event-loop lag in wall ms: a 2 ms lag under a 100 ms TTFT p99 at 5x is 10 ms of the hardware's, 10% of
+    the tail, so not judged; the same cell at 1x (2%) is judged."""
+    for scale, judged in ((5.0, False), (1.0, True)):
+        run = store.RunDir.create(tmp_path / str(scale), "t")
+        builders.manifest(run, baseline="a", variants=["b"])
+        spec = CellSpec(phase="rate", context_tokens=64, request_rate=1.0)
+        for variant, p99s in (("a", [100.0, 101.0, 99.0]), ("b", [140.0, 141.0, 139.0])):
+            launch = run.new_launch_dir(variant)
+            builders.server(launch, variant=variant, ready_s=1.0, facts={"kv_cache_tokens": 1000})
+            for repeat, p99 in enumerate(p99s):
+                result = CellResult(spec=spec, phase="rate", context_tokens=64, concurrency=1, label=spec.label,
+                                    status="Valid", ttft_p99_ms=p99, latency_requests=500, time_scale=scale,
+                                    client_lag_p99_ms=2.0, goodput_rps=1.0)
+                run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
+        ttft = next(m for c in compare.diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_p99_ms")
+        assert (ttft.verdict == "worse") if judged else (ttft.verdict == "no data" and "10% of a" in ttft.note)
