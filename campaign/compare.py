@@ -175,7 +175,7 @@ def repeats_to_resolve(base: list[float], other: list[float], *, effect: float =
         return None
     if pooled == 0:
         return 2
-    return max(2, math.ceil(2 * (1.959964 + 0.841621) ** 2 * pooled / d**2))
+    return max(2, math.ceil(2 * (stats.Z95 + 0.841621) ** 2 * pooled / d**2))
 
 
 def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "",

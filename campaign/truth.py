@@ -177,7 +177,7 @@ def _latency_figures(where: str, cell: CellResult, truth: dict[str, float | None
             slack = None if key != "p99" or lag is None or true is None else \
                 latency_tolerance_ms(true) / 1000.0 + lag
             yield Figure(where, f"{name}_{key}", "latency", _seconds(getattr(cell, f"{name}{suffix}_ms"), scale),
-                         true, None if slack is None or true is None else (true - slack, true + slack))
+                         true, _around(true, slack))
 
 
 def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], float | None]:
@@ -245,10 +245,12 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
     truth = sim_truth.rate_figures(mine, start, span, bounds,
                                    margin_ms=lambda limit: latency_tolerance_ms(limit / 1000.0) + margin)
     # The rate they arrived at: every request of the cell (the first wave too) reached the engine.
-    arrived = sim_truth.rate_figures(matched.of(cell.records), start, span, [])
+    everyone = matched.of(cell.records)
+    arrived = sim_truth.rate_figures(everyone, start, span, [])
     where = cell.spec.key
     load_s = arrived["measured_s"]
-    every_s = (load_s or 0.0) / max(1, len(matched.of(cell.records)))   # the load's seconds per request
+    # The judged requests' share of the load's time: goodput is their met share at the load's request rate.
+    judged_s = len(mine) * (load_s or 0.0) / max(1, len(everyone))
     latency = sim_truth.latency_figures(mine, -math.inf, math.inf)
     figures = [
         Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"]),
@@ -257,11 +259,11 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
         # Requests in flight, time-averaged, is a sum of latencies over the load's time: each request may be
         # off by its latency tolerance (the client's clock starts at its send and ends at its read).
         Figure(where, "avg_in_flight", "count", cell.avg_in_flight, arrived["avg_in_flight"],
-               _around(arrived["avg_in_flight"], _latency_slack(matched.of(cell.records), load_s))),
+               _around(arrived["avg_in_flight"], _latency_slack(everyone, load_s))),
         # Goodput: the load's requests a second (the first wave too) times the share of judged ones that met
         # the SLO (a first wave counted in the time must be counted in the requests).
-        Figure(where, "goodput_rps", "rate", cell.goodput_rps, _per(truth["good"], len(mine) * every_s),
-               _between(_per(truth["good_low"], len(mine) * every_s), _per(truth["good_high"], len(mine) * every_s))),
+        Figure(where, "goodput_rps", "rate", cell.goodput_rps, _per(truth["good"], judged_s),
+               _between(_per(truth["good_low"], judged_s), _per(truth["good_high"], judged_s))),
         Figure(where, "slo_met_fraction", "rate", cell.slo_met_fraction, _per(truth["good"], len(mine)),
                _between(_per(truth["good_low"], len(mine)), _per(truth["good_high"], len(mine)))),
         Figure(where, "slo_passed", "count", _count(cell.slo_passed), truth["slo_passed"],
