@@ -51,7 +51,6 @@ class Reason(StrEnum):
     FEWER_ACTIVE = "fewer_active"
     CLIENT_SATURATED = "client_saturated"
     GPU_THROTTLED = "gpu_throttled"
-    SERVER_NOT_WARM = "server_not_warm"
     OVER_CAPACITY = "over_capacity"
     OVER_WINDOW = "over_window"
     CONTAMINATED = "contaminated"
@@ -74,7 +73,6 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
     Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
     Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
-    Reason.SERVER_NOT_WARM: "the server still did first-use work in this cell; keep the warm-up on",
     Reason.OVER_CAPACITY: "not run: fewer streams or a shorter context fit the KV cache",
     Reason.OVER_WINDOW: "not run: the prompt and reply do not fit max_model_len",
     Reason.CONTAMINATED: "another client used the server during every attempt: measure when it is idle",
@@ -118,7 +116,6 @@ class StepEvidence:
     # request starts with, in whole blocks): expected, not another client's traffic.
     template_hits: float = 0.0
     gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
-    not_warm: str | None = None                # how this cell differed from its re-measurement at the launch's end
     context_tokens: int = 0                    # each request's prompt
     max_num_batched_tokens: int | None = None  # the chunk: prompt tokens plus decodes one engine step may take
     running: tuple[float, ...] = ()            # sampled vllm:num_requests_running inside the window
@@ -296,8 +293,6 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
                              f"the client used {e.client_cpu:.0%} of a core: it may have measured itself"))
     if e.gpu_throttled:
         found.append(Finding(Reason.GPU_THROTTLED, f"the GPU was throttled during the step: {e.gpu_throttled}"))
-    if e.not_warm:
-        found.append(Finding(Reason.SERVER_NOT_WARM, f"server not warm: {e.not_warm}"))
     if e.behind_schedule:
         found.append(Finding(Reason.SCHEDULE_BEHIND, e.behind_schedule))
     status: Status = "Failed" if errors else ("Invalid" if found else "Valid")

@@ -281,7 +281,7 @@ class Campaign:
 
     def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path) -> None:
         """The launch's first cell again at its end: if the first reading was slower beyond noise, the server
-        was not warm then, and that reading never reaches a verdict (the store applies the guard)."""
+        was not warm then, and this warm reading stands in for it in every verdict (the store applies the guard)."""
         if first.status != "Valid" or self.run.guard_path(variant.name, first.spec.key, repeat).exists():
             return
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): {first.spec.key} again (warm check)")
@@ -293,7 +293,8 @@ class Campaign:
         why = not_warm(first, again)
         self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why)
         if why:
-            self.progress.note(f"  {variant.name} r{repeat + 1} {first.spec.key}: server not warm: {why}")
+            self.progress.note(f"  {variant.name} r{repeat + 1} {first.spec.key}: server not warm: {why}; "
+                               "the warm reading stands in")
 
     def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],
                      launch_dir: Path) -> None:

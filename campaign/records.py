@@ -203,7 +203,8 @@ class GuardRecord(_OnLaunch):
     """cells/<key>/guard-<n>.json: a launch's first cell measured again at its end (the warm check)."""
 
     kind: Literal["guard"] = Field(default="guard", description="this file's kind")
-    not_warm: str | None = Field(description="why the first reading was cold (then it is Invalid); None: warm")
+    not_warm: str | None = Field(
+        description="why the first reading was cold (then this re-measurement stands in for it); None: warm")
     result: CellResult = Field(description="the second measurement")
 
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from campaign import records
-from campaign.cells import CellResult, Reason
+from campaign.cells import CellResult
 from campaign.errors import CampaignError, ResultFormatError
 from campaign.records import (
     SCHEMA_VERSION,
@@ -360,15 +360,17 @@ class RunDir:
 
 
 def _with_guard(result: CellResult, guard: GuardRecord) -> CellResult:
-    """A first cell its guard found cold is Invalid (server not warm): it never reaches a verdict. The stored
-    cell stays as measured; the judgement is the guard file's."""
+    """A first cell its guard found cold gives way to the guard's re-measurement: the same cell on the same
+    launch, taken warm at its end, stands in for the repeat, so a cold start (or a one-off stall of the host
+    during a single-request prefill) neither reaches a verdict nor leaves a hole the night cannot fill. The
+    first reading stays on disk as measured, and the stand-in says why in its notes."""
     why = guard.not_warm
-    if not why or Reason.SERVER_NOT_WARM in result.reason_codes:
+    if not why or guard.result.status != "Valid":
         return result
-    return result.model_copy(update={
-        "status": "Invalid" if result.status == "Valid" else result.status,
-        "reasons": [*result.reasons, f"server not warm: {why}"],
-        "reason_codes": [*result.reason_codes, Reason.SERVER_NOT_WARM]})
+    return guard.result.model_copy(update={"notes": [
+        *guard.result.notes,
+        f"measured again at the end of {guard.launch}: the first reading was cold ({why}); this warm re-measurement "
+        "stands in for it, and the first stays in the cell's rep file (keep the warm-up on)"]})
 
 
 def latest_run(base: Path, campaign: str) -> RunDir | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from campaign import compare, sim_model, startup_log, store, study
-from campaign.cells import CellResult, CellSpec, Reason, over_capacity
+from campaign.cells import CellResult, CellSpec, over_capacity
 from campaign.errors import LaunchError
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Measurer, Target
@@ -218,11 +218,10 @@ def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(tmp_pat
     wide = cells["decode-fixed-L64-C4-N8"]
     assert wide.status == "Failed" and "died during this cell, and again when it was retried" in wide.reasons[0]
     # The 1-wide cell is measured on the relaunched server. It is the launch's first cell, so the warm guard
-    # measures it again at the end: one 8-token request against one, on a loaded CI box, once read 5.7% apart
-    # and so (rightly, by the guard's rule) Invalid as not warm. Either way it was measured, not lost.
+    # measures it again at the end: one 8-token request against one, on a loaded CI box, once read 5.7% apart,
+    # and then the warm re-measurement stands in. Either way it is Valid, and measured, not lost.
     narrow = cells["decode-fixed-L64-C1-N8"]
-    assert narrow.status == "Valid" or (narrow.status == "Invalid" and narrow.reason_codes == [Reason.SERVER_NOT_WARM]
-                                        and narrow.total_tok_s is not None), (narrow.status, narrow.reasons)
+    assert narrow.status == "Valid" and narrow.total_tok_s is not None, (narrow.status, narrow.reasons)
     assert len(list(run.root.glob("variants/only/launch-*"))) == 3
     assert "relaunching for the cells left" in out.stderr
 

@@ -175,10 +175,10 @@ def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: 
     assert "->" not in text.split("KV cache")[1].split(":")[0]
 
 
-def test_a_first_cell_found_cold_by_its_guard_never_reaches_a_verdict(tmp_path: Path) -> None:
-    from campaign.cells import Reason, not_warm
+def test_a_first_cell_found_cold_gives_way_to_its_warm_re_measurement(tmp_path: Path) -> None:
+    from campaign.cells import not_warm
 
-    run = make_run(tmp_path, values={"baseline": [300.0, 310.0], "other": [305.0, 306.0]},
+    run = make_run(tmp_path, values={"baseline": [270.0, 310.0], "other": [305.0, 306.0]},
                    kv={"baseline": 1000, "other": 1000}, flags={"baseline": {}, "other": {}})
     cold, warm = cell(SPEC, 270.0), cell(SPEC, 300.0)
     why = not_warm(cold, warm)
@@ -188,13 +188,19 @@ def test_a_first_cell_found_cold_by_its_guard_never_reaches_a_verdict(tmp_path: 
     run.write_guard("baseline", 0, warm, launch="launch-1", not_warm=why)
     stored = {(c.variant, c.repeat): c.result for c in run.cells()}
     first = stored[("baseline", 0)]
-    assert first.status == "Invalid" and first.reason_codes == [Reason.SERVER_NOT_WARM]
-    assert "server not warm" in first.reasons[0]
-    assert stored[("baseline", 1)].status == "Valid"
-    # The stored cell itself is unchanged: the judgement lives in the guard file.
-    assert json.loads(run.cell_path("baseline", SPEC.key, 0).read_text())["result"]["status"] == "Valid"
+    # The repeat reads as its warm re-measurement (no hole for the verdict), and says why.
+    assert first.status == "Valid" and first.total_tok_s == 300.0 and first.reason_codes == []
+    assert "the first reading was cold" in first.notes[-1] and "-10.0%" in first.notes[-1]
+    assert "launch-1" in first.notes[-1]
+    assert stored[("baseline", 1)].total_tok_s == 310.0
+    # The stored cell itself is unchanged: nothing measured is lost, the judgement lives in the guard file.
+    assert json.loads(run.cell_path("baseline", SPEC.key, 0).read_text())["result"]["total_tok_s"] == 270.0
     verdicts = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
-    assert verdicts["total_tok_s"].n_baseline == 1  # only the warm baseline reading is judged
+    assert verdicts["total_tok_s"].n_baseline == 2
+    assert verdicts["total_tok_s"].baseline == pytest.approx(305.0)  # 300 (warm) and 310, never the cold 270
+    # A guard that found the first reading warm leaves it as measured.
+    run.write_guard("other", 0, cell(SPEC, 290.0), launch="launch-2", not_warm=None)
+    assert {(c.variant, c.repeat): c.result for c in run.cells()}[("other", 0)].total_tok_s == 305.0
 
 
 def test_inside_noise_says_how_many_repeats_would_settle_it() -> None:

@@ -84,8 +84,6 @@ RULES = [
     ("a saturated client", {"client_cpu": 0.97}, "Invalid", Reason.CLIENT_SATURATED, "97% of a core"),
     ("GPU throttled", {"gpu_throttled": "HW power brake on GPU 0 in 3 of 10 samples"}, "Invalid",
      Reason.GPU_THROTTLED, "power brake"),
-    ("server not warm", {"not_warm": "prompt tok/s 4,550 first, 4,915 when measured again (-7.4%)"}, "Invalid",
-     Reason.SERVER_NOT_WARM, "-7.4%"),
 ]
 
 
