@@ -514,19 +514,29 @@ def run(
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
     resume: Annotated[Path | None, typer.Option("--resume", help="continue this run directory")] = None,
     live: Annotated[bool | None, typer.Option("--live/--plain", help="progress display (default: on a TTY)")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", metavar="LIST",
+        help="a GPU pool, e.g. 0-7 or 0,1: launches run side by side, each on tp x pp of them (default: the "
+             "profile's gpus, else one launch at a time)")] = None,
+    mixed_gpus: Annotated[bool, typer.Option(
+        "--mixed-gpus", help="allow a pool of different GPU models (their launches are then compared anyway)")
+    ] = False,
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
-    from campaign import orchestrate
+    from campaign import orchestrate, pool
     from campaign.progress import Progress
 
     _check_engine(engine)
+    pool_gpus = pool.parse_gpus(gpus) if gpus is not None else None
     if resume is not None:
-        night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats)
+        night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats, gpus=pool_gpus,
+                                    mixed_gpus=mixed_gpus)
     elif matrix is None:
         raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
-        night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out)
+        night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
+                                    gpus=pool_gpus, mixed_gpus=mixed_gpus)
     with night as tonight:
         for line in tonight.notices:
             _err(line)
@@ -573,6 +583,9 @@ def _finish(run_dir: Any) -> None:
     typer.echo(report.diff_text(diffs))
     typer.echo("")
     typer.echo(f"drift: {drift.message}")
+    effect = compare.gpu_effect(run_dir)
+    if effect.checked:
+        typer.echo(f"GPU effect: {effect.message}")
     run_dir.write_summary(compare.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
     written = html_report.write(run_dir)
     _say_damaged(run_dir)
@@ -596,6 +609,9 @@ def diff(
     diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
     typer.echo(report.diff_text(diffs))
     typer.echo(f"\ndrift: {compare.drift(first).message}")
+    effect = compare.gpu_effect(first)
+    if effect.checked:
+        typer.echo(f"GPU effect: {effect.message}")
     _say_damaged(first)
 
 

@@ -349,6 +349,7 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                             hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
     diffs = []
     default_base = base_name
+    models = _gpu_models(run) | ({f"{k}@B": v for k, v in _gpu_models(other).items()} if other is not None else {})
     # A variant that never became ready has failure records only: its start-up failure is a result too.
     failed = {s.variant for s in run.failures()} - set(facts)
     for name in failed:
@@ -359,6 +360,7 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
             continue
         reason = _incomparable(facts.get(base_name), facts.get(variant), manifest,
                                other.manifest() if other is not None and variant.endswith("@B") else manifest)
+        reason = reason or _gpu_models_differ(models.get(base_name), models.get(variant))
         comparable = force or not reason
         diff = VariantDiff(
             variant=variant, baseline=base_name,
@@ -396,6 +398,20 @@ def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, man
     if gpus_a != gpus_b:
         return f"different GPUs: {gpus_a} vs {gpus_b}"
     return ""
+
+
+def _gpu_models(run: RunDir) -> dict[str, frozenset[str]]:
+    """The GPU models (NVML names) each variant's launches ran on, from their placements (pool runs)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for _, placed in run.placements():
+        out[placed.variant].update(g.name for g in placed.gpus or [] if g.name)
+    return {variant: frozenset(names) for variant, names in out.items() if names}
+
+
+def _gpu_models_differ(base: frozenset[str] | None, other: frozenset[str] | None) -> str:
+    if not base or not other or base == other:
+        return ""
+    return f"different GPUs: {', '.join(sorted(base))} vs {', '.join(sorted(other))}"
 
 
 def _flag_changes(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -851,6 +867,64 @@ def drift(run: RunDir) -> Drift:
     return Drift(True, drifted, 100 * median, message,
                  sm_clock_change_pct=None if clock is None else 100 * clock,
                  power_change_pct=None if power is None else 100 * power, moved=moved)
+
+
+# Two GPU sets of one pool reading further apart than this (median over the same variant's same cells) are
+# worth a look (clocks, power limits, PCIe width, cooling), as drift beyond its limit is.
+GPU_EFFECT_LIMIT = DRIFT_LIMIT
+
+
+@dataclass(frozen=True)
+class GpuEffect:
+    checked: bool
+    message: str
+    # Each GPU set against the first: median change of the primary metric, percent.
+    changes_pct: dict[str, float] = field(default_factory=dict)
+    balanced: bool = True     # every variant measured as often on each GPU set: the effect cancels in its diff
+
+
+def gpu_effect(run: RunDir) -> GpuEffect:
+    """On a GPU pool: did one set of GPUs read faster than another? For every variant and cell measured on
+    two GPU sets, the median of its repeats on each; the effect of a set is the median change against the
+    first set. The pool swaps each variant's repeats across the sets, so where every variant has as many
+    launches on each set, the effect cancels in the variant-against-baseline diffs the way drift does."""
+    where: dict[tuple[str, int], str] = {}
+    for _, placed in run.placements():
+        if placed.executor == "pool" and placed.gpus:
+            where[(placed.variant, placed.repeat)] = ",".join(str(g.index) for g in placed.gpus)
+    sets = sorted(set(where.values()), key=lambda s: [int(i) for i in s.split(",")])
+    if len(sets) < 2:
+        return GpuEffect(False, "GPU effect not checked: the launches ran on one set of GPUs")
+    values: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for cell in run.cells():
+        placed_on = where.get((cell.variant, cell.repeat))
+        value = getattr(cell.result, primary_metric(cell.result.phase))
+        if placed_on is not None and cell.result.status == "Valid" and value:
+            values[(cell.variant, cell.result.spec.key)][placed_on].append(float(value))
+    first = sets[0]
+    changes: dict[str, list[float]] = defaultdict(list)
+    for per_set in values.values():
+        if first not in per_set:
+            continue
+        reference = statistics.median(per_set[first])
+        for other in sets[1:]:
+            if other in per_set:
+                changes[other].append(statistics.median(per_set[other]) / reference - 1)
+    if not changes:
+        return GpuEffect(False, "GPU effect not checked: no cell was measured on two sets of GPUs")
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (variant, _), placed_on in where.items():
+        counts[variant][placed_on] += 1
+    balanced = all(len(set(c.values())) == 1 and len(c) == len(sets) for c in counts.values())
+    pct = {other: 100 * statistics.median(found) for other, found in changes.items()}
+    parts = [f"GPUs {other} read {value:+.1f}% against GPUs {first} (median over {len(changes[other])} cells)"
+             for other, value in pct.items()]
+    beyond = [other for other, value in pct.items() if abs(value) > 100 * GPU_EFFECT_LIMIT]
+    verdict = (f"beyond {100 * GPU_EFFECT_LIMIT:.0f}% on GPUs {', '.join(beyond)}: check their clocks, power "
+               "limits and cooling" if beyond else f"within {100 * GPU_EFFECT_LIMIT:.0f}%")
+    cancel = ("each variant ran as often on each set, so it cancels in the diffs" if balanced else
+              "some variants ran more often on one set: the diffs carry part of it")
+    return GpuEffect(True, f"{'; '.join(parts)}; {verdict}; {cancel}", pct, balanced)
 
 
 def summary_record(run: RunDir, *, drift_: Drift, diffs: list[VariantDiff],

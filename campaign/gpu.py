@@ -102,6 +102,23 @@ def wait_released(pids: set[int], *, timeout_s: float) -> bool | None:
             time.sleep(0.5)
 
 
+def devices(indices: list[int]) -> list[dict[str, Any]]:
+    """Each index with NVML's UUID and name (both None without NVML, or for an index NVML does not have: the
+    simulator's GPUs on a machine without them)."""
+    out: list[dict[str, Any]] = [{"index": i, "uuid": None, "name": None} for i in indices]
+    with _nvml() as ok:
+        if not ok:
+            return out
+        count = pynvml.nvmlDeviceGetCount()
+        for row in out:
+            if row["index"] < count:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(row["index"])
+                uuid, name = pynvml.nvmlDeviceGetUUID(handle), pynvml.nvmlDeviceGetName(handle)
+                row["uuid"] = uuid.decode() if isinstance(uuid, bytes) else uuid
+                row["name"] = name.decode() if isinstance(name, bytes) else name
+    return out
+
+
 def machine_facts() -> dict[str, Any] | None:
     """GPU names, memory, driver and CUDA version; None without NVML."""
     with _nvml() as ok:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -54,8 +56,10 @@ from campaign.progress import Progress
 from campaign.records import (
     Definition,
     FailureRecord,
+    GpuDevice,
     MachineInfo,
     Manifest,
+    PlacementRecord,
     ScheduleEntry,
     ServerRecord,
     StopRecord,
@@ -108,6 +112,9 @@ def pending_launches(run: store.RunDir, matrix: Matrix) -> list[LaunchWork]:
 class Options:
     engine: str | None = None
     max_attempts: int = 3
+    gpus: list[int] | None = None           # this launch's GPUs (CUDA_VISIBLE_DEVICES); None: the host's
+    executor: Literal["serial", "pool"] = "serial"
+    client_cores: list[int] | None = None   # pin the measuring client here once the server is up
 
 
 class Campaign:
@@ -126,7 +133,35 @@ class Campaign:
     def execute(self) -> None:
         for work in pending_launches(self.run, self.matrix):
             check_stop()
-            self._serve(self.variants[work.variant], work.repeat, work.cells, work.experiments)
+            self.serve(work)
+
+    def serve(self, work: LaunchWork) -> None:
+        """One launch of the schedule (and its relaunches), start to stop: the serial loop's step, and what a
+        pool's worker process does."""
+        self._serve(self.variants[work.variant], work.repeat, work.cells, work.experiments)
+
+    def _placed_profile(self) -> LaunchProfile:
+        """The profile as this launch runs it: on a pool, its GPUs only, and a port of its own."""
+        if self.options.gpus is None:
+            return self.profile
+        return self.profile.model_copy(update={
+            "env": {**self.profile.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, self.options.gpus))},
+            "port": "auto"})
+
+    @contextmanager
+    def _client_pinned(self) -> Iterator[None]:
+        """The measuring client on its own cores while it measures; the server, started before, is not pinned
+        (a child inherits its parent's affinity), and a relaunch starts from the unpinned thread again."""
+        cores = self.options.client_cores
+        if not cores or not hasattr(os, "sched_setaffinity"):
+            yield
+            return
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cores)
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, before)
 
     def _resolve_flags(self, variant: Variant) -> tuple[dict[str, FlagValue], dict[str, Any] | None]:
         """The flags to launch with, and how a `suggested` value was resolved (stored with the launch)."""
@@ -156,14 +191,17 @@ class Campaign:
     def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec], experiments: list[Experiment]) -> None:
         queue = list(pending)
         retried: set[str] = set()
+        profile = self._placed_profile()
         while True:
             launch_dir = self.run.new_launch_dir(variant.name)
             label = f"{variant.name} (repeat {repeat + 1})"
             self.progress.status(f"launching {label}")
             server: LaunchedServer | None = None
+            began = datetime.now(UTC).isoformat()
             try:
                 flags, resolution = self._resolve_flags(variant)
-                with launched(self.profile, launch_dir / "server.log", flags, engine=self.options.engine) as server:
+                with launched(profile, launch_dir / "server.log", flags, engine=self.options.engine) as server, \
+                        self._client_pinned():
                     self._record_server(launch_dir, variant, repeat, flags, server, resolution)
                     died = self._measure(server, variant, repeat, queue, retried, launch_dir)
                     if not died:
@@ -198,13 +236,16 @@ class Campaign:
                 return
             finally:
                 # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
-                self._clean_up(launch_dir, server)
+                self._clean_up(launch_dir, server, variant.name, repeat, began)
 
-    def _clean_up(self, launch_dir: Path, server: LaunchedServer | None) -> None:
-        """Record the stop and scrub the log, each on its own: a failure here (a full disk) never hides the
-        exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with none, it is raised."""
+    def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
+                  began: str) -> None:
+        """Record the stop and the placement and scrub the log, each on its own: a failure here (a full disk)
+        never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with none,
+        it is raised."""
         in_flight = sys.exc_info()[1] is not None
-        steps: list[Callable[[], None]] = [lambda: self._scrub_log(launch_dir / "server.log")]
+        steps: list[Callable[[], None]] = [lambda: self._scrub_log(launch_dir / "server.log"),
+                                           lambda: self._record_placement(launch_dir, variant, repeat, began)]
         if server is not None:
             steps.insert(0, lambda: self._record_stop(launch_dir, server))
         for step in steps:
@@ -366,6 +407,16 @@ class Campaign:
                 stop_s=stop.stop_s, swept=stop.swept, port_free=stop.port_free,
                 gpu_memory_released=stop.gpu_memory_released))
 
+    def _record_placement(self, launch_dir: Path, variant: str, repeat: int, began: str) -> None:
+        gpus = self.options.gpus
+        visible = self.profile.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        if gpus is None and visible.replace(",", "").isdigit():
+            gpus = [int(g) for g in visible.split(",")]  # serial, on the GPUs the environment names
+        store.write_new(launch_dir / "placement.json", PlacementRecord(
+            variant=variant, repeat=repeat, executor=self.options.executor, host=socket.gethostname(),
+            gpus=None if gpus is None else [GpuDevice(**d) for d in gpu.devices(gpus)],
+            client_cores=self.options.client_cores, started_utc=began, ended_utc=datetime.now(UTC).isoformat()))
+
     def _record_failure(self, launch_dir: Path, variant: Variant, repeat: int, exc: LaunchError) -> None:
         key = self._api_key()
         # The message can quote anything an exception carried (a header, a URL): redacted like the log.
@@ -398,7 +449,7 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
-             options: Options, estimate: dict[str, Any] | None = None) -> Manifest:
+             options: Options, estimate: dict[str, Any] | None = None, pool: list[int] | None = None) -> Manifest:
     raw_matrix = matrix.model_dump(mode="json")
     raw_profile = profile.model_dump(mode="json")
     engine = options.engine or profile.engine
@@ -412,7 +463,7 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
         machine=MachineInfo(**machine_info()),
         schedule=[ScheduleEntry(variant=v, repeat=r) for v, r in schedule(matrix)],
         cells=[c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
-        estimate=estimate)
+        estimate=estimate, executor="serial" if pool is None else "pool", pool=pool)
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
@@ -426,6 +477,7 @@ class Night:
     options: Options
     resumed: bool
     notices: list[str]
+    pool: list[int] | None = None   # launches side by side on these GPUs; None: one at a time
 
     def pending(self) -> list[LaunchWork]:
         return pending_launches(self.run, self.matrix)
@@ -442,7 +494,43 @@ class Night:
         return float(per_launch) * len(work)
 
     def execute(self, progress: Progress) -> None:
-        Campaign(self.run, self.matrix, self.profile, options=self.options, progress=progress).execute()
+        if self.pool is None:
+            Campaign(self.run, self.matrix, self.profile, options=self.options, progress=progress).execute()
+        else:
+            self._execute_pool(self.pool, progress)
+
+    def _execute_pool(self, gpus: list[int], progress: Progress) -> None:
+        """The schedule's launches on a GPU pool, each in a worker process (pool.py says how they are placed)."""
+        from campaign import pool
+
+        variants = {v.name: v for v in self.matrix.all_variants()}
+        jobs = pool_jobs(self.matrix, self.profile, [(w.variant, w.repeat) for w in self.pending()], gpus)
+        baseline = self.matrix.baseline
+        runner: pool.Pool
+
+        def blocked(job: pool.Job) -> bool:
+            # A `suggested` flag is resolved from the baseline's startup log: it waits for a baseline launch.
+            if not any(suggested_margin(v) is not None for v in variants[job.variant].flags.values()):
+                return False
+            if any(s.variant == baseline for s in self.run.ready_servers()):
+                return False
+            done = {(j.variant, j.repeat) for j, _ in runner.exit_codes}
+            return any(j.variant == baseline and (j.variant, j.repeat) not in done for j in jobs)
+
+        lock = threading.Lock()  # one reader thread per worker: their lines reach the display one at a time
+
+        def relay(event: dict[str, object]) -> None:
+            text = str(event.get("text", ""))
+            with lock:
+                {"cell": progress.cell_done, "status": progress.status}.get(str(event.get("event")),
+                                                                            progress.note)(text)
+
+        runner = pool.Pool(gpus=gpus, relay=relay, blocked=blocked, command=lambda job, on, cores: pool.worker_command(
+            self.run.root, job, on, cores, self.options.engine))
+        runner.run(jobs)
+        for job, code in runner.exit_codes:
+            if code != 0:
+                progress.note(f"{job.variant} r{job.repeat + 1}: its worker exited with code {code}")
 
     def unfinished(self) -> list[str]:
         """What the night could not do: launches whose work is still not stored, or whose last record is a
@@ -467,24 +555,31 @@ class Night:
 
 @contextmanager
 def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path, *, engine: str | None,
-            out: Path) -> Iterator[Night]:
+            out: Path, gpus: list[int] | None = None, mixed_gpus: bool = False) -> Iterator[Night]:
     """A new run: checked before anything is made (executable, every flag), estimated, its manifest written."""
     from campaign import planning
 
     source = preflight(profile, profile_path, engine, matrix, matrix_path)
+    gpus = gpus if gpus is not None else _profile_pool(profile, profile_path)
+    if gpus is not None:
+        check_pool(gpus, engine or profile.engine, mixed_gpus=mixed_gpus)
+        pool_jobs(matrix, profile, [(v, r) for v, r in schedule(matrix)], gpus)  # each launch fits the pool
     estimated = planning.estimate(matrix, profile, len(schedule(matrix)),
                                   planning.rates_from(store.latest_run(out, matrix.name), profile))
     run = store.RunDir.create(out, matrix.name)
     options = Options(engine=engine, max_attempts=matrix.max_attempts)
     with run.writer() as locked:
         store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
-                                                    estimated.to_json()))
+                                                    estimated.to_json(), gpus))
         notices = [f"flags checked against {source}", f"run directory: {run.root}", *_unlocked(locked)]
-        yield Night(run, matrix, profile, options, resumed=False, notices=notices)
+        if gpus is not None:
+            notices.append(f"GPU pool: {', '.join(map(str, gpus))} (launches side by side, each on its own GPUs)")
+        yield Night(run, matrix, profile, options, resumed=False, notices=notices, pool=gpus)
 
 
 @contextmanager
-def resumed(root: Path, *, engine: str | None, more_repeats: int | None) -> Iterator[Night]:
+def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: list[int] | None = None,
+            mixed_gpus: bool = False) -> Iterator[Night]:
     """A run continued: rebuilt from its manifest under its lock; damaged files set aside (kept, renamed) so
     that what they held is measured again; the repeats raised if asked."""
     run = store.RunDir(root)
@@ -499,8 +594,41 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None) -> Iter
         notices = [f"{damaged} was damaged (not valid JSON): kept as {kept.name}; what it held is measured again"
                    for damaged, kept in run.set_aside_damaged()]
         notices += [f"resuming {run.root}: {len(run.cells())} cells already stored", *_unlocked(locked)]
+        gpus = gpus if gpus is not None else stored.pool  # a resume keeps its pool unless given another
+        if gpus is not None:
+            check_pool(gpus, engine, mixed_gpus=mixed_gpus)
         yield Night(run, matrix, stored.profile_model(), Options(engine=engine, max_attempts=matrix.max_attempts),
-                    resumed=True, notices=notices)
+                    resumed=True, notices=notices, pool=gpus)
+
+
+def pool_jobs(matrix: Matrix, profile: LaunchProfile, launches: list[tuple[str, int]], gpus: list[int]) -> list[Any]:
+    """The launches as a pool's jobs, each as wide as its variant's parallel size (pool.plan places them)."""
+    from campaign import pool
+
+    variants = {v.name: v for v in matrix.all_variants()}
+    return pool.plan([(v, r, pool.width(profile, dict(variants[v].flags))) for v, r in launches], gpus)
+
+
+def _profile_pool(profile: LaunchProfile, path: Path) -> list[int] | None:
+    from campaign import pool
+
+    return None if profile.gpus is None else pool.parse_gpus(profile.gpus, where=f"{path}: gpus")
+
+
+def check_pool(gpus: list[int], engine: str, *, mixed_gpus: bool) -> None:
+    """Before the night: on real GPUs, every pool index exists and the pool is one GPU model (launches on two
+    models are not comparable, unless the user says they are). The simulator's GPUs are only names."""
+    if engine == "sim":
+        return
+    devices = gpu.devices(gpus)
+    missing = [d["index"] for d in devices if d["uuid"] is None]
+    if gpu.available() and missing:
+        raise CampaignError(f"--gpus: no GPU {', '.join(map(str, missing))} on this host",
+                            hint="nvidia-smi -L lists the GPUs here")
+    models = sorted({str(d["name"]) for d in devices if d["name"]})
+    if len(models) > 1 and not mixed_gpus:
+        raise CampaignError(f"--gpus: the pool mixes GPU models ({', '.join(models)}): their launches are not "
+                            "comparable", hint="give GPUs of one model, or --mixed-gpus to compare them anyway")
 
 
 def _unlocked(locked: bool) -> list[str]:

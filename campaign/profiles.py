@@ -84,12 +84,27 @@ class LaunchProfile(BaseModel):
     hardware: str | None = None
     model_shape: str | None = None
     rates: RateHints | None = None
+    # A GPU pool for `campaign run` (`0-7`, `0,1`, or a list): launches side by side, as --gpus does.
+    gpus: str | list[int] | None = None
 
     @field_validator("api_key_env")
     @classmethod
     def _env_name_not_key(cls, value: str | None) -> str | None:
         if value is not None and not _ENV_NAME.match(value):
             raise ValueError("must be the name of an environment variable (e.g. VLLM_API_KEY), never the key")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_parse(cls, value: str | list[int] | None) -> str | list[int] | None:
+        if value is not None:
+            from campaign.errors import CampaignError
+            from campaign.pool import parse_gpus
+
+            try:
+                parse_gpus(value, where="gpus")
+            except CampaignError as exc:
+                raise ValueError(f"{exc.message.removeprefix('gpus: ')} ({exc.hint})") from None
         return value
 
     @field_validator("env", mode="before")

@@ -21,6 +21,8 @@ Format history:
     slo_passed, slo_bounds, send lag, requests in flight, time_scale, and `window` as the schedule's span);
     request records `scheduled_t` and `released_t`; experiments of kind `slo-search`; short answers
     `capacity_at_slo`.
+7 - a launch may have placement.json: where it ran (executor, host, GPU indices with NVML UUIDs and names,
+    the client's cores) and from when to when; the manifest its `executor` and GPU `pool`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from campaign.matrix import Matrix
     from campaign.profiles import LaunchProfile
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -100,6 +102,9 @@ class Manifest(_Record):
     estimate: dict[str, Any] | None = Field(
         default=None, description="what the plan said the run would take (planning.Estimate.to_json); None "
                                   "before format 5")
+    executor: Literal["serial", "pool"] = Field(
+        default="serial", description="serial: one launch at a time; pool: launches side by side on a GPU pool")
+    pool: list[int] | None = Field(default=None, description="the pool's GPU indices (--gpus); None: serial")
 
     def matrix_model(self) -> Matrix:
         from campaign.matrix import Matrix
@@ -149,6 +154,29 @@ class StopRecord(_Record):
     port_free: bool = Field(description="whether the port was free afterwards")
     gpu_memory_released: bool | None = Field(description="whether GPU memory returned to where it was; None: no "
                                                           "NVML")
+
+
+class GpuDevice(_Record):
+    index: int = Field(description="the GPU's index on its host (as CUDA_VISIBLE_DEVICES names it)")
+    uuid: str | None = Field(description="NVML's UUID; None: no NVML (the simulator's GPUs)")
+    name: str | None = Field(description="NVML's model name; None: no NVML")
+
+
+class PlacementRecord(_Record):
+    """placement.json: where a launch ran and when, written when it ends (also after a failure or Ctrl-C)."""
+
+    schema_version: int = _VERSION
+    kind: Literal["placement"] = Field(default="placement", description="this file's kind")
+    variant: str = Field(description="the variant launched")
+    repeat: int = Field(description="its repeat, from 0")
+    executor: Literal["serial", "pool"] = Field(description="how the run placed its launches")
+    host: str = Field(description="the host the server and its client ran on")
+    gpus: list[GpuDevice] | None = Field(description="the GPUs it was given; None: every GPU of the host "
+                                                     "(serial, no CUDA_VISIBLE_DEVICES)")
+    client_cores: list[int] | None = Field(description="the CPU cores its measuring client was pinned to; None: "
+                                                       "not pinned")
+    started_utc: str = Field(description="before the server process started, ISO 8601 UTC")
+    ended_utc: str = Field(description="after it had stopped (or failed to start), ISO 8601 UTC")
 
 
 class FailureRecord(_Record):
@@ -318,7 +346,7 @@ class SummaryRecord(_Record):
 RECORDS: dict[str, type[_Record]] = {
     "manifest": Manifest, "server": ServerRecord, "stop": StopRecord, "failure": FailureRecord,
     "warmup": WarmupRecord, "cell": CellRecord, "guard": GuardRecord, "experiment": ExperimentRecord,
-    "repeats": RepeatsRecord, "summary": SummaryRecord,
+    "repeats": RepeatsRecord, "summary": SummaryRecord, "placement": PlacementRecord,
 }
 FILES: dict[str, str] = {
     "manifest": "manifest.json", "server": "variants/<variant>/launch-<k>/server.json",
@@ -327,7 +355,7 @@ FILES: dict[str, str] = {
     "cell": "variants/<variant>/cells/<cell-key>/rep-<n>.json",
     "guard": "variants/<variant>/cells/<cell-key>/guard-<n>.json",
     "experiment": "variants/<variant>/experiments/<key>/rep-<n>.json", "repeats": "repeats-<n>.json",
-    "summary": "summary.json",
+    "summary": "summary.json", "placement": "variants/<variant>/launch-<k>/placement.json",
 }
 
 
@@ -347,6 +375,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     3: _defaults_suffice,  # 3 -> 4: server_id and window (None)
     4: _defaults_suffice,  # 4 -> 5: stop.json's stopped_utc and the manifest's estimate (None: not stored)
     5: _defaults_suffice,  # 5 -> 6: rate fields (None: not a rate cell), capacity_at_slo (None: no search)
+    6: _defaults_suffice,  # 6 -> 7: the manifest's executor (serial) and pool (None); placement.json is new
 }
 
 

@@ -372,6 +372,17 @@ def main(argv: list[str] | None = None) -> None:
              f"model='{args.model}', speculative_config={spec_text}, max_seq_len={args.max_model_len}, "
              f"tensor_parallel_size={tp}, pipeline_parallel_size=1, device_config=cuda, "
              f"enable_prefix_caching={args.enable_prefix_caching}, enable_chunked_prefill=True")
+    # The GPUs it was given, declared as its own line (vLLM prints no such line): a GPU pool's launches are
+    # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if visible:
+        if len(visible) < tp:
+            log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "
+                     f"number of available GPUs ({len(visible)}) in this node.")
+            sys.exit(1)
+        for rank in range(tp):
+            log.line(f"Worker_TP{rank}", "INFO", "sim.py:1", f"simulated GPU: rank {rank} on CUDA_VISIBLE_DEVICES "
+                     f"index {visible[rank]}")
     if args.faults.hang_startup:
         while True:
             time.sleep(1)

@@ -40,6 +40,7 @@ from campaign.records import (
     FailureRecord,
     GuardRecord,
     Manifest,
+    PlacementRecord,
     RepeatsRecord,
     ServerRecord,
     StopRecord,
@@ -349,6 +350,12 @@ class RunDir:
 
     def ready_servers(self) -> list[ServerRecord]:
         return [s for s in self.servers() if isinstance(s, ServerRecord)]
+
+    def placements(self) -> list[tuple[str, PlacementRecord]]:
+        """Every launch's placement.json (format 7 on), in launch order, with the launch's folder."""
+        return [(str(path.parent.relative_to(self.root)), record) for path, record in self.read_each(
+            [launch / "placement.json" for launch in self.launches() if (launch / "placement.json").exists()],
+            PlacementRecord)]
 
     def failures(self) -> list[FailureRecord]:
         return [s for s in self.servers() if isinstance(s, FailureRecord)]

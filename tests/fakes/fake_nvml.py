@@ -167,6 +167,10 @@ class FakeNvml:
         self._require_init()
         return "NVIDIA H200 (fake)"
 
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:  # noqa: N802
+        self._require_init()
+        return f"GPU-00000000-0000-0000-0000-{handle.index:012d}"
+
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return "570.00"
 
