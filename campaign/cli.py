@@ -521,22 +521,34 @@ def run(
     mixed_gpus: Annotated[bool, typer.Option(
         "--mixed-gpus", help="allow a pool of different GPU models (their launches are then compared anyway)")
     ] = False,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", metavar="local|ray",
+        help="local (default: this host, serially or on --gpus) or ray (launches as Ray tasks on a cluster)")
+    ] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", metavar="ADDR", help="the Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
+    ] = None,
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
     from campaign import orchestrate, pool
     from campaign.progress import Progress
 
     _check_engine(engine)
+    if executor not in {None, "local", "ray"}:
+        raise CampaignError(f"--executor {executor!r}: expected local or ray", hint="e.g. --executor ray")
+    on_ray = None if executor is None else executor == "ray"
+    address = ray_address or os.environ.get("RAY_ADDRESS") or None
     pool_gpus = pool.parse_gpus(gpus) if gpus is not None else None
     if resume is not None:
         night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats, gpus=pool_gpus,
-                                    mixed_gpus=mixed_gpus)
+                                    mixed_gpus=mixed_gpus, ray=on_ray, ray_address=address)
     elif matrix is None:
         raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
         night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
-                                    gpus=pool_gpus, mixed_gpus=mixed_gpus)
+                                    gpus=pool_gpus, mixed_gpus=mixed_gpus, ray=bool(on_ray),
+                                    ray_address=address)
     with night as tonight:
         for line in tonight.notices:
             _err(line)

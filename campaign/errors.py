@@ -12,6 +12,7 @@ LaunchFailureKind = Literal[
     "kv_cache_insufficient", "out_of_memory", "bad_argument", "engine_init_failed", "crashed",
     "exited", "fatal_log_line", "deadline", "interrupted",
     "port_in_use", "executable_not_found", "unresolved_flag", "metric_missing",
+    "node_lost",  # --executor ray: the node (or the Ray worker) running the launch died under it
     "error",  # a campaign error inside the launch (e.g. the control plane failed mid-cell)
     "internal_error",  # an exception nobody expected: a bug, recorded so the night goes on
 ]

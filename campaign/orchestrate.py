@@ -113,8 +113,9 @@ class Options:
     engine: str | None = None
     max_attempts: int = 3
     gpus: list[int] | None = None           # this launch's GPUs (CUDA_VISIBLE_DEVICES); None: the host's
-    executor: Literal["serial", "pool"] = "serial"
+    executor: Literal["serial", "pool", "ray"] = "serial"
     client_cores: list[int] | None = None   # pin the measuring client here once the server is up
+    node: str | None = None                 # the Ray node it runs on (executor ray)
 
 
 class Campaign:
@@ -414,6 +415,7 @@ class Campaign:
             gpus = [int(g) for g in visible.split(",")]  # serial, on the GPUs the environment names
         store.write_new(launch_dir / "placement.json", PlacementRecord(
             variant=variant, repeat=repeat, executor=self.options.executor, host=socket.gethostname(),
+            node=self.options.node,
             gpus=None if gpus is None else [GpuDevice(**d) for d in gpu.devices(gpus)],
             client_cores=self.options.client_cores, started_utc=began, ended_utc=datetime.now(UTC).isoformat()))
 
@@ -449,7 +451,8 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
-             options: Options, estimate: dict[str, Any] | None = None, pool: list[int] | None = None) -> Manifest:
+             options: Options, estimate: dict[str, Any] | None = None, pool: list[int] | None = None,
+             ray: bool = False) -> Manifest:
     raw_matrix = matrix.model_dump(mode="json")
     raw_profile = profile.model_dump(mode="json")
     engine = options.engine or profile.engine
@@ -463,7 +466,7 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
         machine=MachineInfo(**machine_info()),
         schedule=[ScheduleEntry(variant=v, repeat=r) for v, r in schedule(matrix)],
         cells=[c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
-        estimate=estimate, executor="serial" if pool is None else "pool", pool=pool)
+        estimate=estimate, executor="ray" if ray else ("serial" if pool is None else "pool"), pool=pool)
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
@@ -478,6 +481,8 @@ class Night:
     resumed: bool
     notices: list[str]
     pool: list[int] | None = None   # launches side by side on these GPUs; None: one at a time
+    ray: bool = False               # launches as Ray tasks (ray_executor.py) instead
+    ray_address: str | None = None
 
     def pending(self) -> list[LaunchWork]:
         return pending_launches(self.run, self.matrix)
@@ -494,25 +499,49 @@ class Night:
         return float(per_launch) * len(work)
 
     def execute(self, progress: Progress) -> None:
-        if self.pool is None:
+        if self.ray:
+            self._execute_ray(progress)
+        elif self.pool is None:
             Campaign(self.run, self.matrix, self.profile, options=self.options, progress=progress).execute()
         else:
             self._execute_pool(self.pool, progress)
+
+    def _needs_baseline(self, variant: str) -> bool:
+        """A `suggested` flag is resolved from the baseline's startup log: such a launch waits for one."""
+        flags = next(v.flags for v in self.matrix.all_variants() if v.name == variant)
+        return (any(suggested_margin(value) is not None for value in flags.values())
+                and not any(s.variant == self.matrix.baseline for s in self.run.ready_servers()))
+
+    def _execute_ray(self, progress: Progress) -> None:
+        from campaign import pool, ray_executor
+
+        variants = {v.name: v for v in self.matrix.all_variants()}
+        jobs = [pool.Job(w.variant, w.repeat, pool.width(self.profile, dict(variants[w.variant].flags)))
+                for w in self.pending()]
+        baseline = self.matrix.baseline
+
+        def left(variant: str, repeat: int) -> tuple[list[str], list[str]] | None:
+            work = next((w for w in self.pending() if w.variant == variant and w.repeat == repeat), None)
+            return None if work is None else ([c.key for c in work.cells], [e.key for e in work.experiments])
+
+        def blocked(job: pool.Job, done: set[tuple[str, int]]) -> bool:
+            return self._needs_baseline(job.variant) and any(
+                j.variant == baseline and (j.variant, j.repeat) not in done for j in jobs)
+
+        executor = ray_executor.RayExecutor(self.run, progress, self.options.engine, self.ray_address,
+                                            pending_work=left, blocked=blocked)
+        executor.execute(jobs)
 
     def _execute_pool(self, gpus: list[int], progress: Progress) -> None:
         """The schedule's launches on a GPU pool, each in a worker process (pool.py says how they are placed)."""
         from campaign import pool
 
-        variants = {v.name: v for v in self.matrix.all_variants()}
         jobs = pool_jobs(self.matrix, self.profile, [(w.variant, w.repeat) for w in self.pending()], gpus)
         baseline = self.matrix.baseline
         runner: pool.Pool
 
         def blocked(job: pool.Job) -> bool:
-            # A `suggested` flag is resolved from the baseline's startup log: it waits for a baseline launch.
-            if not any(suggested_margin(v) is not None for v in variants[job.variant].flags.values()):
-                return False
-            if any(s.variant == baseline for s in self.run.ready_servers()):
+            if not self._needs_baseline(job.variant):
                 return False
             done = {(j.variant, j.repeat) for j, _ in runner.exit_codes}
             return any(j.variant == baseline and (j.variant, j.repeat) not in done for j in jobs)
@@ -555,12 +584,20 @@ class Night:
 
 @contextmanager
 def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path, *, engine: str | None,
-            out: Path, gpus: list[int] | None = None, mixed_gpus: bool = False) -> Iterator[Night]:
+            out: Path, gpus: list[int] | None = None, mixed_gpus: bool = False, ray: bool = False,
+            ray_address: str | None = None) -> Iterator[Night]:
     """A new run: checked before anything is made (executable, every flag), estimated, its manifest written."""
     from campaign import planning
 
     source = preflight(profile, profile_path, engine, matrix, matrix_path)
-    gpus = gpus if gpus is not None else _profile_pool(profile, profile_path)
+    gpus = gpus if gpus is not None or ray else _profile_pool(profile, profile_path)
+    if ray:
+        from campaign.ray_executor import require_ray
+
+        require_ray()
+        if gpus is not None:
+            raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
+                                hint="drop --gpus (Ray's num_gpus per node says what each node has)")
     if gpus is not None:
         check_pool(gpus, engine or profile.engine, mixed_gpus=mixed_gpus)
         pool_jobs(matrix, profile, [(v, r) for v, r in schedule(matrix)], gpus)  # each launch fits the pool
@@ -570,16 +607,17 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     options = Options(engine=engine, max_attempts=matrix.max_attempts)
     with run.writer() as locked:
         store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
-                                                    estimated.to_json(), gpus))
+                                                    estimated.to_json(), gpus, ray=ray))
         notices = [f"flags checked against {source}", f"run directory: {run.root}", *_unlocked(locked)]
         if gpus is not None:
             notices.append(f"GPU pool: {', '.join(map(str, gpus))} (launches side by side, each on its own GPUs)")
-        yield Night(run, matrix, profile, options, resumed=False, notices=notices, pool=gpus)
+        yield Night(run, matrix, profile, options, resumed=False, notices=notices, pool=gpus, ray=ray,
+                    ray_address=ray_address)
 
 
 @contextmanager
 def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: list[int] | None = None,
-            mixed_gpus: bool = False) -> Iterator[Night]:
+            mixed_gpus: bool = False, ray: bool | None = None, ray_address: str | None = None) -> Iterator[Night]:
     """A run continued: rebuilt from its manifest under its lock; damaged files set aside (kept, renamed) so
     that what they held is measured again; the repeats raised if asked."""
     run = store.RunDir(root)
@@ -594,11 +632,13 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
         notices = [f"{damaged} was damaged (not valid JSON): kept as {kept.name}; what it held is measured again"
                    for damaged, kept in run.set_aside_damaged()]
         notices += [f"resuming {run.root}: {len(run.cells())} cells already stored", *_unlocked(locked)]
-        gpus = gpus if gpus is not None else stored.pool  # a resume keeps its pool unless given another
+        # A resume keeps its executor and pool unless given others.
+        on_ray = stored.executor == "ray" if ray is None else ray
+        gpus = None if on_ray else (gpus if gpus is not None else stored.pool)
         if gpus is not None:
             check_pool(gpus, engine, mixed_gpus=mixed_gpus)
         yield Night(run, matrix, stored.profile_model(), Options(engine=engine, max_attempts=matrix.max_attempts),
-                    resumed=True, notices=notices, pool=gpus)
+                    resumed=True, notices=notices, pool=gpus, ray=on_ray, ray_address=ray_address)
 
 
 def pool_jobs(matrix: Matrix, profile: LaunchProfile, launches: list[tuple[str, int]], gpus: list[int]) -> list[Any]:

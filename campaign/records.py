@@ -21,8 +21,9 @@ Format history:
     slo_passed, slo_bounds, send lag, requests in flight, time_scale, and `window` as the schedule's span);
     request records `scheduled_t` and `released_t`; experiments of kind `slo-search`; short answers
     `capacity_at_slo`.
-7 - a launch may have placement.json: where it ran (executor, host, GPU indices with NVML UUIDs and names,
-    the client's cores) and from when to when; the manifest its `executor` and GPU `pool`.
+7 - a launch may have placement.json: where it ran (executor, host, Ray node, GPU indices with NVML UUIDs and
+    names, the client's cores) and from when to when; the manifest its `executor` and GPU `pool`; a launch
+    failure may be `node_lost` (a Ray node died under it).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class Manifest(_Record):
     estimate: dict[str, Any] | None = Field(
         default=None, description="what the plan said the run would take (planning.Estimate.to_json); None "
                                   "before format 5")
-    executor: Literal["serial", "pool"] = Field(
-        default="serial", description="serial: one launch at a time; pool: launches side by side on a GPU pool")
+    executor: Literal["serial", "pool", "ray"] = Field(
+        default="serial", description="serial: one launch at a time; pool: launches side by side on a GPU pool; "
+                                      "ray: launches as Ray tasks on a cluster's nodes")
     pool: list[int] | None = Field(default=None, description="the pool's GPU indices (--gpus); None: serial")
 
     def matrix_model(self) -> Matrix:
@@ -169,8 +171,9 @@ class PlacementRecord(_Record):
     kind: Literal["placement"] = Field(default="placement", description="this file's kind")
     variant: str = Field(description="the variant launched")
     repeat: int = Field(description="its repeat, from 0")
-    executor: Literal["serial", "pool"] = Field(description="how the run placed its launches")
+    executor: Literal["serial", "pool", "ray"] = Field(description="how the run placed its launches")
     host: str = Field(description="the host the server and its client ran on")
+    node: str | None = Field(default=None, description="the Ray node's id (executor ray); None otherwise")
     gpus: list[GpuDevice] | None = Field(description="the GPUs it was given; None: every GPU of the host "
                                                      "(serial, no CUDA_VISIBLE_DEVICES)")
     client_cores: list[int] | None = Field(description="the CPU cores its measuring client was pinned to; None: "

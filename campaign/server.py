@@ -293,7 +293,12 @@ class ServerProcess:
 
 def _die_with_parent() -> None:
     """In the child before exec: if the controller is killed outright (SIGKILL, OOM), the server gets
-    SIGTERM instead of living on unowned in its own session. Linux only; elsewhere a no-op."""
+    SIGTERM instead of living on unowned in its own session. Linux only; elsewhere a no-op. Also the stop
+    signals as a fresh process has them: a blocked or ignored signal survives exec, and a Ray worker blocks
+    SIGINT, so every server it launched sat out the 20 s SIGINT grace and was stopped by SIGTERM."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         import ctypes
 
