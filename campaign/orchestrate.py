@@ -8,6 +8,7 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -145,8 +146,11 @@ class Campaign:
         """The profile as this launch runs it: on a pool, its GPUs only, and a port of its own."""
         if self.options.gpus is None:
             return self.profile
+        # CUDA counts GPUs fastest first unless told otherwise; NVML (and nvidia-smi) in PCI bus order: in bus
+        # order, the indices the placement records with their NVML UUIDs are the GPUs the server gets.
         return self.profile.model_copy(update={
-            "env": {**self.profile.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, self.options.gpus))},
+            "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **self.profile.env,
+                    "CUDA_VISIBLE_DEVICES": ",".join(map(str, self.options.gpus))},
             "port": "auto"})
 
     @contextmanager
@@ -496,6 +500,11 @@ class Night:
         if not isinstance(per_launch, int | float):
             per_launch = planning.estimate(self.matrix, self.profile, 1,
                                            planning.rates_from(None, self.profile)).per_launch_s
+        if self.pool is not None and work:
+            # Side by side: the launches go in waves as wide as the pool has slots for the widest of them.
+            jobs = pool_jobs(self.matrix, self.profile, [(w.variant, w.repeat) for w in work], self.pool)
+            slots = max(1, len(self.pool) // int(max(j.width for j in jobs)))
+            return float(per_launch) * math.ceil(len(work) / slots)
         return float(per_launch) * len(work)
 
     def execute(self, progress: Progress) -> None:
@@ -592,12 +601,13 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     source = preflight(profile, profile_path, engine, matrix, matrix_path)
     gpus = gpus if gpus is not None or ray else _profile_pool(profile, profile_path)
     if ray:
-        from campaign.ray_executor import require_ray
+        from campaign import pool, ray_executor
 
-        require_ray()
         if gpus is not None:
             raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
                                 hint="drop --gpus (Ray's num_gpus per node says what each node has)")
+        variants = matrix.all_variants()
+        ray_executor.connect(ray_address, max(pool.width(profile, dict(v.flags)) for v in variants))
     if gpus is not None:
         check_pool(gpus, engine or profile.engine, mixed_gpus=mixed_gpus)
         pool_jobs(matrix, profile, [(v, r) for v, r in schedule(matrix)], gpus)  # each launch fits the pool

@@ -50,6 +50,22 @@ def require_ray() -> Any:
     return ray
 
 
+def connect(address: str | None, widest: int) -> None:
+    """Join the cluster (or start a local Ray) before the night, and check that the widest launch fits on
+    it: Ray would otherwise hold an infeasible task waiting for GPUs that never come."""
+    ray = require_ray()
+    try:
+        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, include_dashboard=False,
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise CampaignError(f"cannot join the Ray cluster at {address or 'a local Ray'}: {exc}",
+                            hint="check --ray-address (or RAY_ADDRESS); `ray status` on the head node") from None
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if widest > gpus:
+        raise CampaignError(f"the Ray cluster has {gpus} GPUs in all; a launch needs {widest}",
+                            hint="add nodes with GPUs, or lower the variant's parallel size")
+
+
 # --- on the node ---------------------------------------------------------------------------------------
 class _QueueProgress(Progress):
     def __init__(self, send: Callable[[dict[str, Any]], None], prefix: str) -> None:
@@ -163,8 +179,7 @@ class RayExecutor:
         ray = require_ray()
         from ray.util.queue import Queue
 
-        ray.init(address=self.address, log_to_driver=False, ignore_reinit_error=True,
-                 include_dashboard=False, configure_logging=False)
+        connect(self.address, max((j.width for j in jobs), default=1))
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # The queue's actor on the controller's own node: a lost worker node must not take the results with it.

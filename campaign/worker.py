@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -41,6 +42,13 @@ class RelayProgress(Progress):
         self._emit("cell", message)
 
 
+def _interrupt_once(signum: int, frame: object) -> None:
+    """Ctrl-C reaches a worker twice (from the terminal's process group, and from the controller stopping
+    its workers): the first starts the launch's clean-up, a second must not cut the server's stop short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _indices(text: str | None) -> list[int] | None:
     return None if not text else [int(part) for part in text.split(",")]
 
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores")
     parser.add_argument("--engine")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, _interrupt_once)
     gpus = _indices(args.gpus)
     progress = RelayProgress(f"[GPU {args.gpus}] ")
     try:

@@ -120,11 +120,11 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
-def _rows(run: store.RunDir) -> list[tuple[str, int, str, int, int, str]]:
-    """`export`'s rows as identity: which cell, variant and repeat, and its status."""
+def _rows(run: store.RunDir) -> list[tuple[str, int, str, int, int]]:
+    """`export`'s rows as identity: which cell, variant and repeat (figures and statuses are measurements)."""
     from campaign import report
 
-    return sorted((r["variant"], r["repeat"], r["phase"], r["context_tokens"], r["concurrency"], r["status"])
+    return sorted((r["variant"], r["repeat"], r["phase"], r["context_tokens"], r["concurrency"])
                   for r in report.export_rows(run.cells()))
 
 
@@ -185,3 +185,38 @@ def test_the_simulator_given_fewer_gpus_than_its_parallel_size_fails_as_vllm_doe
                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "World size (2) is larger than the number of available GPUs (1)" in out.stdout
+
+
+def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Path) -> None:
+    """SIGINT to the controller alone (not its process group): it stops each worker, each worker its server;
+    nothing is left running, and `--resume` (which keeps the pool) measures the rest."""
+    import signal
+    import time
+
+    import psutil
+
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
+                             str(tmp_path), "--plain", "--gpus", "0,1"], cwd=PROJECT_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no cell was measured"
+        time.sleep(0.05)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    servers = [p for p in tree if "campaign.sim" in " ".join(p.cmdline())]
+    assert len(servers) == 2  # two launches side by side
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-3000:]
+    assert "continue with" in err
+    gone, alive = psutil.wait_procs(tree, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
+    stops = [p for p in run.root.glob("variants/*/launch-*/stop.json")]
+    assert len(stops) == len(list(run.root.glob("variants/*/launch-*/server.json")))  # each stopped, recorded
+    again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain"],
+                           cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(run.cells()) == 16 and run.manifest().pool == [0, 1]
+    assert {p.executor for _, p in run.placements()} == {"pool"}

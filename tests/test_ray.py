@@ -57,3 +57,75 @@ def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path) 
     retried = {(f.variant, f.repeat) for f in lost}
     assert all(p.node == head_id for _, p in placed if (p.variant, p.repeat) in retried)
     assert "recommendation:" in out
+
+
+def _sims() -> list[object]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if "campaign.sim" in " ".join(p.info["cmdline"] or []):
+            found.append(p)
+    return found
+
+
+def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster(tmp_path: Path) -> None:
+    import signal
+
+    import psutil
+    from ray.cluster_utils import Cluster
+
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(tmp_path), "--plain",
+             "--executor", "ray", "--ray-address", cluster.address],
+            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, "no cell came back from the cluster"
+            time.sleep(0.05)
+        servers = _sims()
+        assert servers, "no simulated server running on the cluster"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 130, err[-3000:]
+        _, alive = psutil.wait_procs(servers, timeout=30)  # type: ignore[arg-type]
+        assert not alive, "a server outlived Ctrl-C"
+    finally:
+        cluster.shutdown()
+    run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
+    # Each launch that became ready was stopped and recorded as stopped, by its own task.
+    launches = list(run.root.glob("variants/*/launch-*/server.json"))
+    assert launches and all((p.parent / "stop.json").exists() for p in launches)
+    measured = len(run.cells())
+    assert 0 < measured < 16
+    fresh = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
+    try:
+        again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain",
+                                "--ray-address", fresh.address], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                               text=True, timeout=300)
+    finally:
+        fresh.shutdown()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{measured} cells already stored" in again.stderr
+    keys = [(c.variant, c.repeat, c.result.spec.key) for c in run.cells()]
+    assert len(keys) == len(set(keys)) == 16
+
+
+def test_a_launch_wider_than_the_cluster_is_refused_before_the_night(tmp_path: Path) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+    try:
+        out = subprocess.run([sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/crash-sim.yaml",
+                              "--engine", "sim", "--out", str(tmp_path), "--plain", "--executor", "ray",
+                              "--ray-address", cluster.address], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        cluster.shutdown()
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Error: the Ray cluster has 1 GPUs in all; a launch needs 2" in out.stderr
+    assert not list(tmp_path.glob("*/*/manifest.json"))
