@@ -30,7 +30,8 @@ def _campaign(out: Path, *extra: str) -> float:
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")}
     began = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(out),
-                           "--plain", "--window", WINDOW_S, *extra], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+                           "--plain", "--window", WINDOW_S, *extra],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"campaign run {' '.join(extra)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
