@@ -537,18 +537,17 @@ def run(
     if executor not in {None, "local", "ray"}:
         raise CampaignError(f"--executor {executor!r}: expected local or ray", hint="e.g. --executor ray")
     on_ray = None if executor is None else executor == "ray"
-    address = ray_address or os.environ.get("RAY_ADDRESS") or None
     pool_gpus = pool.parse_gpus(gpus) if gpus is not None else None
     if resume is not None:
         night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats, gpus=pool_gpus,
-                                    mixed_gpus=mixed_gpus, ray=on_ray, ray_address=address)
+                                    mixed_gpus=mixed_gpus, ray=on_ray, ray_address=ray_address)
     elif matrix is None:
         raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
         night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
                                     gpus=pool_gpus, mixed_gpus=mixed_gpus, ray=bool(on_ray),
-                                    ray_address=address)
+                                    ray_address=ray_address)
     with night as tonight:
         for line in tonight.notices:
             _err(line)

@@ -11,6 +11,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from campaign import gpu, stats
@@ -21,6 +22,7 @@ from campaign.errors import ResultFormatError
 from campaign.records import (
     CellRecord,
     DriftRecord,
+    GuardRecord,
     Manifest,
     OutcomeRecord,
     ShortAnswers,
@@ -330,7 +332,7 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         other_cells = other.cells()
         other_facts, other_flags = _facts_by_variant(other)
         # Name the other run's variants apart so the same names can be compared across runs.
-        cells += [StoredCell(f"{c.variant}@B", c.repeat, c.result, c.path) for c in other_cells]
+        cells += [StoredCell(f"{c.variant}@B", c.repeat, c.result, c.path, c.launch) for c in other_cells]
         facts.update({f"{k}@B": v for k, v in other_facts.items()})
         flags.update({f"{k}@B": v for k, v in other_flags.items()})
     by_variant: dict[str, list[StoredCell]] = defaultdict(list)
@@ -808,7 +810,10 @@ class Drift:
 def _gpu_medians(cell: StoredCell) -> tuple[float | None, float | None]:
     """Median SM clock and power of a stored cell's raw GPU samples; None where it has none."""
     try:
-        samples = read_record(cell.path, CellRecord).gpu_telemetry
+        # A warm guard's re-measurement that stands in for the cell carries its own samples.
+        record: CellRecord | GuardRecord = (read_record(cell.path, GuardRecord) if cell.path.name.startswith("guard-")
+                                            else read_record(cell.path, CellRecord))
+        samples = record.gpu_telemetry
     except (OSError, ResultFormatError):
         return None, None
     if not samples:
@@ -888,16 +893,17 @@ def gpu_effect(run: RunDir) -> GpuEffect:
     two GPU sets, the median of its repeats on each; the effect of a set is the median change against the
     first set. The pool swaps each variant's repeats across the sets, so where every variant has as many
     launches on each set, the effect cancels in the variant-against-baseline diffs the way drift does."""
-    where: dict[tuple[str, int], str] = {}
-    for _, placed in run.placements():
+    # By launch folder: a relaunch, a lost node's retry or a resume on another pool each has its own placement.
+    where: dict[tuple[str, str], str] = {}
+    for launch_dir, placed in run.placements():
         if placed.executor == "pool" and placed.gpus:
-            where[(placed.variant, placed.repeat)] = ",".join(str(g.index) for g in placed.gpus)
+            where[(placed.variant, Path(launch_dir).name)] = ",".join(str(g.index) for g in placed.gpus)
     sets = sorted(set(where.values()), key=lambda s: [int(i) for i in s.split(",")])
     if len(sets) < 2:
         return GpuEffect(False, "GPU effect not checked: the launches ran on one set of GPUs")
     values: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for cell in run.cells():
-        placed_on = where.get((cell.variant, cell.repeat))
+        placed_on = where.get((cell.variant, cell.launch or ""))
         value = getattr(cell.result, primary_metric(cell.result.phase))
         if placed_on is not None and cell.result.status == "Valid" and value:
             values[(cell.variant, cell.result.spec.key)][placed_on].append(float(value))
@@ -914,7 +920,7 @@ def gpu_effect(run: RunDir) -> GpuEffect:
         return GpuEffect(False, "GPU effect not checked: no cell was measured on two sets of GPUs")
     counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for (variant, _), placed_on in where.items():
-        counts[variant][placed_on] += 1
+        counts[variant][placed_on] += 1  # launches a variant had on each set (a relaunch counts too)
     balanced = all(len(set(c.values())) == 1 and len(c) == len(sets) for c in counts.values())
     pct = {other: 100 * statistics.median(found) for other, found in changes.items()}
     parts = [f"GPUs {other} read {value:+.1f}% against GPUs {first} (median over {len(changes[other])} cells)"

@@ -159,10 +159,12 @@ _READERS: tuple[tuple[str, Callable[[Any], Any]], ...] = (
 )
 
 
-def _read_rows(clock: Callable[[], float]) -> list[dict[str, Any]]:
-    """One row per GPU; a reading the GPU does not support is None. NVML must be initialised."""
+def _read_rows(clock: Callable[[], float], indices: list[int] | None = None) -> list[dict[str, Any]]:
+    """One row per GPU (`indices`: only those, by NVML index); a reading the GPU does not support is None.
+    NVML must be initialised."""
     rows = []
-    for index in range(pynvml.nvmlDeviceGetCount()):
+    count = pynvml.nvmlDeviceGetCount()
+    for index in range(count) if indices is None else [i for i in indices if i < count]:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         row: dict[str, Any] = {"index": index, "t": clock()}
         for key, call in _READERS:
@@ -287,7 +289,9 @@ class NvmlMonitor:
     """
 
     def __init__(self, *, every_s: float | None = SAMPLE_EVERY_S, clock: Callable[[], float] = time.monotonic,
-                 clock_drop: float = CLOCK_DROP_LIMIT) -> None:
+                 clock_drop: float = CLOCK_DROP_LIMIT, indices: list[int] | None = None) -> None:
+        # On a GPU pool, the launch's own GPUs only: another slot's energy, clocks and throttling are not its.
+        self.indices = indices
         self.every_s = every_s
         self.clock = clock
         self.clock_drop = clock_drop
@@ -325,7 +329,7 @@ class NvmlMonitor:
         if not self._open:
             return
         try:
-            rows = _read_rows(self.clock)
+            rows = _read_rows(self.clock, self.indices)
         except pynvml.NVMLError:
             return
         if rows:
@@ -383,7 +387,8 @@ class NvmlMonitor:
                              power_w_median=power_median(samples))
 
 
-def monitor(*, every_s: float | None = SAMPLE_EVERY_S,
-            clock: Callable[[], float] = time.monotonic) -> NvmlMonitor | None:
-    """A step monitor for one launch; None where NVML is absent (no GPU: nothing to sample)."""
-    return NvmlMonitor(every_s=every_s, clock=clock) if available() else None
+def monitor(*, every_s: float | None = SAMPLE_EVERY_S, clock: Callable[[], float] = time.monotonic,
+            indices: list[int] | None = None) -> NvmlMonitor | None:
+    """A step monitor for one launch (`indices`: its GPUs, by NVML index; None: every GPU); None where NVML is
+    absent (no GPU: nothing to sample)."""
+    return NvmlMonitor(every_s=every_s, clock=clock, indices=indices) if available() else None

@@ -269,7 +269,8 @@ class Campaign:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
         # One GPU monitor per launch (its clock history is the launch's); none on the simulator, which would
         # measure an idle GPU, nor where NVML is absent.
-        monitor = None if (self.options.engine or self.profile.engine) == "sim" else gpu.monitor()
+        monitor = None if (self.options.engine or self.profile.engine) == "sim" else gpu.monitor(
+            indices=self._gpu_indices())
         measurer = Measurer(
             server.target(self._timeouts()),
             max_attempts=self.options.max_attempts,
@@ -312,7 +313,7 @@ class Campaign:
             if dead:
                 return True  # the cells after it (and the experiments) need a live server
         if first is not None:
-            self._guard(measurer, first, variant, repeat, launch_dir)
+            self._guard(measurer, first, variant, repeat, launch_dir, monitor)
         return False
 
     def _warm_up(self, measurer: Measurer, queue: list[CellSpec], variant: Variant, repeat: int,
@@ -325,7 +326,8 @@ class Campaign:
         self.progress.note(f"  {variant.name} r{repeat + 1}: warm-up {record.requests} requests in "
                            f"{record.seconds:.1f} s" + (f", {record.errors} failed" if record.errors else ""))
 
-    def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path) -> None:
+    def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path,
+               monitor: gpu.NvmlMonitor | None = None) -> None:
         """The launch's first cell again at its end: if the first reading was slower beyond noise, the server
         was not warm then, and this warm reading stands in for it in every verdict (the store applies the guard)."""
         if first.status != "Valid" or self.run.guard_path(variant.name, first.spec.key, repeat).exists():
@@ -337,7 +339,9 @@ class Campaign:
             self.progress.note(f"  {variant.name} r{repeat + 1}: warm check not possible ({exc})")
             return
         why = not_warm(first, again)
-        self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why)
+        step = monitor.take() if monitor is not None else None
+        self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why,
+                             telemetry=step.samples if step is not None else None)
         if why:
             self.progress.note(f"  {variant.name} r{repeat + 1} {first.spec.key}: server not warm: {why}; "
                                "the warm reading stands in")
@@ -412,11 +416,16 @@ class Campaign:
                 stop_s=stop.stop_s, swept=stop.swept, port_free=stop.port_free,
                 gpu_memory_released=stop.gpu_memory_released))
 
-    def _record_placement(self, launch_dir: Path, variant: str, repeat: int, began: str) -> None:
-        gpus = self.options.gpus
+    def _gpu_indices(self) -> list[int] | None:
+        """This launch's GPUs: the pool's (or Ray's) for it, else those CUDA_VISIBLE_DEVICES names in the
+        profile or the environment; None: every GPU of the host."""
+        if self.options.gpus is not None:
+            return self.options.gpus
         visible = self.profile.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-        if gpus is None and visible.replace(",", "").isdigit():
-            gpus = [int(g) for g in visible.split(",")]  # serial, on the GPUs the environment names
+        return [int(g) for g in visible.split(",")] if visible.replace(",", "").isdigit() else None
+
+    def _record_placement(self, launch_dir: Path, variant: str, repeat: int, began: str) -> None:
+        gpus = self._gpu_indices()
         store.write_new(launch_dir / "placement.json", PlacementRecord(
             variant=variant, repeat=repeat, executor=self.options.executor, host=socket.gethostname(),
             node=self.options.node,
@@ -537,7 +546,7 @@ class Night:
             return self._needs_baseline(job.variant) and any(
                 j.variant == baseline and (j.variant, j.repeat) not in done for j in jobs)
 
-        executor = ray_executor.RayExecutor(self.run, progress, self.options.engine, self.ray_address,
+        executor = ray_executor.RayExecutor(self.run, progress, self.options.engine, _ray_address(self.ray_address),
                                             pending_work=left, blocked=blocked)
         executor.execute(jobs)
 
@@ -600,14 +609,12 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
 
     source = preflight(profile, profile_path, engine, matrix, matrix_path)
     gpus = gpus if gpus is not None or ray else _profile_pool(profile, profile_path)
+    _check_ray_options(ray, gpus, ray_address)
     if ray:
         from campaign import pool, ray_executor
 
-        if gpus is not None:
-            raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
-                                hint="drop --gpus (Ray's num_gpus per node says what each node has)")
         variants = matrix.all_variants()
-        ray_executor.connect(ray_address, max(pool.width(profile, dict(v.flags)) for v in variants))
+        ray_executor.connect(_ray_address(ray_address), max(pool.width(profile, dict(v.flags)) for v in variants))
     if gpus is not None:
         check_pool(gpus, engine or profile.engine, mixed_gpus=mixed_gpus)
         pool_jobs(matrix, profile, [(v, r) for v, r in schedule(matrix)], gpus)  # each launch fits the pool
@@ -644,6 +651,7 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
         notices += [f"resuming {run.root}: {len(run.cells())} cells already stored", *_unlocked(locked)]
         # A resume keeps its executor and pool unless given others.
         on_ray = stored.executor == "ray" if ray is None else ray
+        _check_ray_options(on_ray, gpus, ray_address)
         gpus = None if on_ray else (gpus if gpus is not None else stored.pool)
         if gpus is not None:
             check_pool(gpus, engine, mixed_gpus=mixed_gpus)
@@ -656,7 +664,22 @@ def pool_jobs(matrix: Matrix, profile: LaunchProfile, launches: list[tuple[str, 
     from campaign import pool
 
     variants = {v.name: v for v in matrix.all_variants()}
-    return pool.plan([(v, r, pool.width(profile, dict(variants[v].flags))) for v, r in launches], gpus)
+    return pool.plan([(v, r, pool.width(profile, dict(variants[v].flags))) for v, r in launches], gpus,
+                     [v.name for v in matrix.ordered_variants()])
+
+
+def _ray_address(given: str | None) -> str | None:
+    """--ray-address, else RAY_ADDRESS, else None (Ray starts a local instance)."""
+    return given or os.environ.get("RAY_ADDRESS") or None
+
+
+def _check_ray_options(ray: bool, gpus: list[int] | None, address: str | None) -> None:
+    if ray and gpus is not None:
+        raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
+                            hint="drop --gpus (Ray's num_gpus per node says what each node has)")
+    if not ray and address is not None:
+        raise CampaignError("--ray-address without --executor ray: this run does not use Ray",
+                            hint="add --executor ray, or drop --ray-address")
 
 
 def _profile_pool(profile: LaunchProfile, path: Path) -> list[int] | None:

@@ -87,8 +87,10 @@ class Job:
     slot: tuple[int, ...] | None = None  # planned GPUs; None: the first free ones that fit
 
 
-def plan(launches: Sequence[tuple[str, int, int]], gpus: Sequence[int]) -> list[Job]:
-    """Jobs for (variant, repeat, width) in schedule order. One width for all: slot k mod n, planned. A launch
+def plan(launches: Sequence[tuple[str, int, int]], gpus: Sequence[int], variants: Sequence[str] = ()) -> list[Job]:
+    """Jobs for (variant, repeat, width) in schedule order. One width for all: the slots are planned, variant
+    i's repeat r on slot (i + r) mod n (`variants`: the matrix's order; default: first seen), so the variants
+    side by side in a round are on different slots and each variant moves one slot along per repeat. A launch
     wider than the pool is an error before the night, not a launch that waits forever."""
     widest = max((w for _, _, w in launches), default=1)
     if widest > len(gpus):
@@ -100,7 +102,8 @@ def plan(launches: Sequence[tuple[str, int, int]], gpus: Sequence[int]) -> list[
         return [Job(v, r, w) for v, r, w in launches]
     (w,) = widths
     slots = [tuple(gpus[i * w:(i + 1) * w]) for i in range(len(gpus) // w)]
-    return [Job(v, r, w, slots[k % len(slots)]) for k, (v, r, w) in enumerate(launches)]
+    order = list(dict.fromkeys([*variants, *(v for v, _, _ in launches)]))
+    return [Job(v, r, w, slots[(order.index(v) + r) % len(slots)]) for v, r, w in launches]
 
 
 @dataclass
@@ -137,8 +140,9 @@ class Pool:
         waiting = list(jobs)
         running: list[_Running] = []
         busy: set[int] = set()
-        widest = max((j.width for j in jobs), default=1)
-        cores = core_sets(max(1, len(self.gpus) // widest), sorted(os.sched_getaffinity(0)))
+        # As many core sets as launches can run at once (the narrowest fill the pool), so each is pinned.
+        narrowest = min((j.width for j in jobs), default=1)
+        cores = core_sets(max(1, len(self.gpus) // narrowest), sorted(os.sched_getaffinity(0)))
         free_cores = list(range(len(cores))) if cores else []
         try:
             while waiting or running:
@@ -152,20 +156,27 @@ class Pool:
                     self.exit_codes.append((r.job, r.process.returncode))
                 claimed: set[int] = set()
                 for job in list(waiting):
+                    if self.blocked(job):
+                        continue  # it waits for the baseline, and holds no GPUs back from the baseline
                     gpus = self._fit(job, busy)
                     # Planned slots keep their order: a job never overtakes an earlier one on its GPUs.
                     if job.slot is not None and claimed & set(job.slot):
                         continue
-                    if gpus is None or self.blocked(job):
+                    if gpus is None:
                         claimed.update(job.slot or ())
                         continue
                     pinned = cores[free_cores.pop(0)] if cores and free_cores else None
                     running.append(self._start(job, gpus, pinned))
                     busy.update(gpus)
                     waiting.remove(job)
-                if waiting and not running and all(self.blocked(j) for j in waiting):
-                    raise CampaignError(f"{waiting[0].variant} waits for a launch that will not come",
-                                        hint="a `suggested` flag needs the baseline launched first")
+                if waiting and not running:
+                    # Nothing runs and nothing could start: waiting longer changes nothing.
+                    first = waiting[0]
+                    why = "it waits for a baseline launch that will not come" if self.blocked(first) else \
+                        "no GPUs of the pool fit it"
+                    raise CampaignError(f"{first.variant} r{first.repeat + 1} cannot start: {why}",
+                                        hint="a `suggested` flag needs the baseline launched first; "
+                                             "CAMPAIGN_DEBUG=1 and a report, if not that")
                 time.sleep(self.poll_s)
         except BaseException:
             self._stop_all(running)
@@ -214,7 +225,7 @@ class Pool:
 def worker_command(root: Path, job: Job, gpus: tuple[int, ...], cores: list[int] | None,
                    engine: str | None) -> list[str]:
     argv = [sys.executable, "-m", "campaign.worker", str(root), job.variant, str(job.repeat),
-            "--gpus", ",".join(map(str, gpus))]
+            "--gpus", ",".join(map(str, gpus)), "--parent", str(os.getpid())]
     if cores:
         argv += ["--cores", ",".join(map(str, cores))]
     if engine:

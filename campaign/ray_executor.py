@@ -57,13 +57,14 @@ def connect(address: str | None, widest: int) -> None:
     try:
         ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, include_dashboard=False,
                  configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, TimeoutError, RuntimeError, ...
         raise CampaignError(f"cannot join the Ray cluster at {address or 'a local Ray'}: {exc}",
                             hint="check --ray-address (or RAY_ADDRESS); `ray status` on the head node") from None
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    if widest > gpus:
-        raise CampaignError(f"the Ray cluster has {gpus} GPUs in all; a launch needs {widest}",
-                            hint="add nodes with GPUs, or lower the variant's parallel size")
+    # A launch runs on one node: the node with the most GPUs is what it can get, not the cluster's sum.
+    most = max((int(n.get("Resources", {}).get("GPU", 0)) for n in ray.nodes() if n.get("Alive")), default=0)
+    if widest > most:
+        raise CampaignError(f"the largest node of the Ray cluster has {most} GPUs; a launch needs {widest}",
+                            hint="add a node with that many GPUs, or lower the variant's parallel size")
 
 
 # --- on the node ---------------------------------------------------------------------------------------
@@ -247,19 +248,21 @@ class RayExecutor:
             name, manifest, servers, job.variant, job.repeat, cells, experiments, self.engine, self.queue)
 
     def _launch_dir(self, task: _Task) -> Path:
-        """The task's last launch folder in the run (its failure goes there), or a new one."""
+        """The task's last launch folder in the run, where its failure goes; a new one where it sent none, or
+        where that one already records a failure (a relaunch's)."""
         last = sorted(task.launches.values(), key=lambda n: int(n.split("-")[1]))
         if last:
-            return self.run.root / "variants" / store.safe_name(task.job.variant) / last[-1]
+            folder = self.run.root / "variants" / store.safe_name(task.job.variant) / last[-1]
+            if not (folder / "failure.json").exists():
+                return folder
         return self.run.new_launch_dir(task.job.variant)
 
     def _failed(self, task: _Task, exc: Exception) -> None:
         launch = self._launch_dir(task)
-        if not (launch / "failure.json").exists():
-            store.write_new(launch / "failure.json", FailureRecord(
-                variant=task.job.variant, repeat=task.job.repeat, failure_kind="internal_error",
-                message=f"the Ray task failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}",
-                hint="CAMPAIGN_DEBUG=1 on the nodes shows the traceback; please report it", log_tail=""))
+        store.write_new(launch / "failure.json", FailureRecord(
+            variant=task.job.variant, repeat=task.job.repeat, failure_kind="internal_error",
+            message=f"the Ray task failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}",
+            hint="CAMPAIGN_DEBUG=1 on the nodes shows the traceback; please report it", log_tail=""))
         self.progress.note(f"{task.job.variant} r{task.job.repeat + 1}: its Ray task failed; the campaign goes on")
 
     def _lost(self, name: str, task: _Task, exc: Exception) -> tuple[str, _Task] | None:
@@ -267,11 +270,10 @@ class RayExecutor:
         job = task.job
         what = type(exc).__name__
         launch = self._launch_dir(task)
-        if not (launch / "failure.json").exists():
-            store.write_new(launch / "failure.json", FailureRecord(
-                variant=job.variant, repeat=job.repeat, failure_kind="node_lost",
-                message=f"the Ray task of this launch was lost ({what}): its node or worker died mid-launch",
-                hint="what it sent before is kept; the launch was sent again with what is left", log_tail=""))
+        store.write_new(launch / "failure.json", FailureRecord(
+            variant=job.variant, repeat=job.repeat, failure_kind="node_lost",
+            message=f"the Ray task of this launch was lost ({what}): its node or worker died mid-launch",
+            hint="what it sent before is kept; the launch was sent again with what is left", log_tail=""))
         losses = task.losses + 1
         self.losses.append(f"{job.variant} r{job.repeat + 1}: {what}")
         self.progress.note(f"{job.variant} r{job.repeat + 1}: its Ray task was lost ({what})" + (
@@ -305,24 +307,27 @@ class RayExecutor:
 
     def _write(self, task: _Task | None, files: list[tuple[str, str]], name: str) -> None:
         launches = task.launches if task is not None else self._orphans.setdefault(name, {})
-        for rel, text in files:
-            parts = Path(rel).parts  # variants/<variant>/<launch-k or cells or experiments>/...
-            if len(parts) < 4 or parts[0] != "variants" or parts[1] == "_baseline":
-                continue
+        wanted = [(Path(rel).parts, rel, text) for rel, text in files]  # variants/<variant>/<launch-k|cells|...>
+        wanted = [(p, rel, text) for p, rel, text in wanted if len(p) >= 4 and p[0] == "variants"
+                  and p[1] != "_baseline"]
+        # Every launch folder of the batch is named first: a cell record can arrive beside its launch's first
+        # file (sorted, cells/ before launch-k/), and its `launch` must name the controller's folder.
+        for parts, _, _ in wanted:
+            if parts[2].startswith("launch-") and parts[2] not in launches:
+                launches[parts[2]] = self.run.new_launch_dir(parts[1]).name
+        for parts, rel, text in wanted:
             if parts[2].startswith("launch-"):
-                if parts[2] not in launches:
-                    launches[parts[2]] = self.run.new_launch_dir(parts[1]).name
                 target = self.run.root.joinpath(parts[0], parts[1], launches[parts[2]], *parts[3:])
             else:
                 target = self.run.root.joinpath(*parts)
-            if target.suffix == ".json":
-                data = json.loads(text)
-                if isinstance(data.get("launch"), str) and data["launch"] in launches:
-                    data["launch"] = launches[data["launch"]]
-                text = json.dumps(data, indent=1, sort_keys=False) + "\n"
             try:
+                if target.suffix == ".json":
+                    data = json.loads(text)
+                    if isinstance(data, dict) and isinstance(data.get("launch"), str):
+                        data["launch"] = launches.get(data["launch"], data["launch"])
+                    text = json.dumps(data, indent=1, sort_keys=False) + "\n"
                 store.write_text_new(target, text)
-            except (CampaignError, OSError) as exc:
+            except (CampaignError, OSError, ValueError) as exc:  # one bad file never ends the night
                 self.progress.note(f"warning: {rel} from a Ray task not kept: {exc}")
 
     def _cancel(self, ray: Any, tasks: dict[str, _Task]) -> None:

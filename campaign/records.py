@@ -23,7 +23,8 @@ Format history:
     `capacity_at_slo`.
 7 - a launch may have placement.json: where it ran (executor, host, Ray node, GPU indices with NVML UUIDs and
     names, the client's cores) and from when to when; the manifest its `executor` and GPU `pool`; a launch
-    failure may be `node_lost` (a Ray node died under it).
+    failure may be `node_lost` (a Ray node died under it); a guard its `gpu_telemetry` (it can stand in for
+    the cell it re-measured).
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ class GuardRecord(_OnLaunch):
     not_warm: str | None = Field(
         description="why the first reading was cold (then this re-measurement stands in for it); None: warm")
     result: CellResult = Field(description="the second measurement")
+    gpu_telemetry: list[Any] | None = Field(default=None, description="the raw GPU samples of its step; None: no "
+                                                                      "NVML (or before format 7)")
 
 
 class ExperimentRecord(_OnLaunch):

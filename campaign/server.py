@@ -299,12 +299,17 @@ def _die_with_parent() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
+    parent_death_signal()
+
+
+def parent_death_signal(sig: signal.Signals = signal.SIGTERM) -> None:
+    """Ask the kernel for `sig` when this process's parent dies (Linux's PR_SET_PDEATHSIG; elsewhere a no-op)."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        libc.prctl(pr_set_pdeathsig, sig)
     except (OSError, AttributeError):
         pass
 

@@ -150,7 +150,8 @@ class StoredCell:
     variant: str
     repeat: int
     result: CellResult
-    path: Path
+    path: Path                 # the file its figures come from: the cell's rep file, or its guard's (stand-in)
+    launch: str | None = None  # the launch folder it was measured on (e.g. launch-3)
 
 
 class RunLockedError(CampaignError):
@@ -269,10 +270,10 @@ class RunDir:
         return self.variant_dir(variant) / "cells" / safe_name(cell_key) / f"guard-{repeat}.json"
 
     def write_guard(self, variant: str, repeat: int, again: CellResult, *, launch: str,
-                    not_warm: str | None) -> Path:
+                    not_warm: str | None, telemetry: list[Any] | None = None) -> Path:
         return write_new(self.guard_path(variant, again.spec.key, repeat), GuardRecord(
             variant=variant, repeat=repeat, launch=launch, written_utc=datetime.now(UTC).isoformat(),
-            not_warm=not_warm, result=again))
+            not_warm=not_warm, result=again, gpu_telemetry=telemetry))
 
     def done(self, variant: str, cell_key: str, repeat: int) -> bool:
         return self.cell_path(variant, cell_key, repeat).exists()
@@ -317,11 +318,14 @@ class RunDir:
     def cells(self) -> list[StoredCell]:
         out = []
         for path, record in self.read_each(sorted(self.root.glob("variants/*/cells/*/rep-*.json")), CellRecord):
-            result = record.result
+            result, source, launch = record.result, path, record.launch
             guard = path.with_name(f"guard-{record.repeat}.json")
             for _, guarded in self.read_each([guard] if guard.exists() else [], GuardRecord):
                 result = _with_guard(result, guarded)
-            out.append(StoredCell(variant=record.variant, repeat=record.repeat, result=result, path=path))
+                if result is not record.result:
+                    source, launch = guard, guarded.launch
+            out.append(StoredCell(variant=record.variant, repeat=record.repeat, result=result, path=source,
+                                  launch=launch))
         return out
 
     def cell_record(self, cell: StoredCell) -> CellRecord | None:

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from campaign import store
-from campaign.errors import CampaignError
+from campaign.errors import CampaignError, request_stop
 from campaign.progress import Progress
+from campaign.server import parent_death_signal
 
 
 class RelayProgress(Progress):
@@ -44,9 +45,11 @@ class RelayProgress(Progress):
 
 def _interrupt_once(signum: int, frame: object) -> None:
     """Ctrl-C reaches a worker twice (from the terminal's process group, and from the controller stopping
-    its workers): the first starts the launch's clean-up, a second must not cut the server's stop short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    its workers); SIGTERM comes when the controller dies (its parent-death signal). The first starts the
+    launch's clean-up, as in the serial runner; a second must not cut the server's stop short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    request_stop(signum, frame)
 
 
 def _indices(text: str | None) -> list[int] | None:
@@ -63,8 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", required=True)
     parser.add_argument("--cores")
     parser.add_argument("--engine")
+    parser.add_argument("--parent", type=int, help="the controller's pid: this worker stops when it dies")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, _interrupt_once)
+    signal.signal(signal.SIGTERM, _interrupt_once)
+    if args.parent is not None:
+        # A controller killed outright takes its workers along (each then stops its server and records it),
+        # so no orphan goes on measuring into a run that a resume writes again. Asked for here, not in a
+        # preexec_fn (unsafe beside the controller's reader threads); a parent already gone is checked after.
+        parent_death_signal()
+        if os.getppid() != args.parent:
+            return 1
     gpus = _indices(args.gpus)
     progress = RelayProgress(f"[GPU {args.gpus}] ")
     try:

@@ -100,6 +100,17 @@ def test_energy_from_the_counter_over_all_gpus(install: Callable[..., FakeNvml],
     assert telemetry.samples[0][1]["energy_mj"] == 9_000_000  # the raw counter is kept with every sample
 
 
+def test_a_pool_launch_reads_its_own_gpus_only(install: Callable[..., FakeNvml], clock: FakeClock) -> None:
+    """Issue 17: beside another launch on GPU 0, this launch's energy is GPU 1's, never both."""
+    fake = nvml(install, clock, gpus=2)
+    fake.record(T0, {"power_w": 100.0, "energy_mj": 7_000_000}, {"power_w": 200.0, "energy_mj": 9_000_000})
+    fake.record(T0 + 4, {"power_w": 100.0, "energy_mj": 7_450_000}, {"power_w": 200.0, "energy_mj": 9_800_000})
+    telemetry = run_step(NvmlMonitor(every_s=None, clock=clock, indices=[1]), clock, 4.0)
+    assert telemetry.energy_j == pytest.approx(800.0)
+    assert telemetry.power_w_median == pytest.approx(200.0)
+    assert all([row["index"] for row in rows] == [1] for rows in telemetry.samples)
+
+
 def test_energy_from_sampled_power_where_the_counter_is_not_supported(install: Callable[..., FakeNvml],
                                                                       clock: FakeClock) -> None:
     fake = nvml(install, clock, energy_counter=False)

@@ -103,6 +103,60 @@ def test_the_pool_never_gives_a_busy_gpu_and_keeps_each_slots_order(tmp_path: Pa
     assert sorted(str(e["text"]) for e in events if e["event"] == "cell") == [f"v{i}" for i in range(6)]
 
 
+@pytest.mark.timeout(60)  # the bug this guards against spun forever
+def test_a_job_waiting_for_the_baseline_holds_no_gpus_back_from_it(tmp_path: Path) -> None:
+    """B's `suggested` flag waits for a baseline launch; B's planned slots must not keep the baseline's
+    second launch (A1, after A0 failed) from starting: the night goes on instead of spinning."""
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    jobs = pool.plan([("A", 0, 1), ("B", 0, 1), ("B", 1, 1), ("A", 1, 1)], [0, 1], ["A", "B"])
+    started: list[str] = []
+
+    def command(job: pool.Job, gpus: tuple[int, ...], cores: list[int] | None) -> list[str]:
+        started.append(f"{job.variant}{job.repeat}")
+        return [sys.executable, str(script), f"{job.variant}{job.repeat}", "0", "0.05"]
+
+    runner = pool.Pool(gpus=[0, 1], command=command, relay=lambda event: None)
+    # B is held back while a baseline launch is still to come (as if A0's server had never become ready).
+    runner.blocked = lambda job: job.variant == "B" and any(
+        j.variant == "A" and (j.variant, j.repeat) not in {(d.variant, d.repeat) for d, _ in runner.exit_codes}
+        for j in jobs)
+    runner.run(jobs)
+    assert started[:2] == ["A0", "A1"] and sorted(started[2:]) == ["B0", "B1"]
+
+
+def test_gpu_effect_is_read_per_launch_folder(tmp_path: Path) -> None:
+    """A relaunch (or a resume on another pool) has its own placement: cells are matched to the launch
+    folder they were measured on, never to the last placement of their repeat."""
+    from fakes import builders
+
+    from campaign.cells import CellResult, CellSpec
+    from campaign.records import GpuDevice, PlacementRecord
+
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="A", variants=["A", "B"])
+    spec = CellSpec(phase="decode", context_tokens=512, concurrency=4)
+
+    def launch(variant: str, repeat: int, on: int, value: float | None) -> None:
+        folder = run.new_launch_dir(variant)
+        store.write_new(folder / "placement.json", PlacementRecord(
+            variant=variant, repeat=repeat, executor="pool", host="h", gpus=[GpuDevice(index=on, uuid=None, name=None)],
+            client_cores=None, started_utc="2026-12-02T00:00:00+00:00", ended_utc="2026-12-02T00:01:00+00:00"))
+        if value is not None:
+            run.write_cell(variant, repeat, CellResult(spec=spec, phase="decode", context_tokens=512, concurrency=4,
+                                                       label=spec.label, status="Valid", total_tok_s=value),
+                           launch=folder.name, telemetry=None)
+
+    launch("A", 0, 0, 100.0)
+    launch("B", 0, 1, 110.0)
+    launch("B", 1, 0, 100.0)
+    launch("A", 1, 1, 110.0)
+    launch("A", 1, 0, None)  # a later launch of A's repeat 1 on GPU 0 that measured nothing (say it failed)
+    effect = compare.gpu_effect(run)
+    assert effect.checked and effect.changes_pct == {"1": pytest.approx(10.0)}
+    assert not effect.balanced  # A had two launches on GPU 0, one on GPU 1
+
+
 def test_a_profile_with_a_bad_gpu_list_is_refused_naming_the_file_and_key(tmp_path: Path) -> None:
     from campaign.errors import ConfigError
 
@@ -220,3 +274,30 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     assert again.returncode == 0, again.stderr[-3000:]
     assert len(run.cells()) == 16 and run.manifest().pool == [0, 1]
     assert {p.executor for _, p in run.placements()} == {"pool"}
+
+
+def test_a_pool_controller_killed_outright_takes_its_workers_and_servers_along(tmp_path: Path) -> None:
+    """SIGKILL leaves no handler to run: each worker's parent-death signal stops it, and it stops its server
+    and records the stop, so no orphan measures into a run that a resume writes again."""
+    import signal
+    import time
+
+    import psutil
+
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
+                             str(tmp_path), "--plain", "--gpus", "0,1"], cwd=PROJECT_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no cell was measured"
+        time.sleep(0.05)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    assert sum("campaign.worker" in " ".join(p.cmdline()) for p in tree) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
+    ready = list(run.root.glob("variants/*/launch-*/server.json"))
+    assert ready and all((p.parent / "stop.json").exists() for p in ready)

@@ -129,3 +129,29 @@ def test_a_launch_wider_than_the_cluster_is_refused_before_the_night(tmp_path: P
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Error: the Ray cluster has 1 GPUs in all; a launch needs 2" in out.stderr
     assert not list(tmp_path.glob("*/*/manifest.json"))
+
+
+def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(tmp_path: Path) -> None:
+    """The files of a task arrive sorted, a cell record (cells/...) before its launch's first file
+    (launch-1/...): its `launch` must still be the controller's folder, not the task's own name."""
+    import json as _json
+
+    from fakes import builders
+
+    from campaign.progress import Progress
+    from campaign.ray_executor import RayExecutor, _Task
+
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="A", variants=["A"])
+    run.new_launch_dir("A")  # the controller already has launch-1 of A
+    executor = RayExecutor(run, Progress(total_cells=0, estimate_s=0, live=False), engine="sim")
+    task = _Task(job=None, ref=None)
+    cell = {"schema_version": 7, "kind": "cell", "variant": "A", "repeat": 0, "launch": "launch-1",
+            "written_utc": "x", "result": {}, "gpu_telemetry": None}
+    executor._write(task, [("variants/A/cells/prefill-L8/rep-0.json", _json.dumps(cell)),
+                           ("variants/A/launch-1/warmup.json", "{}"),
+                           ("variants/A/cells/prefill-L8/bad.json", "{not json")], "t1")
+    stored = _json.loads((run.root / "variants/A/cells/prefill-L8/rep-0.json").read_text())
+    assert task.launches == {"launch-1": "launch-2"} and stored["launch"] == "launch-2"
+    assert (run.root / "variants/A/launch-2/warmup.json").exists()
+    assert not (run.root / "variants/A/cells/prefill-L8/bad.json").exists()  # warned, never fatal
