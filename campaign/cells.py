@@ -26,6 +26,8 @@ DecodeMode = Literal["sustained", "fixed"]
 # excludes prefill and a replacement request costs almost no prefill.
 TTFTMode = Literal["cold", "warm"]
 PromptEndpoint = Literal["completions", "chat"]
+SESSIONS_CHAT = ("sessions go to the completions endpoint (token ids, each turn exactly its length); the "
+                 "agents experiment runs chat sessions with the server's own replies")
 TTFT_MODE_TEXT = {"cold": "cold TTFT: fresh prompts, prefill and queueing included",
                   "warm": "warm TTFT: prompts cached first, prefill mostly excluded (seed 004's method)"}
 Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
@@ -299,6 +301,35 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
     return status, found
 
 
+class Sessions(BaseModel):
+    """Open-loop agent traffic (format 8): a rate cell's requests are the turns of `count` sessions at a time,
+    each turn the cell's one shared system prompt, the session's history so far and a new user message.
+    Request i is turn (i // count) mod turns of live session i mod count; after its last turn a session gives
+    way to a fresh one. A reply in the history is text standing in for the model's (the schedule never waits
+    for a reply), so a turn's prompt extends the previous turn's prompt and the prefix cache can serve it, as
+    it serves a coding agent's growing conversation. Turn k is system + k x (user + reply) + user tokens long,
+    the reply being the cell's max_tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(default=8, gt=0, description="sessions live at once (each arrival goes to the next one)")
+    turns: int = Field(default=4, gt=0, description="turns of one session, then a fresh session takes its place")
+    system_tokens: int = Field(default=2000, gt=0, description="the system prompt every session shares")
+    user_tokens: int = Field(default=200, gt=0, description="each new user message")
+
+    def turn(self, index: int) -> tuple[int, int]:
+        """Request `index`'s (session, turn): sessions numbered from 0 in the order they start."""
+        slot, round_ = index % self.count, index // self.count
+        return (round_ // self.turns) * self.count + slot, round_ % self.turns
+
+    def length(self, turn: int, reply_tokens: int) -> int:
+        return self.system_tokens + turn * (self.user_tokens + reply_tokens) + self.user_tokens
+
+    @property
+    def key(self) -> str:
+        return f"A{self.count}x{self.turns}s{self.system_tokens}u{self.user_tokens}"
+
+
 class CellSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -331,8 +362,39 @@ class CellSpec(BaseModel):
     range_ratio: float = Field(default=0.0, ge=0, lt=1)
     slo: Slo | None = None
     early_stop: bool = False
+    # Rate cells of agent traffic (format 8): prompt lengths come from the sessions' turns, context_tokens is
+    # the first turn's.
+    sessions: Sessions | None = None
 
     _prompts = field_validator("prompts")(prompt_source)
+
+    @model_validator(mode="after")
+    def _sessions_shape(self) -> CellSpec:
+        if self.sessions is None:
+            return self
+        if self.phase != "rate":
+            raise ValueError("sessions shape a rate cell's requests; this cell is not one")
+        if self.endpoint == "chat":
+            raise ValueError(SESSIONS_CHAT)
+        if self.range_ratio:
+            raise ValueError("sessions give each turn its own length: range_ratio is 0 with them")
+        if self.context_tokens != self.sessions.length(0, self.max_tokens):
+            raise ValueError("a sessions cell's context_tokens is its first turn's length (system + user tokens)")
+        return self
+
+    def lengths_range(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The shortest and longest (prompt, reply) a rate cell sends: within +-range_ratio of its lengths, or
+        from a session's first turn to its last."""
+        if self.sessions is not None:
+            longest = self.sessions.length(self.sessions.turns - 1, self.max_tokens)
+            return (self.context_tokens, self.max_tokens), (longest, self.max_tokens)
+        r = self.range_ratio
+
+        def span(n: int) -> tuple[int, int]:
+            return max(1, math.ceil(n * (1 - r))), max(1, math.floor(n * (1 + r)))
+
+        (p_lo, p_hi), (n_lo, n_hi) = span(self.context_tokens), span(self.max_tokens)
+        return (p_lo, n_lo), (p_hi, n_hi)
 
     @model_validator(mode="after")
     def _rate_has_a_limit(self) -> CellSpec:
@@ -367,6 +429,7 @@ class CellSpec(BaseModel):
             base += f"-C{self.max_concurrency}" if self.max_concurrency else ""
             base += f"-R{self.min_requests}" if self.min_requests > 1 else ""
             base += f"-V{self.range_ratio:g}" if self.range_ratio else ""
+            base += f"-{self.sessions.key}" if self.sessions else ""
             base += f"-S{self.slo.key}" if self.slo else ""
             base += "-X" if self.early_stop else ""
             return base + self._text_suffix

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign import corpus
 from campaign import slo as slos
-from campaign.cells import CellSpec
+from campaign.cells import SESSIONS_CHAT, CellSpec, Sessions
 from campaign.endpoint import Timeouts
 from campaign.errors import ConfigError, PromptError, did_you_mean
 from campaign.openloop import Arrival, rate_value
@@ -148,21 +148,43 @@ class _LoadShape(_TextWorkload):
     burstiness: float = Field(default=1.0, gt=0)
     range_ratio: float = Field(default=0.0, ge=0, lt=1)
     slo: Slo | None = None                              # default: the matrix's slo
+    sessions: Sessions | None = None                    # agent traffic: the lengths come from its turns
 
     _slo = field_validator("slo", mode="before")(_slo_input)
+
+    @field_validator("sessions", mode="before")
+    @classmethod
+    def _session_tokens(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: tokens(v) if k in ("system_tokens", "user_tokens") else v for k, v in value.items()}
+        return value
 
     @model_validator(mode="after")
     def _chat_lengths_fixed(self) -> _LoadShape:
         if self.range_ratio and self.endpoint == "chat":
             raise ValueError("range_ratio with endpoint: chat: a chat prompt is fitted once per length, so its "
                              "lengths are fixed; use the completions endpoint, or range_ratio: 0")
+        if self.sessions is not None and self.endpoint == "chat":
+            raise ValueError(SESSIONS_CHAT)
+        if self.sessions is not None and self.range_ratio:
+            raise ValueError("range_ratio with sessions: each turn has its own length; drop range_ratio")
         return self
+
+    def _check_lengths(self, given: bool, what: str) -> None:
+        """Prompt lengths come from `what` or from the sessions' turns, never both."""
+        if self.sessions is not None and given:
+            raise ValueError(f"{what} with sessions: the lengths come from the sessions' turns; drop {what}")
+        if self.sessions is None and not given:
+            raise ValueError(f"give {what} (prompt lengths in tokens), or sessions")
 
     def rate_spec(self, context: int, rate: float | None, *, window_s: float, matrix_slo: Slo | None,
                   **more: Any) -> CellSpec:
+        if self.sessions is not None:
+            context = self.sessions.length(0, self.max_tokens)
         return CellSpec(phase="rate", context_tokens=context, max_tokens=self.max_tokens, request_rate=rate,
                         duration_s=self.duration_s or window_s, arrival=self.arrival, burstiness=self.burstiness,
-                        range_ratio=self.range_ratio, slo=self.slo or matrix_slo, **self.text, **more)
+                        range_ratio=self.range_ratio, slo=self.slo or matrix_slo, sessions=self.sessions,
+                        **self.text, **more)
 
 
 class RateWorkload(_LoadShape):
@@ -170,7 +192,7 @@ class RateWorkload(_LoadShape):
     duration_s, at each context; judged against the SLO where one is given."""
 
     kind: Literal["rate"]
-    contexts: TokenList = Field(min_length=1)
+    contexts: TokenList = Field(default_factory=list)   # none with sessions
     rates: list[float | None] = Field(min_length=1)
     max_concurrency: int | None = Field(default=None, gt=0)
     min_requests: int = Field(default=1, ge=1)
@@ -182,12 +204,14 @@ class RateWorkload(_LoadShape):
     def _inf_needs_a_cap(self) -> RateWorkload:
         if None in self.rates and self.max_concurrency is None:
             raise ValueError("a rate of inf needs max_concurrency (the requests in flight at once)")
+        self._check_lengths(bool(self.contexts), "contexts")
         return self
 
     def cells(self, window_s: float, matrix_slo: Slo | None = None) -> list[CellSpec]:
         return [self.rate_spec(ctx, rate, window_s=window_s, matrix_slo=matrix_slo,
                                max_concurrency=self.max_concurrency, min_requests=self.min_requests)
-                for ctx in self.contexts for rate in self.rates]
+                for ctx in self.contexts or [0] for rate in self.rates]   # 0: rate_spec takes the sessions'
+
 
 
 class _Experiment(_Workload):
@@ -303,18 +327,23 @@ class SloSearchExperiment(_LoadShape, _Experiment):
     (concurrency: true) the highest number of streams at once, at which every bound holds."""
 
     kind: Literal["slo-search"]
-    context: int
+    context: int | None = None   # none with sessions
     start_rps: float = Field(default=1.0, gt=0)
     resolution: float = Field(default=0.05, gt=0, lt=1)
     max_probes: int = Field(default=12, ge=2)
     concurrency: bool = True
     max_concurrency: int | None = Field(default=None, gt=0)   # the concurrency search's ceiling
 
-    _context = field_validator("context", mode="before")(tokens)
+    _context = field_validator("context", mode="before")(lambda v: None if v is None else tokens(v))
+
+    @model_validator(mode="after")
+    def _one_length(self) -> SloSearchExperiment:
+        self._check_lengths(self.context is not None, "context")
+        return self
 
     def spec(self, window_s: float = 30.0, matrix_slo: Slo | None = None) -> CellSpec:
         """The probes' shape (each probe sets its own rate)."""
-        return self.rate_spec(self.context, 1.0, window_s=window_s, matrix_slo=matrix_slo)
+        return self.rate_spec(self.context or 0, 1.0, window_s=window_s, matrix_slo=matrix_slo)
 
     @property
     def key(self) -> str:

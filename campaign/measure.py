@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import random
 import time
 from collections.abc import Callable
@@ -45,7 +44,7 @@ from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.endpoint import Endpoint
 from campaign.errors import MetricMissingError
 from campaign.gpu import StepMonitor, StepTelemetry
-from campaign.prompts import Prompt, Prompts, PromptSource
+from campaign.prompts import Prompt, Prompts, PromptSource, SessionTurns
 from campaign.streamclient import StreamClient
 from campaign.tokenizer import ServerTokenizer
 
@@ -119,17 +118,6 @@ class _Load:
     planned: int | None
     early_stopped: bool
     ramp: frozenset[str] = frozenset()   # a closed loop's first wave (request ids): not judged
-
-
-def lengths_range(spec: CellSpec) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The shortest and longest (prompt, reply) a rate cell draws: within +-range_ratio of its lengths."""
-    r = spec.range_ratio
-
-    def span(n: int) -> tuple[int, int]:
-        return max(1, math.ceil(n * (1 - r))), max(1, math.floor(n * (1 + r)))
-
-    (p_lo, p_hi), (n_lo, n_hi) = span(spec.context_tokens), span(spec.max_tokens)
-    return (p_lo, n_lo), (p_hi, n_hi)
 
 
 SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
@@ -266,7 +254,7 @@ class Measurer:
             return CellResult(**base, status="Over capacity", **findings_fields([Finding(
                 Reason.OVER_CAPACITY, f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) "
                 f"tokens exceed the server's KV cache of {self.target.kv_cache_tokens:,} tokens")]))
-        longest, longest_reply = (spec.context_tokens, max_tokens) if spec.phase != "rate" else lengths_range(spec)[1]
+        longest, longest_reply = (spec.context_tokens, max_tokens) if spec.phase != "rate" else spec.lengths_range()[1]
         if self.target.max_model_len is not None and longest + longest_reply > self.target.max_model_len:
             return CellResult(**base, status="Invalid", **findings_fields([Finding(
                 Reason.OVER_WINDOW, f"not run: prompt {longest:,} + reply {longest_reply:,} tokens exceed "
@@ -549,12 +537,19 @@ class Measurer:
         released once the SLO has certainly failed; the ones in flight end normally."""
         scale = self.target.time_scale
         rng = random.Random(spec.seed)
-        (p_lo, n_lo), (p_hi, n_hi) = lengths_range(spec)
+        (p_lo, n_lo), (p_hi, n_hi) = spec.lengths_range()
+        turns = None if spec.sessions is None else SessionTurns(
+            spec.sessions, reply_tokens=spec.max_tokens, part=lambda n: self._prompt(n, source))
 
-        def lengths() -> tuple[int, int]:
+        def lengths(index: int) -> tuple[int, int]:
+            if turns is not None:
+                return turns.length(index), spec.max_tokens
             if not spec.range_ratio:
                 return spec.context_tokens, spec.max_tokens
             return rng.randint(p_lo, p_hi), rng.randint(n_lo, n_hi)
+
+        async def make_prompt(index: int, length: int) -> Prompt:
+            return await (turns.prompt(index) if turns is not None else self._prompt(length, source))
 
         service = spec.slo
         stop = asyncio.Event() if spec.early_stop and service is not None and spec.request_rate is not None else None
@@ -565,8 +560,8 @@ class Measurer:
         if spec.request_rate is not None:
             offsets = openloop.arrivals(spec.request_rate, spec.duration_s, arrival=spec.arrival,
                                         burstiness=spec.burstiness, seed=spec.seed, min_requests=spec.min_requests)
-            shapes = [lengths() for _ in offsets]
-            prompts = [await self._prompt(length, source) for length, _ in shapes]
+            shapes = [lengths(i) for i in range(len(offsets))]
+            prompts = [await make_prompt(i, length) for i, (length, _) in enumerate(shapes)]
 
         ramp: set[str] = set()
 
@@ -575,8 +570,8 @@ class Measurer:
             if sent.index < len(shapes):
                 (length, reply), prompt = shapes[sent.index], prompts[sent.index]
             else:  # a closed loop makes each prompt as it goes; it has no schedule to be late for
-                length, reply = lengths()
-                prompt = await self._prompt(length, source)
+                length, reply = lengths(sent.index)
+                prompt = await make_prompt(sent.index, length)
                 released = time.perf_counter()
             request_id = self._next_id()
             if spec.request_rate is None and spec.max_concurrency and sent.index < spec.max_concurrency:
@@ -618,7 +613,7 @@ class Measurer:
             phase="rate", mode=spec.mode, concurrency=spec.concurrency, records=records,
             prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
-            template_hits=self._template_hits(spec, len(records)),
+            template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.sessions is not None,
             behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))
@@ -652,6 +647,14 @@ class Measurer:
         if values.get("cap_waits"):
             notes.append(f"{values['cap_waits']} request(s) waited for the cap of {spec.max_concurrency} in flight: "
                          "above that load the cap, not the rate, decides when requests go")
+        if spec.sessions is not None:
+            shape = spec.sessions
+            hits, queries = delta.optional(m.PREFIX_HITS), delta.optional(m.PREFIX_QUERIES)
+            served = f"{100 * hits / queries:.0f}%" if hits is not None and queries else "an unknown share"
+            notes.append(f"agent sessions: {shape.count} at a time, {shape.turns} turn(s) each on one "
+                         f"{shape.system_tokens}-token system prompt, prompts of {spec.context_tokens} to "
+                         f"{spec.lengths_range()[1][0]} tokens; the prefix cache served {served} of the prompt "
+                         "tokens (the server's counters)")
         preempted = delta.optional(m.PREEMPTIONS)
         if preempted:
             notes.append(f"{preempted:.0f} preemption(s): at this rate the KV cache ran out and requests were "

@@ -85,7 +85,8 @@ def cell_s(spec: CellSpec, rates: Rates) -> float:
         # The schedule (its span, or its minimum count at the rate), then the last requests' replies.
         span = spec.duration_s if spec.request_rate is None else max(
             spec.duration_s, spec.min_requests / spec.request_rate)
-        return STEP_OVERHEAD_S + span + spec.context_tokens / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
+        longest = spec.lengths_range()[1][0]
+        return STEP_OVERHEAD_S + span + longest / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
     prompts = spec.concurrency * spec.context_tokens / rates.prefill_tok_s
     if spec.mode == "sustained":
         # The window, the warm-up before it, and the requests in flight when it closes run to their end.

@@ -11,8 +11,10 @@ sent as token ids on /v1/completions (exactly L tokens by construction) or as a 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -251,3 +253,62 @@ class Prompts:
     @staticmethod
     def _message(count: int, text: str) -> Prompt:
         return Prompt(tokens=count, messages=[{"role": "user", "content": text}])
+
+
+
+class SessionShape(Protocol):
+    """What SessionTurns needs of cells.Sessions (which imports this module)."""
+
+    @property
+    def system_tokens(self) -> int: ...
+
+    @property
+    def user_tokens(self) -> int: ...
+
+    @property
+    def turns(self) -> int: ...
+
+    def turn(self, index: int) -> tuple[int, int]: ...
+
+    def length(self, turn: int, reply_tokens: int) -> int: ...
+
+
+class SessionTurns:
+    """The prompts of open-loop agent sessions (cells.Sessions), token ids for /v1/completions: one system
+    prompt for the whole step, then per session its turns' parts (user message, reply standing in for the
+    model's, user message, ...), every part a fresh prompt of its length from `part` (so each starts uniquely
+    and nothing is served from an earlier step or run). Turn k of a session is the system prompt and the
+    session's first 2k + 1 parts: it extends turn k - 1's prompt, as a conversation's history does. Prompts are
+    made one at a time in the order asked (a closed loop asks from many streams at once), and a session is
+    forgotten after its last turn, so a long closed loop holds only the live ones."""
+
+    def __init__(self, shape: SessionShape, *, reply_tokens: int,
+                 part: Callable[[int], Awaitable[Prompt]]) -> None:
+        self.shape, self.reply_tokens = shape, reply_tokens
+        self._part = part
+        self._system: list[int] | None = None
+        self._parts: dict[int, list[list[int]]] = {}
+        self._lock = asyncio.Lock()
+
+    def length(self, index: int) -> int:
+        return self.shape.length(self.shape.turn(index)[1], self.reply_tokens)
+
+    async def _ids(self, length: int) -> list[int]:
+        ids = (await self._part(length)).ids
+        if ids is None or len(ids) != length:
+            raise PromptError("agent sessions are token ids of exact lengths",
+                              hint="use the completions endpoint for a rate cell with sessions")
+        return ids
+
+    async def prompt(self, index: int) -> Prompt:
+        session, turn = self.shape.turn(index)
+        async with self._lock:
+            if self._system is None:
+                self._system = await self._ids(self.shape.system_tokens)
+            parts = self._parts.setdefault(session, [])
+            while len(parts) < 2 * turn + 1:
+                parts.append(await self._ids(self.shape.user_tokens if len(parts) % 2 == 0 else self.reply_tokens))
+            ids = self._system + [t for p in parts[:2 * turn + 1] for t in p]
+            if turn == self.shape.turns - 1:
+                del self._parts[session]
+        return Prompt(tokens=len(ids), ids=ids)

@@ -25,6 +25,8 @@ Format history:
     names, the client's cores) and from when to when; the manifest its `executor` and GPU `pool`; a launch
     failure may be `node_lost` (a Ray node died under it); a guard its `gpu_telemetry` (it can stand in for
     the cell it re-measured).
+8 - a rate cell's spec may carry `sessions` (count, turns, system_tokens, user_tokens): open-loop agent traffic
+    whose prompts are the turns of sessions on one shared system prompt (keys add -A<count>x<turns>s<S>u<U>).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from campaign.matrix import Matrix
     from campaign.profiles import LaunchProfile
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -382,6 +384,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     4: _defaults_suffice,  # 4 -> 5: stop.json's stopped_utc and the manifest's estimate (None: not stored)
     5: _defaults_suffice,  # 5 -> 6: rate fields (None: not a rate cell), capacity_at_slo (None: no search)
     6: _defaults_suffice,  # 6 -> 7: the manifest's executor (serial) and pool (None); placement.json is new
+    7: _defaults_suffice,  # 7 -> 8: a rate cell's sessions (None: independent prompts)
 }
 
 

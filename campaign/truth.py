@@ -256,6 +256,10 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
         Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"]),
         Figure(where, "completed", "count", _count(cell.completed), arrived["completed"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), arrived["output_tokens"]),
+        # The server's counters over the whole step: every request of it (agent sessions share prefixes).
+        Figure(where, "prefix_cache_hits", "count", cell.prefix_cache_hits, float(sum(r.hits for r in everyone))),
+        Figure(where, "prefix_cache_queries", "count", cell.prefix_cache_queries,
+               float(sum(r.queried for r in everyone))),
         # Requests in flight, time-averaged, is a sum of latencies over the load's time: each request may be
         # off by its latency tolerance (the client's clock starts at its send and ends at its read).
         Figure(where, "avg_in_flight", "count", cell.avg_in_flight, arrived["avg_in_flight"],

@@ -350,6 +350,86 @@ def test_the_shipped_slo_matrices_search_each_variant_at_seed_000s_floor() -> No
         assert len(loaded.all_variants()) >= 2, name
 
 
+# --- agent sessions at a rate ----------------------------------------------------------------------------
+def _sessions_spec(**more: Any) -> CellSpec:
+    shape = cells.Sessions(count=2, turns=3, system_tokens=100, user_tokens=10)
+    return CellSpec.model_validate({"phase": "rate", "context_tokens": 110, "max_tokens": 5, "request_rate": 1.0,
+                                    "sessions": shape, **more})
+
+
+def test_agent_sessions_give_each_request_its_sessions_turn_and_length() -> None:
+    spec = _sessions_spec()
+    shape = spec.sessions
+    assert shape is not None
+    # Two live sessions alternate; after three turns each, sessions 2 and 3 take their places.
+    assert [shape.turn(i) for i in range(8)] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (2, 0), (3, 0)]
+    assert [shape.length(k, 5) for k in range(3)] == [110, 125, 140]
+    assert spec.lengths_range() == ((110, 5), (140, 5))
+    assert spec.key == "rate-L110-N5-Q1-poisson-D30-A2x3s100u10"
+    for more, says in (({"endpoint": "chat"}, "agents experiment"), ({"range_ratio": 0.5}, "range_ratio is 0"),
+                       ({"context_tokens": 100}, "first turn's length")):
+        with pytest.raises(ValidationError, match=says):
+            _sessions_spec(**more)
+    with pytest.raises(ValidationError, match="not one"):
+        CellSpec(phase="decode", context_tokens=110, sessions=shape)
+
+
+def test_a_sessions_turn_extends_its_previous_turn_and_shares_only_the_system_prompt() -> None:
+    """Turn k's prompt is turn k - 1's, a reply standing in for the model's, and a new user message; sessions
+    share the system prompt and nothing else; each part starts uniquely. Asked for from many streams at once
+    (a closed loop), the prompts come out the same as asked for one by one."""
+    from campaign.prompts import Prompt, PromptSource, SessionTurns
+
+    spec = _sessions_spec()
+    assert spec.sessions is not None
+
+    def make() -> SessionTurns:
+        source = PromptSource(seed=7)
+
+        async def part(n: int) -> Prompt:
+            return Prompt(tokens=n, ids=source.unique(n))
+        return SessionTurns(spec.sessions, reply_tokens=5, part=part)  # type: ignore[arg-type]
+
+    async def in_order() -> list[list[int]]:
+        turns = make()
+        return [(await turns.prompt(i)).ids or [] for i in range(8)]
+
+    async def at_once() -> list[list[int]]:
+        turns = make()
+        return [p.ids or [] for p in await asyncio.gather(*(turns.prompt(i) for i in range(8)))]
+
+    ids = asyncio.run(in_order())
+    assert [len(p) for p in ids] == [make().length(i) for i in range(8)] == [110, 110, 125, 125, 140, 140, 110, 110]
+    assert all(ids[i + 2][:len(ids[i])] == ids[i] for i in (0, 1, 2, 3))  # each turn extends the one before
+    system = ids[0][:100]
+    assert all(p[:100] == system for p in ids)                               # one system prompt for the step
+    assert len({tuple(p[100:106]) for p in (ids[0], ids[1], ids[6], ids[7])}) == 4   # sessions' own histories
+    assert asyncio.run(at_once()) == ids
+
+
+def test_a_matrix_gives_rates_of_agent_sessions_without_contexts(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yaml"
+    head = "name: m\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\nslo: {ttft_p99_ms: 2000}\nworkloads:\n"
+    matrix.write_text(head + "  - {kind: rate, rates: [1, 2], max_tokens: 64,\n"
+                             "     sessions: {count: 4, turns: 3, system_tokens: 2k, user_tokens: 200}}\n"
+                             "  - {kind: slo-search, max_tokens: 64, sessions: {count: 4}}\n")
+    loaded, _, _ = load_matrix(str(matrix))
+    first, second = loaded.cells()
+    assert first.sessions == cells.Sessions(count=4, turns=3, system_tokens=2048, user_tokens=200)
+    assert first.context_tokens == 2248 and first.lengths_range()[1] == (2248 + 2 * 264, 64)
+    assert second.request_rate == 2.0 and first.key != second.key
+    (search,) = loaded.experiments()
+    assert "-A4x4s2000u200" in search.key
+    for body, says in (("  - {kind: rate, rates: [1]}\n", "give contexts"),
+                       ("  - {kind: rate, contexts: [1k], rates: [1], sessions: {count: 2}}\n", "drop contexts"),
+                       ("  - {kind: rate, rates: [1], endpoint: chat, sessions: {count: 2}}\n", "agents experiment"),
+                       ("  - {kind: slo-search, sessions: {count: 2, turn: 3}}\n", "did you mean turns"),
+                       ("  - {kind: slo-search}\n", "give context")):
+        matrix.write_text(head + body)
+        with pytest.raises(ConfigError, match=says):
+            load_matrix(str(matrix))
+
+
 # --- the diff: capacity at the SLO is the line that matters ----------------------------------------------
 def _search_result(rate: float, first_fail: float) -> dict[str, Any]:
     return {"kind": "slo-search", "key": "slo-search-x", "status": "Valid",
@@ -483,6 +563,30 @@ def test_goodput_falls_past_the_knee_and_the_search_finds_the_truths_limit(
     assert set(cli) >= {"max_rate_rps", "last_pass_rps", "first_fail_rps", "requests"}
     streams = data["concurrency_search"]
     assert streams["max"] is not None and streams["max"] <= 16
+
+
+def test_agent_sessions_at_a_rate_are_served_from_the_prefix_cache_as_the_truth_says(
+        h200: tuple[LaunchedServer, Path]) -> None:
+    """Four live sessions of three turns on a shared 2K system prompt, at 2 requests a second: the step's
+    prefix-cache hits (the server's counters) equal the simulator's own records, request for request, and are
+    most of the prompt tokens (a later turn finds its history cached, a new session the system prompt); the
+    cell is Valid, since sharing is what it is for, and its note says how much was served."""
+    server, truth_path = h200
+    spec = CellSpec(phase="rate", context_tokens=2248, max_tokens=64, request_rate=2.0, duration_s=12,
+                    slo=slo.parse("ttft_p99_ms=3000"),
+                    sessions=cells.Sessions(count=4, turns=3, system_tokens=2048, user_tokens=200))
+    cell = asyncio.run(Measurer(server.target()).run_cell(spec))
+    assert cell.status == "Valid", cell.reasons
+    assert [r.usage_prompt_tokens for r in cell.records[:12]] == [2248] * 4 + [2512] * 4 + [2776] * 4
+    matched = truth.Matched(sim_truth.read(truth_path))
+    figures = truth.rate_cell_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
+    wrong = [f for f in figures if f.kind != "latency" and not f.ok]
+    assert not wrong, wrong
+    (hits,) = [f for f in figures if f.name == "prefix_cache_hits"]
+    assert hits.tool == hits.truth and cell.prefix_cache_queries
+    assert (cell.prefix_cache_hits or 0) / cell.prefix_cache_queries > 0.6
+    assert any(n.startswith("agent sessions: 4 at a time, 3 turn(s)") and "the prefix cache served" in n
+               for n in cell.notes)
 
 
 def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(tmp_path: Path) -> None:
