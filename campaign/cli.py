@@ -599,6 +599,10 @@ def _finish(run_dir: Any) -> None:
         typer.echo(f"GPU effect: {effect.message}")
     run_dir.write_summary(compare.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
     written = html_report.write(run_dir)
+    # The answer last, where the eye lands (the reports open with the same lines).
+    verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(run_dir.cells()),
+                                   servers=run_dir.servers())
+    typer.echo("\n== Verdict ==\n" + "\n".join(report.verdict_lines(verdict)))
     _say_damaged(run_dir)
     typer.echo(f"results: {run_dir.root}")
     typer.echo(f"report: {written[0]}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222;
 padding:0 1rem;line-height:1.45}
 h1{margin-bottom:.2rem}h2{border-bottom:2px solid #ddd;padding-bottom:.2rem;margin-top:2.2rem}
-table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem}
+table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem;display:block;overflow-x:auto;max-width:100%}
 th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:right;vertical-align:top}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .meta td{text-align:left}.cmd{font-family:ui-monospace,monospace;font-size:.8rem;word-break:break-all}
@@ -30,6 +31,10 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 .better{background:#d4edda}.worse{background:#f8d7da}.noise{background:#f1f1f1}
 .note{color:#555;font-size:.85rem}.warn{color:#8a4b00}.recommendation{font-weight:600}
 img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
+table.verdict{display:table}table.verdict td{text-align:left}
+table.verdict td:nth-child(2){font-weight:600;white-space:nowrap}
+@media (max-width:700px){body{margin:.8rem auto;padding:0 .5rem}table.verdict td:nth-child(2){white-space:normal}}
+@media print{body{max-width:none;margin:0}h2{break-after:avoid}table,img{break-inside:avoid}}
 """
 
 
@@ -83,8 +88,29 @@ def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
         "agents": plots.agents_that_fit({v: a.get("agents_that_fit") or {} for v, a in data.short.items()},
                                         folder / "agents_that_fit.png"),
     }
+    for d in data.diffs:
+        made[FOREST + d.variant] = plots.forest(d, folder / f"forest-{_file_name(d.variant)}.png",
+                                                noise_pct=100 * compare.MIN_EFFECT)
     data.charts = {k: v for k, v in made.items() if v is not None}
     return data.charts
+
+
+FOREST = "forest:"   # chart keys of the forest plots, one per variant
+FOREST_ALT = "Change against the baseline with 95% intervals"
+
+
+def _file_name(variant: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", variant)
+
+
+def verdict(data: ReportData) -> Table:
+    return report.verdict_table(data.diffs, drift=data.drift.message, latest=data.latest, servers=data.servers)
+
+
+def _forests(data: ReportData) -> list[tuple[str, Path]]:
+    """(alt text, PNG) of each variant's forest plot, in the diffs' order."""
+    return [(f"{FOREST_ALT}: {d.variant} vs {d.baseline}", data.charts[FOREST + d.variant]) for d in data.diffs
+            if FOREST + d.variant in data.charts]
 
 
 def _e(value: object) -> str:
@@ -166,15 +192,18 @@ def render_html(data: ReportData) -> str:
     ]
     meta_table = Table(headers=["", ""], align="ll", cls="meta", rows=[
         [k, Cell(str(v), cls="cmd" if k.startswith("Launch") else None)] for k, v in meta])
-    parts = [f"<h1>{_e(manifest.campaign)}: speed, context and capacity</h1>", to_html(meta_table)]
+    parts = [f"<h1>{_e(manifest.campaign)}: speed, context and capacity</h1>",
+             '<section id="verdict"><h2>Verdict</h2>' + to_html(replace(verdict(data), title=""))
+             + "".join(_img(path, alt) for alt, path in _forests(data)) + "</section>",
+             to_html(meta_table)]
     for heading, tables in sections(data):
         parts += [f"<h2>{_e(heading)}</h2>", *map(to_html, tables)]
     titles = {"throughput": "Aggregate and per-request tok/s against concurrency",
               "ttft": "Time to first token against prompt length", "prefill": "Prefill tok/s against context",
               "agents": "Agents that fit against context per agent"}
-    if data.charts:
+    if any(k in titles for k in data.charts):
         parts.append("<h2>Charts</h2>" + "".join(f"<h3>{_e(titles[k])}</h3>{_img(p, titles[k])}"
-                                                 for k, p in data.charts.items()))
+                                                 for k, p in data.charts.items() if k in titles))
     if data.diffs:
         parts.append("<h2>A/B: every variant against the baseline</h2>"
                      + "".join(to_html(t) for t in diff_tables(data)))
@@ -186,7 +215,9 @@ def render_html(data: ReportData) -> str:
 
 def render_markdown(data: ReportData) -> str:
     """The same tables as the HTML report, as Markdown tables (charts beside it as PNG files)."""
-    parts = [f"# {md_escape(data.manifest.campaign)} ({data.manifest.created_utc})"]
+    parts = [f"# {md_escape(data.manifest.campaign)} ({data.manifest.created_utc})", "## Verdict",
+             "\n".join(f"- {md_escape(line)}" for line in report.verdict_lines(verdict(data))),
+             *(f"![{md_escape(alt)}]({path.name})" for alt, path in _forests(data))]
     for heading, tables in sections(data):
         parts += [f"## {md_escape(heading)}", *map(to_markdown, tables)]
     parts.append("## A/B: every variant against the baseline")

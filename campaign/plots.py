@@ -102,3 +102,52 @@ def agents_that_fit(all_fits: dict[str, dict[str, int | None]], path: Path) -> P
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "inside noise": "dimgrey"}
+
+
+def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
+    """The A/B at a glance (compare.VariantDiff): every cell and metric's change against the baseline as a point
+    with its 95% interval on one % axis, the band inside which a change is noise shaded, better green, worse
+    red, inside noise grey; a change without an interval (one measurement a side) a hollow point, a cell or
+    metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""
+    rows: list[tuple[str, Any]] = [(f"{c.key}  {m.metric}", m) for c in diff.cells for m in c.metrics]
+    rows += [(f"{c.key}  (not valid)", None) for c in diff.cells if not c.metrics and c.status_note]
+    # The launch facts' changes are exact (no interval): the KV cache's often decides the verdict.
+    facts = [(f"launch fact  {key}", pct) for key, _, _, pct in diff.fact_changes if pct is not None]
+    if not rows and not facts:
+        return None
+    # The axis fits the changes, not the widest interval (one noisy TTFT's +-8000% would flatten the rest):
+    # an interval beyond it ends in an arrow at the edge.
+    changes = [abs(m.change_pct) for _, m in rows if m is not None and m.change_pct is not None]
+    edge = max(10.0, 2 * noise_pct, 1.25 * max(changes + [abs(p) for _, p in facts], default=0.0))
+    fig, ax = plt.subplots(figsize=(8.5, 1.1 + 0.24 * (len(rows) + len(facts))))
+    ax.axvspan(-noise_pct, noise_pct, color="#eeeeee", zorder=0, label=f"noise (±{noise_pct:g}%)")
+    ax.axvline(0, color="grey", linewidth=0.8, zorder=1)
+    for y, (_, m) in enumerate(rows):
+        if m is None or m.change_pct is None:
+            ax.plot([0], [y], marker="x", color="darkorange", zorder=3)
+            continue
+        colour = VERDICT_COLOURS.get(m.verdict, "grey") if diff.comparable else "grey"
+        if m.ci95_pct is None:
+            ax.plot([m.change_pct], [y], marker="o", markerfacecolor="white", color=colour, zorder=3)
+            continue
+        low, high = max(m.ci95_pct[0], -edge), min(m.ci95_pct[1], edge)
+        ax.plot([low, high], [y, y], color=colour, linewidth=1.2, zorder=2)
+        ax.plot([m.change_pct], [y], marker="o", markersize=4, color=colour, zorder=3)
+        for end, clipped, arrow in ((low, m.ci95_pct[0] < -edge, "<"), (high, m.ci95_pct[1] > edge, ">")):
+            ax.plot([end], [y], marker=arrow if clipped else "|", color=colour, markersize=5, zorder=3)
+    for y, (_, pct) in enumerate(facts, start=len(rows)):
+        ax.plot([pct], [y], marker="D", markersize=5, color="black", zorder=3)
+    ax.set_xlim(-edge, edge)
+    ax.set_yticks(range(len(rows) + len(facts)), [label for label, _ in rows + facts], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("change against the baseline (%), 95% interval")
+    title = f"{diff.variant} vs {diff.baseline}"
+    if not diff.comparable:
+        title += f": NOT COMPARABLE ({diff.not_comparable_reason})"
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return _save(fig, path)

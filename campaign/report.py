@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from campaign.cells import CellResult, CellSpec, Reason
 from campaign.tables import Cell, Item, Table, to_text
+from campaign.tables import cell as as_cell
 
 if TYPE_CHECKING:
     from campaign.planning import Plan
@@ -273,6 +274,50 @@ def diff_text(diffs: Sequence[Any]) -> str:
     """Flag and facts diffs, per-cell verdicts with 95% intervals, and the closing recommendations."""
     tables = [diff_table(d) for d in diffs]
     return text(replace(t, title=f"== {t.title} ==") for t in tables) if tables else NOTHING_TO_COMPARE
+
+
+OUTCOME_CLASS = {"keep": "better", "revert": "worse", "no difference": "noise", "not settled": "warn"}
+
+
+def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[str, CellResult]],
+                  servers: Sequence[ServerRecord | FailureRecord]) -> Table:
+    """The answer first (issue 18): per variant keep, revert, no difference or not settled, with the sentence
+    that says why (the flags changed, the figures beyond noise, the KV cache, capacity, cells not measured);
+    then the run's health: drift, cells not Valid and why, launches that failed. The same table opens the
+    HTML and Markdown reports and ends `campaign run`'s console output."""
+    rows: list[list[Item]] = []
+    for d in diffs:
+        outcome = d.outcome + (", provisionally" if d.provisional else "")
+        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), d.recommendation])
+    health: list[Item] = [Cell(f"drift: {drift}", cls="note")]
+    not_valid = [(variant, c) for variant, cells in latest.items() for c in cells.values() if c.status != "Valid"]
+    total = sum(len(cells) for cells in latest.values())
+    if not_valid:
+        by_status: dict[str, int] = {}
+        for _, c in not_valid:
+            why = ", ".join(sorted({code.value for code in c.reason_codes}))
+            label = c.status + (f" ({why})" if why else "")
+            by_status[label] = by_status.get(label, 0) + 1
+        listed = "; ".join(f"{n} {label}" for label, n in sorted(by_status.items()))
+        health.append(Cell(f"cells not Valid: {len(not_valid)} of {total} ({listed}); where: "
+                           + ", ".join(f"{v} {c.spec.key}" for v, c in not_valid[:6])
+                           + (", ..." if len(not_valid) > 6 else ""), cls="warn"))
+    else:
+        health.append(Cell(f"cells not Valid: none of {total}", cls="note"))
+    failed = [s for s in servers if s.kind == "failure"]
+    health += [Cell(f"launch failed: {s.variant}: {failure_line(s)}", cls="warn") for s in failed] or [
+        Cell("launches failed: none", cls="note")]
+    if not rows:
+        health.insert(0, Cell(NOTHING_TO_COMPARE, cls="note"))
+    return Table(title="Verdict", headers=["Variant", "Verdict", "Why"] if rows else (), rows=rows, align="lll",
+                 notes=health, cls="verdict")
+
+
+def verdict_lines(table: Table) -> list[str]:
+    """The verdict as lines ("variant: outcome: why", then the health lines): the end of the console output
+    and the opening of the Markdown report, word for word."""
+    texts = [[as_cell(item).text for item in row] for row in table.rows]
+    return [f"{variant}: {outcome}: {why}" for variant, outcome, why in texts] + [as_cell(n).text for n in table.notes]
 
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",

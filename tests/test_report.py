@@ -83,8 +83,31 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
         assert page.locator("text=How this was measured").count() == 1
         shot = tmp_path / "report.png"
         page.screenshot(path=str(shot), full_page=True)
+        # Issue 18: at a desktop's and a phone's width the Verdict is the first thing below the title, in view
+        # without scrolling, with a forest plot per variant, and nothing wider than the screen but the tables'
+        # own scrolling.
+        diffs = html_report.gather(run_dir).diffs
+        for width, height in ((1300, 900), (390, 844)):
+            small = browser.new_page(viewport={"width": width, "height": height})
+            small.goto(page_path.as_uri())
+            small.wait_for_load_state("load")
+            first = small.evaluate("document.querySelector('h1').nextElementSibling.id")
+            assert first == "verdict", width
+            assert small.locator("#verdict h2").inner_text() == "Verdict"
+            top = small.evaluate("document.querySelector('#verdict table').getBoundingClientRect().top")
+            assert 0 < top < height / 2, (width, top)
+            alts = small.locator("#verdict img").evaluate_all("els => els.map(e => e.alt)")
+            assert alts == [f"Change against the baseline with 95% intervals: {d.variant} vs {d.baseline}"
+                            for d in diffs] and len(alts) == 4, alts
+            assert small.evaluate("document.documentElement.scrollWidth") <= width, width
+            verdicts = small.locator("#verdict table td:nth-child(2)").all_inner_texts()
+            assert verdicts == [d.outcome + (", provisionally" if d.provisional else "") for d in diffs]
+            small.screenshot(path=str(tmp_path / f"report-{width}.png"))
+            assert (tmp_path / f"report-{width}.png").stat().st_size > 20_000
+            small.close()
         browser.close()
     assert shot.stat().st_size > 50_000
+    assert page_path.stat().st_size < 1_000_000  # light enough to mail
 
 
 def test_png_charts_are_non_trivial(run_dir: store.RunDir, tmp_path: Path) -> None:
@@ -104,6 +127,51 @@ def test_markdown_has_the_same_tables(run_dir: store.RunDir, tmp_path: Path) -> 
     assert "```" not in text  # real Markdown tables, not text in code fences
     assert "| Context | 1 (single-stream) | 4 (aggregate) |\n|---|---:|---:|" in text
     assert "| TTFT p99 | ITL p99 | TPOT | E2E p99 |" in text
+
+
+def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
+        run_dir: store.RunDir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line per variant (keep, revert, no difference, not settled, and why) and the run's health: the
+    Markdown report opens with them, right below its title, and `campaign run` ends with them."""
+    from campaign import cli
+
+    data = html_report.gather(run_dir)
+    lines = report.verdict_lines(html_report.verdict(data))
+    by_variant = {d.variant: d for d in data.diffs}
+    assert lines[:4] == [f"{v}: {d.outcome}{', provisionally' if d.provisional else ''}: {d.recommendation}"
+                         for v, d in by_variant.items()]
+    assert lines[1].startswith("small-cache: revert: kv-cache-memory-bytes 1G -> 64M: KV cache -93.8%")
+    assert lines[3].startswith("tight: revert, provisionally: ")
+    assert lines[4].startswith("drift: baseline moved +8.6%")
+    assert lines[5] == ("cells not Valid: 2 of 11 (1 Failed; 1 Over capacity); where: tight "
+                        "decode-sustained-L512-C1-N64-W4, tight decode-sustained-L512-C4-N64-W4")
+    assert lines[6] == "launch failed: broken: FAILED TO START (bad_argument): unrecognized arguments"
+    path = html_report.write(run_dir, fmt="md", out=tmp_path / "report.md")[0]
+    head = path.read_text().split("\n\n")
+    assert head[1] == "## Verdict"
+    assert head[2].splitlines() == [f"- {tables.md_escape(line)}" for line in lines]
+    assert head[3].startswith("![Change against the baseline with 95% intervals: broken vs baseline](forest-")
+    assert all((tmp_path / f"forest-{d}.png").stat().st_size > 15_000 for d in by_variant)
+    cli._finish(run_dir)
+    out = capsys.readouterr().out
+    assert out.split("== Verdict ==\n", 1)[1].splitlines()[:len(lines)] == lines
+
+
+def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(tmp_path: Path) -> None:
+    from campaign import compare, plots
+
+    empty = compare.VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[], cells=[],
+                                comparable=True)
+    assert plots.forest(empty, tmp_path / "none.png", noise_pct=3.0) is None
+    metric = compare.MetricVerdict(metric="total_tok_s", baseline=100.0, variant=90.0, change_pct=-10.0,
+                                   ci95_pct=(-900.0, 880.0), n_baseline=3, n_variant=3, verdict="not comparable")
+    cell = compare.CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1, label="single-stream",
+                            metrics=[metric])
+    apart = compare.VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[("kv_cache_tokens", 1, 2,
+                                                                                          100.0)],
+                                cells=[cell], comparable=False, not_comparable_reason="different GPU models")
+    path = plots.forest(apart, tmp_path / "apart.png", noise_pct=3.0)
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def text_grid(text: str, title: str) -> list[list[str]]:
