@@ -633,18 +633,24 @@ def diff(
 @app.command("report")
 def report_cmd(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
+    other: Annotated[Path | None, typer.Argument(
+        metavar="OTHER_RUN", help="an earlier run of the same matrix: its variants beside these as <name>@B, "
+                                  "each diffed against this run's baseline")] = None,
     fmt: Annotated[str, typer.Option("--format", help="html (default), md or png")] = "html",
     out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
 ) -> None:
-    """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run."""
+    """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run, or from two."""
     from campaign import html_report, store
 
     if fmt not in {"html", "md", "png"}:
         raise CampaignError(f"--format {fmt!r}: expected html, md or png")
     stored = store.RunDir(run_dir)
-    for path in html_report.write(stored, fmt=fmt, out=out):
+    second = store.RunDir(other) if other is not None else None
+    for path in html_report.write(stored, fmt=fmt, out=out, other=second):
         typer.echo(str(path))
     _say_damaged(stored)
+    if second is not None:
+        _say_damaged(second)
 
 
 @app.command()

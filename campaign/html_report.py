@@ -28,7 +28,7 @@ th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:right;vertical-align
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .meta td{text-align:left}.cmd{font-family:ui-monospace,monospace;font-size:.8rem;word-break:break-all}
 .cell{min-width:7.5rem}.over{background:#e6e6e6;color:#555}.bad{background:#f8d7da}
-.better{background:#d4edda}.worse{background:#f8d7da}.noise{background:#f1f1f1}
+.changed{background:#fff3cd}.better{background:#d4edda}.worse{background:#f8d7da}.noise{background:#f1f1f1}
 .note{color:#555;font-size:.85rem}.warn{color:#8a4b00}.recommendation{font-weight:600}
 img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 table.verdict{display:table}table.verdict td{text-align:left}
@@ -50,18 +50,44 @@ class ReportData:
     diffs: list[compare.VariantDiff]
     drift: compare.Drift
     charts: dict[str, Path] = field(default_factory=dict)
+    other: RunDir | None = None            # a second run of the same matrix, its variants named "<name>@B"
+    other_drift: compare.Drift | None = None
+
+    @property
+    def drift_text(self) -> str:
+        if self.other is None or self.other_drift is None:
+            return self.drift.message
+        return f"this run: {self.drift.message}; {self.other.root.name} (@B): {self.other_drift.message}"
 
 
-def gather(run: RunDir) -> ReportData:
+OTHER = "@B"   # the suffix compare.diff_run gives the other run's variants
+
+
+def gather(run: RunDir, other: RunDir | None = None) -> ReportData:
+    """A run's stored files for its report; with `other` (a run of the same matrix, last week's say), that
+    run's variants beside this one's as "<name>@B", each diffed against this run's baseline."""
     stored = run.cells()
+    servers: list[ServerRecord | FailureRecord] = list(run.servers())
+    experiments = run.experiments()
+    short = compare.short_answers_by_variant(run)
+    if other is not None:
+        if other.manifest().campaign != run.manifest().campaign:
+            from campaign.errors import CampaignError
+
+            raise CampaignError(f"{other.root} is a run of {other.manifest().campaign!r}, {run.root} of "
+                                f"{run.manifest().campaign!r}: a report across runs compares runs of one matrix",
+                                hint="campaign diff RUN_A RUN_B --force compares the cells of any two runs")
+        stored += [replace(c, variant=c.variant + OTHER) for c in other.cells()]
+        servers += [s.model_copy(update={"variant": s.variant + OTHER}) for s in other.servers()]
+        experiments += [e.model_copy(update={"variant": e.variant + OTHER}) for e in other.experiments()]
+        short |= {v + OTHER: a for v, a in compare.short_answers_by_variant(other).items()}
     all_cells: dict[str, list[CellResult]] = {}
     for cell in sorted(stored, key=lambda s: s.repeat):
         all_cells.setdefault(cell.variant, []).append(cell.result)
-    return ReportData(run=run, manifest=run.manifest(), servers=run.servers(), latest=report.latest_cells(stored),
-                      all_cells=all_cells,
-                      experiments=run.experiments(), short=compare.short_answers_by_variant(run),
-                      diffs=compare.diff_run(run),
-                      drift=compare.drift(run))
+    return ReportData(run=run, manifest=run.manifest(), servers=servers, latest=report.latest_cells(stored),
+                      all_cells=all_cells, experiments=experiments, short=short,
+                      diffs=compare.diff_run(run, other=other), drift=compare.drift(run), other=other,
+                      other_drift=compare.drift(other) if other is not None else None)
 
 
 def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
@@ -104,7 +130,7 @@ def _file_name(variant: str) -> str:
 
 
 def verdict(data: ReportData) -> Table:
-    return report.verdict_table(data.diffs, drift=data.drift.message, latest=data.latest, servers=data.servers)
+    return report.verdict_table(data.diffs, drift=data.drift_text, latest=data.latest, servers=data.servers)
 
 
 def _forests(data: ReportData) -> list[tuple[str, Path]]:
@@ -135,9 +161,21 @@ def variant_tables(data: ReportData, variant: str) -> list[Table]:
     return out + (report.cells_tables(cells) if cells else [])
 
 
+def side_by_side(data: ReportData) -> list[Table]:
+    """The variants next to each other: short answers, what the servers became, the decode matrices."""
+    baseline = data.diffs[0].baseline if data.diffs else None
+    order = ([] if baseline is None else [baseline]) + [v for v in _variants(data) if v != baseline]
+    made = [report.short_answers_side_by_side(order, data.short),
+            report.facts_side_by_side(order, data.servers, baseline),
+            report.decode_matrices_side_by_side(order, data.latest)]
+    return [t for t in made if t is not None]
+
+
 def sections(data: ReportData) -> list[tuple[str, list[Table]]]:
     """The report's sections before the charts and the A/B, as (heading, tables), for HTML and Markdown alike."""
-    out = [(f"Variant: {variant}", variant_tables(data, variant)) for variant in _variants(data)]
+    together = side_by_side(data)
+    out = [("Side by side", together)] if len(_variants(data)) > 1 and together else []
+    out += [(f"Variant: {variant}", variant_tables(data, variant)) for variant in _variants(data)]
     experiments = report.experiments_table(data.experiments)
     if experiments is not None:
         out.append(("The study's experiments", [replace(experiments, title="")]))
@@ -166,7 +204,7 @@ def _how(data: ReportData) -> str:
         f"step(s) with foreign traffic ({discarded_tokens} tokens) were discarded and rerun.",
         f"Prefix-cache checks: {hits} cell(s) saw cache hits in a step designed to share nothing (such cells are "
         "Invalid).",
-        f"Drift: {data.drift.message}.",
+        f"Drift: {data.drift_text}.",
     ]
     return "<h2>How this was measured</h2><ul>" + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>"
 
@@ -190,6 +228,9 @@ def render_html(data: ReportData) -> str:
         ("Launch command (secrets redacted)", command),
         ("Tool", f"vllm-campaign {manifest.tool.version} ({(manifest.tool.git_commit or 'no git')[:12]})"),
     ]
+    if data.other is not None:
+        meta.insert(2, ("Compared with (variants @B)", f"{data.other.root} (measured "
+                                                         f"{data.other.manifest().created_utc})"))
     meta_table = Table(headers=["", ""], align="ll", cls="meta", rows=[
         [k, Cell(str(v), cls="cmd" if k.startswith("Launch") else None)] for k, v in meta])
     parts = [f"<h1>{_e(manifest.campaign)}: speed, context and capacity</h1>",
@@ -222,15 +263,17 @@ def render_markdown(data: ReportData) -> str:
         parts += [f"## {md_escape(heading)}", *map(to_markdown, tables)]
     parts.append("## A/B: every variant against the baseline")
     parts += [to_markdown(t) for t in diff_tables(data)] or [report.NOTHING_TO_COMPARE]
-    parts.append(md_escape(f"drift: {data.drift.message}"))
+    parts.append(md_escape(f"drift: {data.drift_text}"))
     return "\n\n".join(parts) + "\n"
 
 
-def write(run: RunDir, *, fmt: str = "html", out: Path | None = None) -> list[Path]:
-    """Write the report; returns the paths written. Charts go beside the report as PNG files too."""
-    data = gather(run)
-    folder = (out.parent if out is not None and fmt != "png" else out) or run.root / "report"
-    charts = write_charts(data, folder if fmt != "png" else (out or run.root / "report"))
+def write(run: RunDir, *, fmt: str = "html", out: Path | None = None, other: RunDir | None = None) -> list[Path]:
+    """Write the report (against `other`: in report/vs-<its folder>/ unless `out` says); returns the paths
+    written. Charts go beside the report as PNG files too."""
+    data = gather(run, other)
+    default = run.root / "report" if other is None else run.root / "report" / f"vs-{other.root.name}"
+    folder = (out.parent if out is not None and fmt != "png" else out) or default
+    charts = write_charts(data, folder if fmt != "png" else (out or default))
     if fmt == "png":
         return list(charts.values())
     if fmt == "md":

@@ -431,6 +431,73 @@ def capacity_text(c: dict[str, Any]) -> str:
     return text
 
 
+def _changed(value: str, base: str | None) -> Cell:
+    """A side-by-side value, highlighted where it differs from the baseline's."""
+    return Cell(value, cls="changed" if base is not None and value != base else None)
+
+
+def _side_by_side(title: str, first: str, by_variant: dict[str, dict[str, str]], baseline: str | None,
+                  align: str = "") -> Table | None:
+    """Rows of named values, a column per variant in the order given, values that differ from the baseline's
+    highlighted (baseline None: none are, as for measured values, which always differ by noise)."""
+    if not by_variant:
+        return None
+    names: list[str] = []
+    for values in by_variant.values():
+        names += [n for n in values if n not in names]
+    base = by_variant.get(baseline or "", {})
+    rows: list[list[Item]] = [[name, *(_changed(v.get(name, DASH), base.get(name) if variant != baseline else None)
+                                      for variant, v in by_variant.items())] for name in names]
+    return Table(title=title, headers=[first, *by_variant], rows=rows, align=align or "l" * (1 + len(by_variant)))
+
+
+def short_answers_side_by_side(variants: Sequence[str], short: dict[str, dict[str, Any]]) -> Table | None:
+    """Seed 000's first table with a column per variant: the questions down, the answers across (the diff,
+    not a highlight, says which differences are beyond noise)."""
+    return _side_by_side("Short answers, side by side", "Question",
+                         {v: dict((q, a) for q, a in short_answers_rows(short[v])) for v in variants if v in short},
+                         None)
+
+
+def facts_side_by_side(variants: Sequence[str], servers: Sequence[ServerRecord | FailureRecord],
+                       baseline: str | None) -> Table | None:
+    """What each variant's server became, a column per variant (launches that disagree show every value)."""
+    by_variant: dict[str, dict[str, str]] = {}
+    for variant in variants:
+        seen: dict[str, list[str]] = {}
+        for server in servers:
+            if server.variant != variant:
+                continue
+            if server.kind == "failure":
+                seen.setdefault("launch", []).append(failure_line(server))
+                continue
+            for key, value in server.facts.model_dump().items():
+                if value is not None and key != "failure":
+                    values = seen.setdefault(key, [])
+                    if _fmt_fact(value) not in values:
+                        values.append(_fmt_fact(value))
+        by_variant[variant] = {k: " / ".join(v) for k, v in seen.items()}
+    return _side_by_side("What the server became, side by side", "Fact", by_variant, baseline)
+
+
+def decode_matrices_side_by_side(variants: Sequence[str], latest: dict[str, dict[str, CellResult]]) -> Table | None:
+    """Every variant's decode matrix in one heat map: rows context, a column group per variant (its requests at
+    once), shaded by share of the best Valid cell of any variant."""
+    decode = {v: [c for c in latest.get(v, {}).values() if c.phase == "decode"] for v in variants}
+    decode = {v: cells for v, cells in decode.items() if cells}
+    if len(decode) < 2:
+        return None
+    contexts = sorted({c.context_tokens for cells in decode.values() for c in cells})
+    groups = [(v, sorted({c.concurrency for c in cells})) for v, cells in decode.items()]
+    by_key = {(v, c.context_tokens, c.concurrency): c for v, cells in decode.items() for c in cells}
+    top = max((c.total_tok_s or 0.0 for cells in decode.values() for c in cells if c.status == "Valid"), default=0.0)
+    rows: list[list[Item]] = [[fmt_context(ctx), *(_matrix_cell(by_key.get((v, ctx, conc)), top)
+                                                   for v, concs in groups for conc in concs)] for ctx in contexts]
+    return Table(title="Decode, every variant: total tok/s · rows context, columns variant and requests at once",
+                 headers=["Context", *(f"{v} · {_concurrency_header(conc)}" for v, concs in groups for conc in concs)],
+                 rows=rows, cls="heat")
+
+
 def short_answers_notes(a: dict[str, Any]) -> list[str]:
     """The lines under the table: floors, the knee, the naive-capacity warning, the roofline, agents that fit."""
     lines: list[str] = []

@@ -174,6 +174,58 @@ def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(t
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_side_by_side_tables_put_the_variants_in_columns(run_dir: store.RunDir) -> None:
+    """Short answers and launch facts with a column per variant, the baseline first; a fact that differs from
+    the baseline's is highlighted (measured answers, which always differ by noise, are not); every variant's
+    decode matrix in one heat map; all of it before the per-variant sections, in HTML and Markdown alike."""
+    data = html_report.gather(run_dir)
+    short, facts, decode = html_report.side_by_side(data)
+    assert short.headers[:2] == ["Question", "baseline"]
+    assert set(short.headers[2:]) == {"small-cache", "small-chunk", "tight"}   # broken never answered
+    assert list(facts.headers) == ["Fact", *short.headers[1:], "broken"]
+    kv = next(row for row in facts.rows if tables.cell(row[0]).text == "kv_cache_tokens")
+    shown = {h: tables.cell(c) for h, c in zip(facts.headers, kv, strict=True)}
+    assert shown["baseline"].text == "2,097,152" and shown["baseline"].cls is None
+    assert shown["small-cache"].text == "131,072" and shown["small-cache"].cls == "changed"
+    assert shown["small-chunk"].cls is None
+    assert all(tables.cell(c).cls is None for row in short.rows for c in row)
+    assert decode.headers[1].startswith("baseline · 1") and any(h.startswith("tight · 4") for h in decode.headers)
+    page = HtmlTables(html_report.render_html(data))
+    assert page.tables[("Side by side", short.title)] == [list(short.headers), *tables.texts(short)]
+    markdown = html_report.render_markdown(data)
+    assert markdown.index("## Side by side") < markdown.index("## Variant: baseline")
+
+
+def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path: Path) -> None:
+    """`campaign report RUN_A RUN_B`: the same page with the other run's variants as <name>@B, each diffed
+    against this run's baseline (last week's baseline against tonight's); runs of another matrix are refused
+    with one Error line."""
+    import json
+    import subprocess
+    import sys
+
+    other = tmp_path / "last-week"
+    shutil.copytree(FIXTURE_RUN, other)
+    out = subprocess.run([sys.executable, "-m", "campaign", "report", str(run_dir.root), str(other), "--format",
+                          "md"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path = run_dir.root / "report" / "vs-last-week" / "report.md"
+    assert str(path) in out.stdout.splitlines()
+    verdict = path.read_text().split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert verdict[0] == ("- baseline@B: no difference: no flag change (A/A): no difference: nothing beyond noise "
+                          "in 16 tests at family-wise 5%")
+    assert any(line.startswith("- small-cache@B: revert: kv-cache-memory-bytes 1G -> 64M") for line in verdict)
+    assert any("last-week (@B): baseline moved" in line for line in verdict)
+    data = html_report.gather(run_dir, store.RunDir(other))
+    assert "small-chunk@B" in html_report.side_by_side(data)[0].headers
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps(manifest | {"campaign": "another"}))
+    refused = subprocess.run([sys.executable, "-m", "campaign", "report", str(run_dir.root), str(other)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert refused.stderr.splitlines()[0].startswith("Error: ") and "a run of 'another'" in refused.stderr
+
+
 def text_grid(text: str, title: str) -> list[list[str]]:
     """The grid under `title` in command-line text, cut at the columns its dashes mark."""
     lines = text.split(title + "\n", 1)[1].splitlines()
