@@ -17,6 +17,7 @@ from campaign import compare, report
 from campaign.cells import CellResult
 from campaign.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.store import RunDir
+from campaign.study import ExperimentResult
 from campaign.tables import Cell, Table, md_escape, to_html, to_markdown
 
 CSS = """
@@ -29,7 +30,9 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 .meta td{text-align:left}.cmd{font-family:ui-monospace,monospace;font-size:.8rem;word-break:break-all}
 .cell{min-width:7.5rem}.over{background:#e6e6e6;color:#555}.bad{background:#f8d7da}
 .changed{background:#fff3cd}.better{background:#d4edda}.worse{background:#f8d7da}.noise{background:#f1f1f1}
-.note{color:#555;font-size:.85rem}.warn{color:#8a4b00}.recommendation{font-weight:600}
+.note{color:#555;font-size:.85rem}
+.badge{display:inline-block;border-radius:1rem;padding:.2rem .7rem;margin:.2rem;border:1px solid #bbb}
+.warn{color:#8a4b00}.recommendation{font-weight:600}
 img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 table.verdict{display:table}table.verdict td{text-align:left}
 table.verdict td:nth-child(2){font-weight:600;white-space:nowrap}
@@ -114,6 +117,18 @@ def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
         "agents": plots.agents_that_fit({v: a.get("agents_that_fit") or {} for v, a in data.short.items()},
                                         folder / "agents_that_fit.png"),
     }
+    latest = _latest_experiments(data)
+    made["long-context"] = plots.long_context(
+        {v: r.details.get("rows", []) for (v, kind), r in latest.items() if kind == "long-context"},
+        folder / "long_context.png")
+    made["overload"] = plots.overload_timeline(
+        {v: {"requests": r.requests, "gauges": r.details.get("gauges"), "max_num_seqs": r.details.get("max_num_seqs")}
+         for (v, kind), r in latest.items() if kind == "overload"}, folder / "overload.png")
+    made["prefix-order"] = plots.prefix_order(
+        {v: r.details.get("arms", {}) for (v, kind), r in latest.items() if kind == "prefix-order"},
+        folder / "prefix_order.png")
+    made["repeat"] = plots.bimodality(
+        {v: r.details for (v, kind), r in latest.items() if kind == "repeat"}, folder / "bimodality.png")
     for d in data.diffs:
         made[FOREST + d.variant] = plots.forest(d, folder / f"forest-{_file_name(d.variant)}.png",
                                                 noise_pct=100 * compare.MIN_EFFECT)
@@ -139,13 +154,53 @@ def _forests(data: ReportData) -> list[tuple[str, Path]]:
             if FOREST + d.variant in data.charts]
 
 
+EXPERIMENTS = "The study's experiments"
+EXPERIMENT_CHARTS = {"long-context": "Long prompts: time to first token and generation speed",
+                     "overload": "Overload: requests generating and waiting over time",
+                     "prefix-order": "Prefix order: wall time and cache hits of each arm",
+                     "repeat": "Repeats of one cell: one mode or two"}
+BADGES = {"refuses with 400": ("refused with 400", "better"), "clamps silently": ("silently clamped", "worse")}
+
+
+def _latest_experiments(data: ReportData) -> dict[tuple[str, str], ExperimentResult]:
+    """(variant, kind) -> the latest repeat's result (one picture per kind; the A/B weighs every repeat)."""
+    latest: dict[tuple[str, str], ExperimentResult] = {}
+    for item in sorted(data.experiments, key=lambda e: e.repeat):
+        latest[(item.variant, item.result.kind)] = item.result
+    return latest
+
+
+def _experiments_html(data: ReportData) -> str:
+    """The study's experiments as pictures: the context window as a badge per variant, the others as charts;
+    their sentences are the pictures' hover text (the Markdown report keeps them as a table)."""
+    latest = _latest_experiments(data)
+    if not latest:
+        return ""
+    parts = [f"<h2>{_e(EXPERIMENTS)}</h2>"]
+    windows = [(v, r) for (v, kind), r in latest.items() if kind == "context-window"]
+    if windows:
+        badges = []
+        for variant, result in windows:
+            behaviour = (result.details.get("over_total") or {}).get("behaviour") or result.status
+            text, cls = BADGES.get(behaviour, (behaviour, "warn"))
+            badges.append(f'<span class="badge {cls}" title="{_e(result.verdict)}">{_e(variant)}: '
+                          f"{_e(text)}</span>")
+        parts.append("<h3>Context window: a prompt and reply over it</h3><p>" + " ".join(badges) + "</p>")
+    for kind, title in EXPERIMENT_CHARTS.items():
+        if kind in data.charts:
+            hover = " | ".join(f"{v}: {r.verdict}" for (v, k), r in latest.items() if k == kind)
+            parts.append(f"<h3>{_e(title)}</h3>{_img(data.charts[kind], title, hover)}")
+    return "".join(parts)
+
+
 def _e(value: object) -> str:
     return html.escape(str(value))
 
 
-def _img(path: Path, alt: str) -> str:
+def _img(path: Path, alt: str, title: str | None = None) -> str:
     encoded = base64.b64encode(path.read_bytes()).decode()
-    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{encoded}">'
+    hover = f' title="{_e(title)}"' if title else ""
+    return f'<img alt="{_e(alt)}"{hover} src="data:image/png;base64,{encoded}">'
 
 
 def _variants(data: ReportData) -> list[str]:
@@ -176,10 +231,12 @@ def sections(data: ReportData) -> list[tuple[str, list[Table]]]:
     together = side_by_side(data)
     out = [("Side by side", together)] if len(_variants(data)) > 1 and together else []
     out += [(f"Variant: {variant}", variant_tables(data, variant)) for variant in _variants(data)]
-    experiments = report.experiments_table(data.experiments)
-    if experiments is not None:
-        out.append(("The study's experiments", [replace(experiments, title="")]))
     return out
+
+
+def experiments_section(data: ReportData) -> tuple[str, list[Table]] | None:
+    experiments = report.experiments_table(data.experiments)
+    return None if experiments is None else (EXPERIMENTS, [replace(experiments, title="")])
 
 
 def diff_tables(data: ReportData) -> list[Table]:
@@ -239,6 +296,7 @@ def render_html(data: ReportData) -> str:
              to_html(meta_table)]
     for heading, tables in sections(data):
         parts += [f"<h2>{_e(heading)}</h2>", *map(to_html, tables)]
+    parts.append(_experiments_html(data))
     titles = {"throughput": "Aggregate and per-request tok/s against concurrency",
               "ttft": "Time to first token against prompt length", "prefill": "Prefill tok/s against context",
               "agents": "Agents that fit against context per agent"}
@@ -261,6 +319,11 @@ def render_markdown(data: ReportData) -> str:
              *(f"![{md_escape(alt)}]({path.name})" for alt, path in _forests(data))]
     for heading, tables in sections(data):
         parts += [f"## {md_escape(heading)}", *map(to_markdown, tables)]
+    experiments = experiments_section(data)
+    if experiments is not None:
+        parts += [f"## {md_escape(experiments[0])}", *map(to_markdown, experiments[1])]
+        parts += [f"![{md_escape(title)}]({data.charts[kind].name})" for kind, title in EXPERIMENT_CHARTS.items()
+                  if kind in data.charts]
     parts.append("## A/B: every variant against the baseline")
     parts += [to_markdown(t) for t in diff_tables(data)] or [report.NOTHING_TO_COMPARE]
     parts.append(md_escape(f"drift: {data.drift_text}"))

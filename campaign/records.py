@@ -26,7 +26,8 @@ Format history:
     failure may be `node_lost` (a Ray node died under it); a guard its `gpu_telemetry` (it can stand in for
     the cell it re-measured).
 8 - a rate cell's spec may carry `sessions` (count, turns, system_tokens, user_tokens): open-loop agent traffic
-    whose prompts are the turns of sessions on one shared system prompt (keys add -A<count>x<turns>s<S>u<U>).
+    whose prompts are the turns of sessions on one shared system prompt (keys add -A<count>x<turns>s<S>u<U>);
+    an overload experiment's details its sampled `gauges` ([perf_counter, running, waiting]).
 """
 
 from __future__ import annotations

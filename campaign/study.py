@@ -229,6 +229,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     prompts = PromptSource()
     running: list[float] = []
     waiting: list[float] = []
+    sampled_t: list[float] = []   # perf_counter of each sample (the report draws the gauges over time)
     done = asyncio.Event()
 
     async def sampler(client: httpx.AsyncClient) -> None:
@@ -237,6 +238,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
                 snap = await _scrape(target, client)
                 running.append(snap.value(m.RUNNING))
                 waiting.append(snap.value(m.WAITING))
+                sampled_t.append(time.perf_counter())
             except httpx.HTTPError:
                 pass
             try:
@@ -249,6 +251,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     async def burst() -> tuple[list[RequestRecord], float]:
         running.clear()
         waiting.clear()
+        sampled_t.clear()
         done.clear()
         task = asyncio.create_task(sampler(control))
         began = time.perf_counter()
@@ -293,7 +296,9 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
                 "queued": float(queued) if first_end is not None else None,
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
-        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running)},
+        # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
+        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running),
+                 "gauges": [list(g) for g in zip(sampled_t, running, waiting, strict=True)]},
         requests=[r.to_dict() for r in records], attempts=attempts,
         discarded_steps=sum(1 for a in attempts if not a.accepted))
 

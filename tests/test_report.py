@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 from html.parser import HTMLParser
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakes import builders
+from PIL import Image
 
 from campaign import html_report, planning, report, store, tables
 from campaign.cells import CellResult, CellSpec
@@ -116,7 +118,9 @@ def test_png_charts_are_non_trivial(run_dir: store.RunDir, tmp_path: Path) -> No
     assert {"throughput.png", "prefill_vs_context.png", "agents_that_fit.png"} <= names
     for path in paths:
         data = path.read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 15_000
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        with Image.open(path) as image:   # a chart, not a blank: wide, and drawn in many colours
+            assert image.width >= 500 and len(image.getcolors(256) or []) >= 16, path.name
 
 
 def test_markdown_has_the_same_tables(run_dir: store.RunDir, tmp_path: Path) -> None:
@@ -172,6 +176,31 @@ def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(t
                                 cells=[cell], comparable=False, not_comparable_reason="different GPU models")
     path = plots.forest(apart, tmp_path / "apart.png", noise_pct=3.0)
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir: store.RunDir) -> None:
+    """The context window as a badge per variant (refused with 400 / silently clamped), long context, overload
+    (from the requests' own records and the server's sampled gauges), prefix order and repeats as charts; each
+    picture's hover text is its experiments' sentences, which the Markdown report keeps as a table."""
+    data = html_report.gather(run_dir)
+    html_report.write_charts(data, run_dir.root / "charts")
+    assert {"long-context", "overload", "prefix-order"} <= set(data.charts)   # the demo has no repeat experiment
+    page = html_report.render_html(data)
+    section = page.split("<h2>The study&#x27;s experiments</h2>", 1)[1].split("<h2>", 1)[0]
+    window = next(e.result for e in data.experiments if e.result.kind == "context-window")
+    assert re.search(r'<span class="badge worse" title="[^"]*silently clamps the reply[^"]*">baseline: silently '
+                     r"clamped</span>", section)
+    assert "<table" not in section   # the sentences left the cells
+    overload = html_report._latest_experiments(data)[("baseline", "overload")]
+    assert html.escape(f"baseline: {overload.verdict}") in section
+    assert 'alt="Overload: requests generating and waiting over time"' in section
+    assert window.verdict and "| context-window |" in html_report.render_markdown(data).replace("\\", "")
+    # The overload picture's client view comes from the raw records: every request waits, then generates.
+    from campaign import plots
+
+    times, waiting, generating = plots._occupancy(overload.requests, min(r["send_t"] for r in overload.requests))
+    assert max(waiting) >= 1 and max(generating) >= 1 and waiting[-1] == generating[-1] == 0
+    assert times == sorted(times)
 
 
 def test_side_by_side_tables_put_the_variants_in_columns(run_dir: store.RunDir) -> None:
