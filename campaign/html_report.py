@@ -190,6 +190,11 @@ def _experiments_html(data: ReportData) -> str:
         if kind in data.charts:
             hover = " | ".join(f"{v}: {r.verdict}" for (v, k), r in latest.items() if k == kind)
             parts.append(f"<h3>{_e(title)}</h3>{_img(data.charts[kind], title, hover)}")
+    # What has no picture (agents, capacity searches, a kind with nothing to draw) keeps its sentences here.
+    pictured = {k for k in EXPERIMENT_CHARTS if k in data.charts} | {"context-window"}
+    rest = report.experiments_table([e for e in data.experiments if e.result.kind not in pictured])
+    if rest is not None:
+        parts.append(to_html(replace(rest, title="Other experiments")))
     return "".join(parts)
 
 

@@ -213,7 +213,6 @@ class RateWorkload(_LoadShape):
                 for ctx in self.contexts or [0] for rate in self.rates]   # 0: rate_spec takes the sessions'
 
 
-
 class _Experiment(_Workload):
     """A workload of the study issue: measured after the cells of each launch, stored under experiments/."""
 

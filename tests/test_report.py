@@ -190,7 +190,14 @@ def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir
     window = next(e.result for e in data.experiments if e.result.kind == "context-window")
     assert re.search(r'<span class="badge worse" title="[^"]*silently clamps the reply[^"]*">baseline: silently '
                      r"clamped</span>", section)
-    assert "<table" not in section   # the sentences left the cells
+    assert "<table" not in section   # the sentences left the cells: every experiment here has its picture
+    agents = store.RunDir(run_dir.root)
+    kept = html_report.gather(agents)
+    kept.experiments = [e.model_copy(update={"result": e.result.model_copy(update={"kind": "agents"})})
+                        if e.result.kind == "prefix-order" else e for e in kept.experiments]
+    html_report.write_charts(kept, run_dir.root / "charts-2")
+    other = html_report.render_html(kept).split("<h2>The study&#x27;s experiments</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "Other experiments" in other and "prefix-order-K4" in other   # no picture: its sentence stays
     overload = html_report._latest_experiments(data)[("baseline", "overload")]
     assert html.escape(f"baseline: {overload.verdict}") in section
     assert 'alt="Overload: requests generating and waiting over time"' in section
