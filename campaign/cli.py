@@ -601,7 +601,7 @@ def _finish(run_dir: Any) -> None:
     written = html_report.write(run_dir)
     # The answer last, where the eye lands (the reports open with the same lines).
     verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(run_dir.cells()),
-                                   servers=run_dir.servers())
+                                   servers=run_dir.servers(), short=short)
     typer.echo("\n== Verdict ==\n" + "\n".join(report.verdict_lines(verdict)))
     _say_damaged(run_dir)
     typer.echo(f"results: {run_dir.root}")

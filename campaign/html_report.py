@@ -36,7 +36,8 @@ th{background:#f3f3f3}td.l,th.l{text-align:left}
 img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 table.verdict{display:table}table.verdict td{text-align:left}
 table.verdict td:nth-child(2){font-weight:600;white-space:nowrap}
-@media (max-width:700px){body{margin:.8rem auto;padding:0 .5rem}table.verdict td:nth-child(2){white-space:normal}}
+@media (max-width:700px){body{margin:.8rem auto;padding:0 .5rem}th,td{padding:.2rem .3rem}
+table.verdict td{overflow-wrap:anywhere}table.verdict td:nth-child(2){white-space:normal}}
 @media print{body{max-width:none;margin:0}h2{break-after:avoid}table,img{break-inside:avoid}}
 """
 
@@ -145,7 +146,8 @@ def _file_name(variant: str) -> str:
 
 
 def verdict(data: ReportData) -> Table:
-    return report.verdict_table(data.diffs, drift=data.drift_text, latest=data.latest, servers=data.servers)
+    return report.verdict_table(data.diffs, drift=data.drift_text, latest=data.latest, servers=data.servers,
+                                short=data.short)
 
 
 def _forests(data: ReportData) -> list[tuple[str, Path]]:

@@ -279,16 +279,30 @@ def diff_text(diffs: Sequence[Any]) -> str:
 OUTCOME_CLASS = {"keep": "better", "revert": "worse", "no difference": "noise", "not settled": "warn"}
 
 
+def floor_capacity(base: dict[str, Any] | None, other: dict[str, Any] | None) -> str:
+    """`4 -> 8 at 40 tok/s`: the streams that each hold the speed floor (short answers), baseline -> variant;
+    a figure beside the verdict, which the diff's cells (not this count) decide."""
+    a, b = (base or {}).get("useful_concurrency"), (other or {}).get("useful_concurrency")
+    floor = (other or {}).get("useful_floor_tok_s") or (base or {}).get("useful_floor_tok_s")
+    if a is None or b is None or not floor:
+        return DASH
+    return f"{fmt_num(a, 0)} -> {fmt_num(b, 0)} at {floor:g} tok/s"
+
+
 def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[str, CellResult]],
-                  servers: Sequence[ServerRecord | FailureRecord]) -> Table:
+                  servers: Sequence[ServerRecord | FailureRecord],
+                  short: dict[str, dict[str, Any]] | None = None) -> Table:
     """The answer first (issue 18): per variant keep, revert, no difference or not settled, with the sentence
-    that says why (the flags changed, the figures beyond noise, the KV cache, capacity, cells not measured);
-    then the run's health: drift, cells not Valid and why, launches that failed. The same table opens the
-    HTML and Markdown reports and ends `campaign run`'s console output."""
+    that says why (the flags changed, the figures beyond noise, the KV cache, capacity, cells not measured)
+    and the streams that hold the speed floor on each side; then the run's health: drift, cells not Valid and
+    why, launches that failed. The same table opens the HTML and Markdown reports and ends `campaign run`'s
+    console output."""
     rows: list[list[Item]] = []
+    answers = short or {}
     for d in diffs:
         outcome = d.outcome + (", provisionally" if d.provisional else "")
-        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), d.recommendation])
+        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), d.recommendation,
+                     floor_capacity(answers.get(d.baseline), answers.get(d.variant))])
     health: list[Item] = [Cell(f"drift: {drift}", cls="note")]
     not_valid = [(variant, c) for variant, cells in latest.items() for c in cells.values() if c.status != "Valid"]
     total = sum(len(cells) for cells in latest.values())
@@ -309,15 +323,16 @@ def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[st
         Cell("launches failed: none", cls="note")]
     if not rows:
         health.insert(0, Cell(NOTHING_TO_COMPARE, cls="note"))
-    return Table(title="Verdict", headers=["Variant", "Verdict", "Why"] if rows else (), rows=rows, align="lll",
-                 notes=health, cls="verdict")
+    return Table(title="Verdict", headers=["Variant", "Verdict", "Why", "Streams at the floor"] if rows else (),
+                 rows=rows, align="llll", notes=health, cls="verdict")
 
 
 def verdict_lines(table: Table) -> list[str]:
-    """The verdict as lines ("variant: outcome: why", then the health lines): the end of the console output
-    and the opening of the Markdown report, word for word."""
+    """The verdict as lines ("variant: outcome: why [streams at the floor]", then the health lines): the end
+    of the console output and the opening of the Markdown report, word for word."""
     texts = [[as_cell(item).text for item in row] for row in table.rows]
-    return [f"{variant}: {outcome}: {why}" for variant, outcome, why in texts] + [as_cell(n).text for n in table.notes]
+    return [f"{variant}: {outcome}: {why}" + ("" if floor == DASH else f" [streams at the floor: {floor}]")
+            for variant, outcome, why, floor in texts] + [as_cell(n).text for n in table.notes]
 
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",

@@ -142,7 +142,11 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
     data = html_report.gather(run_dir)
     lines = report.verdict_lines(html_report.verdict(data))
     by_variant = {d.variant: d for d in data.diffs}
+    floors = {v: report.floor_capacity(data.short.get(d.baseline), data.short.get(v)) for v, d in by_variant.items()}
+    assert floors == {"broken": "—", "small-cache": "4 -> 4 at 40 tok/s", "small-chunk": "4 -> 4 at 40 tok/s",
+                      "tight": "—"}
     assert lines[:4] == [f"{v}: {d.outcome}{', provisionally' if d.provisional else ''}: {d.recommendation}"
+                         + ("" if floors[v] == "—" else f" [streams at the floor: {floors[v]}]")
                          for v, d in by_variant.items()]
     assert lines[1].startswith("small-cache: revert: kv-cache-memory-bytes 1G -> 64M: KV cache -93.8%")
     assert lines[3].startswith("tight: revert, provisionally: ")
@@ -249,7 +253,7 @@ def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path:
     assert str(path) in out.stdout.splitlines()
     verdict = path.read_text().split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert verdict[0] == ("- baseline@B: no difference: no flag change (A/A): no difference: nothing beyond noise "
-                          "in 16 tests at family-wise 5%")
+                          "in 16 tests at family-wise 5% [streams at the floor: 4 -> 4 at 40 tok/s]")
     assert any(line.startswith("- small-cache@B: revert: kv-cache-memory-bytes 1G -> 64M") for line in verdict)
     assert any("last-week (@B): baseline moved" in line for line in verdict)
     data = html_report.gather(run_dir, store.RunDir(other))
