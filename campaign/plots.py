@@ -159,7 +159,15 @@ def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
         title += f": NOT COMPARABLE ({diff.not_comparable_reason})"
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in VERDICT_COLOURS.items()]
+    keys += [Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="white",
+                    label="not judged (no interval)"),
+             Line2D([], [], marker="x", linestyle="", color="darkorange", label="nothing to compare"),
+             Line2D([], [], marker="D", linestyle="", color="black", label="launch fact (exact)")]
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + keys, fontsize=6, loc="lower right")
     return _save(fig, path)
 
 

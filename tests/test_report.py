@@ -214,6 +214,17 @@ def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir
     assert times == sorted(times)
 
 
+def test_a_repeated_cell_is_a_histogram_with_its_modes_marked(tmp_path: Path) -> None:
+    from campaign import plots
+
+    assert plots.bimodality({"a": {"runs": []}}, tmp_path / "none.png") is None
+    runs = [100.0, 102.0, 99.0, 101.0, 200.0, 203.0, 198.0, 201.0]
+    path = plots.bimodality({"a": {"runs": runs, "bimodal": True, "low": 100.5, "high": 200.5}}, tmp_path / "b.png")
+    assert path is not None
+    with Image.open(path) as image:
+        assert image.width >= 500 and len(image.getcolors(256) or []) >= 16
+
+
 def test_side_by_side_tables_put_the_variants_in_columns(run_dir: store.RunDir) -> None:
     """Short answers and launch facts with a column per variant, the baseline first; a fact that differs from
     the baseline's is highlighted (measured answers, which always differ by noise, are not); every variant's
