@@ -770,6 +770,13 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     if not judged:
         return "not settled", False, sentence("not settled: no comparable measurements")
     noise = f"no difference: nothing beyond noise in {diff.tests} tests at family-wise {100 * diff.alpha:g}%"
+    # Values that describe the server but do not decide (DIAGNOSTIC_METRICS) may still have moved: saying
+    # "nothing beyond noise" over a 250% longer queue at overload would be a plausible wrong sentence.
+    moved = [f"{m.metric} at {c.key} {m.verdict}" for c in diff.cells for m in c.metrics
+             if m.metric in DIAGNOSTIC_METRICS and m.verdict in {"better", "worse"}]
+    if moved:
+        noise = (f"no difference: no deciding metric beyond noise in {diff.tests} tests at family-wise "
+                 f"{100 * diff.alpha:g}%; moved, but describing the server rather than deciding: {_listed(moved)}")
     return "no difference", False, sentence(noise)
 
 

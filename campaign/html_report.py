@@ -37,7 +37,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 table.verdict{display:table}table.verdict td{text-align:left}
 table.verdict td:nth-child(2){font-weight:600;white-space:nowrap}
 @media (max-width:700px){body{margin:.8rem auto;padding:0 .5rem}th,td{padding:.2rem .3rem}
-table.verdict td{overflow-wrap:anywhere}table.verdict td:nth-child(2){white-space:normal}}
+table.verdict td:nth-child(3){overflow-wrap:anywhere}table.verdict td:nth-child(2){white-space:normal}}
 @media print{body{max-width:none;margin:0}h2{break-after:avoid}table,img{break-inside:avoid}}
 """
 

@@ -266,3 +266,27 @@ def test_a_better_latency_tail_in_a_slower_cell_is_no_benefit(tmp_path: Path) ->
     (diff,) = compare.diff_run(held)
     outcome, _, sentence = compare.recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
     assert outcome == "keep" and "better: itl_p99_ms" in sentence, sentence
+
+
+def test_no_difference_names_the_diagnostic_values_that_moved() -> None:
+    """Seen on the demo: a 64-token chunk queued 250% more of the overload burst (a diagnostic value, which
+    does not decide), and the sentence read "nothing beyond noise". It now names what moved."""
+    def metric(name: str, verdict: str, change: float) -> compare.MetricVerdict:
+        return compare.MetricVerdict(metric=name, baseline=1.0, variant=1.0 + change / 100, change_pct=change,
+                                     ci95_pct=(change - 1, change + 1), n_baseline=2, n_variant=2,
+                                     verdict=verdict, p_value=0.001 if verdict != "inside noise" else 0.5)  # type: ignore[arg-type]
+
+    decode = compare.CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1,
+                              label="single-stream", metrics=[metric("total_tok_s", "inside noise", 0.5)])
+    burst = compare.CellDiff(key="overload-x1.25", phase="experiment", context_tokens=0, concurrency=0,
+                             label="experiment", metrics=[metric("queued", "worse", 250.0)])
+    diff = compare.VariantDiff(variant="chunk", baseline="base", flag_changes=[("max-num-batched-tokens", 2048, 64)],
+                               fact_changes=[], cells=[decode, burst], comparable=True, tests=2)
+    facts = {"kv_cache_tokens": 1000}
+    outcome, provisional, sentence = compare.recommend(diff, facts, facts)
+    assert outcome == "no difference" and not provisional
+    assert sentence.endswith("no difference: no deciding metric beyond noise in 2 tests at family-wise 5%; moved, "
+                             "but describing the server rather than deciding: queued at overload-x1.25 worse")
+    quiet = compare.VariantDiff(variant="chunk", baseline="base", flag_changes=diff.flag_changes, fact_changes=[],
+                                cells=[decode], comparable=True, tests=1)
+    assert compare.recommend(quiet, facts, facts)[2].endswith("nothing beyond noise in 1 tests at family-wise 5%")
