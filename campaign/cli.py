@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -720,7 +721,22 @@ def run_cli(args: list[str] | None = None) -> int:
                      "this is a bug; CAMPAIGN_DEBUG=1 shows the traceback (please report it)", EXIT_INTERNAL)
 
 
+def buffered_stdio() -> None:
+    """Give stdout and stderr a buffered layer where PYTHONUNBUFFERED (usual in containers, set on CI) left
+    the text layer straight on the file descriptor: that layer drops the rest of a short write, and after
+    uvloop has run the kernel returned one: `probe --json` (175 KB) to a pipe read late arrived cut at
+    64 KiB, with exit 0. A buffered writer goes on writing after a short write; line buffering keeps every
+    line as prompt as unbuffered output."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, io.TextIOWrapper) and isinstance(stream.buffer, io.RawIOBase):
+            raw = io.FileIO(stream.fileno(), "w", closefd=False)
+            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding,
+                                                errors=stream.errors, line_buffering=True))
+
+
 def main() -> None:
+    buffered_stdio()
     # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers are stopped and results kept; both
     # also set a flag the runner checks between cells, in case the first raise lands where it is swallowed.
     from campaign.errors import request_stop

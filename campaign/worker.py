@@ -102,4 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from campaign.cli import buffered_stdio
+
+    buffered_stdio()   # its progress lines go to the controller through a pipe, as probe --json does
     sys.exit(main())

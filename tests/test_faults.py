@@ -417,3 +417,18 @@ def test_sigkill_of_the_controller_takes_the_real_vllm_tree_with_it(tmp_path: Pa
     assert result.returncode == 0, result.stderr[-3000:]
     assert all(p.stat().st_ino == inode for p, inode in stored.items())
     assert len(list(run.glob("variants/only/cells/*/rep-0.json"))) == 3
+
+
+def test_a_long_answer_reaches_a_pipe_read_late_whole_even_unbuffered(tmp_path: Path) -> None:
+    """Seen in CI: with PYTHONUNBUFFERED=1 (CI's and many containers' setting) stdout's text layer sits on
+    the file descriptor and drops the rest of a short write, and after uvloop had run the kernel returned
+    one: `probe --json` to a pipe read late arrived cut at exactly 64 KiB, exit 0. The entry point gives
+    stdout a buffered layer, which writes on after a short write."""
+    script = ("import asyncio, sys\nfrom campaign import aio, cli\ncli.buffered_stdio()\n"
+              "aio.run(asyncio.sleep(0.05))\nsys.stdout.write('x' * 300_000 + '\\n')\n")
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    time.sleep(1.5)   # the reader is late: the pipe fills and the writer waits, as under a loaded CI box
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert len(out) == 300_001
