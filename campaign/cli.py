@@ -585,7 +585,8 @@ def _finish(run_dir: Any) -> None:
     if scale != 1.0:
         typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
                    "latencies that much lower than on the simulated hardware.\n")
-    typer.echo(report.cells_by_variant_text(run_dir.cells(), run_dir.servers()))
+    stored, servers = run_dir.cells(), run_dir.servers()   # read once: the tables and the verdict share them
+    typer.echo(report.cells_by_variant_text(stored, servers))
     typer.echo("")
     for variant, values in short.items():
         typer.echo(report.short_answers_text(variant, values) + "\n")
@@ -601,8 +602,8 @@ def _finish(run_dir: Any) -> None:
     run_dir.write_summary(compare.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
     written = html_report.write(run_dir)
     # The answer last, where the eye lands (the reports open with the same lines).
-    verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(run_dir.cells()),
-                                   servers=run_dir.servers(), short=short)
+    verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(stored),
+                                   servers=servers, short=short)
     typer.echo("\n== Verdict ==\n" + "\n".join(report.verdict_lines(verdict)))
     _say_damaged(run_dir)
     typer.echo(f"results: {run_dir.root}")

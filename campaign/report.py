@@ -397,6 +397,11 @@ def cells_by_variant_text(stored: Iterable[Any], servers: Sequence[ServerRecord 
     return "\n\n".join(parts)
 
 
+def _shown_facts(server: ServerRecord) -> dict[str, Any]:
+    """The facts a launch established (None: not known; the failure field belongs to failed launches)."""
+    return {k: v for k, v in server.facts.model_dump().items() if v is not None and k != "failure"}
+
+
 def facts_table(variant: str, servers: Sequence[ServerRecord | FailureRecord]) -> Table:
     """What each of the variant's launches became (startup log, cross-checked with /metrics), or why it failed."""
     rows: list[list[Item]] = []
@@ -406,9 +411,7 @@ def facts_table(variant: str, servers: Sequence[ServerRecord | FailureRecord]) -
         if server.kind == "failure":
             rows.append([server.launch_dir or DASH, Cell(failure_line(server), cls="bad")])
             continue
-        facts = server.facts.model_dump()
-        rows.append([server.launch_dir or DASH,
-                     ", ".join(f"{k}={v}" for k, v in facts.items() if v is not None and k != "failure")])
+        rows.append([server.launch_dir or DASH, ", ".join(f"{k}={v}" for k, v in _shown_facts(server).items())])
     return Table(title="What the server became (startup log, cross-checked with /metrics)",
                  headers=["Launch", "Facts"], rows=rows, align="ll")
 
@@ -451,8 +454,8 @@ def _changed(value: str, base: str | None) -> Cell:
     return Cell(value, cls="changed" if base is not None and value != base else None)
 
 
-def _side_by_side(title: str, first: str, by_variant: dict[str, dict[str, str]], baseline: str | None,
-                  align: str = "") -> Table | None:
+def _side_by_side(title: str, first: str, by_variant: dict[str, dict[str, str]], baseline: str | None
+                  ) -> Table | None:
     """Rows of named values, a column per variant in the order given, values that differ from the baseline's
     highlighted (baseline None: none are, as for measured values, which always differ by noise)."""
     if not by_variant:
@@ -463,7 +466,7 @@ def _side_by_side(title: str, first: str, by_variant: dict[str, dict[str, str]],
     base = by_variant.get(baseline or "", {})
     rows: list[list[Item]] = [[name, *(_changed(v.get(name, DASH), base.get(name) if variant != baseline else None)
                                       for variant, v in by_variant.items())] for name in names]
-    return Table(title=title, headers=[first, *by_variant], rows=rows, align=align or "l" * (1 + len(by_variant)))
+    return Table(title=title, headers=[first, *by_variant], rows=rows, align="l" * (1 + len(by_variant)))
 
 
 def short_answers_side_by_side(variants: Sequence[str], short: dict[str, dict[str, Any]]) -> Table | None:
@@ -486,11 +489,10 @@ def facts_side_by_side(variants: Sequence[str], servers: Sequence[ServerRecord |
             if server.kind == "failure":
                 seen.setdefault("launch", []).append(failure_line(server))
                 continue
-            for key, value in server.facts.model_dump().items():
-                if value is not None and key != "failure":
-                    values = seen.setdefault(key, [])
-                    if _fmt_fact(value) not in values:
-                        values.append(_fmt_fact(value))
+            for key, value in _shown_facts(server).items():
+                values = seen.setdefault(key, [])
+                if _fmt_fact(value) not in values:
+                    values.append(_fmt_fact(value))
         by_variant[variant] = {k: " / ".join(v) for k, v in seen.items()}
     return _side_by_side("What the server became, side by side", "Fact", by_variant, baseline)
 
