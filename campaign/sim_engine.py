@@ -44,6 +44,7 @@ class Request:
     accept_p: float = 0.0
     propose_p: float = 1.0
     proposing: bool = False              # drafts in the step being planned (set by the scheduler)
+    hashes: list[bytes] | None = None    # the prompt's full-block hashes, made once at its first admission
 
     @property
     def in_prefill(self) -> bool:
@@ -249,7 +250,9 @@ class Engine:
 
     def _admit(self, req: Request) -> None:
         """Claim the prompt's cached prefix blocks; their tokens count as computed (hits)."""
-        req.blocks = self.blocks.cached_prefix(req.prompt)
+        if req.hashes is None:
+            req.hashes = self.blocks.hashes(req.prompt) if self.blocks.prefix_caching else []
+        req.blocks = self.blocks.cached_prefix(req.prompt, req.hashes)
         hit_tokens = len(req.blocks) * self.blocks.block_size
         req.computed = hit_tokens
         req.hits += hit_tokens
@@ -269,7 +272,7 @@ class Engine:
         self.counters["prompt"] += chunk
         # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request scheduled
         # right after this one already finds them.
-        self.blocks.register(req.prompt[: req.computed], req.blocks)
+        self.blocks.register_hashes((req.hashes or [])[: req.computed // self.blocks.block_size], req.blocks)
         return chunk, weight
 
     def _finish(self, req: Request, t: float, reason: str) -> None:

@@ -18,6 +18,8 @@ import re
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
+
 VOCAB = 151_936               # the Qwen family's vocabulary size
 SPECIAL = {"<|im_start|>": 151_644, "<|im_end|>": 151_645, "<|endoftext|>": 151_643}
 _FIRST = 2_000                # text pieces get ids from here: below are the random prompts' ids (16..1999)
@@ -72,17 +74,18 @@ def chat_prompt(messages: list[dict[str, object]], *, add_generation_prompt: boo
 def predictability(ids: list[int], *, limit: int = 16_384) -> float:
     """The share of positions (of the last `limit`) whose token prompt lookup would have proposed: the two
     tokens before it occurred earlier and were followed by it there. 0 for random ids, highest for code."""
-    tail = ids[-limit:]
-    last: dict[tuple[int, int], int] = {}
-    hits = tries = 0
-    for i in range(2, len(tail)):
-        key = (tail[i - 2], tail[i - 1])
-        seen = last.get(key)
-        if seen is not None:
-            hits += tail[seen] == tail[i]
-        tries += 1
-        last[key] = i
-    return hits / tries if tries else 0.0
+    tail = np.asarray(ids[-limit:], dtype=np.int64)
+    tries = len(tail) - 2
+    if tries <= 0:
+        return 0.0
+    # Position i's previous occurrence of its two-token key is its neighbour in a stable sort by key: that
+    # neighbour is the last earlier i with the key, the one a lookup table would hold. (A Python loop over
+    # 16K positions per request cost the simulated H200 7 s of a 37 s profile of seed 004's matrix.)
+    first, second, follow = tail[:-2], tail[1:-1], tail[2:]
+    order = np.lexsort((np.arange(tries), second, first))
+    same = (first[order][1:] == first[order][:-1]) & (second[order][1:] == second[order][:-1])
+    hits = int(np.count_nonzero(same & (follow[order][1:] == follow[order][:-1])))
+    return hits / tries
 
 
 @dataclass(frozen=True)
