@@ -41,6 +41,15 @@ class Timeouts:
                 raise CampaignError(f"timeout {name} must be above 0 s (got {getattr(self, name)})",
                                     hint="give a number of seconds, e.g. --idle-timeout 120")
 
+    def at_speed(self, time_scale: float) -> Timeouts:
+        """The wall-clock timeouts against a server whose clock runs `time_scale` times faster than the
+        hardware's (the simulator): a reply's silences are the hardware's work, so they shrink with the clock;
+        connecting is this host's own network, simulated by nothing, and keeps its limit."""
+        if time_scale == 1.0:
+            return self
+        return Timeouts(connect_s=self.connect_s, first_byte_s=self.first_byte_s / time_scale,
+                        idle_s=self.idle_s / time_scale)
+
 
 @dataclass(frozen=True, kw_only=True)
 class TLS:

@@ -13,7 +13,7 @@ import gc
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -79,6 +79,16 @@ class Target:
     @property
     def base_url(self) -> str:
         return self.endpoint.root
+
+    def wall_s(self, seconds: float) -> float:
+        """A matrix's seconds (a window, a warm-up, a minimum) are the hardware's: against a simulator running
+        `time_scale` times faster they pass in that much less wall time, so a time-scaled cell lives the same
+        simulated span as the real one (a 30 s window at 5x is 6 wall seconds, not 150 simulated ones)."""
+        return seconds / self.time_scale
+
+    def wall_endpoint(self) -> Endpoint:
+        """The endpoint with its reply timeouts in wall seconds (see Timeouts.at_speed)."""
+        return replace(self.endpoint, timeouts=self.endpoint.timeouts.at_speed(self.time_scale))
 
 
 @dataclass(frozen=True)
@@ -217,13 +227,16 @@ class Measurer:
         compiled or tuned for new shapes, allocator growth, the first long chunked prefill) lands here, not in
         a cell: the longest prompt the cells send, then one short round at each decode concurrency. Never
         measured, never bracketed; what it did is returned for the launch record."""
+        if not self._checked_metrics:
+            async with self.target.endpoint.async_control() as control:
+                await self.check_metrics(control)
         began = time.perf_counter()
         records: list[RequestRecord] = []
         window = self.target.max_model_len
         contexts = sorted({s.context_tokens for s in specs if window is None or s.context_tokens < window})
         concurrencies = sorted({s.concurrency for s in specs if s.phase == "decode"})
         short = min([256, *contexts])
-        async with new_client(self.target.endpoint) as client:
+        async with new_client(self.target.wall_endpoint()) as client:
             # The longest prompt more than once: on the real CPU build the first two long prefills of a fresh
             # server both ran slow (make bench-cold), and the guard caught cells after a single one.
             for _ in range(WARMUP_PREFILLS if contexts else 0):
@@ -260,22 +273,28 @@ class Measurer:
                 Reason.OVER_WINDOW, f"not run: prompt {longest:,} + reply {longest_reply:,} tokens exceed "
                 f"max_model_len {self.target.max_model_len:,}")]))
 
-        attempts: list[Attempt] = []
-        async with self.target.endpoint.async_control() as control, new_client(self.target.endpoint) as client:
+        async with self.target.endpoint.async_control() as control:
             if not self._checked_metrics:
-                await self.check_metrics(control)
-            source = self._source(spec, control)
-            if source is not None:
-                await source.prepare(spec.context_tokens)
-            for number in range(1, self.max_attempts + 1):
-                before = await self.scrape(control)
-                step = await self._run_step(spec, max_tokens, client, control, source)
-                after, attempt = await self.bracket(control, before, step.records + step.priming)
-                attempts.append(attempt)
-                if attempt.accepted:
-                    return self._result(base, spec, step, m.Delta(before, after), attempts)
-                self.on_event(f"{spec.key}: attempt {number} discarded ({attempt.reason}); "
-                              "rerunning with fresh prompts")
+                await self.check_metrics(control)  # the time scale first: the client's timeouts depend on it
+            async with new_client(self.target.wall_endpoint()) as client:
+                return await self._attempts(spec, base, max_tokens, client, control)
+
+    async def _attempts(self, spec: CellSpec, base: dict[str, Any], max_tokens: int, client: StreamClient,
+                        control: httpx.AsyncClient) -> CellResult:
+        """Measure the cell until an attempt's bracket shows no foreign traffic, at most max_attempts times."""
+        attempts: list[Attempt] = []
+        source = self._source(spec, control)
+        if source is not None:
+            await source.prepare(spec.context_tokens)
+        for number in range(1, self.max_attempts + 1):
+            before = await self.scrape(control)
+            step = await self._run_step(spec, max_tokens, client, control, source)
+            after, attempt = await self.bracket(control, before, step.records + step.priming)
+            attempts.append(attempt)
+            if attempt.accepted:
+                return self._result(base, spec, step, m.Delta(before, after), attempts)
+            self.on_event(f"{spec.key}: attempt {number} discarded ({attempt.reason}); "
+                          "rerunning with fresh prompts")
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
             **base, status="Contaminated", attempts=attempts, discarded_steps=len(discarded),
@@ -352,7 +371,8 @@ class Measurer:
         samples: list[_Gauges] = []
         window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
-        interval = min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
+        wall = self.target.wall_s
+        interval = min(SAMPLE_EVERY_S, wall(spec.window_s) / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
         lags: list[tuple[float, float]] = []
         lag_probe = asyncio.create_task(loop_lag(lags, stop_sampling))
@@ -395,7 +415,7 @@ class Measurer:
                         for i in range(streams)))
                     if spec.phase == "prefill" or any(not r.ok for r in records):
                         break
-                    if len(records) >= spec.min_requests and time.perf_counter() - began >= spec.min_seconds:
+                    if len(records) >= spec.min_requests and time.perf_counter() - began >= wall(spec.min_seconds):
                         break
             else:
                 # The worker processes draw fresh random prompts; a warm-TTFT cell keeps its cached prompts, and a
@@ -405,9 +425,9 @@ class Measurer:
                 if processes > 1:
                     self._ids += 1
                     sharded = await shard.sustained_sharded(
-                        self.target.endpoint, model=self.target.model, context_tokens=spec.context_tokens,
+                        self.target.wall_endpoint(), model=self.target.model, context_tokens=spec.context_tokens,
                         max_tokens=max_tokens, concurrency=spec.concurrency, processes=processes,
-                        warmup_s=spec.warmup_s, window_s=spec.window_s, window_open=window_open,
+                        warmup_s=wall(spec.warmup_s), window_s=wall(spec.window_s), window_open=window_open,
                         id_prefix=f"s{self._ids}")
                     records.extend(sharded.records)
                     window, worker_cpu = sharded.window, sharded.cpu
@@ -511,11 +531,11 @@ class Measurer:
             finally:
                 for watcher in watchers:
                     watcher.cancel()
-            await asyncio.sleep(spec.warmup_s)
+            await asyncio.sleep(self.target.wall_s(spec.warmup_s))
             start = time.perf_counter()
             window_open.set()
             try:
-                await asyncio.wait_for(failed.wait(), spec.window_s)
+                await asyncio.wait_for(failed.wait(), self.target.wall_s(spec.window_s))
             except TimeoutError:
                 pass
             end = time.perf_counter()
@@ -708,6 +728,16 @@ class Measurer:
             notes.append(queued)
         if spec.phase == "decode" and spec.ttft == "warm":
             notes.append(f"{TTFT_MODE_TEXT['warm']}; {len(step.priming)} priming request(s) not counted")
+        scale = self.target.time_scale
+        if scale != 1.0 and spec.phase == "decode" and spec.mode == "sustained":
+            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {spec.window_s:g} s "
+                         f"window after a {spec.warmup_s:g} s warm-up is the hardware's time, "
+                         f"{self.target.wall_s(spec.window_s):.3g} s of wall time; the rates here read {scale:g}x "
+                         "the hardware's")
+        elif scale != 1.0 and spec.phase == "decode" and spec.min_seconds:
+            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {spec.min_seconds:g} s "
+                         f"minimum is the hardware's time, {self.target.wall_s(spec.min_seconds):.3g} s of wall "
+                         f"time; the rates here read {scale:g}x the hardware's")
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "
                          f"{step.cpu or 0:.0%} of a core)")

@@ -388,15 +388,15 @@ class Launch:
     experiments: tuple[study.ExperimentKind, ...]
 
 
-WINDOW_SIM_S = 10.0   # a sustained window, in simulated seconds (the wall window is this over the scale)
+WINDOW_SIM_S = 10.0   # a sustained window, in simulated seconds (the tool lives it in this over the scale)
 # Open-loop cells and the capacity search: p90 bounds, so that a probe of ten requests already means something.
 TRUTH_SLO = slo.parse("ttft_p90_ms=1500,tpot_p90_ms=40")
 WARMUP_SIM_S = 1.0
 
 
-def _sustained(context: int, concurrency: int, max_tokens: int, scale: float) -> CellSpec:
+def _sustained(context: int, concurrency: int, max_tokens: int) -> CellSpec:
     return CellSpec(phase="decode", context_tokens=context, concurrency=concurrency, max_tokens=max_tokens,
-                    window_s=WINDOW_SIM_S / scale, warmup_s=WARMUP_SIM_S / scale)
+                    window_s=WINDOW_SIM_S, warmup_s=WARMUP_SIM_S)
 
 
 def _open_loop(context: int, rate: float) -> CellSpec:
@@ -410,18 +410,18 @@ def _fixed(context: int, concurrency: int, max_tokens: int) -> CellSpec:
                     max_tokens=max_tokens, min_requests=2 * concurrency)
 
 
-def launches(scale: float) -> tuple[Launch, ...]:
-    """The same simulated workload at any time scale."""
+def launches() -> tuple[Launch, ...]:
+    """The same simulated workload at any time scale (its seconds are the hardware's)."""
     return (
         # Seed 004's H200 with MTP (2 draft tokens): chunks carry 1-3 tokens.
         Launch("h200", {"max-model-len": 16384}, cells=(
             CellSpec(phase="prefill", context_tokens=8192),
-            _sustained(1024, 1, 512, scale), _sustained(2048, 16, 256, scale), _fixed(1024, 4, 128),
+            _sustained(1024, 1, 512), _sustained(2048, 16, 256), _fixed(1024, 4, 128),
             _open_loop(2048, 3.0),
         ), experiments=("long-context", "repeat", "slo-search")),
         # Seed 000's A5000 pair: 800-token blocks; four seats so that the overload burst queues.
         Launch("a5000-tp2", {"max-model-len": 8192, "max-num-seqs": 4}, cells=(
-            CellSpec(phase="prefill", context_tokens=4096), _sustained(512, 4, 384, scale), _fixed(256, 2, 64),
+            CellSpec(phase="prefill", context_tokens=4096), _sustained(512, 4, 384), _fixed(256, 2, 64),
         ), experiments=("context-window", "overload", "prefix-order")),
     )
 
@@ -435,11 +435,11 @@ class Ran:
     ended: float
 
 
-def _experiment(kind: study.ExperimentKind, server: LaunchedServer, scale: float) -> Awaitable[study.ExperimentResult]:
+def _experiment(kind: study.ExperimentKind, server: LaunchedServer) -> Awaitable[study.ExperimentResult]:
     target = server.target()
     runners: dict[study.ExperimentKind, Callable[[], Awaitable[study.ExperimentResult]]] = {
         "long-context": lambda: study.long_context(target, [2048, 6144], reply_tokens=48),
-        "repeat": lambda: study.repeat_cell(target, _sustained(512, 4, 256, scale), times=2),
+        "repeat": lambda: study.repeat_cell(target, _sustained(512, 4, 256), times=2),
         "context-window": lambda: study.context_window(target, reply_tokens=64),
         "overload": lambda: study.overload(target, max_num_seqs=4, factor=2, prompt_tokens=256, reply_tokens=48),
         "prefix-order": lambda: study.prefix_order(target, block_size=server.facts.block_size, agents=4,
@@ -452,13 +452,13 @@ def _experiment(kind: study.ExperimentKind, server: LaunchedServer, scale: float
     return runners[kind]()
 
 
-async def _measure(server: LaunchedServer, launch: Launch, scale: float) -> tuple[list[CellResult], list[Ran]]:
+async def _measure(server: LaunchedServer, launch: Launch) -> tuple[list[CellResult], list[Ran]]:
     measurer = Measurer(server.target())
     cells = [await measurer.run_cell(spec) for spec in launch.cells]
     ran: list[Ran] = []
     for kind in launch.experiments:
         began = time.perf_counter()
-        result = await _experiment(kind, server, scale)
+        result = await _experiment(kind, server)
         ran.append(Ran(result, began, time.perf_counter()))
     return cells, ran
 
@@ -515,13 +515,13 @@ def run(scale: float = DEFAULT_SCALE) -> Report:
     delays: list[float] = []
     behind = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for launch in launches(scale):
+        for launch in launches():
             truth_path = Path(tmp) / f"{launch.profile}.truth.jsonl"
             profile, _ = load_profile(launch.profile)
             # The simulator reads both from its environment, which it inherits from this process.
             with environment(CAMPAIGN_SIM_TIME_SCALE=f"{scale:g}", CAMPAIGN_SIM_TRUTH=str(truth_path)), \
                     launched(profile, Path(tmp) / f"{launch.profile}.log", launch.overrides, engine="sim") as server:
-                cells, experiments = asyncio.run(_measure(server, launch, scale))
+                cells, experiments = asyncio.run(_measure(server, launch))
             matched = Matched(sim_truth.read(truth_path))
             behind += matched.truth.behind_s()
             launch_delays = []

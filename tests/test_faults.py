@@ -23,7 +23,8 @@ from campaign.profiles import PROJECT_ROOT, load_profile
 SIM_ENV = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
 
 # A short campaign on the simulator: one variant, one cell, and a sustained `repeat` experiment measured over
-# a 1 s window (not 30 s), whose key once differed between the plan and the stored result.
+# a 5 s window of the hardware's time (1 s of wall time at 5x), whose key once differed between the plan and
+# the stored result.
 REPEAT_MATRIX = """\
 schema_version: 1
 name: faults
@@ -44,7 +45,7 @@ workloads:
     max_tokens: 16
     times: 2
 repeats: 1
-window_s: 1
+window_s: 5
 warmup: false
 """
 
@@ -247,7 +248,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 def test_resuming_a_finished_run_is_a_no_op(finished_run: Path, tmp_path: Path) -> None:
     run = _copy(finished_run, tmp_path)
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*.json"))
-    assert "variants/only/experiments/repeat-decode-sustained-L64-C2-N16-W1/rep-0.json" in before
+    assert "variants/only/experiments/repeat-decode-sustained-L64-C2-N16-W5/rep-0.json" in before
     result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr
     assert "is complete: nothing left to measure" in result.stderr

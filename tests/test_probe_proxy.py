@@ -247,10 +247,11 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
 
 
 def probe(url: str, *extra: str) -> dict[str, Any]:
-    # max-tokens 2048: no stream ends inside the 6 s window (about 1,400 tokens each at 4 streams, 5x), so no
+    # max-tokens 2048: no stream ends inside the window (30 s of the hardware's time, 6 s of wall time at 5x;
+    # about 1,400 tokens each at 4 streams), so no
     # replacement prefill lands in it and the direct and proxied runs measure the same steady state.
     command = [sys.executable, "-m", "campaign", "probe", url, "--contexts", "1k", "--concurrency", "4",
-               "--window", "6", "--max-tokens", "2048", "--json", *extra]
+               "--window", "30", "--max-tokens", "2048", "--json", *extra]
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": TIME_SCALE}
     # The JSON (about 250 KB with every request record) goes to a file, not a pipe: one full run of the suite
     # read back exactly 64 KiB of it from a pipe with exit code 0, which no direct or loaded rerun repeated.

@@ -158,7 +158,7 @@ def _probe(server: LaunchedServer, *args: str) -> list[dict[str, Any]]:
     env = os.environ | {"H200_KEY": server.spec.api_key or ""}
     out = subprocess.run(
         [sys.executable, "-m", "campaign", "probe", server.spec.base_url, "--api-key-env", "H200_KEY",
-         "--contexts", "8k", "--concurrency", "1", "--window", "4", "--max-tokens", "256", "--json", *args],
+         "--contexts", "8k", "--concurrency", "1", "--window", "20", "--max-tokens", "256", "--json", *args],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     cells: list[dict[str, Any]] = json.loads(out.stdout)["cells"]
