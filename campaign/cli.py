@@ -501,6 +501,35 @@ def plan(
 
 
 @app.command()
+def simulate(
+    matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")],
+    variant: Annotated[str | None, typer.Option("--variant", help="whose flags (default: the baseline)")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Markdown tables")] = False,
+) -> None:
+    """Replay the matrix's prefill and decode cells on the simulator in simulated time (seconds, the same
+    every time): the decode matrix as the matrix says, each cell's change with the other TTFT mode, the prefill
+    row. The launch profile must name simulated hardware."""
+    from campaign import sim_virtual
+    from campaign.cells import TTFTMode
+    from campaign.matrix import load_matrix
+    from campaign.tables import to_markdown, to_text
+
+    loaded, matrix_path, _ = load_matrix(matrix)
+    try:
+        cells = sim_virtual.run_matrix(loaded, variant=variant)
+        modes = {c.spec.ttft for c in cells if c.spec.phase == "decode"}
+        flipped: TTFTMode = "cold" if modes == {"warm"} else "warm"
+        other = sim_virtual.run_matrix(loaded, variant=variant, ttft=flipped)
+        hardware = sim_virtual.config_for(loaded, variant).hardware
+    except ValueError as exc:
+        raise CampaignError(f"{matrix_path}: {exc}", hint="campaign simulate runs prefill and decode cells "
+                            "of a variant the matrix names, on a profile with simulated hardware") from None
+    render = to_markdown if markdown else to_text
+    typer.echo(f"{loaded.name} on the simulated {hardware}, in simulated time (figures are the hardware's)\n")
+    typer.echo("\n\n".join(render(t) for t in report.virtual_tables(cells, other, flipped)))
+
+
+@app.command()
 def run(
     matrix: Annotated[str | None, typer.Argument(
         metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")] = None,

@@ -14,6 +14,7 @@ from campaign.tables import cell as as_cell
 if TYPE_CHECKING:
     from campaign.planning import Plan
     from campaign.records import ExperimentRecord, FailureRecord, ServerRecord
+    from campaign.sim_virtual import VirtualCell
 
 DASH = "—"
 
@@ -631,3 +632,42 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
                    fmt_duration(t.estimated_s) if t.estimated_s is not None else DASH, fmt_duration(t.actual_s)]
                   for t in plan.previous_times]))
     return tables
+
+
+# --- a matrix replayed on the simulator in simulated time (campaign simulate) ---------------------------------
+def _virtual_cell(cell: VirtualCell | None, other: VirtualCell | None) -> Cell:
+    if cell is None:
+        return Cell(DASH)
+    if cell.status == "Over capacity":
+        return Cell("Over capacity", cls="cell over")
+    if cell.status != "Valid":
+        return Cell(f"{fmt_num(cell.total_tok_s)} ({cell.status})", title="; ".join(cell.reasons), cls="cell bad")
+    shown = fmt_num(cell.total_tok_s)
+    if other is not None and other.total_tok_s is not None and cell.total_tok_s:
+        shown += f" ({100 * (other.total_tok_s / cell.total_tok_s - 1):+.0f}%)"
+    return Cell(shown)
+
+
+def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = (),
+                   other_mode: str | None = None) -> list[Table]:
+    """The decode matrix (total tok/s in the hardware's units; with `other`, its change against each cell in
+    brackets) and the prefill row of a matrix run in simulated time."""
+    decode = [c for c in cells if c.spec.phase == "decode" and c.spec.mode == "sustained"]
+    by = {(c.spec.context_tokens, c.spec.concurrency): c for c in decode}
+    against = {(c.spec.context_tokens, c.spec.concurrency): c for c in other}
+    contexts = sorted({c.spec.context_tokens for c in decode})
+    streams = sorted({c.spec.concurrency for c in decode})
+    modes = "/".join(sorted({c.spec.ttft for c in decode}))
+    out = []
+    if decode:
+        rows: list[list[Item]] = [[fmt_context(ctx), *(_virtual_cell(by.get((ctx, s)), against.get((ctx, s)))
+                                                       for s in streams)] for ctx in contexts]
+        title = f"Sustained decode, total tok/s (TTFT {modes})"
+        out.append(Table(title=title + (f"; in brackets: with TTFT {other_mode}" if other_mode else ""),
+                         headers=["Context", *map(str, streams)], rows=rows))
+    prefill = [c for c in cells if c.spec.phase == "prefill"]
+    if prefill:
+        out.append(Table(title="Prefill (one request, max_tokens 1)", headers=["Context", "Prompt tok/s", "TTFT"],
+                         rows=[[fmt_context(c.spec.context_tokens), fmt_num(c.prompt_tok_s, 0),
+                                fmt_ms(None if c.ttft_s is None else 1000 * c.ttft_s)] for c in prefill]))
+    return out

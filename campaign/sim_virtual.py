@@ -1,0 +1,221 @@
+"""A matrix's prefill and decode cells on the simulator in simulated time: the tool's method (measure.py)
+replayed on the engine's own clock (sim_engine.Virtual), with no HTTP and no wall clock, so a matrix that
+takes an hour of the hardware's time runs in seconds, the same way every time.
+
+Kept of the tool's method, rule for rule:
+- Over capacity and over the window are decided as the tool decides them (cells.over_capacity on the engine's
+  KV cache; prompt + reply against max-model-len), and such cells are not run.
+- prefill: one request of a fresh prompt with a one-token reply; prompt tok/s is prompt tokens / TTFT.
+- sustained decode: C streams, each sending its next request the moment the last ends. `ttft: warm` (seed
+  004's method) first caches every stream's prompt with a one-token request, all C at once, and the stream
+  then sends that prompt every time, so a replacement finds it cached; `ttft: cold` sends a fresh prompt each
+  time, which must be prefilled while the others decode. The window opens `warmup_s` after every stream has
+  its first token and lasts `window_s`, both in the hardware's seconds as in a time-scaled run; its figures
+  are what the engine emitted inside it (sim_truth.window_figures, by their definitions).
+- fixed decode: rounds of C requests until `min_requests` and `min_seconds` are reached.
+- The verdict is the tool's own (cells.verdict) on the evidence the engine holds: preemptions and prefix-cache
+  hits over the step, streams held, and the queue gauges sampled as the tool samples them (half an interval
+  into the window, then every interval).
+
+Not kept: the client (HTTP, its lag, the bracket against foreign traffic: test_truth checks those against the
+HTTP server), and the drain after a sustained window (its requests run on, unmeasured, in the tool).
+Rate cells, agents and the study's experiments are open-loop or multi-step and are not replayed here.
+
+`campaign simulate MATRIX` prints the decode matrix (total tok/s) and the prefill row, measured as the matrix
+says and again with every decode cell's TTFT mode flipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from campaign import argv, sim_config, sim_truth, stats
+from campaign.cells import CellSpec, Finding, Reason, Status, StepEvidence, TTFTMode, over_capacity, verdict
+from campaign.matrix import Matrix
+from campaign.measure import SAMPLE_EVERY_S
+from campaign.profiles import FlagValue, load_profile
+from campaign.sim_config import SimConfig
+from campaign.sim_engine import Request, Virtual, engine_for
+
+POLL_S = 0.05   # simulated seconds between checks for every stream's first token (the tool awaits an event)
+
+
+@dataclass(frozen=True)
+class VirtualCell:
+    """One cell as the tool would have published it from a perfect client; figures in the hardware's units."""
+
+    spec: CellSpec
+    status: Status
+    findings: list[Finding] = field(default_factory=list)
+    total_tok_s: float | None = None
+    per_request_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    ttft_s: float | None = None              # median over the step's requests (priming excluded)
+    completed: int | None = None             # requests that ended inside a sustained window
+    avg_active: float | None = None
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{f.code.value}: {f.message}" for f in self.findings]
+
+
+class _Prompts:
+    """Token ids no other prompt of the run starts with (a counter, so no cell's prompt repeats another's)."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count(1_000)
+
+    def fresh(self, tokens: int) -> list[int]:
+        return [next(self._next) % 140_000 + 1_000 for _ in range(tokens)]
+
+
+def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = None) -> SimConfig:
+    """The simulator's configuration for a launch profile with `flags` on top, parsed from the same command
+    line the launcher builds."""
+    profile, path = load_profile(profile_name)
+    if not profile.hardware or not profile.model_shape:
+        raise ValueError(f"launch profile {path.name} names no simulated hardware: give it hardware: and "
+                         "model_shape: (as launch_profiles/h200.yaml does)")
+    command = argv.build(profile, flags, engine="sim", port=8000).argv
+    return sim_config.parse(command[command.index("campaign.sim") + 1:])
+
+
+def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
+    """The simulator's configuration for a variant of the matrix (the baseline by default)."""
+    name = variant or matrix.baseline
+    chosen = next((v for v in matrix.variants if v.name == name), None)
+    if chosen is None:
+        raise ValueError(f"{matrix.name}: no variant {name!r}; variants: {', '.join(v.name for v in matrix.variants)}")
+    return profile_config(matrix.profile, chosen.flags)
+
+
+def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None) -> VirtualCell:
+    """One cell on a fresh engine (a server of `config` with nothing cached)."""
+    prompts = prompts or _Prompts()
+    mem = config.memory()
+    max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
+    if spec.phase == "rate":
+        raise ValueError(f"{spec.key}: rate cells are open-loop; the HTTP simulator measures them")
+    if spec.phase == "decode" and over_capacity(context_tokens=spec.context_tokens, output_tokens=max_tokens,
+                                                concurrency=spec.concurrency, kv_cache_tokens=mem.kv_tokens,
+                                                block_size=config.block()):
+        return VirtualCell(spec, "Over capacity", [Finding(Reason.OVER_CAPACITY, "not run")])
+    if spec.context_tokens + max_tokens > config.max_model_len:
+        return VirtualCell(spec, "Invalid", [Finding(Reason.OVER_WINDOW, "not run")])
+    truth = sim_truth.Recorder()
+    sim = Virtual(engine_for(config, truth))
+    if spec.phase == "prefill":
+        sim.submit(prompts.fresh(spec.context_tokens), 1)
+        sim.run()
+        (request,) = truth.requests
+        ttft = request.ttft
+        return VirtualCell(spec, "Valid" if ttft else "Invalid", ttft_s=ttft,
+                           prompt_tok_s=spec.context_tokens / ttft if ttft else None)
+    if spec.mode == "fixed":
+        return _fixed(sim, truth, config, spec, prompts)
+    return _sustained(sim, truth, config, spec, prompts)
+
+
+def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
+           prompts: _Prompts) -> VirtualCell:
+    began, sent = sim.now, 0
+    while True:
+        for _ in range(spec.concurrency):
+            sim.submit(prompts.fresh(spec.context_tokens), spec.max_tokens)
+        sent += spec.concurrency
+        sim.run()
+        if sent >= spec.min_requests and sim.now - began >= spec.min_seconds:
+            break
+    figures = sim_truth.fixed_figures(truth.requests)
+    evidence = _evidence(sim, config, spec, avg_active=None, samples=[])
+    status, findings = verdict(evidence)
+    return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
+                       per_request_tok_s=figures["per_request_tok_s"],
+                       ttft_s=stats.median([r.ttft for r in truth.requests if r.ttft is not None]),
+                       completed=int(figures["completed"] or 0))
+
+
+def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
+               prompts: _Prompts) -> VirtualCell:
+    warm = spec.ttft == "warm"
+    streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
+    primed = 0
+    if warm:  # seed 004's method: every stream's prompt cached by a one-token request, all at once
+        for prompt in streams:
+            sim.submit(prompt, 1)
+        sim.run()
+        primed = len(truth.requests)
+    ended = False
+
+    def stream(index: int) -> Callable[[float], None]:
+        def again(_t: float) -> None:
+            if not ended:
+                prompt = streams[index] if warm else prompts.fresh(spec.context_tokens)
+                sim.submit(prompt, spec.max_tokens, on_finish=again)
+        return again
+
+    first: list[Request] = [sim.submit(streams[i], spec.max_tokens, on_finish=stream(i))
+                            for i in range(spec.concurrency)]
+    while any(r.generated == 0 and not r.aborted for r in first) and sim.engine.busy:
+        sim.run(until=sim.now + POLL_S)
+    start = sim.now + spec.warmup_s
+    end = start + spec.window_s
+    interval = min(SAMPLE_EVERY_S, spec.window_s / 2)
+    sample_at = list(_times(start + interval / 2, end, interval))
+    sim.run(until=end)
+    ended = True
+    measured = sorted(truth.all_requests(), key=lambda r: r.arrival)[primed:]
+    figures = sim_truth.window_figures(measured, start, end)
+    samples = [_gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at]
+    evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
+                         avg_before_first_token=figures["avg_before_first_token"], samples=samples)
+    status, findings = verdict(evidence)
+    return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
+                       per_request_tok_s=figures["per_request_tok_s"],
+                       ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
+                       completed=int(figures["completed"] or 0), avg_active=figures["avg_active"])
+
+
+def _times(start: float, end: float, every: float) -> Iterator[float]:
+    t = start
+    while t <= end:
+        yield t
+        t += every
+
+
+def _gauges(steps: Sequence[sim_truth.StepTruth], t: float, total_blocks: int) -> tuple[float, float, float]:
+    """(running, waiting, KV usage) as a scrape at simulated time `t` would read them: the last step begun."""
+    step = next((s for s in reversed(steps) if s.start <= t), None)
+    if step is None:
+        return 0.0, 0.0, 0.0
+    return float(step.running), float(step.waiting), step.kv_used_blocks / total_blocks if total_blocks else 0.0
+
+
+def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: float | None,
+              samples: list[tuple[float, float, float]], avg_before_first_token: float | None = None) -> StepEvidence:
+    counters = sim.engine.counters
+    return StepEvidence(
+        phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=[],
+        prefix_cache_hits=counters["hits"], preemptions=counters["preemptions"],
+        running=tuple(s[0] for s in samples), waiting=tuple(s[1] for s in samples),
+        kv_usage=tuple(s[2] for s in samples), avg_active=avg_active,
+        avg_before_first_token=avg_before_first_token, max_num_seqs=config.max_num_seqs,
+        shares_prefixes=spec.phase == "decode" and spec.ttft == "warm", context_tokens=spec.context_tokens,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        decode_tokens_per_seq=1 + config.num_speculative_tokens)
+
+
+def run_matrix(matrix: Matrix, *, variant: str | None = None, ttft: TTFTMode | None = None) -> list[VirtualCell]:
+    """Every prefill and decode cell of the matrix, in its order; `ttft` overrides every decode cell's mode."""
+    config = config_for(matrix, variant)
+    prompts = _Prompts()
+    out = []
+    for spec in matrix.cells():
+        if spec.phase == "rate":
+            continue
+        if ttft is not None and spec.phase == "decode":
+            spec = spec.model_copy(update={"ttft": ttft})
+        out.append(run_cell(config, spec, prompts))
+    return out
