@@ -644,7 +644,8 @@ def _virtual_cell(cell: VirtualCell | None, other: VirtualCell | None) -> Cell:
         return Cell(f"{fmt_num(cell.total_tok_s)} ({cell.status})", title="; ".join(cell.reasons), cls="cell bad")
     shown = fmt_num(cell.total_tok_s)
     if other is not None and other.total_tok_s is not None and cell.total_tok_s:
-        shown += f" ({100 * (other.total_tok_s / cell.total_tok_s - 1):+.0f}%)"
+        change = round(100 * (other.total_tok_s / cell.total_tok_s - 1))
+        shown += f" ({change:+d}%)" if change else " (±0%)"
     return Cell(shown)
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from campaign import argv, sim_config, sim_truth, sim_virtual
+from campaign import argv, report, sim_config, sim_truth, sim_virtual
 from campaign.matrix import load_matrix, tokens
 from campaign.profiles import PROJECT_ROOT, load_profile
 from campaign.sim_engine import Virtual, engine_for
+from campaign.tables import to_markdown
 
 _tokens = itertools.count(10_000)
 
@@ -199,10 +200,10 @@ def test_fresh_prompts_cost_throughput_only_where_requests_end_inside_the_window
     """With `ttft: cold` every replacement is a fresh prompt, prefilled while the other streams decode: the
     figure users see whose agents never repeat a prompt. It costs only cells where requests end inside the
     30 s window (few streams: a 4,096-token reply at 140 tok/s ends in 29 s); where none ends (seed 004's
-    "Completed requests" 0) cold and warm are the same cell. The README's table is this run."""
+    "Completed requests" 0) cold and warm are the same cell. The README's table is this run, row for row."""
     matrix, _, _ = load_matrix("h200-speed-matrix")
-    cold = {(c.spec.context_tokens, c.spec.concurrency): c
-            for c in sim_virtual.run_matrix(matrix, ttft="cold") if c.spec.phase == "decode"}
+    cold_cells = sim_virtual.run_matrix(matrix, ttft="cold")
+    cold = {(c.spec.context_tokens, c.spec.concurrency): c for c in cold_cells if c.spec.phase == "decode"}
     for warm in (c for c in seed_004_matrix if c.spec.phase == "decode" and c.status == "Valid"):
         other = cold[(warm.spec.context_tokens, warm.spec.concurrency)]
         assert other.status == "Valid" and warm.total_tok_s and other.total_tok_s
@@ -213,6 +214,10 @@ def test_fresh_prompts_cost_throughput_only_where_requests_end_inside_the_window
             assert cost > 0.0, warm.spec.key
     single_64k = cold[(tokens("64k"), 1)]
     assert single_64k.ttft_s is not None and single_64k.ttft_s > 5.0   # a fresh 64K prompt: ~7.6 s of prefill
+    table = to_markdown(report.virtual_tables(seed_004_matrix, cold_cells, "cold")[0])
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(rows) == 7 and all(row in readme for row in rows), "README's table is not this run's"
 
 
 def _lookup_score_by_definition(ids: list[int], limit: int = 16_384) -> float:
