@@ -83,8 +83,9 @@ def parse_list(text: str | None, *, tokens: bool = False) -> list[int]:
 # --- shared measurement options ------------------------------------------------------------------------
 ContextsOpt = Annotated[str | None, typer.Option("--contexts", help="decode contexts, e.g. 8k,16k,512")]
 ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="simultaneous requests, e.g. 1,2,4")]
-WindowOpt = Annotated[float, typer.Option("--window", help="sustained-decode window in seconds",
-                                          callback=_positive)]
+WindowOpt = Annotated[float, typer.Option(
+    "--window", help="sustained-decode window in seconds (the hardware's, on a time-scaled simulator)",
+    callback=_positive)]
 PrefillOpt = Annotated[bool, typer.Option("--prefill", help="also measure prefill at each context")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="reply length of every decode request")]
 ModeOpt = Annotated[str, typer.Option("--mode", help="sustained (fixed window) or fixed (N tokens each)")]

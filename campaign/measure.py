@@ -227,9 +227,12 @@ class Measurer:
         compiled or tuned for new shapes, allocator growth, the first long chunked prefill) lands here, not in
         a cell: the longest prompt the cells send, then one short round at each decode concurrency. Never
         measured, never bracketed; what it did is returned for the launch record."""
-        if not self._checked_metrics:
-            async with self.target.endpoint.async_control() as control:
-                await self.check_metrics(control)
+        if not self._checked_metrics:  # the time scale first: the warm-up's timeouts depend on it
+            try:
+                async with self.target.endpoint.async_control() as control:
+                    await self.check_metrics(control)
+            except httpx.HTTPError:
+                pass  # a server gone already: the first cell finds out, where a dead server is handled
         began = time.perf_counter()
         records: list[RequestRecord] = []
         window = self.target.max_model_len

@@ -594,7 +594,7 @@ def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(t
     stored, exported with their fields, in the short answers, and in the recommendation's capacity line."""
     matrix = tmp_path / "slo.yaml"
     matrix.write_text(
-        "name: slo-sim\nprofile: h200\nbaseline: seed\nrepeats: 1\nwarmup: false\nwindow_s: 20\n"
+        "name: slo-sim\nprofile: h200\nbaseline: seed\nrepeats: 1\nwarmup: false\nwindow_s: 4\n"
         "variants:\n  - {name: seed, flags: {max-model-len: 16384}}\n"
         "  - {name: chunk, flags: {max-model-len: 16384, max-num-batched-tokens: 16384}}\n"
         "slo: {ttft_p90_ms: 1500, tpot_p90_ms: 40}\n"
