@@ -501,7 +501,11 @@ class Night:
         return pending_launches(self.run, self.matrix)
 
     def estimate_s(self, work: list[LaunchWork]) -> float:
-        """What the launches left will take, at the per-launch estimate stored when the run began."""
+        """What the launches left will take, in wall seconds, at the per-launch estimate stored when the run
+        began (the hardware's seconds: a simulator at a time scale lives them that many times faster)."""
+        return self._hardware_estimate_s(work) / self.run.manifest().time_scale
+
+    def _hardware_estimate_s(self, work: list[LaunchWork]) -> float:
         from campaign import planning
 
         stored = self.run.manifest().estimate or {}

@@ -266,6 +266,24 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
     assert cell.completed is not None and abs(cell.completed - replayed.completed) <= 1
 
 
+def test_the_eta_of_a_time_scaled_night_is_the_hardwares_estimate_over_the_scale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """h200-speed-matrix at 20x once said "ETA 12h02m" for a night of minutes: the plan's estimate is the
+    hardware's time, which the simulator lives 20 times faster."""
+    from campaign import orchestrate
+    from campaign.matrix import load_matrix
+
+    matrix, matrix_path, _ = load_matrix("h200-speed-matrix")
+    profile, profile_path = load_profile(matrix.profile)
+    etas = {}
+    for scale in (1.0, 20.0):
+        monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", f"{scale:g}")
+        with orchestrate.started(matrix, matrix_path, profile, profile_path, engine="sim",
+                                 out=tmp_path / f"x{scale:g}") as night:
+            etas[scale] = night.estimate_s(night.pending())
+    assert etas[1.0] > 3600 and etas[20.0] == pytest.approx(etas[1.0] / 20)
+
+
 def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_count(a5000: LaunchedServer) -> None:
     # Long replies so no request ends inside the window: the bracket then checks every token exactly.
     spec = CellSpec(phase="decode", context_tokens=256, concurrency=6, max_tokens=2048, window_s=10.0,
