@@ -62,7 +62,10 @@ class VirtualCell:
 
 
 class _Prompts:
-    """Token ids no other prompt of the run starts with (a counter, so no cell's prompt repeats another's)."""
+    """Prompts that share no prefix: consecutive ids from a counter that wraps every 140,000 tokens, so two
+    prompts of a cell could begin alike only 140,000 x (a multiple of their length) tokens apart, which no
+    cell sends; consecutive ids repeat no two-token sequence, so prompt lookup finds nothing in them, as in
+    the random ids the tool sends."""
 
     def __init__(self) -> None:
         self._next = itertools.count(1_000)
