@@ -63,9 +63,9 @@ class VirtualCell:
 
 class _Prompts:
     """Prompts that share no prefix: consecutive ids from a counter that wraps every 140,000 tokens, so two
-    prompts of a cell could begin alike only 140,000 x (a multiple of their length) tokens apart, which no
-    cell sends; consecutive ids repeat no two-token sequence, so prompt lookup finds nothing in them, as in
-    the random ids the tool sends."""
+    prompts begin alike only when a multiple of 140,000 tokens lies between their starts (for 8K prompts,
+    4,375 prompts apart: no cell sends that many); consecutive ids repeat no two-token sequence within
+    140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds nothing, as in the tool's random ids."""
 
     def __init__(self) -> None:
         self._next = itertools.count(1_000)
