@@ -44,11 +44,16 @@ class Timeouts:
     def at_speed(self, time_scale: float) -> Timeouts:
         """The wall-clock timeouts against a server whose clock runs `time_scale` times faster than the
         hardware's (the simulator): a reply's silences are the hardware's work, so they shrink with the clock;
-        connecting is this host's own network, simulated by nothing, and keeps its limit."""
+        connecting is this host's own network, simulated by nothing, and keeps its limit. Neither reply limit
+        shrinks below the connect limit (or its own value, if smaller): a stall of this host is not the
+        hardware being slow, and at 100x a 300 s idle limit would be 3 wall seconds."""
         if time_scale == 1.0:
             return self
-        return Timeouts(connect_s=self.connect_s, first_byte_s=self.first_byte_s / time_scale,
-                        idle_s=self.idle_s / time_scale)
+
+        def scaled(limit: float) -> float:
+            return max(limit / time_scale, min(limit, self.connect_s))
+
+        return Timeouts(connect_s=self.connect_s, first_byte_s=scaled(self.first_byte_s), idle_s=scaled(self.idle_s))
 
 
 @dataclass(frozen=True, kw_only=True)

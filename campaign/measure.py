@@ -375,7 +375,8 @@ class Measurer:
         window_open = asyncio.Event()
         stop_sampling = asyncio.Event()
         wall = self.target.wall_s
-        interval = min(SAMPLE_EVERY_S, wall(spec.window_s) / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S
+        # Every interval of the hardware's time, so a time-scaled cell's verdict rests on as many samples.
+        interval = wall(min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S)
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
         lags: list[tuple[float, float]] = []
         lag_probe = asyncio.create_task(loop_lag(lags, stop_sampling))

@@ -199,7 +199,10 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
     try:
         cells = [c.result for c in run.cells() if c.result.status == "Valid"] if run is not None else []
         ready = [s.ready_s for s in run.ready_servers()] if run is not None else []
-    except CampaignError:
+        # A simulator's run at a time scale measured its rates that many times higher and lived its cells that
+        # many times faster: put both back in the hardware's units, which the estimate is in.
+        scale = run.manifest().time_scale if run is not None else 1.0
+    except (CampaignError, ValidationError):
         run = None  # a last run this version cannot read (a newer format): as if there were none
     if run is None:
         hints = profile.rates if profile is not None else None
@@ -207,8 +210,8 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
             return GUESSED
         return Rates(hints.prefill_tok_s, hints.decode_tok_s, hints.launch_s,
                      f"stated in the profile: {hints.measured}")
-    prefill = [c.prompt_tok_s for c in cells if c.phase == "prefill" and c.prompt_tok_s]
-    decode = [c.per_request_tok_s for c in cells
+    prefill = [c.prompt_tok_s / scale for c in cells if c.phase == "prefill" and c.prompt_tok_s]
+    decode = [c.per_request_tok_s / scale for c in cells
               if c.phase == "decode" and c.concurrency == 1 and c.per_request_tok_s]
     measured = Rates(
         prefill_tok_s=statistics.median(prefill) if prefill else GUESS_PREFILL_TOK_S,
@@ -216,7 +219,7 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
         launch_s=statistics.median(ready) if ready else GUESS_LAUNCH_S,
         source=f"measured in {run.root}" + ("" if prefill and decode and ready else " (partly guessed)"))
     try:
-        actual = [t.actual_s for t in launch_times(run)]
+        actual = [t.actual_s * scale for t in launch_times(run)]
         # How far this model is off even at the measured rates (overheads it does not see): the last run's
         # launches, estimated again at its own rates, against what they took.
         manifest = run.manifest()

@@ -653,9 +653,12 @@ def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = 
                    other_mode: str | None = None) -> list[Table]:
     """The decode matrix (total tok/s in the hardware's units; with `other`, its change against each cell in
     brackets) and the prefill row of a matrix run in simulated time."""
-    decode = [c for c in cells if c.spec.phase == "decode" and c.spec.mode == "sustained"]
+    def sustained(of: Sequence[VirtualCell]) -> list[VirtualCell]:
+        return [c for c in of if c.spec.phase == "decode" and c.spec.mode == "sustained"]
+
+    decode = sustained(cells)
     by = {(c.spec.context_tokens, c.spec.concurrency): c for c in decode}
-    against = {(c.spec.context_tokens, c.spec.concurrency): c for c in other}
+    against = {(c.spec.context_tokens, c.spec.concurrency): c for c in sustained(other)}
     contexts = sorted({c.spec.context_tokens for c in decode})
     streams = sorted({c.spec.concurrency for c in decode})
     modes = "/".join(sorted({c.spec.ttft for c in decode}))

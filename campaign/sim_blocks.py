@@ -39,11 +39,12 @@ class BlockManager:
         full = len(prompt) - len(prompt) % size
         try:
             data = array("q", prompt[:full]).tobytes()
-        except OverflowError:  # an id past 64 bits (no tokenizer has one): its decimal text, 8 bytes a token
-            data = b"".join(str(t).encode().rjust(8, b" ")[-8:] for t in prompt[:full])
-        out, parent, step = [], b"", 8 * size
-        for start in range(0, len(data), step):
-            parent = hashlib.blake2b(parent + data[start:start + step], digest_size=12).digest()
+            blocks = [data[start:start + 8 * size] for start in range(0, len(data), 8 * size)]
+        except OverflowError:  # an id past 64 bits (no tokenizer has one): each block's text, losslessly
+            blocks = [repr(prompt[start:start + size]).encode() for start in range(0, full, size)]
+        out, parent = [], b""
+        for block in blocks:
+            parent = hashlib.blake2b(parent + block, digest_size=12).digest()
             out.append(parent)
         return out
 

@@ -74,7 +74,11 @@ def chat_prompt(messages: list[dict[str, object]], *, add_generation_prompt: boo
 def predictability(ids: list[int], *, limit: int = 16_384) -> float:
     """The share of positions (of the last `limit`) whose token prompt lookup would have proposed: the two
     tokens before it occurred earlier and were followed by it there. 0 for random ids, highest for code."""
-    tail = np.asarray(ids[-limit:], dtype=np.int64)
+    try:
+        tail = np.asarray(ids[-limit:], dtype=np.int64)
+    except OverflowError:  # an id past 64 bits: relabelled densely, since only equality matters here
+        labels: dict[int, int] = {}
+        tail = np.asarray([labels.setdefault(t, len(labels)) for t in ids[-limit:]], dtype=np.int64)
     tries = len(tail) - 2
     if tries <= 0:
         return 0.0

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 from campaign import argv, sim_config, sim_truth, stats
 from campaign.cells import CellSpec, Finding, Reason, Status, StepEvidence, TTFTMode, over_capacity, verdict
+from campaign.errors import CampaignError, ConfigError
 from campaign.matrix import Matrix
-from campaign.measure import SAMPLE_EVERY_S
+from campaign.measure import MAX_ROUNDS, SAMPLE_EVERY_S
 from campaign.profiles import FlagValue, load_profile
 from campaign.sim_config import SimConfig
 from campaign.sim_engine import Request, Virtual, engine_for
@@ -53,7 +54,7 @@ class VirtualCell:
     per_request_tok_s: float | None = None
     prompt_tok_s: float | None = None
     ttft_s: float | None = None              # median over the step's requests (priming excluded)
-    completed: int | None = None             # requests that ended inside a sustained window
+    completed: int | None = None             # requests that ended (inside the window, for a sustained cell)
     avg_active: float | None = None
 
     @property
@@ -79,8 +80,8 @@ def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = No
     line the launcher builds."""
     profile, path = load_profile(profile_name)
     if not profile.hardware or not profile.model_shape:
-        raise ValueError(f"launch profile {path.name} names no simulated hardware: give it hardware: and "
-                         "model_shape: (as launch_profiles/h200.yaml does)")
+        raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
+                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
     command = argv.build(profile, flags, engine="sim", port=8000).argv
     return sim_config.parse(command[command.index("campaign.sim") + 1:])
 
@@ -90,7 +91,8 @@ def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
     name = variant or matrix.baseline
     chosen = next((v for v in matrix.variants if v.name == name), None)
     if chosen is None:
-        raise ValueError(f"{matrix.name}: no variant {name!r}; variants: {', '.join(v.name for v in matrix.variants)}")
+        raise CampaignError(f"{matrix.name}: no variant {name!r}",
+                            hint=f"variants: {', '.join(v.name for v in matrix.variants)}")
     return profile_config(matrix.profile, chosen.flags)
 
 
@@ -100,7 +102,8 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None)
     mem = config.memory()
     max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
     if spec.phase == "rate":
-        raise ValueError(f"{spec.key}: rate cells are open-loop; the HTTP simulator measures them")
+        raise CampaignError(f"{spec.key}: a rate cell is open-loop and is not replayed",
+                            hint="measure it on the simulator over HTTP: campaign run MATRIX --engine sim")
     if spec.phase == "decode" and over_capacity(context_tokens=spec.context_tokens, output_tokens=max_tokens,
                                                 concurrency=spec.concurrency, kv_cache_tokens=mem.kv_tokens,
                                                 block_size=config.block()):
@@ -114,48 +117,60 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None)
         sim.run()
         (request,) = truth.requests
         ttft = request.ttft
-        return VirtualCell(spec, "Valid" if ttft else "Invalid", ttft_s=ttft,
-                           prompt_tok_s=spec.context_tokens / ttft if ttft else None)
+        if not ttft:
+            return VirtualCell(spec, "Failed", [Finding(Reason.REQUEST_ERRORS, f"the request ended {request.reason} "
+                                                        "without a token")])
+        return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft)
     if spec.mode == "fixed":
         return _fixed(sim, truth, config, spec, prompts)
     return _sustained(sim, truth, config, spec, prompts)
 
 
+def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: _Prompts) -> tuple[list[list[int]], int]:
+    """Each stream's prompt; with `ttft: warm` (seed 004's method) cached first by a one-token request, all
+    at once, and then reused by every request of the stream. Returns the prompts and the priming count."""
+    streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
+    if spec.ttft != "warm":
+        return streams, 0
+    for prompt in streams:
+        sim.submit(prompt, 1)
+    sim.run()
+    return streams, len(truth.requests)
+
+
 def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
            prompts: _Prompts) -> VirtualCell:
+    """Rounds of C requests, each round once the last has ended, until the minimums (measure's rule)."""
+    streams, primed = _primed(sim, truth, spec, prompts)
     began, sent = sim.now, 0
-    while True:
-        for _ in range(spec.concurrency):
-            sim.submit(prompts.fresh(spec.context_tokens), spec.max_tokens)
+    for round_ in range(MAX_ROUNDS):
+        for index in range(spec.concurrency):
+            warm_or_first = spec.ttft == "warm" or round_ == 0
+            sim.submit(streams[index] if warm_or_first else prompts.fresh(spec.context_tokens), spec.max_tokens)
         sent += spec.concurrency
         sim.run()
         if sent >= spec.min_requests and sim.now - began >= spec.min_seconds:
             break
-    figures = sim_truth.fixed_figures(truth.requests)
-    evidence = _evidence(sim, config, spec, avg_active=None, samples=[])
-    status, findings = verdict(evidence)
+    measured = sorted(truth.requests, key=lambda r: r.arrival)[primed:]
+    figures = sim_truth.fixed_figures(measured)
+    status, findings = verdict(_evidence(sim, config, spec, avg_active=None, samples=[]))
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
-                       ttft_s=stats.median([r.ttft for r in truth.requests if r.ttft is not None]),
-                       completed=int(figures["completed"] or 0))
+                       ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
+                       completed=_count(figures["completed"]))
 
 
 def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
                prompts: _Prompts) -> VirtualCell:
-    warm = spec.ttft == "warm"
-    streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
-    primed = 0
-    if warm:  # seed 004's method: every stream's prompt cached by a one-token request, all at once
-        for prompt in streams:
-            sim.submit(prompt, 1)
-        sim.run()
-        primed = len(truth.requests)
+    """C streams from the moment priming ends, each sending its next request as the last ends; the window
+    opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
+    streams, primed = _primed(sim, truth, spec, prompts)
     ended = False
 
     def stream(index: int) -> Callable[[float], None]:
         def again(_t: float) -> None:
             if not ended:
-                prompt = streams[index] if warm else prompts.fresh(spec.context_tokens)
+                prompt = streams[index] if spec.ttft == "warm" else prompts.fresh(spec.context_tokens)
                 sim.submit(prompt, spec.max_tokens, on_finish=again)
         return again
 
@@ -171,14 +186,18 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     ended = True
     measured = sorted(truth.all_requests(), key=lambda r: r.arrival)[primed:]
     figures = sim_truth.window_figures(measured, start, end)
-    samples = [_gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at]
+    samples = [g for g in (_gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]
     evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
                          avg_before_first_token=figures["avg_before_first_token"], samples=samples)
     status, findings = verdict(evidence)
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
-                       completed=int(figures["completed"] or 0), avg_active=figures["avg_active"])
+                       completed=_count(figures["completed"]), avg_active=figures["avg_active"])
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _times(start: float, end: float, every: float) -> Iterator[float]:
@@ -188,11 +207,13 @@ def _times(start: float, end: float, every: float) -> Iterator[float]:
         t += every
 
 
-def _gauges(steps: Sequence[sim_truth.StepTruth], t: float, total_blocks: int) -> tuple[float, float, float]:
-    """(running, waiting, KV usage) as a scrape at simulated time `t` would read them: the last step begun."""
+def _gauges(steps: Sequence[sim_truth.StepTruth], t: float,
+            total_blocks: int) -> tuple[float, float, float] | None:
+    """(running, waiting, KV usage) as a scrape at simulated time `t` would read them: the last step begun;
+    None before any step (a sample missed, never a zero)."""
     step = next((s for s in reversed(steps) if s.start <= t), None)
     if step is None:
-        return 0.0, 0.0, 0.0
+        return None
     return float(step.running), float(step.waiting), step.kv_used_blocks / total_blocks if total_blocks else 0.0
 
 

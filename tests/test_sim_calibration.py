@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from campaign import argv, report, sim_config, sim_truth, sim_virtual
+from campaign.cells import CellSpec
 from campaign.matrix import load_matrix, tokens
 from campaign.profiles import PROJECT_ROOT, load_profile
 from campaign.sim_engine import Virtual, engine_for
@@ -239,6 +240,7 @@ def test_the_vectorised_prompt_lookup_score_is_the_definitions() -> None:
     cases = [[], [1], [1, 2], [1, 2, 3], [1, 2, 3] * 5, [5] * 100, list(range(20_000))]
     cases += [[rng.randrange(vocab) for _ in range(n)] for n in (50, 3_000, 20_000) for vocab in (3, 40, 150_000)]
     cases.append([ord(c) for c in corpus.code(12_000)])  # source code: the predictable case
+    cases.append([2**70, 5, 6, 2**70, 5, 6])                 # an id past 64 bits (relabelled, not truncated)
     for ids in cases:
         assert sim_text.predictability(ids) == _lookup_score_by_definition(ids), len(ids)
 
@@ -258,5 +260,18 @@ def test_campaign_simulate_prints_a_matrix_replayed_in_simulated_time(tmp_path: 
     assert "| 8K | 10,363 | 790 ms |" in out.stdout   # the prefill row (seed 004: 10.1K, 815 ms)
     refused = subprocess.run([sys.executable, "-m", "campaign", "simulate", "demo"], cwd=PROJECT_ROOT,
                              capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert "launch profile cpu-tiny.yaml names no simulated hardware" in refused.stderr.splitlines()[0]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr   # a configuration error
+    assert "cpu-tiny.yaml: hardware: the profile names no simulated hardware" in refused.stderr.splitlines()[0]
+
+
+def test_a_replayed_fixed_cell_primes_and_reuses_its_prompts_when_warm() -> None:
+    """As measure does: warm TTFT primes each stream's prompt with a one-token request (not counted) and sends
+    it every round, so its TTFT excludes the 8K prefill and its hits are expected, not foreign."""
+    config = sim_virtual.profile_config("h200")
+    cells = {mode: sim_virtual.run_cell(config, CellSpec(phase="decode", mode="fixed", context_tokens=8192,
+                                                         concurrency=2, max_tokens=64, min_requests=4, ttft=mode))
+             for mode in ("cold", "warm")}
+    assert all(c.status == "Valid" for c in cells.values()), {m: c.reasons for m, c in cells.items()}
+    assert cells["warm"].completed == cells["cold"].completed == 4   # the priming requests are not counted
+    warm, cold = cells["warm"].ttft_s, cells["cold"].ttft_s
+    assert warm is not None and cold is not None and warm < 0.2 < 0.8 < cold   # 8K prefill: ~0.8 s at 10K tok/s

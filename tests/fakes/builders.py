@@ -13,7 +13,8 @@ from campaign.startup_log import StartupFacts
 
 
 def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = None, model: str = "m",
-             gpu: dict[str, Any] | None = None, compare_to: dict[str, str] | None = None) -> None:
+             gpu: dict[str, Any] | None = None, compare_to: dict[str, str] | None = None,
+             engine: str = "vllm", time_scale: float = 1.0) -> None:
     names = list(dict.fromkeys([baseline, *(variants or [])]))
     raw_matrix = {"name": "t", "profile": "cpu-tiny", "baseline": baseline,
                   "variants": [{"name": n, **({"compare_to": compare_to[n]} if compare_to and n in compare_to
@@ -23,7 +24,7 @@ def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = N
         campaign="t", created_utc="2026-12-01T00:00:00+00:00",
         tool=ToolInfo(name="vllm-campaign", version="test", git_commit=None, git_dirty=None),
         matrix=Definition(path="t.yaml", raw=raw_matrix, hash="0"),
-        profile=Definition(path="p.yaml", raw={"model": model}, hash="0"), engine="vllm", time_scale=1.0,
+        profile=Definition(path="p.yaml", raw={"model": model}, hash="0"), engine=engine, time_scale=time_scale,
         machine=MachineInfo(hostname="h", os="Linux", python="3.11", cpu=None, cpu_count=2, memory_gib=24.0,
                             gpu=gpu),
         schedule=[], cells=[]))
