@@ -89,6 +89,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self.stop_info: StopInfo | None = None
+        self._stop_mode: StopMode = "already_exited"   # how far a stop has gone (kept if it is interrupted)
         # Every descendant ever seen: a grandchild that leaves the group is still ours to stop.
         self._seen: dict[int, psutil.Process] = {}
 
@@ -201,24 +202,45 @@ class ServerProcess:
 
     # --- stop ------------------------------------------------------------------------------------------
     def stop(self) -> StopInfo:
-        """Stop the whole tree. Safe to call twice; the second call returns the first result."""
+        """Stop the whole tree. Safe to call twice; the second call returns the first result. An interrupt
+        in the middle (a second Ctrl-C, or Ray cancelling the task that owns the server as it was stopping
+        it) never leaves the stop half done and unrecorded: the tree is killed outright, the stop recorded,
+        and the interrupt raised after."""
         if self.stop_info is not None:
             return self.stop_info
         assert self.proc is not None, "server not started"
         began = time.monotonic()
+        try:
+            self._signal_until_gone()
+            return self._finish_stop(self._stop_mode, began)
+        except KeyboardInterrupt:
+            self._remember_tree()
+            if self.proc.poll() is None or self._group_alive():
+                self._stop_mode = "sigkill"
+                self._signal_group(signal.SIGKILL)
+                self._wait_gone(10.0)
+            self._finish_stop(self._stop_mode, began)
+            raise
+
+    def _signal_until_gone(self) -> None:
+        """SIGINT, then SIGTERM, then SIGKILL to the group, each after the last's grace; `_stop_mode` says
+        how far it went, also when interrupted."""
+        assert self.proc is not None
         self._remember_tree()
-        mode: StopMode = "already_exited"
         if self.proc.poll() is None or self._group_alive():
-            mode = "sigint"
             for sig, grace, name in (
                 (signal.SIGINT, self.grace_sigint_s, "sigint"),
                 (signal.SIGTERM, self.grace_sigterm_s, "sigterm"),
                 (signal.SIGKILL, 10.0, "sigkill"),
             ):
-                mode = name  # type: ignore[assignment]
+                self._stop_mode = name  # type: ignore[assignment]
                 self._signal_group(sig)
                 if self._wait_gone(grace):
                     break
+
+    def _finish_stop(self, mode: StopMode, began: float) -> StopInfo:
+        """Reap, sweep what left the group, wait for the port and the GPU memory; record how it stopped."""
+        assert self.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
         swept = self._sweep()

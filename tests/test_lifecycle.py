@@ -121,3 +121,28 @@ def test_keyboard_interrupt_during_launch_still_tears_down(tmp_path: Path) -> No
         raise KeyboardInterrupt
     assert server.stop_info is not None
     assert_gone({server.pid})
+
+
+def test_an_interrupt_in_the_middle_of_a_stop_still_stops_and_records_it(tmp_path: Path) -> None:
+    """Ray cancels a task with a KeyboardInterrupt, and one landed while that task was stopping its server:
+    the stop was left half done, with no stop record (a full run caught a launch without stop.json). Now the
+    tree is killed outright, the stop recorded, and the interrupt raised after."""
+    import _thread
+    import threading
+
+    spec = spec_for("ignore-signals")
+    server = server_for(spec, tmp_path, grace_sigint_s=5.0, grace_sigterm_s=5.0)
+    server.start()
+    try:
+        server.wait_ready()
+        timer = threading.Timer(0.5, _thread.interrupt_main)   # inside SIGINT's 5 s grace
+        timer.start()
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()
+        assert time.monotonic() - began < 4.0      # not the grace: killed at the interrupt
+        assert server.stop_info is not None and server.stop_info.mode == "sigkill"   # recorded before it rose
+        assert_gone({server.pid})
+        assert port_is_free(spec.host, spec.port)
+    finally:
+        server.stop()  # a no-op once stopped; a failed check above must not leave the child running
