@@ -107,9 +107,13 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None)
     if spec.phase == "decode" and over_capacity(context_tokens=spec.context_tokens, output_tokens=max_tokens,
                                                 concurrency=spec.concurrency, kv_cache_tokens=mem.kv_tokens,
                                                 block_size=config.block()):
-        return VirtualCell(spec, "Over capacity", [Finding(Reason.OVER_CAPACITY, "not run")])
+        return VirtualCell(spec, "Over capacity", [Finding(Reason.OVER_CAPACITY, (
+            f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) tokens exceed the KV cache "
+            f"of {mem.kv_tokens:,} tokens"))])
     if spec.context_tokens + max_tokens > config.max_model_len:
-        return VirtualCell(spec, "Invalid", [Finding(Reason.OVER_WINDOW, "not run")])
+        return VirtualCell(spec, "Invalid", [Finding(Reason.OVER_WINDOW, (
+            f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed max_model_len "
+            f"{config.max_model_len:,}"))])
     truth = sim_truth.Recorder()
     sim = Virtual(engine_for(config, truth))
     if spec.phase == "prefill":
