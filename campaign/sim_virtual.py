@@ -66,7 +66,9 @@ class _Prompts:
     """Prompts that share no prefix: consecutive ids from a counter that wraps every 140,000 tokens, so two
     prompts begin alike only when a multiple of 140,000 tokens lies between their starts (for 8K prompts,
     4,375 prompts apart: no cell sends that many); consecutive ids repeat no two-token sequence within
-    140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds nothing, as in the tool's random ids."""
+    140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds nothing, as in the tool's random ids.
+    Not prompts.PromptSource, the tool's own: its random ids, drawn one at a time, made `campaign simulate
+    h200-speed-matrix` take 24 s instead of 11 s, for figures within 0.2% of these."""
 
     def __init__(self) -> None:
         self._next = itertools.count(1_000)
