@@ -733,15 +733,13 @@ class Measurer:
         if spec.phase == "decode" and spec.ttft == "warm":
             notes.append(f"{TTFT_MODE_TEXT['warm']}; {len(step.priming)} priming request(s) not counted")
         scale = self.target.time_scale
-        if scale != 1.0 and spec.phase == "decode" and spec.mode == "sustained":
-            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {spec.window_s:g} s "
-                         f"window after a {spec.warmup_s:g} s warm-up is the hardware's time, "
-                         f"{self.target.wall_s(spec.window_s):.3g} s of wall time; the rates here read {scale:g}x "
-                         "the hardware's")
-        elif scale != 1.0 and spec.phase == "decode" and spec.min_seconds:
-            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {spec.min_seconds:g} s "
-                         f"minimum is the hardware's time, {self.target.wall_s(spec.min_seconds):.3g} s of wall "
-                         f"time; the rates here read {scale:g}x the hardware's")
+        sustained = spec.mode == "sustained"
+        if scale != 1.0 and spec.phase == "decode" and (sustained or spec.min_seconds):
+            span, seconds = ((f"{spec.window_s:g} s window after a {spec.warmup_s:g} s warm-up", spec.window_s)
+                             if sustained else (f"{spec.min_seconds:g} s minimum", spec.min_seconds))
+            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {span} is the "
+                         f"hardware's time, {self.target.wall_s(seconds):.3g} s of wall time; the rates here read "
+                         f"{scale:g}x the hardware's")
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "
                          f"{step.cpu or 0:.0%} of a core)")

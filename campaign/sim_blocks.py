@@ -90,12 +90,8 @@ class BlockManager:
                     self._free.append(block)
         blocks.clear()
 
-    def register(self, computed_prompt: list[int], blocks: list[int]) -> None:
-        """Make the full blocks of the prompt computed so far findable by later requests."""
-        self.register_hashes(self.hashes(computed_prompt) if self.prefix_caching else [], blocks)
-
-    def register_hashes(self, hashes: list[bytes], blocks: list[int]) -> None:
-        """The same, given the hashes of the full blocks computed so far."""
+    def register(self, hashes: list[bytes], blocks: list[int]) -> None:
+        """Make the full blocks computed so far (their hashes, from `hashes`) findable by later requests."""
         if not self.prefix_caching:
             return
         for i, h in enumerate(hashes):

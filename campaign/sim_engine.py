@@ -272,7 +272,7 @@ class Engine:
         self.counters["prompt"] += chunk
         # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request scheduled
         # right after this one already finds them.
-        self.blocks.register_hashes((req.hashes or [])[: req.computed // self.blocks.block_size], req.blocks)
+        self.blocks.register((req.hashes or [])[: req.computed // self.blocks.block_size], req.blocks)
         return chunk, weight
 
     def _finish(self, req: Request, t: float, reason: str) -> None:

@@ -262,7 +262,7 @@ def test_the_simulators_kv_usage_counts_held_blocks_not_the_idle_prefix_cache() 
     prompt = list(range(100, 164))          # 4 full blocks
     held: list[int] = []
     assert blocks.grow(held, len(prompt)) and blocks.used == 4
-    blocks.register(prompt, held)
+    blocks.register(blocks.hashes(prompt), held)
     blocks.release(held)
     assert blocks.used == 0                 # cached, idle: free to the gauge
     again = blocks.cached_prefix(prompt)    # a later request claims 3 of them (its last token is computed)
