@@ -16,8 +16,8 @@ A request's tokens are stamped when they left: on the wall clock the server wake
 planned `end`, and that later time is recorded (on a virtual clock the two are equal). `anchor` maps the
 client's clock onto the simulated one: a `time.perf_counter()` reading p (CLOCK_MONOTONIC on Linux, shared
 by every process of the machine) is the simulated time (p - anchor) x time_scale. Requests are written
-(and flushed) when they end; a request still running when the server stops, or when it crashes on purpose,
-is written then, without `finish`.
+(and flushed) when they end, once the tokens of the step they ended in have gone out; a request still
+running when the server stops, or when it crashes on purpose, is written then, without `finish`.
 Prefix-cache `queried` and `hits` are the engine's own bookkeeping, the same that feeds its counters: they
 check that the tool attributes the counter to the right requests, not the counter itself.
 
@@ -131,10 +131,15 @@ def _filled(truth: RequestTruth, req: Request) -> RequestTruth:
 
 
 class Writer(Recorder):
-    """A Recorder that writes each record as a JSON line as soon as it is complete, and keeps none of them."""
+    """A Recorder that writes each record as a JSON line once it is complete, and keeps none of them. Complete
+    records wait for `flush`, which the server calls once a step's tokens have gone out: serialising a
+    finished request takes milliseconds, and before its tokens were written that delayed the very tokens the
+    record says had left (an ITL p99 read 1.6 ms long against its truth)."""
 
     def __init__(self, path: Path, header: dict[str, Any]) -> None:
         super().__init__()
+        self._pending_requests: list[RequestTruth] = []
+        self._pending_steps: list[StepTruth] = []
         self._file: IO[str] = path.open("x", encoding="utf-8")  # a truth file is never overwritten
         self._write({"kind": "start", "format": FORMAT, "clock": time.get_clock_info("perf_counter").implementation,
                      **header})
@@ -143,11 +148,23 @@ class Writer(Recorder):
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def _keep_request(self, truth: RequestTruth) -> None:
-        self._write({"kind": "request", **asdict(truth)})
-        self._file.flush()  # requests are what a reader matches: never left in a buffer
+        self._pending_requests.append(truth)
 
     def _keep_step(self, step: StepTruth) -> None:
-        self._write({"kind": "step", **asdict(step)})
+        self._pending_steps.append(step)
+
+    def flush(self) -> None:
+        """Write the records completed since the last flush."""
+        if self._file.closed:
+            return
+        for step in self._pending_steps:
+            self._write({"kind": "step", **asdict(step)})
+        for truth in self._pending_requests:
+            self._write({"kind": "request", **asdict(truth)})
+        if self._pending_requests:
+            self._file.flush()  # requests are what a reader matches: never left in a buffer
+        self._pending_steps.clear()
+        self._pending_requests.clear()
 
     def close(self, live: list[Request]) -> None:
         """Write what is still running (without `finish`), then close the file."""
@@ -157,6 +174,7 @@ class Writer(Recorder):
             truth = self._live.pop(id(req), None)
             if truth is not None:
                 self._keep_request(_filled(truth, req))
+        self.flush()
         self._file.close()
 
 
