@@ -159,6 +159,9 @@ def findings_fields(findings: list[Finding]) -> dict[str, Any]:
 ACTIVE_SHARE = 0.95
 # KV-cache usage at or above this while requests wait: they wait for blocks.
 KV_FULL = 0.95
+# Streams without a first token, time-averaged on the client's clock, below which no request was held back
+# through the window: a cap of k < C seats, or a queue for blocks, keeps C - k >= 1 streams tokenless all along.
+HELD_BACK_STREAMS = 0.5
 
 
 def replacements_per_step(e: StepEvidence) -> int | None:
@@ -237,8 +240,13 @@ def _seated(e: StepEvidence) -> bool:
 
 def _transient(e: StepEvidence) -> bool:
     """Requests that had just arrived wait for the next engine step: a sample catches some now and then, but
-    the server ran all C at other samples. Requests held back by a cap wait in every sample, C never running."""
-    return min(e.waiting, default=0.0) == 0 or (bool(e.running) and max(e.running) >= e.concurrency)
+    the server ran all C at other samples. Requests held back by a cap wait in every sample, C never running.
+    The client's exact figure outweighs a few samples: a held-back request has no token all the while, so
+    fewer than half a stream without one on average means the samples each caught fresh arrivals (two
+    samples of a one-second window on a loaded host did, and called it the scheduler cap)."""
+    exact = e.avg_before_first_token
+    return (min(e.waiting, default=0.0) == 0 or (bool(e.running) and max(e.running) >= e.concurrency)
+            or (exact is not None and exact < HELD_BACK_STREAMS))
 
 
 def queue_note(e: StepEvidence) -> str | None:

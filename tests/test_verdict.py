@@ -58,6 +58,13 @@ RULES = [
      Reason.QUEUED_SCHEDULER_CAP, "capped the running requests near 2"),
     ("queued, neither chunk nor cap nor cache explains it", SHORT_PROMPTS, "Invalid", Reason.QUEUED,
      "max-num-seqs 64 seats them all"),
+    # Every sample caught fresh arrivals, but the client's clock says streams almost never lacked a token: a cap
+    # holding C - k streams back would have kept at least one tokenless all along.
+    ("samples that caught arrivals, the client's clock says so", {**SHORT_PROMPTS, "max_num_seqs": None,
+                                                                   "avg_before_first_token": 0.2},
+     "Valid", None, ""),
+    ("a cap the client's clock confirms", {**SHORT_PROMPTS, "max_num_seqs": None, "avg_before_first_token": 2.0},
+     "Invalid", Reason.QUEUED_SCHEDULER_CAP, "2.0 of 4 streams on average had no token yet"),
     ("requests that had just arrived", {**SHORT_PROMPTS, "waiting": (1.0, 0.0, 1.0), "running": (3.0, 4.0, 3.0)},
      "Valid", None, ""),
     # Prompts that fill the chunk, but the server ran half of C in every sample: the default cap, not the chunk.
