@@ -21,6 +21,7 @@ server (vLLM) installed, as for any Ray job.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import tempfile
@@ -155,6 +156,18 @@ def run_launch(task: str, manifest_text: str, baseline_servers: list[str], varia
 
 
 # --- on the controller ---------------------------------------------------------------------------------
+def forwarded_env(engine: str | None) -> dict[str, str]:
+    """The simulator's settings from the controller's environment, for a task on any node: a Ray worker has
+    its raylet's environment, not the controller's, and the run's manifest records the controller's time
+    scale (a cluster started from a shell with another scale ran every launch at that one). Real vLLM reads
+    none of them."""
+    if engine != "sim":
+        return {}
+    env = {k: v for k, v in os.environ.items() if k.startswith("CAMPAIGN_SIM_")}
+    env.setdefault("CAMPAIGN_SIM_TIME_SCALE", "1")
+    return env
+
+
 @dataclass
 class _Task:
     job: Any            # pool.Job
@@ -244,7 +257,9 @@ class RayExecutor:
         manifest = self.run.manifest_path.read_text()
         baseline = self.run.manifest().matrix_model().baseline
         servers = [s.model_dump_json() for s in self.run.ready_servers() if s.variant == baseline][:1]
-        return self._remote.options(num_gpus=job.width, num_cpus=1, max_retries=0).remote(
+        env = forwarded_env(self.engine)
+        options: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}
+        return self._remote.options(num_gpus=job.width, num_cpus=1, max_retries=0, **options).remote(
             name, manifest, servers, job.variant, job.repeat, cells, experiments, self.engine, self.queue)
 
     def _launch_dir(self, task: _Task) -> Path:

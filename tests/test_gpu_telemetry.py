@@ -249,10 +249,11 @@ def test_the_sampling_thread_samples_during_the_step(install: Callable[..., Fake
 # --- through a real Measurer, on the simulator -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim() -> Iterator[LaunchedServer]:
-    os.environ["CAMPAIGN_SIM_TIME_SCALE"] = "5"
-    profile, _ = load_profile("a5000-tp2")
-    with launched(profile, Path("/tmp") / f"sim-gpu-{os.getpid()}.log", engine="sim") as server:
-        yield server
+    with pytest.MonkeyPatch.context() as patch:  # not left set for later tests (a Ray cluster inherits it)
+        patch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
+        profile, _ = load_profile("a5000-tp2")
+        with launched(profile, Path("/tmp") / f"sim-gpu-{os.getpid()}.log", engine="sim") as server:
+            yield server
 
 
 class TenSecondSteps(NvmlMonitor):

@@ -20,9 +20,12 @@ ray = pytest.importorskip("ray")
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 
 
-def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path) -> None:
+def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.cluster_utils import Cluster
 
+    # The cluster's own environment says 5x; the controller's says 1x, and the launches must run at that.
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     doomed = cluster.add_node(num_cpus=4, num_gpus=2)
     head_id = cluster.head_node.node_id
@@ -51,6 +54,8 @@ def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path) 
     keys = [(c.variant, c.repeat, c.result.spec.key) for c in run.cells()]
     assert len(keys) == len(set(keys)) == 4 * 2 * 2
     assert all(c.result.status == "Valid" for c in run.cells()), [c.result.reasons for c in run.cells()]
+    # At the controller's time scale, the one its manifest records, on every node (a time-scaled cell says so).
+    assert not [n for c in run.cells() for n in c.result.notes if "faster than its hardware" in n]
     # Each launch that finished says where: a Ray node, and the GPU Ray gave it; the retries ran on the head.
     placed = run.placements()
     assert placed and all(p.executor == "ray" and p.node and p.gpus for _, p in placed)

@@ -148,10 +148,11 @@ def test_a_matrix_names_prompt_files_next_to_it_and_refuses_a_missing_one(tmp_pa
 # --- speculative decoding on the simulated H200 (the "Done when") --------------------------------
 @pytest.fixture(scope="module")
 def h200() -> Iterator[LaunchedServer]:
-    os.environ["CAMPAIGN_SIM_TIME_SCALE"] = str(TIME_SCALE)
-    profile, _ = load_profile("h200")
-    with launched(profile, Path("/tmp") / f"sim-h200-mtp-{os.getpid()}.log", engine="sim") as server:
-        yield server
+    with pytest.MonkeyPatch.context() as patch:  # not left set for later tests (a Ray cluster inherits it)
+        patch.setenv("CAMPAIGN_SIM_TIME_SCALE", str(TIME_SCALE))
+        profile, _ = load_profile("h200")
+        with launched(profile, Path("/tmp") / f"sim-h200-mtp-{os.getpid()}.log", engine="sim") as server:
+            yield server
 
 
 def _probe(server: LaunchedServer, *args: str) -> list[dict[str, Any]]:
