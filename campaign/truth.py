@@ -223,8 +223,12 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
                1 + accepted / drafts if drafts else None),
     ]
     if cell.window is not None:
+        # A time average of waits for a first token is a sum of latencies over the window: each wait may be off
+        # by its latency tolerance, as the requests in flight of a rate cell may.
         figures.append(Figure(where, "avg_before_first_token", "count", cell.avg_before_first_token,
-                              window["avg_before_first_token"]))
+                              window["avg_before_first_token"],
+                              _around(window["avg_before_first_token"],
+                                      _waiting_slack(matched.truth.requests, start, end))))
     figures += _latency_figures(where, cell, latency, scale)
     return figures, delay
 
@@ -284,6 +288,16 @@ def _latency_slack(requests: list[RequestTruth], over: float | None) -> float | 
     if not over:
         return None
     return sum(latency_tolerance_ms((r.finish or r.arrival) - r.arrival) / 1000.0 for r in requests) / over
+
+
+def _waiting_slack(requests: list[RequestTruth], start: float, end: float) -> float | None:
+    """What the time-averaged count of requests without a first token over [start, end] may be off by: the
+    latency tolerance of each wait that overlaps it (the client's clock starts at its send, ends at its read)."""
+    if end <= start:
+        return None
+    waits = [(r.arrival, r.emits[0][0] if r.emits else end) for r in requests]
+    return sum(latency_tolerance_ms(first - arrived) / 1000.0 for arrived, first in waits
+               if arrived <= end and first >= start) / (end - start)
 
 
 def _around(value: float | None, slack: float | None) -> tuple[float, float] | None:

@@ -120,6 +120,13 @@ def test_a_finished_requests_truth_is_written_after_its_last_tokens_went_out(tmp
     assert [r.tokens for r in sim_truth.read(path).requests] == [3]
 
 
+def test_a_time_averaged_wait_may_be_off_by_each_waits_tolerance() -> None:
+    # Waits of 0.5 s (inside) and 0.2 s (half inside) over a 10 s window: 2% of each, the 1 ms floor below that.
+    waits = [request(1.0, [(1.5, 1)]), request(9.9, [(10.1, 1)]), request(12.0, [(12.1, 1)])]
+    assert truth._waiting_slack(waits, 0.0, 10.0) == pytest.approx((0.010 + 0.004) / 10.0)
+    assert truth._waiting_slack(waits, 5.0, 5.0) is None
+
+
 def test_tolerances() -> None:
     assert truth.Figure("c", "total_tok_s", "rate", 100.9, 100.0).ok
     assert not truth.Figure("c", "total_tok_s", "rate", 101.1, 100.0).ok
