@@ -293,6 +293,10 @@ class Campaign:
                 result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
                                     concurrency=spec.concurrency, label=spec.label, status="Failed",
                                     **findings_fields([Finding(Reason.PROMPTS_UNAVAILABLE, exc.message)]))
+            # A stop asked for during the cell whose KeyboardInterrupt got lost on the way (a pool worker's
+            # once was, inside the client's event loop, leaving one connect to time out 10 s later): the cell
+            # ran while the tool was stopping, so it is not stored, and a resume measures it again.
+            check_stop()
             dead = not server.process.alive()
             if dead and spec.key not in retried:
                 retried.add(spec.key)
@@ -313,6 +317,7 @@ class Campaign:
             if dead:
                 return True  # the cells after it (and the experiments) need a live server
         if first is not None:
+            check_stop()
             self._guard(measurer, first, variant, repeat, launch_dir, monitor)
         return False
 

@@ -158,6 +158,39 @@ def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
         assert night.unfinished() == []
 
 
+def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool worker's Ctrl-C once raised inside its client's event loop and got lost there; the cell went on
+    and stored a connect timeout as a failure, which a resume then kept. A stop asked for during a cell now
+    drops the cell and stops the launch, and the server is stopped and recorded."""
+    from campaign import errors, orchestrate
+    from campaign.matrix import load_matrix
+    from campaign.measure import Measurer
+    from campaign.progress import Progress
+
+    path = tmp_path / "m.yaml"
+    path.write_text(REPEAT_MATRIX)
+    matrix, _, _ = load_matrix(str(path))
+    profile, _ = load_profile("a5000-tp2")
+    run = store.RunDir.create(tmp_path, "faults")
+    store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
+                                                            orchestrate.Options(engine="sim")))
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
+    measure = Measurer.run_cell
+
+    async def interrupted(self: Measurer, spec: object) -> object:
+        result = await measure(self, spec)  # type: ignore[arg-type]
+        monkeypatch.setattr(errors, "_stop_requested", True)  # the handler ran; its raise never arrived
+        return result
+
+    monkeypatch.setattr(Measurer, "run_cell", interrupted)
+    with Progress(total_cells=1, estimate_s=1.0, live=False) as progress, pytest.raises(KeyboardInterrupt):
+        orchestrate.Campaign(run, matrix, profile, options=orchestrate.Options(engine="sim"),
+                             progress=progress).execute()
+    assert run.cells() == []
+    assert len(list(run.root.glob("variants/*/launch-*/stop.json"))) == 1
+
+
 # --- flags: checked before the night, every occurrence --------------------------------------------------
 def test_unknown_flags_are_all_reported_before_the_night(tmp_path: Path) -> None:
     matrix = tmp_path / "m.yaml"
