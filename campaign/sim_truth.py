@@ -62,6 +62,13 @@ class RequestTruth:
     def ttft(self) -> float | None:
         return self.emits[0][0] - self.arrival if self.emits else None
 
+    def waited_until(self, end: float) -> float:
+        """When it stopped waiting for a first token: its first emission, else its finish (an abort), else
+        `end` (still waiting)."""
+        if self.emits:
+            return self.emits[0][0]
+        return self.finish if self.finish is not None else end
+
     @property
     def prompt_tok_s(self) -> float | None:
         ttft = self.ttft
@@ -255,7 +262,7 @@ def window_figures(requests: list[RequestTruth], start: float, end: float) -> di
             completed += 1
         finish = r.finish if r.finish is not None else end
         held += max(0.0, min(finish, end) - max(r.arrival, start))
-        first = r.emits[0][0] if r.emits else finish
+        first = r.waited_until(end)
         waiting += max(0.0, min(first, end) - max(r.arrival, start))
     if span <= 0:
         return dict.fromkeys(("total_tok_s", "per_request_tok_s", "output_tokens", "completed", "avg_active",

@@ -295,7 +295,7 @@ def _waiting_slack(requests: list[RequestTruth], start: float, end: float) -> fl
     latency tolerance of each wait that overlaps it (the client's clock starts at its send, ends at its read)."""
     if end <= start:
         return None
-    waits = [(r.arrival, r.emits[0][0] if r.emits else end) for r in requests]
+    waits = [(r.arrival, r.waited_until(end)) for r in requests]
     return sum(latency_tolerance_ms(first - arrived) / 1000.0 for arrived, first in waits
                if arrived <= end and first >= start) / (end - start)
 
