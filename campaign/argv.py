@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from campaign import secret
 from campaign.endpoint import TLS, Endpoint, Timeouts
 from campaign.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
-
-REDACTED = "<redacted>"
 
 # Plain, uncoloured, logo-free logs are what the parser reads best; a profile's own env still wins.
 _LOG_ENV = {"VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "VLLM_DISABLE_LOG_LOGO": "1", "PYTHONUNBUFFERED": "1"}
@@ -21,6 +20,9 @@ _LOG_ENV = {"VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "VLLM_DISABLE_LOG_LOGO":
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
+    """`argv` and `env_overrides` as the profile and matrix wrote them: a secret is a `${NAME}` reference there,
+    expanded only into the process's own argv and environment (spawn_argv, child_env)."""
+
     argv: list[str]
     env_overrides: dict[str, str]
     host: str
@@ -40,26 +42,35 @@ class LaunchSpec:
                         api_key=self.api_key, tls=self.tls or TLS(), timeouts=timeouts or Timeouts())
 
     def child_env(self) -> dict[str, str]:
+        """The server's environment, references expanded. Raises secret.UnsetReferenceError."""
         env = dict(os.environ)
-        env.update(self.env_overrides)
+        env.update(secret.expand(self.env_overrides))
         if self.api_key is not None:
             # Through the environment, never argv: argv is visible to every user in `ps`.
             env["VLLM_API_KEY"] = self.api_key
         return env
 
+    def spawn_argv(self) -> list[str]:
+        """The argv the process gets, references expanded (inside a JSON value too, escaped as JSON).
+        Raises secret.UnsetReferenceError."""
+        out = []
+        for arg in self.argv:
+            parsed = json.loads(arg) if arg.startswith(("{", "[")) and "${" in arg else None
+            out.append(json.dumps(secret.expand(parsed), separators=(",", ":")) if parsed is not None
+                       else secret.expand(arg))
+        return out
+
     def redacted_argv(self) -> list[str]:
-        return [redact(arg, self.api_key) for arg in self.argv]
+        """The argv as stored and shown: references as written, and any known secret redacted."""
+        return [secret.redact(arg) for arg in self.argv]
 
 
 def api_key_from(env_name: str | None) -> str | None:
     """The key in that environment variable, without the line ending a key file read with `$(cat ...)` or
-    from a CRLF file brings (in a header it would fail, and the error would quote the key)."""
+    from a CRLF file brings (in a header it would fail, and the error would quote the key). Declared secret."""
     value = os.environ.get(env_name, "").strip() if env_name else ""
+    secret.declare(value)
     return value or None
-
-
-def redact(text: str, secret: str | None) -> str:
-    return text.replace(secret, REDACTED) if secret else text
 
 
 def flag_args(flags: Mapping[str, FlagValue]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from campaign import aio, report, startup_log
+from campaign import aio, report, secret, startup_log
 from campaign.endpoint import Timeouts
 from campaign.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, CampaignError, LaunchError
 
@@ -699,7 +699,7 @@ def export(
     if out is None:
         typer.echo(text, nl=False)
     else:
-        out.write_text(text)
+        out.write_text(secret.redact(text))
         _err(f"wrote {len(rows)} rows to {out}")
 
 
@@ -712,6 +712,17 @@ def _fail(message: str, hint: str | None, code: int) -> int:
 
 def run_cli(args: list[str] | None = None) -> int:
     """The whole command line: every way it can end is an exit code, and every error one `Error:` line."""
+    # Everything it prints is redacted: a secret that reaches a message by a path nobody foresaw stays unshown.
+    # On an exception (CAMPAIGN_DEBUG=1 re-raises) the streams stay redacting, for the traceback.
+    stdout, stderr = secret.redact_stdio()
+    code = _run_cli(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout, sys.stderr = stdout, stderr
+    return code
+
+
+def _run_cli(args: list[str] | None) -> int:
     debug = os.environ.get("CAMPAIGN_DEBUG") == "1"
     argv = sys.argv[1:] if args is None else args
     try:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from campaign import secret
 from campaign.errors import CampaignError
 
 
@@ -94,20 +95,23 @@ class Endpoint:
     @classmethod
     def parse(cls, url: str, *, api_key: str | None = None, tls: TLS | None = None,
               timeouts: Timeouts | None = None) -> Endpoint:
+        secret.declare(secret.url_password(url))
+        shown = secret.display_url(url)  # every message below may be printed: never with the URL's password
         try:
             parts = urlsplit(url.strip())
             port = parts.port
         except ValueError as exc:
-            raise CampaignError(f"{url}: not a URL ({exc})", hint="e.g. http://127.0.0.1:8000") from None
+            raise CampaignError(f"{shown}: not a URL ({exc})", hint="e.g. http://127.0.0.1:8000") from None
         if parts.scheme not in {"http", "https"}:
-            raise CampaignError(f"{url}: unsupported URL scheme {parts.scheme or '(none)'!r}",
+            raise CampaignError(f"{shown}: unsupported URL scheme {parts.scheme or '(none)'!r}",
                                 hint="use http:// or https://, e.g. http://127.0.0.1:8000")
         if not parts.hostname:
-            raise CampaignError(f"{url}: no host in the URL", hint="e.g. http://127.0.0.1:8000")
+            raise CampaignError(f"{shown}: no host in the URL", hint="e.g. http://127.0.0.1:8000")
         if parts.query or parts.fragment:
-            raise CampaignError(f"{url}: a base URL has no ?query or #fragment", hint="give scheme://host:port/prefix")
+            raise CampaignError(f"{shown}: a base URL has no ?query or #fragment",
+                                hint="give scheme://host:port/prefix")
         if parts.username or parts.password:
-            raise CampaignError(f"{url}: credentials in the URL would reach logs",
+            raise CampaignError(f"{shown}: credentials in the URL would reach logs",
                                 hint="put the API key in an environment variable and pass --api-key-env NAME")
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):

@@ -16,7 +16,7 @@ from typing import Any
 from campaign import compare, report
 from campaign.cells import CellResult
 from campaign.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
-from campaign.store import RunDir
+from campaign.store import RunDir, replace_text
 from campaign.study import ExperimentResult
 from campaign.tables import Cell, Table, md_escape, to_html, to_markdown
 
@@ -348,8 +348,8 @@ def write(run: RunDir, *, fmt: str = "html", out: Path | None = None, other: Run
         return list(charts.values())
     if fmt == "md":
         path = out or folder / "report.md"
-        path.write_text(render_markdown(data))
+        replace_text(path, render_markdown(data))
         return [path, *charts.values()]
     path = out or folder / "report.html"
-    path.write_text(render_html(data))
+    replace_text(path, render_html(data))
     return [path, *charts.values()]

@@ -526,7 +526,7 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
     raise_flag_problems(str(path), [
         *(problem for index, variant in enumerate(matrix.variants)
           for problem in flag_problems(f"variants[{index}].flags", variant.flags)),
-        *flag_problems("grid", {k: None for k in matrix.grid})])
+        *flag_problems("grid", matrix.grid)])
     for index, variant in enumerate(matrix.variants):
         for key, value in variant.flags.items():
             margin = suggested_margin(value)

@@ -23,13 +23,14 @@ from typing import Any, Literal
 
 import httpx
 
-from campaign import aio, gpu, store, study
-from campaign.argv import api_key_from, redact
+from campaign import aio, gpu, secret, store, study
+from campaign.argv import api_key_from
 from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
 from campaign.endpoint import Timeouts
 from campaign.envinfo import machine_info, tool_info
 from campaign.errors import (
     CampaignError,
+    ConfigError,
     LaunchError,
     MetricMissingError,
     PromptError,
@@ -81,12 +82,43 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
     from campaign.profiles import flag_problems, raise_flag_problems
 
     raise_flag_problems("launch --set", flag_problems("--set", dict(overrides or {})))
+    declare_secrets(profile, matrix, overrides)
+    if will_launch:
+        check_references(profile, profile_path, matrix, matrix_path, overrides)
     found = shutil.which(resolve_path(profile.executable), path=profile.env.get("PATH"))  # as Popen will look
     if will_launch and (engine or profile.engine) == "vllm" and found is None:
         raise executable_missing(profile.executable, where=f"{profile_path}: executable: ")
     flags = flag_list.for_profile(profile, engine)
     flag_list.check(flag_list.night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
     return flags.source
+
+
+def declare_secrets(profile: LaunchProfile, matrix: Matrix | None = None,
+                    overrides: dict[str, FlagValue] | None = None) -> None:
+    """Make this process know the night's secrets (the API key, every `${NAME}` a flag or the environment refers
+    to) before anything is written or printed: a pool's worker or a Ray task expands them, and its lines and
+    files reach this process's console and store."""
+    api_key_from(profile.api_key_env)
+    secret.declare_references([profile.model_dump(mode="json"), dict(overrides or {}),
+                               *([matrix.model_dump(mode="json")] if matrix is not None else [])])
+
+
+def check_references(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+                     matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
+    """Every `${NAME}` the night's servers need is set here, before the night (a launch would fail on it)."""
+    places: list[tuple[str, str, Any]] = [(str(profile_path), "env", profile.env),
+                                          (str(profile_path), "flags", profile.flags),
+                                          ("launch", "--set", dict(overrides or {}))]
+    if matrix is not None:
+        places += [(str(matrix_path or matrix.name), f"variants[{i}].flags", v.flags)
+                   for i, v in enumerate(matrix.variants)]
+        places.append((str(matrix_path or matrix.name), "grid", matrix.grid))
+    for where, key, value in places:
+        for name, item in (value.items() if isinstance(value, dict) else []):
+            missing = secret.unset(item)
+            if missing:
+                raise ConfigError(where, f"{key}.{name}", f"refers to ${{{missing[0]}}}, which is not set in this "
+                                  "environment", hint=f"export {missing[0]}=... before the run (on Ray: on every node)")
 
 
 @dataclass(frozen=True)
@@ -216,7 +248,7 @@ class Campaign:
                 self.progress.note(f"{label}: the server died during a cell; relaunching for the cells left")
             except LaunchError as exc:
                 self._record_failure(launch_dir, variant, repeat, exc)
-                self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {redact(exc.message, self._api_key())}; "
+                self.progress.note(f"{label}: FAILED TO START ({exc.kind}): {exc.message}; "
                                    "the campaign goes on")
                 return
             except MetricMissingError as exc:
@@ -234,9 +266,9 @@ class Campaign:
                 self._record_failure(launch_dir, variant, repeat, LaunchError(
                     known.message if known else f"{type(exc).__name__}: {exc}",
                     kind="error" if known else "internal_error",
-                    log_tail=log_tail(launch_dir / "server.log", secret=self._api_key()),
+                    log_tail=log_tail(launch_dir / "server.log"),
                     hint=known.hint if known else "CAMPAIGN_DEBUG=1 shows the traceback; please report it"))
-                self.progress.note(f"{label}: FAILED ({type(exc).__name__}: {redact(str(exc), self._api_key())}); "
+                self.progress.note(f"{label}: FAILED ({type(exc).__name__}: {exc}); "
                                    "the campaign goes on")
                 return
             finally:
@@ -249,8 +281,7 @@ class Campaign:
         never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with none,
         it is raised."""
         in_flight = sys.exc_info()[1] is not None
-        steps: list[Callable[[], None]] = [lambda: self._scrub_log(launch_dir / "server.log"),
-                                           lambda: self._record_placement(launch_dir, variant, repeat, began)]
+        steps: list[Callable[[], None]] = [lambda: self._record_placement(launch_dir, variant, repeat, began)]
         if server is not None:
             steps.insert(0, lambda: self._record_stop(launch_dir, server))
         for step in steps:
@@ -438,23 +469,10 @@ class Campaign:
             client_cores=self.options.client_cores, started_utc=began, ended_utc=datetime.now(UTC).isoformat()))
 
     def _record_failure(self, launch_dir: Path, variant: Variant, repeat: int, exc: LaunchError) -> None:
-        key = self._api_key()
-        # The message can quote anything an exception carried (a header, a URL): redacted like the log.
+        # The message can quote anything an exception carried (a header, a URL): the store redacts it.
         store.write_new(launch_dir / "failure.json", FailureRecord(
-            variant=variant.name, repeat=repeat, failure_kind=exc.kind, message=redact(exc.message, key),
-            hint=redact(exc.hint, key) if exc.hint else None, log_tail=redact(exc.log_tail, key)))
-
-    def _api_key(self) -> str | None:
-        return api_key_from(self.profile.api_key_env)
-
-    def _scrub_log(self, log: Path) -> None:
-        """vLLM redacts --api-key in its own args line, and the key travels in the environment; this is the
-        last guard that no secret stays in a stored log."""
-        key = self._api_key()
-        if key and log.exists():
-            text = log.read_text(errors="replace")
-            if key in text:
-                store.replace_text(log, text.replace(key, "<redacted>"))
+            variant=variant.name, repeat=repeat, failure_kind=exc.kind, message=exc.message, hint=exc.hint,
+            log_tail=exc.log_tail))
 
 
 def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
@@ -653,6 +671,7 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
     with run.writer() as locked:
         stored = run.manifest()
         matrix = stored.matrix_model()
+        declare_secrets(stored.profile_model(), matrix)
         matrix = matrix.model_copy(update={"repeats": run.repeats(matrix.repeats, more=more_repeats)})
         engine = engine or stored.engine
         notices = [f"{damaged} was damaged (not valid JSON): kept as {kept.name}; what it held is measured again"

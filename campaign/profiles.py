@@ -7,12 +7,14 @@ and, where a spelling is close, what was probably meant.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from campaign import secret
 from campaign.errors import ConfigError, did_you_mean
 
 PROFILE_SCHEMA_VERSION = 1
@@ -194,11 +196,20 @@ def resolve_profile_path(name_or_path: str) -> Path:
     return resolve_named(name_or_path, PROFILES_DIR, "launch profile")
 
 
-def flag_problems(key_prefix: str, flags: dict[str, FlagValue]) -> list[tuple[str, str, str | None]]:
-    """(key, problem, hint) for flags the runner owns. Whether a flag exists is for the flag list of the server
-    the profile launches to say, all unknown ones at once (flag_list.check, before the night)."""
-    return [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
-            for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]
+def flag_problems(key_prefix: str, flags: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for flags the runner owns and for secrets written inline. Whether a flag exists is
+    for the flag list of the server the profile launches to say, all unknown ones at once (flag_list.check,
+    before the night)."""
+    owned = [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
+             for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]
+    return owned + secret_problems(key_prefix, {raw: value for raw, value in flags.items()
+                                                if normalize_flag(raw) not in RUNNER_OWNED_FLAGS})
+
+
+def secret_problems(key_prefix: str, values: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for each secret written inline (secret.inline); the value is never repeated."""
+    return [(key, "a secret written inline", secret.HOW_TO_PASS)
+            for raw, value in values.items() for key in secret.inline(f"{key_prefix}.{raw}", value, raw)]
 
 
 def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) -> None:
@@ -207,12 +218,11 @@ def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) 
         key, problem, hint = problems[0]
         raise ConfigError(path, key, problem, hint=hint)
     if problems:
-        listed = "; ".join(f"{key}: {problem}" + (f" ({hint})" if hint else "") for key, problem, hint in problems)
-        raise ConfigError(path, "", f"{len(problems)} flag problems: {listed}")
-
-
-def check_flags(path: str, key_prefix: str, flags: dict[str, FlagValue]) -> None:
-    raise_flag_problems(path, flag_problems(key_prefix, flags))
+        hints = list(dict.fromkeys(hint for _, _, hint in problems if hint))
+        listed = "; ".join(f"{key}: {problem}" + (f" ({hint})" if hint and len(hints) > 1 else "")
+                           for key, problem, hint in problems)
+        raise ConfigError(path, "", f"{len(problems)} flag problems: {listed}",
+                          hint=hints[0] if len(hints) == 1 else None)
 
 
 def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:
@@ -228,7 +238,7 @@ def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:
     except ValidationError as exc:
         raise_validation(str(path), exc, LaunchProfile)
         raise  # unreachable: raise_validation always raises
-    check_flags(str(path), "flags", profile.flags)
+    raise_flag_problems(str(path), [*flag_problems("flags", profile.flags), *secret_problems("env", profile.env)])
     if profile.tls is not None:
         profile = profile.model_copy(update={"tls": _tls_relative_to(profile.tls, path.parent)})
     return profile, path

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import store
+from campaign import secret, store
 from campaign.errors import CampaignError
 from campaign.progress import Progress
 from campaign.records import FailureRecord
@@ -116,7 +116,8 @@ def run_launch(task: str, manifest_text: str, baseline_servers: list[str], varia
     from campaign.orchestrate import Campaign, LaunchWork, Options
 
     def send(event: dict[str, Any]) -> None:
-        queue.put({"task": task, **event})
+        # Lines and files leave the node redacted of what this task knows (the `${NAME}`s it expanded).
+        queue.put(secret.redact_value({"task": task, **event}))
 
     root = Path(tempfile.mkdtemp(prefix="campaign-ray-"))
     (root / "manifest.json").write_text(manifest_text)

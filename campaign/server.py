@@ -20,8 +20,8 @@ from typing import Literal
 import httpx
 import psutil
 
-from campaign import gpu
-from campaign.argv import LaunchSpec, port_is_free, redact
+from campaign import gpu, secret
+from campaign.argv import LaunchSpec, port_is_free
 from campaign.errors import LaunchError, LaunchFailureKind
 from campaign.startup_log import classify_failure
 
@@ -55,7 +55,8 @@ def executable_missing(executable: str, *, where: str = "", detail: str = "", un
                             "`executable`")
 
 
-def log_tail(path: Path, lines: int = 40, secret: str | None = None) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The log's last lines, every known secret redacted."""
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -64,7 +65,23 @@ def log_tail(path: Path, lines: int = 40, secret: str | None = None) -> str:
             text = handle.read().decode("utf-8", "replace")
     except FileNotFoundError:
         return ""
-    return redact("\n".join(text.splitlines()[-lines:]), secret)
+    return secret.redact("\n".join(text.splitlines()[-lines:]))
+
+
+def scrub_log(path: Path) -> None:
+    """The server log with every secret this process knows redacted, rewritten in place (atomically) when it
+    held one. vLLM redacts --api-key and --hf-token in its own args line but prints the rest as given (a JSON
+    flag's credentials, a URL's password); the server writes the file itself, so it is scrubbed once the server
+    has stopped, by whoever stopped it."""
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return
+    clean = secret.redact(text)
+    if clean != text:
+        tmp = path.with_name(f".{path.name}.scrub")
+        tmp.write_text(clean)
+        os.replace(tmp, path)
 
 
 class ServerProcess:
@@ -99,15 +116,22 @@ class ServerProcess:
             raise LaunchError(f"port {self.spec.port} on {self.spec.host} is already in use", kind="port_in_use",
                               hint="another server is running there; stop it or use `port: auto`")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            argv, env = self.spec.spawn_argv(), self.spec.child_env()
+        except secret.UnsetReferenceError as exc:
+            raise LaunchError(f"${{{exc.names[0]}}} is not set in the environment that launches the server",
+                              kind="unresolved_flag",
+                              hint=f"export {exc.names[0]} there (on Ray: on every node); the profile or matrix "
+                                   "refers to it") from None
         log = self.log_path.open("ab")
         try:
             # One log file for both streams: vLLM logs to stdout, uvicorn to stderr.
             self.proc = subprocess.Popen(  # noqa: S603 - argv list, no shell
-                self.spec.argv,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self.spec.child_env(),
+                env=env,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
@@ -194,7 +218,7 @@ class ServerProcess:
             hint = failure.hint
         if failure is not None and failure.message not in message:
             message = f"{message}: {failure.message}"
-        tail = log_tail(self.log_path, secret=self.spec.api_key)
+        tail = log_tail(self.log_path)
         raise LaunchError(f"{message} ({outcome})", kind=kind, log_tail=tail, hint=hint)
 
     def alive(self) -> bool:
@@ -246,6 +270,7 @@ class ServerProcess:
         swept = self._sweep()
         port_free = self._wait_port_free(10.0)
         gpu_released = gpu.wait_released({p for p in self._seen}, timeout_s=30.0)
+        scrub_log(self.log_path)
         self.stop_info = StopInfo(
             mode=mode, exit_code=self.proc.returncode, stop_s=time.monotonic() - began, swept=swept,
             port_free=port_free, gpu_memory_released=gpu_released,

@@ -139,8 +139,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto")
     # Accepted and without effect on the simulation.
     p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
-    for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization"):
+    for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization", "--hf-token"):
         p.add_argument(flag)
+    p.add_argument("--model-loader-extra-config", type=json.loads)  # how weights load (e.g. S3 credentials)
     for flag in ("--trust-remote-code", "--enable-auto-tool-choice", "--disable-uvicorn-access-log",
                  "--enforce-eager"):
         p.add_argument(flag, action="store_true")
@@ -197,8 +198,8 @@ def parse(argv: list[str]) -> SimConfig:
     spec = args.speculative_config or {}
     # Like vLLM's line, but the scheduler limits are always shown (resolved), so the tool learns them.
     non_default = {k: v for k, v in vars(args).items() if v not in (None, False, [], 1.0) and k not in _NOT_VLLM}
-    if "api_key" in non_default:
-        non_default["api_key"] = "***"
+    # Redacted as vLLM 0.32 redacts its own line (api_key, hf_token, watermark_config); the rest as given.
+    non_default = {k: "***" if k in {"api_key", "hf_token", "watermark_config"} else v for k, v in non_default.items()}
     k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
     drafter = None
     if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from campaign import records
+from campaign import records, secret
 from campaign.cells import CellResult
 from campaign.errors import CampaignError, ResultFormatError
 from campaign.records import (
@@ -66,7 +66,23 @@ def write_new(path: Path, data: dict[str, Any] | BaseModel) -> Path:
     return write_text_new(path, _dumps(payload))
 
 
+def _redacted(path: Path, text: str) -> str:
+    """The text with every known secret redacted. Almost always nothing is there; when something is, a JSON
+    file has each of its strings redacted where it stands, so it stays JSON whatever the secret looks like."""
+    if not secret.contains_secret(text):
+        return text
+    if path.suffix == ".json":
+        with contextlib.suppress(json.JSONDecodeError):
+            return _dumps(secret.redact_value(json.loads(text)))
+    return secret.redact(text)
+
+
 def write_text_new(path: Path, text: str) -> Path:
+    """A new file, atomically, every known secret redacted: the one way a run's files are written."""
+    return _write_new(path, _redacted(path, text))
+
+
+def _write_new(path: Path, text: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -98,7 +114,8 @@ def _write_failed(path: Path, exc: OSError) -> ResultFormatError:
 
 
 def replace_text(path: Path, text: str) -> None:
-    """Atomic replace, for the one file we rewrite on purpose: a server log scrubbed of a secret."""
+    """Atomic replace (every known secret redacted), for files rewritten on purpose: the summary, a report."""
+    text = _redacted(path, text)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as handle:
         handle.write(text)

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from campaign import store
+from campaign import secret, store
 from campaign.errors import CampaignError, request_stop
 from campaign.progress import Progress
 from campaign.server import parent_death_signal
@@ -105,4 +105,5 @@ if __name__ == "__main__":
     from campaign.cli import buffered_stdio
 
     buffered_stdio()   # its progress lines go to the controller through a pipe, as probe --json does
+    secret.redact_stdio()   # what it expands (a `${NAME}`) it redacts from its lines before they leave
     sys.exit(main())

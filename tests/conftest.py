@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from campaign import secret
 from campaign.launcher import LaunchedServer, launched
 from campaign.measure import Target
 from campaign.profiles import PROJECT_ROOT, TLSConfig, load_profile
@@ -22,6 +23,13 @@ SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The test that stops the shared server runs after every other test that uses it.
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _forget_secrets() -> Iterator[None]:
+    """A secret declared by one test (an API key it read) is not redacted from the next test's files."""
+    yield
+    secret.forget()
 
 
 @pytest.fixture(scope="session")
