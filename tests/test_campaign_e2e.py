@@ -1,5 +1,6 @@
 """A whole campaign against the real CPU build: a variant that cannot start, Ctrl-C mid-campaign, resume,
-the diff at the end, and no API key in any file, log line or console output."""
+the diff at the end, and no API key or token (passed through by reference) in any file, log line or console
+output."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from campaign.profiles import PROJECT_ROOT
 pytestmark = pytest.mark.vllm
 
 SECRET = "sk-e2e-" + secrets.token_hex(12)
+# Issue 37: a Hugging Face token passed through the profile's env and vLLM's --hf-token, both by reference.
+HF_TOKENS = {"CAMPAIGN_E2E_HF_TOKEN": "hf_e2eEnv" + secrets.token_hex(12),
+             "CAMPAIGN_E2E_HF_FLAG": "hf_e2eFlag" + secrets.token_hex(12)}
+MARKERS = [SECRET, *HF_TOKENS.values()]
 MATRIX = "tests/fixtures/matrices/e2e.yaml"
 
 
@@ -40,7 +45,7 @@ def port_of(server_json: Path) -> int:
 
 
 def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) -> None:
-    env = os.environ | {"CAMPAIGN_E2E_KEY": SECRET, "PYTHONUNBUFFERED": "1"}
+    env = os.environ | {"CAMPAIGN_E2E_KEY": SECRET, "PYTHONUNBUFFERED": "1", **HF_TOKENS}
     out = tmp_path / "runs"
     first = subprocess.Popen(
         [sys.executable, "-m", "campaign", "run", MATRIX, "--out", str(out), "--plain"], cwd=PROJECT_ROOT, env=env,
@@ -103,12 +108,20 @@ def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) ->
     assert "drift:" in second.stdout
 
     export = subprocess.run([sys.executable, "-m", "campaign", "export", str(run_dir), "--format", "csv"],
-                            cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=True)
     assert len(export.stdout.splitlines()) == 1 + 2 * 3  # header + 2 cells x (baseline x2, two-seqs)
+    diff = subprocess.run([sys.executable, "-m", "campaign", "diff", str(run_dir)], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, check=True)
 
-    # The key never reached a file, a log or the console.
+    # The tokens went in (vLLM's own line names its flag, value hidden) and are stored as references.
+    assert "'hf_token': '***'" in (run_dir / "variants/baseline/launch-1/server.log").read_text()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["profile"]["raw"]["env"]["HF_TOKEN"] == "${CAMPAIGN_E2E_HF_TOKEN}"
+    # The key and the tokens never reached a file, a log or the console.
     for path in run_dir.rglob("*"):
         if path.is_file():
-            assert SECRET not in path.read_text(errors="replace"), path
-    for text in (stdout1, stderr1, second.stdout, second.stderr):
-        assert SECRET not in text
+            text = path.read_text(errors="replace")
+            assert not [m for m in MARKERS if m in text], path
+    for text in (stdout1, stderr1, second.stdout, second.stderr, export.stdout, export.stderr, diff.stdout,
+                 diff.stderr):
+        assert not [m for m in MARKERS if m in text]
