@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -55,7 +56,10 @@ class LaunchSpec:
         Raises secret.UnsetReferenceError."""
         out = []
         for arg in self.argv:
-            parsed = json.loads(arg) if arg.startswith(("{", "[")) and "${" in arg else None
+            parsed = None
+            if arg.startswith(("{", "[")) and "${" in arg:
+                with contextlib.suppress(ValueError):
+                    parsed = json.loads(arg)
             out.append(json.dumps(secret.expand(parsed), separators=(",", ":")) if parsed is not None
                        else secret.expand(arg))
         return out

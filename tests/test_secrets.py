@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from campaign import secret, store
+from campaign import argv, secret, store
 from campaign.cli import run_cli
-from campaign.profiles import PROJECT_ROOT
+from campaign.profiles import PROJECT_ROOT, LaunchProfile
 from campaign.vllm_flags import KNOWN_FLAGS
 
 
@@ -63,6 +63,22 @@ def test_a_reference_is_expanded_and_declared_and_an_unset_one_is_named() -> Non
     # A setting brought in by reference (a number) is not worth garbling every line that holds it.
     secret.expand("${CANARY_N}", {"CANARY_N": "2"})
     assert secret.redact("max-num-seqs 2") == "max-num-seqs 2"
+
+
+def test_references_stay_in_the_argv_and_are_expanded_only_for_the_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    value = 'q"' + marker("Spawn")   # a quote: expanded inside a JSON flag, it must stay JSON
+    monkeypatch.setenv("CANARY_Q", value)
+    profile = LaunchProfile(model="m", engine="sim", hardware="h200-nvl", model_shape="qwen3.5-27b-gptq-int4",
+                            env={"HF_TOKEN": "${CANARY_Q}"},
+                            flags={"model-loader-extra-config": {"s3_secret_access_key": "${CANARY_Q}"}})
+    spec = argv.build(profile, port=8000)
+    assert value not in " ".join(spec.argv) + " ".join(spec.redacted_argv())
+    spawned = spec.spawn_argv()
+    extra = spawned[spawned.index("--model-loader-extra-config") + 1]
+    assert json.loads(extra) == {"s3_secret_access_key": value}
+    assert spec.child_env()["HF_TOKEN"] == value
+    assert value.strip() not in secret.redact(" ".join(spawned))
 
 
 def test_redaction_covers_the_forms_a_value_is_written_in(tmp_path: Path) -> None:
