@@ -213,7 +213,7 @@ def secret_problems(key_prefix: str, values: Mapping[str, Any]) -> list[tuple[st
 
 
 def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) -> None:
-    """One error for all of a file's flag problems, so that a fix is not followed by the next one's error."""
+    """One error for all of a file's flag and secret problems, so that a fix is not followed by the next one's error."""
     if len(problems) == 1:
         key, problem, hint = problems[0]
         raise ConfigError(path, key, problem, hint=hint)
@@ -221,7 +221,7 @@ def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) 
         hints = list(dict.fromkeys(hint for _, _, hint in problems if hint))
         listed = "; ".join(f"{key}: {problem}" + (f" ({hint})" if hint and len(hints) > 1 else "")
                            for key, problem, hint in problems)
-        raise ConfigError(path, "", f"{len(problems)} flag problems: {listed}",
+        raise ConfigError(path, "", f"{len(problems)} problems: {listed}",
                           hint=hints[0] if len(hints) == 1 else None)
 
 

@@ -173,7 +173,7 @@ def test_a_secret_flag_written_inline_in_a_matrix_is_one_line_that_does_not_show
 
 def test_inline_secrets_in_a_profile_its_env_and_a_json_flag_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    token, s3, proxy = marker("Env"), marker("Json"), marker("Proxy")
+    token, s3, proxy, auth = marker("Env"), marker("Json"), marker("Proxy"), marker("JsonToken")
     profile = tmp_path / "p.yaml"
     profile.write_text(PROFILE + f"env:\n  HF_TOKEN: {token}\n")
     matrix = tmp_path / "m.yaml"
@@ -181,11 +181,13 @@ def test_inline_secrets_in_a_profile_its_env_and_a_json_flag_are_refused(
     line = refused(capsys, ["plan", str(matrix)], token)
     assert f"{profile}: env.HF_TOKEN: a secret written inline" in line
     profile.write_text(PROFILE.replace("flags:\n", f"flags:\n  model-loader-extra-config: "
-                                                   f"{{s3_secret_access_key: {s3}}}\n")
+                                                   f"{{s3_secret_access_key: {s3}, token: {auth}}}\n")
                        + f"env:\n  HTTPS_PROXY: http://me:{proxy}@proxy:3128\n")
     line = refused(capsys, ["plan", str(matrix)], s3)
-    assert "flags.model-loader-extra-config.s3_secret_access_key" in line and "env.HTTPS_PROXY" in line
-    assert proxy not in line
+    assert "3 problems" in line and "env.HTTPS_PROXY: a secret written inline" in line
+    assert "flags.model-loader-extra-config.s3_secret_access_key" in line
+    assert "flags.model-loader-extra-config.token" in line
+    assert proxy not in line and auth not in line
 
 
 def test_a_secret_in_set_and_in_a_probe_url_are_refused_without_showing_them(
