@@ -277,9 +277,9 @@ class Campaign:
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str) -> None:
-        """Record the stop and the placement and scrub the log, each on its own: a failure here (a full disk)
-        never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with none,
-        it is raised."""
+        """Record the stop and the placement (the log was scrubbed as the server stopped), each on its own: a
+        failure here (a full disk) never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its
+        resume hint); with none, it is raised."""
         in_flight = sys.exc_info()[1] is not None
         steps: list[Callable[[], None]] = [lambda: self._record_placement(launch_dir, variant, repeat, began)]
         if server is not None:
