@@ -268,8 +268,9 @@ def test_canary_night_on_ray_with_a_failed_launch_leaves_no_marker_anywhere(
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["profile"]["raw"]["env"] == {"HF_TOKEN": "${CANARY_HF}"}
     assert manifest["profile"]["raw"]["flags"]["hf-token"] == "${CANARY_HF_FLAG}"
-    files = [p for p in [*run_dir.rglob("*"), *ray_logs.rglob("*")] if p.is_file()]
-    assert len(files) > 20
+    ray_files = [p for p in ray_logs.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("worker-") for p in ray_files), ray_logs   # the tasks' own logs are searched
+    files = [p for p in [*run_dir.rglob("*"), *ray_files] if p.is_file()]
     for path in files:
         text = path.read_bytes().decode(errors="replace")
         assert not [m for m in markers if m in text], path
