@@ -26,7 +26,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
@@ -118,14 +118,22 @@ def inline(key: str, value: Any, name: str | None = None) -> Iterator[str]:
 
 def references(value: Any) -> Iterator[str]:
     """The `${NAME}` variables a value (a string, or a mapping or list of them) refers to."""
-    if isinstance(value, Mapping):
-        for item in value.values():
-            yield from references(item)
-    elif isinstance(value, list):
-        for item in value:
+    if isinstance(value, Mapping | list):
+        for item in value.values() if isinstance(value, Mapping) else value:
             yield from references(item)
     elif isinstance(value, str):
         yield from REFERENCE.findall(value)
+
+
+def _map_strings(value: Any, change: Callable[[str], str], *, keys: bool = False) -> Any:
+    """Every string of a JSON-like value (and its keys, with `keys`) changed, its structure kept."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {change(str(k)) if keys else k: _map_strings(v, change, keys=keys) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, change, keys=keys) for v in value]
+    return value
 
 
 def unset(value: Any, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -147,17 +155,17 @@ def expand(value: Any, environ: Mapping[str, str] | None = None) -> Any:
     reference is how a secret is passed, so every value one brings in is declared secret (numbers and booleans
     aside), and is redacted wherever it shows up later. Raises UnsetReferenceError."""
     environ = os.environ if environ is None else environ
-    if isinstance(value, Mapping):
-        return {k: expand(v, environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [expand(v, environ) for v in value]
-    if not isinstance(value, str) or "${" not in value:
-        return value
-    missing = unset(value, environ)
-    if missing:
-        raise UnsetReferenceError(missing)
-    declare_references(value, environ)
-    return REFERENCE.sub(lambda match: environ[match.group(1)], value)
+
+    def one(text: str) -> str:
+        if "${" not in text:
+            return text
+        missing = unset(text, environ)
+        if missing:
+            raise UnsetReferenceError(missing)
+        declare_references(text, environ)
+        return REFERENCE.sub(lambda match: environ[match.group(1)], text)
+
+    return _map_strings(value, one)
 
 
 def declare_references(value: Any, environ: Mapping[str, str] | None = None) -> None:
@@ -203,9 +211,10 @@ def _forms(secret: str) -> list[str]:
     return list(dict.fromkeys([secret, json.dumps(secret)[1:-1], html.escape(secret)]))
 
 
-def redact(text: str) -> str:
-    """The text with every known secret value, and any URL's password, replaced by `<redacted>`."""
-    for secret in known():
+def redact(text: str, secrets: list[str] | None = None) -> str:
+    """The text with every known secret value (or those of `secrets`, from known()), and any URL's password,
+    replaced by `<redacted>`."""
+    for secret in known() if secrets is None else secrets:
         for form in _forms(secret):
             if form in text:
                 text = text.replace(form, REDACTED)
@@ -216,18 +225,10 @@ def redact(text: str) -> str:
 
 
 def redact_value(value: Any) -> Any:
-    """`redact` over every string of a JSON-like value (keys too), keeping its structure."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {redact(str(k)): redact_value(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_value(v) for v in value]
-    return value
-
-
-def contains_secret(text: str) -> bool:
-    return redact(text) != text
+    """`redact` over every string of a JSON-like value (keys too), keeping its structure; the known secrets are
+    gathered once, not once a string."""
+    secrets = known()
+    return _map_strings(value, lambda text: redact(text, secrets), keys=True)
 
 
 class RedactingStream:

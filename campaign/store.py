@@ -69,12 +69,11 @@ def write_new(path: Path, data: dict[str, Any] | BaseModel) -> Path:
 def _redacted(path: Path, text: str) -> str:
     """The text with every known secret redacted. Almost always nothing is there; when something is, a JSON
     file has each of its strings redacted where it stands, so it stays JSON whatever the secret looks like."""
-    if not secret.contains_secret(text):
-        return text
-    if path.suffix == ".json":
+    clean = secret.redact(text)
+    if clean != text and path.suffix == ".json":
         with contextlib.suppress(json.JSONDecodeError):
             return _dumps(secret.redact_value(json.loads(text)))
-    return secret.redact(text)
+    return clean
 
 
 def write_text_new(path: Path, text: str) -> Path:
