@@ -555,6 +555,10 @@ def run(
     ray_address: Annotated[str | None, typer.Option(
         "--ray-address", metavar="ADDR", help="the Ray cluster to join (default: RAY_ADDRESS, else a local Ray)")
     ] = None,
+    clock: Annotated[str, typer.Option(
+        "--clock", metavar="wall|virtual",
+        help="wall (default): servers measured over HTTP; virtual (with --engine sim): the simulator's engine "
+             "replayed in simulated time, in seconds, figures in the hardware's units")] = "wall",
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
     from campaign import orchestrate, pool
@@ -565,6 +569,8 @@ def run(
         raise CampaignError(f"--executor {executor!r}: expected local or ray", hint="e.g. --executor ray")
     on_ray = None if executor is None else executor == "ray"
     pool_gpus = pool.parse_gpus(gpus) if gpus is not None else None
+    if clock not in {"wall", "virtual"}:
+        raise CampaignError(f"--clock {clock!r}: expected wall or virtual", hint="e.g. --clock virtual --engine sim")
     if resume is not None:
         night = orchestrate.resumed(resume, engine=engine, more_repeats=repeats, gpus=pool_gpus,
                                     mixed_gpus=mixed_gpus, ray=on_ray, ray_address=ray_address)
@@ -574,7 +580,7 @@ def run(
         loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
         night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
                                     gpus=pool_gpus, mixed_gpus=mixed_gpus, ray=bool(on_ray),
-                                    ray_address=ray_address)
+                                    ray_address=ray_address, clock="virtual" if clock == "virtual" else "wall")
     with night as tonight:
         for line in tonight.notices:
             _err(line)
@@ -607,10 +613,15 @@ def _finish(run_dir: Any) -> None:
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
     short = compare.short_answers_by_variant(run_dir)
-    scale = run_dir.manifest().time_scale
+    stored_manifest = run_dir.manifest()
+    scale = stored_manifest.time_scale
     if scale != 1.0:
         typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
                    "latencies that much lower than on the simulated hardware.\n")
+    if stored_manifest.clock == "virtual":
+        left = "; ".join(stored_manifest.not_replayed)
+        typer.echo("SIMULATED in simulated time: the engine replayed, figures in the hardware's units"
+                   + (f"; not replayed: {left}" if left else "") + "\n")
     stored, servers = run_dir.cells(), run_dir.servers()   # read once: the tables and the verdict share them
     typer.echo(report.cells_by_variant_text(stored, servers))
     typer.echo("")

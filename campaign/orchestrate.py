@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import httpx
 
-from campaign import aio, gpu, secret, store, study
+from campaign import aio, gpu, secret, sim_night, sim_virtual, store, study
 from campaign.argv import api_key_from
 from campaign.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
 from campaign.endpoint import Timeouts
@@ -149,6 +149,7 @@ class Options:
     executor: Literal["serial", "pool", "ray"] = "serial"
     client_cores: list[int] | None = None   # pin the measuring client here once the server is up
     node: str | None = None                 # the Ray node it runs on (executor ray)
+    clock: Literal["wall", "virtual"] = "wall"  # virtual: the simulator's engine in simulated time (sim_night)
 
 
 class Campaign:
@@ -226,6 +227,9 @@ class Campaign:
         return None
 
     def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec], experiments: list[Experiment]) -> None:
+        if self.options.clock == "virtual":
+            self._serve_virtual(variant, repeat, pending)
+            return
         queue = list(pending)
         retried: set[str] = set()
         profile = self._placed_profile()
@@ -274,6 +278,30 @@ class Campaign:
             finally:
                 # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
                 self._clean_up(launch_dir, server, variant.name, repeat, began)
+
+    def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec]) -> None:
+        """One launch in simulated time (sim_night): its startup log and facts, its cells replayed on the
+        engine's clock; a start that fails is recorded as a real one's is. Repeats differ by the engine's seed."""
+        launch_dir = self.run.new_launch_dir(variant.name)
+        self.progress.status(f"{variant.name} (repeat {repeat + 1}): replaying in simulated time")
+        try:
+            flags, resolution = self._resolve_flags(variant)
+            launch = sim_night.start(self.profile, flags, seed=repeat)
+        except LaunchError as exc:
+            self._record_failure(launch_dir, variant, repeat, exc)
+            self.progress.note(f"{variant.name} (repeat {repeat + 1}): FAILED TO START ({exc.kind}): {exc.message}")
+            return
+        sim_night.write_log(launch_dir, launch)
+        store.write_new(launch_dir / "server.json", ServerRecord(
+            variant=variant.name, repeat=repeat, started_utc=datetime.now(UTC).isoformat(), command=launch.command,
+            flags=launch.flags, variant_flags=dict(flags), ready_s=launch.facts.engine_init_s or 0.0,
+            facts=launch.facts, warnings=[], suggested=resolution))
+        prompts = sim_virtual.Prompts()
+        for spec in pending:
+            check_stop()
+            result = launch.measure(spec, prompts)
+            self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=None)
+            self.progress.cell_done(_cell_line(variant.name, repeat, result))
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str) -> None:
@@ -488,7 +516,7 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
              options: Options, estimate: dict[str, Any] | None = None, pool: list[int] | None = None,
-             ray: bool = False) -> Manifest:
+             ray: bool = False, not_replayed: list[str] | None = None) -> Manifest:
     raw_matrix = matrix.model_dump(mode="json")
     raw_profile = profile.model_dump(mode="json")
     engine = options.engine or profile.engine
@@ -498,11 +526,14 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
         profile=Definition(path=str(profile_path), raw=raw_profile, hash=definition_hash(raw_profile)),
         engine=engine,
         # The simulator can run faster than the hardware it imitates; its rates then read this many times higher.
-        time_scale=float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")) if engine == "sim" else 1.0,
+        # In simulated time (clock virtual) every figure is the hardware's.
+        time_scale=float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1"))
+        if engine == "sim" and options.clock == "wall" else 1.0,
         machine=MachineInfo(**machine_info()),
         schedule=[ScheduleEntry(variant=v, repeat=r) for v, r in schedule(matrix)],
         cells=[c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
-        estimate=estimate, executor="ray" if ray else ("serial" if pool is None else "pool"), pool=pool)
+        estimate=estimate, executor="ray" if ray else ("serial" if pool is None else "pool"), pool=pool,
+        clock=options.clock, not_replayed=not_replayed or [])
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
@@ -525,7 +556,10 @@ class Night:
 
     def estimate_s(self, work: list[LaunchWork]) -> float:
         """What the launches left will take, in wall seconds, at the per-launch estimate stored when the run
-        began (the hardware's seconds: a simulator at a time scale lives them that many times faster)."""
+        began (the hardware's seconds: a simulator at a time scale lives them that many times faster; in
+        simulated time, none to speak of: the pace of the cells done decides)."""
+        if self.options.clock == "virtual":
+            return 0.0
         return self._hardware_estimate_s(work) / self.run.manifest().time_scale
 
     def _hardware_estimate_s(self, work: list[LaunchWork]) -> float:
@@ -630,12 +664,17 @@ class Night:
 @contextmanager
 def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path, *, engine: str | None,
             out: Path, gpus: list[int] | None = None, mixed_gpus: bool = False, ray: bool = False,
-            ray_address: str | None = None) -> Iterator[Night]:
-    """A new run: checked before anything is made (executable, every flag), estimated, its manifest written."""
+            ray_address: str | None = None, clock: Literal["wall", "virtual"] = "wall") -> Iterator[Night]:
+    """A new run: checked before anything is made (executable, every flag), estimated, its manifest written.
+    In simulated time (clock virtual) only what the engine can replay is kept of the matrix (sim_night)."""
     from campaign import planning
 
+    not_replayed: list[str] = []
+    if clock == "virtual":
+        _check_virtual(profile, profile_path, engine, gpus=gpus, ray=ray)
+        matrix, not_replayed = sim_night.replayable(matrix, matrix_path)
     source = preflight(profile, profile_path, engine, matrix, matrix_path)
-    gpus = gpus if gpus is not None or ray else _profile_pool(profile, profile_path)
+    gpus = gpus if gpus is not None or ray or clock == "virtual" else _profile_pool(profile, profile_path)
     _check_ray_options(ray, gpus, ray_address)
     if ray:
         from campaign import pool, ray_executor
@@ -648,11 +687,16 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     estimated = planning.estimate(matrix, profile, len(schedule(matrix)),
                                   planning.rates_from(store.latest_run(out, matrix.name), profile))
     run = store.RunDir.create(out, matrix.name)
-    options = Options(engine=engine, max_attempts=matrix.max_attempts)
+    options = Options(engine=engine, max_attempts=matrix.max_attempts, clock=clock)
     with run.writer() as locked:
         store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
-                                                    estimated.to_json(), gpus, ray=ray))
+                                                    estimated.to_json(), gpus, ray=ray, not_replayed=not_replayed))
         notices = [f"flags checked against {source}", f"run directory: {run.root}", *_unlocked(locked)]
+        if clock == "virtual":
+            notices.append("in simulated time: the engine replays each launch in this process, figures in the "
+                           "hardware's units")
+            notices += [f"not replayed (measure it over HTTP: campaign run {matrix.name} --engine sim): {why}"
+                        for why in not_replayed]
         if gpus is not None:
             notices.append(f"GPU pool: {', '.join(map(str, gpus))} (launches side by side, each on its own GPUs)")
         yield Night(run, matrix, profile, options, resumed=False, notices=notices, pool=gpus, ray=ray,
@@ -683,8 +727,11 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
         gpus = None if on_ray else (gpus if gpus is not None else stored.pool)
         if gpus is not None:
             check_pool(gpus, engine, mixed_gpus=mixed_gpus)
-        yield Night(run, matrix, stored.profile_model(), Options(engine=engine, max_attempts=matrix.max_attempts),
-                    resumed=True, notices=notices, pool=gpus, ray=on_ray, ray_address=ray_address)
+        options = Options(engine=engine, max_attempts=matrix.max_attempts, clock=stored.clock)
+        if stored.clock == "virtual":
+            _check_virtual(stored.profile_model(), Path(stored.profile.path), engine, gpus=gpus, ray=on_ray)
+        yield Night(run, matrix, stored.profile_model(), options, resumed=True, notices=notices, pool=gpus,
+                    ray=on_ray, ray_address=ray_address)
 
 
 def pool_jobs(matrix: Matrix, profile: LaunchProfile, launches: list[tuple[str, int]], gpus: list[int]) -> list[Any]:
@@ -694,6 +741,20 @@ def pool_jobs(matrix: Matrix, profile: LaunchProfile, launches: list[tuple[str, 
     variants = {v.name: v for v in matrix.all_variants()}
     return pool.plan([(v, r, pool.width(profile, dict(variants[v].flags))) for v, r in launches], gpus,
                      [v.name for v in matrix.ordered_variants()])
+
+
+def _check_virtual(profile: LaunchProfile, profile_path: Path, engine: str | None, *, gpus: list[int] | None,
+                   ray: bool) -> None:
+    """Simulated time replays the simulator's engine, of a profile that names its hardware, in this process."""
+    if (engine or profile.engine) != "sim":
+        raise CampaignError("--clock virtual replays the simulator's engine in simulated time: it needs the "
+                            "simulator", hint="add --engine sim (or run real servers on the wall clock)")
+    if not profile.hardware or not profile.model_shape:
+        raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware",
+                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
+    if gpus is not None or ray:
+        raise CampaignError("--clock virtual runs every launch in this process: it takes no GPU pool or Ray",
+                            hint="drop --gpus/--executor ray (or the profile's gpus:)")
 
 
 def _ray_address(given: str | None) -> str | None:

@@ -28,6 +28,8 @@ Format history:
 8 - a rate cell's spec may carry `sessions` (count, turns, system_tokens, user_tokens): open-loop agent traffic
     whose prompts are the turns of sessions on one shared system prompt (keys add -A<count>x<turns>s<S>u<U>);
     an overload experiment's details its sampled `gauges` ([perf_counter, running, waiting]).
+9 - the manifest carries its `clock` (wall, or virtual: a whole campaign replayed in simulated time, figures in
+    the hardware's units) and what a virtual run left out of its matrix (`not_replayed`).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from campaign.matrix import Matrix
     from campaign.profiles import LaunchProfile
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -111,6 +113,12 @@ class Manifest(_Record):
         default="serial", description="serial: one launch at a time; pool: launches side by side on a GPU pool; "
                                       "ray: launches as Ray tasks on a cluster's nodes")
     pool: list[int] | None = Field(default=None, description="the pool's GPU indices (--gpus); None: serial")
+    clock: Literal["wall", "virtual"] = Field(
+        default="wall", description="wall: servers measured over HTTP; virtual: the simulator's engine replayed "
+                                    "in simulated time, in this process (sim_night), figures in the hardware's units")
+    not_replayed: list[str] = Field(
+        default_factory=list, description="a virtual run: the matrix's workloads left out of it (`workloads[i] "
+                                          "kind: why`); the stored matrix is what was replayed")
 
     def matrix_model(self) -> Matrix:
         from campaign.matrix import Matrix
@@ -386,6 +394,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     5: _defaults_suffice,  # 5 -> 6: rate fields (None: not a rate cell), capacity_at_slo (None: no search)
     6: _defaults_suffice,  # 6 -> 7: the manifest's executor (serial) and pool (None); placement.json is new
     7: _defaults_suffice,  # 7 -> 8: a rate cell's sessions (None: independent prompts)
+    8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
 }
 
 

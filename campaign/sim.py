@@ -37,16 +37,23 @@ BEHIND_EVERY_S = 10.0    # ... of this many simulated seconds
 
 
 # --- log lines in vLLM's formats ---------------------------------------------------------------------
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 class Log:
-    def __init__(self, config: SimConfig) -> None:
+    """vLLM's log lines, to stdout (the server's log, as the launcher captures it) or to `write`."""
+
+    def __init__(self, config: SimConfig, write: Callable[[str], None] = _stdout) -> None:
         self.prefixes = config.process_prefixes
         self.pids = {"APIServer": os.getpid(), "EngineCore": os.getpid() + 1, "Worker_TP0": os.getpid() + 2}
+        self.write = write
 
     def line(self, process: str, level: str, where: str, message: str) -> None:
         stamp = time.strftime("%m-%d %H:%M:%S")
         prefix = f"({process} pid={self.pids.get(process, os.getpid())}) " if self.prefixes else ""
-        sys.stdout.write(f"{prefix}{level} {stamp} [{where}] {message}\n")
-        sys.stdout.flush()
+        self.write(f"{prefix}{level} {stamp} [{where}] {message}\n")
 
 
 # --- the engine against the wall clock ---------------------------------------------------------------
@@ -355,13 +362,24 @@ class _Metrics(Collector):
 def main(argv: list[str] | None = None) -> None:
     args = sim_config.parse(sys.argv[1:] if argv is None else argv)
     log = Log(args)
-    began = time.monotonic()
     if args.faults.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if args.faults.grandchild:
         subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],  # noqa: S603
                          start_new_session=True)
+    started = start_up(args, log)
+    if started is None:
+        sys.exit(1)
+    mem, block = started
+    asyncio.run(serve(args, mem, block, log))
+
+
+def start_up(args: SimConfig, log: Log) -> tuple[sim_model.Memory, int] | None:
+    """The startup log, line by line as vLLM prints it, with the values the memory model computes; the memory
+    and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A virtual
+    launch (sim_night) reads the same lines as the launcher reads a real one's."""
+    began = time.monotonic()
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
     log.line("APIServer", "INFO", "startup.py:38", f"vLLM server version {VERSION}, serving model {args.model}")
@@ -387,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
         if len(visible) < tp:
             log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "
                      f"number of available GPUs ({len(visible)}) in this node.")
-            sys.exit(1)
+            return None
         for rank in range(tp):
             log.line(f"Worker_TP{rank}", "INFO", "sim.py:1", f"simulated GPU: rank {rank} on CUDA_VISIBLE_DEVICES "
                      f"index {visible[rank]}")
@@ -401,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
                  "--tensor-parallel-size, or using --quantization.")
         log.line("APIServer", "ERROR", "core.py:1120", "RuntimeError: Engine core initialization failed. See root "
                  "cause above. Failed core proc(s): {'EngineCore': 1}")
-        sys.exit(1)
+        return None
     for rank in range(tp):
         log.line(f"Worker_TP{rank}", "INFO", "gpu_model_runner.py:5089",
                  f"Model loading took {mem.weights_gib:.2f} GiB memory and {20 + mem.weights_gib:.6f} seconds")
@@ -413,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
     if mem.num_blocks <= 0:
         log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: No available memory for the cache blocks. Try "
                  "increasing `gpu_memory_utilization` when initializing the engine.")
-        sys.exit(1)
+        return None
     per_token_gib = mem.kv_gib / max(1, mem.kv_tokens)
     if mem.kv_tokens < args.max_model_len:
         estimated = mem.kv_tokens // block * block
@@ -422,14 +440,14 @@ def main(argv: list[str] | None = None) -> None:
                  f"needed, which is larger than the available KV cache memory ({mem.kv_gib:.2f} GiB). Based on the "
                  f"available memory, the estimated maximum model length is {estimated}. Try increasing "
                  "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-        sys.exit(1)
+        return None
     for rank in range(tp):
         log.line(f"Worker_TP{rank}", "INFO", "gpu_worker.py:772", f"Available KV cache memory: {mem.kv_gib:.2f} GiB")
     log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {mem.kv_tokens:,} tokens, Maximum "
              f"concurrency for {args.max_model_len:,} tokens per request: {mem.kv_tokens / args.max_model_len:.2f}x")
     log.line("EngineCore", "INFO", "core.py:396", "init engine (profile, create kv cache, warmup model) took "
              f"{time.monotonic() - began + 30 / args.time_scale:.2f} s")
-    asyncio.run(serve(args, mem, block, log))
+    return mem, block
 
 
 async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) -> None:

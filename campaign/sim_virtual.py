@@ -56,13 +56,19 @@ class VirtualCell:
     ttft_s: float | None = None              # median over the step's requests (priming excluded)
     completed: int | None = None             # requests that ended (inside the window, for a sustained cell)
     avg_active: float | None = None
+    # What the engine did, for the tool's own figures (sim_night): the measured requests (priming excluded),
+    # a sustained cell's window, the queue gauges as sampled (running, waiting, KV usage), the step's counters.
+    requests: list[sim_truth.RequestTruth] = field(default_factory=list)
+    window: tuple[float, float] | None = None
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    counters: dict[str, float] = field(default_factory=dict)
 
     @property
     def reasons(self) -> list[str]:
         return [f"{f.code.value}: {f.message}" for f in self.findings]
 
 
-class _Prompts:
+class Prompts:
     """Prompts that share no prefix: consecutive ids from a counter that wraps every 140,000 tokens, so two
     prompts begin alike only when a multiple of 140,000 tokens lies between their starts (for 8K prompts,
     4,375 prompts apart: no cell sends that many); consecutive ids repeat no two-token sequence within
@@ -98,9 +104,9 @@ def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
     return profile_config(matrix.profile, chosen.flags)
 
 
-def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None) -> VirtualCell:
+def run_cell(config: SimConfig, spec: CellSpec, prompts: Prompts | None = None) -> VirtualCell:
     """One cell on a fresh engine (a server of `config` with nothing cached)."""
-    prompts = prompts or _Prompts()
+    prompts = prompts or Prompts()
     mem = config.memory()
     max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
     if spec.phase == "rate":
@@ -126,13 +132,14 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: _Prompts | None = None)
         if not ttft:
             return VirtualCell(spec, "Failed", [Finding(Reason.REQUEST_ERRORS, f"the request ended {request.reason} "
                                                         "without a token")])
-        return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft)
+        return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft,
+                           requests=[request], counters=dict(sim.engine.counters))
     if spec.mode == "fixed":
         return _fixed(sim, truth, config, spec, prompts)
     return _sustained(sim, truth, config, spec, prompts)
 
 
-def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: _Prompts) -> tuple[list[list[int]], int]:
+def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: Prompts) -> tuple[list[list[int]], int]:
     """Each stream's prompt; with `ttft: warm` (seed 004's method) cached first by a one-token request, all
     at once, and then reused by every request of the stream. Returns the prompts and the priming count."""
     streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
@@ -145,7 +152,7 @@ def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: _P
 
 
 def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-           prompts: _Prompts) -> VirtualCell:
+           prompts: Prompts) -> VirtualCell:
     """Rounds of C requests, each round once the last has ended, until the minimums (measure's rule)."""
     streams, primed = _primed(sim, truth, spec, prompts)
     began, sent = sim.now, 0
@@ -163,11 +170,11 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
-                       completed=_count(figures["completed"]))
+                       completed=_count(figures["completed"]), requests=measured, counters=dict(sim.engine.counters))
 
 
 def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-               prompts: _Prompts) -> VirtualCell:
+               prompts: Prompts) -> VirtualCell:
     """C streams from the moment priming ends, each sending its next request as the last ends; the window
     opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
     streams, primed = _primed(sim, truth, spec, prompts)
@@ -199,7 +206,8 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
-                       completed=_count(figures["completed"]), avg_active=figures["avg_active"])
+                       completed=_count(figures["completed"]), avg_active=figures["avg_active"],
+                       requests=measured, window=(start, end), samples=samples, counters=dict(sim.engine.counters))
 
 
 def _count(value: float | None) -> int | None:
@@ -240,7 +248,7 @@ def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: fl
 def run_matrix(matrix: Matrix, *, variant: str | None = None, ttft: TTFTMode | None = None) -> list[VirtualCell]:
     """Every prefill and decode cell of the matrix, in its order; `ttft` overrides every decode cell's mode."""
     config = config_for(matrix, variant)
-    prompts = _Prompts()
+    prompts = Prompts()
     out = []
     for spec in matrix.cells():
         if spec.phase == "rate":

@@ -1,0 +1,164 @@
+"""A whole campaign in simulated time: `campaign run MATRIX --engine sim --clock virtual`.
+
+Every launch of the schedule starts the simulator's engine in this process instead of a server: its startup log
+is printed as the HTTP simulator prints it (sim.start_up), stored as the launch's server.log and read by the
+same parser as any vLLM's, so the facts, a start that fails and the KV cache a flag costs are the launcher's.
+Each cell is then replayed on the engine's own clock (sim_virtual: the tool's method rule for rule, no HTTP, no
+wall clock), and its requests, as RequestRecords, go through the tool's own figures (cells.fixed_metrics,
+window_metrics, prefill_metrics). The run is a normal run: `diff`, `report` and `export` read it, and its
+figures are the hardware's (time scale 1), whatever speed this machine has.
+
+What is replayed: prefill and decode cells of random-id prompts on /v1/completions. What is not, and is left
+out of the run with its name on the console and in the manifest (`not_replayed`): open-loop rate cells, text
+or chat prompts (they need the server's tokenizer), and the study's experiments (measure them over HTTP:
+`campaign run MATRIX --engine sim`). Repeats differ only by the engine's seed (speculative acceptance, seed
+000's bimodal cell); everything else an engine does is deterministic, so a virtual A/A reads no difference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from campaign import argv, sim, sim_config, sim_virtual, startup_log, stats, store
+from campaign.cells import (
+    TTFT_MODE_TEXT,
+    CellResult,
+    CellSpec,
+    Finding,
+    Reason,
+    findings_fields,
+    fixed_metrics,
+    prefill_metrics,
+    window_metrics,
+)
+from campaign.client import RequestRecord
+from campaign.errors import ConfigError, LaunchError
+from campaign.matrix import DecodeWorkload, Matrix, PrefillWorkload
+from campaign.profiles import FlagValue, LaunchProfile
+from campaign.sim_config import SimConfig
+from campaign.sim_truth import RequestTruth
+from campaign.startup_log import StartupFacts
+
+NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
+
+
+def _replayable(workload: Any) -> str | None:
+    """Why a workload cannot be replayed in simulated time; None when it can."""
+    if not isinstance(workload, PrefillWorkload | DecodeWorkload):
+        return f"{workload.kind}: an {'open-loop load' if workload.kind == 'rate' else 'experiment'} is measured " \
+               "over HTTP only"
+    if workload.prompts != "random" or workload.endpoint != "completions":
+        return f"{workload.kind} ({workload.prompts} prompts, {workload.endpoint}): text needs the server's tokenizer"
+    return None
+
+
+def replayable(matrix: Matrix, path: Path) -> tuple[Matrix, list[str]]:
+    """The matrix with only what simulated time replays, and what was left out (`workloads[i]: why`)."""
+    kept, left = [], []
+    for index, workload in enumerate(matrix.workloads):
+        why = _replayable(workload)
+        if why is None:
+            kept.append(workload)
+        else:
+            left.append(f"workloads[{index}] {why}")
+    if not kept:
+        raise ConfigError(str(path), "workloads", "nothing in this matrix can be replayed in simulated time ("
+                          + "; ".join(left) + ")",
+                          hint="run it over HTTP on the simulator: campaign run MATRIX --engine sim")
+    return matrix.model_copy(update={"workloads": kept}), left
+
+
+@dataclass
+class VirtualLaunch:
+    """One launch in simulated time: its startup log as read by the tool, and the engine's configuration."""
+
+    config: SimConfig
+    command: list[str]
+    flags: dict[str, FlagValue]
+    log: str
+    facts: StartupFacts
+
+    def measure(self, spec: CellSpec, prompts: sim_virtual.Prompts) -> CellResult:
+        return cell_result(self.config, spec, sim_virtual.run_cell(self.config, spec, prompts))
+
+
+def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int) -> VirtualLaunch:
+    """The launch's command line as the launcher builds it, parsed by the simulator, and its startup log; a
+    start that fails is a LaunchError as the launcher raises it (bad argument, OOM, no room for the KV cache)."""
+    spec = argv.build(profile, flags, engine="sim", port=8000)
+    command = spec.argv[spec.argv.index("campaign.sim") + 1:]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            config = sim_config.parse(command)
+    except SystemExit:
+        raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
+                          log_tail=errors.getvalue(), hint="see the simulator's usage line") from None
+    config = replace(config, seed=seed, time_scale=1.0, truth=None)
+    lines: list[str] = []
+    started = sim.start_up(config, sim.Log(config, lines.append))
+    log = "".join(lines)
+    facts = startup_log.parse(log)
+    if started is None or facts.failure is not None:
+        failure = facts.failure
+        raise LaunchError(failure.message if failure else "the simulated start failed",
+                          kind=failure.kind if failure else "engine_init_failed", log_tail=log[-4000:],
+                          hint=failure.hint if failure else None)
+    return VirtualLaunch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
+
+
+def record(truth: RequestTruth) -> RequestRecord:
+    """An engine's request as the client would have recorded it from a perfect connection."""
+    return RequestRecord(
+        id=truth.id, prompt_tokens=truth.prompt_tokens, max_tokens=truth.max_tokens, send_t=truth.arrival,
+        chunk_t=[t for t, _ in truth.emits], chunk_tokens=[n for _, n in truth.emits], end_t=truth.finish,
+        status=200, usage_prompt_tokens=truth.prompt_tokens,
+        usage_completion_tokens=truth.tokens if truth.finish is not None else None, server_id=truth.id)
+
+
+def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell) -> CellResult:
+    """A replayed cell as the tool stores a measured one: the tool's own figures from the engine's requests,
+    the verdict the tool's rules gave on the engine's evidence."""
+    base: dict[str, Any] = {"spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
+                            "concurrency": spec.concurrency, "label": spec.label,
+                            "max_tokens": 1 if spec.phase == "prefill" else spec.max_tokens}
+    findings = list(cell.findings)
+    if not cell.requests:
+        return CellResult(**base, status=cell.status, **findings_fields(findings))
+    records = [record(r) for r in cell.requests]
+    values: dict[str, Any]
+    if spec.phase == "prefill":
+        values = prefill_metrics(records)
+    elif cell.window is not None:
+        values = window_metrics(records, *cell.window) | {"window": cell.window}
+    else:
+        values = fixed_metrics(records)
+    notes = [NOTE]
+    if spec.phase == "decode" and spec.ttft == "warm":
+        notes.append(f"{TTFT_MODE_TEXT['warm']}; {spec.concurrency} priming request(s) not counted")
+    counters = cell.counters
+    if spec.phase == "decode" and config.num_speculative_tokens:
+        findings.append(Finding(Reason.SPEC_RANDOM_PROMPTS, (
+            "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so "
+            "the acceptance and the speed here are not what text will get")))
+    drafts, drafted, accepted = counters.get("drafts", 0), counters.get("draft_tokens", 0), counters.get("accepted", 0)
+    running, waiting, kv = ([s[i] for s in cell.samples] for i in range(3))
+    return CellResult(
+        **base, status=cell.status, **findings_fields(findings), notes=notes, **values,
+        running_median=stats.median(running), waiting_max=max(waiting) if waiting else None,
+        avg_running=stats.mean(running), avg_waiting=stats.mean(waiting), kv_usage_max=max(kv) if kv else None,
+        preemptions=counters.get("preemptions"), prefix_cache_queries=counters.get("queries"),
+        prefix_cache_hits=counters.get("hits"),
+        spec_acceptance_rate=accepted / drafted if drafted else None,
+        spec_mean_acceptance_length=1 + accepted / drafts if drafts else None,
+        spec_mean_accepted=accepted / drafts if drafts else None,
+        requests=[r.to_dict() for r in records])
+
+
+def write_log(launch_dir: Path, launch: VirtualLaunch) -> None:
+    store.write_text_new(launch_dir / "server.log", launch.log)

@@ -1,0 +1,170 @@
+"""Whole campaigns in simulated time (`campaign run MATRIX --engine sim --clock virtual`, sim_night.py): the
+shipped matrices' verdicts in seconds, on a normal run that diff, report and export read, with every figure
+checked against the engine's own records."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from campaign import compare, sim_night, sim_truth, sim_virtual, store
+from campaign.cells import CellSpec
+from campaign.errors import LaunchError
+from campaign.matrix import load_matrix
+from campaign.profiles import PROJECT_ROOT, load_profile
+
+# Seed 000: aggregate tok/s of its fixed-count ladder (C x 256 tokens over the step's whole time), and its
+# batch-size A/B, "every row inside noise": prompt tok/s 1,002 -> 1,019 at 6.6K, 979 -> 989 at 26.5K.
+SEED_000_TOTAL = {1: 59, 2: 105, 4: 188, 8: 312, 16: 466, 32: 589, 64: 641}
+
+
+def campaign(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "campaign", *args], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def virtual_run(name: str, out: Path) -> tuple[subprocess.CompletedProcess[str], store.RunDir]:
+    result = campaign("run", name, "--engine", "sim", "--clock", "virtual", "--out", str(out), "--plain")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, store.RunDir(next((out / name).iterdir()))
+
+
+@pytest.fixture(scope="module")
+def a5000_tuning(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], store.RunDir]:
+    return virtual_run("a5000-tuning", tmp_path_factory.mktemp("virtual"))
+
+
+def _mean(run: store.RunDir, variant: str, key: str, metric: str) -> float:
+    values = [getattr(c.result, metric) for c in run.cells() if c.variant == variant and c.result.spec.key == key]
+    assert len(values) >= 3 and None not in values, (variant, key, metric, values)  # the baseline: 4 (drift)
+    return sum(values) / len(values)
+
+
+def test_a5000_tuning_keeps_the_memory_and_reverts_the_batch_size_as_seed_000_did(
+        a5000_tuning: tuple[subprocess.CompletedProcess[str], store.RunDir]) -> None:
+    result, run = a5000_tuning
+    verdict = result.stdout.split("== Verdict ==", 1)[1]
+    assert "memory: keep: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
+    assert "batch: revert: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit)" \
+        in verdict
+    outcomes = {d.variant: d.outcome for d in compare.diff_run(run)}
+    assert outcomes == {"memory": "keep", "batch": "revert"}
+    # ... with the seed's numbers: the chunk moves prefill under 2% and no rung of the ladder by 2% ...
+    keys = {c.result.spec.key: c.result.spec for c in run.cells()}
+    for key, spec in keys.items():
+        metric = "prompt_tok_s" if spec.phase == "prefill" else "total_tok_s"
+        before, after = _mean(run, "memory", key, metric), _mean(run, "batch", key, metric)
+        assert 0 <= after / before - 1 < 0.02 if spec.phase == "prefill" else after == pytest.approx(before, rel=0.02)
+        if spec.phase == "decode":
+            # ... and the baseline's ladder within 10% of the seed's at every rung, 32 and 64 streams included.
+            assert _mean(run, "baseline", key, "total_tok_s") == pytest.approx(SEED_000_TOTAL[spec.concurrency],
+                                                                               rel=0.10), key
+    # What simulated time could not replay is said, and stored with the run.
+    manifest = run.manifest()
+    assert manifest.clock == "virtual" and manifest.time_scale == 1.0
+    assert [why.split(" ", 2)[1].rstrip(":") for why in manifest.not_replayed] == [
+        "context-window", "long-context", "overload", "prefix-order", "repeat"]
+    assert "not replayed (measure it over HTTP: campaign run a5000-tuning --engine sim): workloads[2] context-window" \
+        in result.stderr
+
+
+def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
+        a5000_tuning: tuple[subprocess.CompletedProcess[str], store.RunDir], tmp_path: Path) -> None:
+    _, run = a5000_tuning
+    diff = campaign("diff", str(run.root))
+    assert diff.returncode == 0 and "KV cache +15.0%" in diff.stdout, diff.stderr
+    exported = campaign("export", str(run.root), "--format", "csv")
+    assert exported.returncode == 0, exported.stderr
+    rows = list(csv.DictReader(io.StringIO(exported.stdout)))
+    c64 = [r for r in rows if r.get("variant") == "baseline" and r.get("concurrency") == "64"]
+    assert len(c64) >= 3 and all(float(r["total_tok_s"]) == pytest.approx(641, rel=0.10) for r in c64)
+    report = campaign("report", str(run.root), "--format", "md", "--out", str(tmp_path / "r.md"))
+    assert report.returncode == 0, report.stderr
+    # The launch's startup log is the simulator's, read as any vLLM's: the facts are the parser's.
+    server = next(s for s in run.ready_servers() if s.variant == "batch")
+    assert server.facts.kv_cache_tokens == pytest.approx(562_838, rel=1e-4)
+    assert server.facts.max_num_batched_tokens == 8192
+    assert server.launch_dir is not None and (run.root / server.launch_dir / "server.log").exists()
+
+
+@pytest.mark.parametrize("spec", [
+    CellSpec(phase="decode", mode="fixed", context_tokens=32, concurrency=16, max_tokens=256, min_requests=32),
+    CellSpec(phase="decode", mode="sustained", context_tokens=4096, concurrency=8, max_tokens=512, window_s=20,
+             warmup_s=2),
+    CellSpec(phase="decode", mode="sustained", context_tokens=8192, concurrency=4, max_tokens=256, window_s=10,
+             ttft="warm"),
+], ids=["fixed", "sustained", "warm"])
+def test_a_replayed_cells_figures_are_the_engines_by_their_definitions(spec: CellSpec) -> None:
+    """The tool's figures (cells.fixed_metrics / window_metrics over RequestRecords) against the engine's
+    truth (sim_truth's definitions over what it emitted): the same numbers, to rounding."""
+    launch = sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
+    cell = sim_virtual.run_cell(launch.config, spec)
+    stored = sim_night.cell_result(launch.config, spec, cell)
+    assert stored.status == "Valid", stored.reasons
+    if cell.window is None:
+        truth = sim_truth.fixed_figures(cell.requests)
+    else:
+        truth = sim_truth.window_figures(cell.requests, *cell.window)
+    for figure in ("total_tok_s", "per_request_tok_s"):
+        assert getattr(stored, figure) == pytest.approx(truth[figure], rel=1e-9), figure
+    assert stored.completed == truth["completed"]
+    assert stored.ttft_ms == pytest.approx(1000 * (cell.ttft_s or 0), rel=1e-9)
+    assert json.dumps(stored.model_dump(mode="json"))  # storable as it is
+
+
+def test_an_aa_in_simulated_time_reads_no_difference(tmp_path: Path) -> None:
+    result, run = virtual_run("a5000-aa", tmp_path)
+    (diff,) = compare.diff_run(run)
+    assert diff.aa and diff.outcome == "no difference", diff.recommendation
+
+
+def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as raised:
+        sim_night.start(load_profile("a5000-tp2")[0], {"gpu-memory-utilization": 0.25}, seed=0)
+    assert raised.value.kind == "out_of_memory", raised.value.message
+    with pytest.raises(LaunchError) as bad:
+        sim_night.start(load_profile("a5000-tp2")[0], {"no-such-flag": 1}, seed=0)
+    assert bad.value.kind == "bad_argument" and "no-such-flag" in bad.value.message
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("name: m\nprofile: a5000-tp2\nbaseline: a\nrepeats: 1\nvariants:\n  - {name: a}\n"
+                      "  - {name: small, flags: {gpu-memory-utilization: 0.6}}\n"
+                      "workloads:\n  - {kind: prefill, contexts: [2048]}\n")
+    result = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "o"),
+                      "--plain")
+    assert result.returncode == 6, result.stderr   # finished, but a launch failed
+    run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
+    (failure,) = run.failures()
+    assert failure.variant == "small" and failure.failure_kind in {"out_of_memory", "kv_cache_insufficient"}
+
+
+def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path) -> None:
+    refused = campaign("run", "a5000-spec", "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("Error: ") and "nothing in this matrix can be replayed in simulated time" \
+        in refused.stderr.splitlines()[0]
+    demo = campaign("run", "demo", "--clock", "virtual", "--out", str(tmp_path))
+    assert demo.returncode == 1 and "--clock virtual replays the simulator's engine" in demo.stderr
+    clock = campaign("run", "demo", "--clock", "later", "--out", str(tmp_path))
+    assert clock.returncode == 1 and "--clock 'later': expected wall or virtual" in clock.stderr
+    assert not any(tmp_path.iterdir())   # nothing was started
+
+
+def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
+    _, run = virtual_run("h200-memory-quick", tmp_path)
+    cells = len(run.cells())
+    more = campaign("run", "--resume", str(run.root), "--repeats", "2", "--plain")
+    assert more.returncode == 0, more.stderr[-2000:]
+    repeats: dict[tuple[str, str], set[int]] = {}
+    for c in run.cells():
+        repeats.setdefault((c.variant, c.result.spec.key), set()).add(c.repeat)
+    assert len(run.cells()) > cells and run.manifest().clock == "virtual"
+    assert all(r >= {0, 1} for r in repeats.values()), repeats
+    assert all(c.result.notes[0] == sim_night.NOTE for c in run.cells())
+    matrix = load_matrix("h200-memory-quick")[0]
+    assert matrix.repeats == 1
