@@ -170,17 +170,16 @@ def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, f
                   floors: Sequence[float] = DEFAULT_FLOORS, floor: float | None = None,
                   hardware: str | None = None, model_shape: str | None = None,
                   time_scale: float = 1.0, searches: Sequence[dict[str, Any]] = ()) -> dict[str, object]:
-    """Seed 000's first table for one variant, every number labelled. A simulator run at `time_scale` is
-    converted back to the simulated hardware's time, so floors and the roofline compare like with like.
-    `searches`: the variant's stored capacity searches (capacity at an SLO)."""
-    ladder = [LadderStep(s.concurrency, s.total_tok_s / time_scale, s.per_request_tok_s / time_scale)
-              for s in ladder_from_cells(cells)]
+    """Seed 000's first table for one variant, every number labelled. The cells' figures are the hardware's at
+    any `time_scale` (format 10; the store converts older ones), so floors and the roofline compare like with
+    like; the scale is a label here. `searches`: the variant's stored capacity searches (capacity at an SLO)."""
+    ladder = [LadderStep(s.concurrency, s.total_tok_s, s.per_request_tok_s) for s in ladder_from_cells(cells)]
     single = next((s for s in ladder if s.concurrency == 1), None)
     single_cells = [c for c in cells if getattr(c, "phase", None) == "decode" and getattr(c, "concurrency", 0) == 1
                     and getattr(c, "status", None) == "Valid"]
-    ttfts = [c.ttft_ms * time_scale for c in single_cells if c.ttft_ms is not None]  # type: ignore[attr-defined]
+    ttfts = [c.ttft_ms for c in single_cells if c.ttft_ms is not None]  # type: ignore[attr-defined]
     peak = max(ladder, key=lambda s: s.total_tok_s) if ladder else None
-    prefill = [c.prompt_tok_s / time_scale for c in cells  # type: ignore[attr-defined]
+    prefill = [c.prompt_tok_s for c in cells  # type: ignore[attr-defined]
                if getattr(c, "phase", None) == "prefill"
                and getattr(c, "status", None) == "Valid" and getattr(c, "prompt_tok_s", None) is not None]
     chosen = floor if floor is not None else (floors[0] if floors else None)

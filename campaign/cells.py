@@ -542,8 +542,10 @@ class CellResult(BaseModel):
     spec_acceptance_rate: float | None = None
     spec_mean_acceptance_length: float | None = None
     spec_mean_accepted: float | None = None
-    # Rate cells (format 6), in the hardware's time (a time-scaled simulator's figures converted back, and
-    # `time_scale` says from what; latencies here, unlike other cells', are then the hardware's too):
+    # Every cell's rates, latencies and durations are the hardware's (rate cells from format 6, the others from
+    # format 10; see hardware_units): a time-scaled simulator's figures converted back, and `time_scale` says
+    # from what. The request records and `window` stay on the client's clock (perf_counter), as measured.
+    # Rate cells (format 6):
     # the rate asked for (None: as fast as the cap allows) and the rate the requests were sent at (requests
     # sent over the time their schedule took, as sent); requests planned (None: a closed loop), whether an
     # early stop ended the load, and a closed loop's first wave (left out of the latencies and the SLO);
@@ -612,6 +614,29 @@ def tpot_per_request(records: list[RequestRecord]) -> list[float]:
     """(last token time - first token time) / (tokens - 1), for every request with two tokens or more."""
     return [(r.chunk_t[-1] - r.chunk_t[0]) / (r.tokens - 1) for r in records
             if r.ok and r.tokens >= 2 and r.chunk_t[-1] > r.chunk_t[0]]
+
+
+# A cell's figures measured on a wall clock that runs `time_scale` times faster than the hardware's (a
+# time-scaled simulator): rates read that many times higher, times that much lower. Stored and published in
+# the hardware's units (format 10); the client's own event-loop lag (client_lag_p99_ms) stays the wall's.
+SCALED_RATES = ("total_tok_s", "per_request_tok_s", "prompt_tok_s")
+SCALED_TIMES = ("measured_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms", "itl_p90_ms", "itl_p99_ms", "tpot_ms",
+                "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms", "e2e_p99_ms")
+
+
+def hardware_units(values: dict[str, Any], scale: float) -> dict[str, Any]:
+    """A decode or prefill cell's figures (as the metric functions above return them, on the wall clock) in
+    the hardware's units, with the `time_scale` they were converted from. Counts, shares and averages of
+    streams are the same on either clock."""
+    out = dict(values)
+    for name in SCALED_RATES:
+        if out.get(name) is not None:
+            out[name] = out[name] / scale
+    for name in SCALED_TIMES:
+        if out.get(name) is not None:
+            out[name] = out[name] * scale
+    out["time_scale"] = scale
+    return out
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -616,8 +616,8 @@ def _finish(run_dir: Any) -> None:
     stored_manifest = run_dir.manifest()
     scale = stored_manifest.time_scale
     if scale != 1.0:
-        typer.echo(f"SIMULATED at a {scale:g}x time scale: rates in the cell tables read {scale:g}x higher and "
-                   "latencies that much lower than on the simulated hardware.\n")
+        typer.echo(f"SIMULATED at a {scale:g}x time scale: every figure is the simulated hardware's, converted "
+                   f"from a wall clock {scale:g}x faster.\n")
     if stored_manifest.clock == "virtual":
         left = "; ".join(stored_manifest.not_replayed)
         typer.echo("SIMULATED in simulated time: the engine replayed, figures in the hardware's units"

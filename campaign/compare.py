@@ -486,8 +486,7 @@ def _client_noise(cells: list[StoredCell], key: str, metric: str) -> str | None:
         value, lag = getattr(r, metric), r.client_lag_p99_ms
         if r.spec.key != key or r.status != "Valid" or value is None or lag is None or value <= 0:
             continue
-        if r.phase == "rate":
-            lag *= r.time_scale   # a rate cell's latencies are in the hardware's ms, the loop's lag in wall ms
+        lag *= r.time_scale   # the cell's latencies are in the hardware's ms, the loop's lag in wall ms
         if worst is None or lag / value > worst[0] / worst[1]:
             worst = (lag, value)
     if worst is None or worst[0] < MIN_EFFECT * worst[1]:

@@ -286,8 +286,10 @@ def render_html(data: ReportData) -> str:
         ("Campaign", manifest.campaign), ("Measured", manifest.created_utc),
         ("Hardware", hardware),
         ("Engine", f"{manifest.engine} {version or ''}" + (
-            f" — SIMULATED at a {manifest.time_scale:g}x time scale: rates in the tables read that many times "
-            "higher" if manifest.time_scale != 1.0 else "")),
+            f" — SIMULATED at a {manifest.time_scale:g}x time scale: every figure is the simulated hardware's, "
+            "converted from the faster wall clock" if manifest.time_scale != 1.0 else "") + (
+            " — SIMULATED in simulated time (clock virtual): the engine replayed, no HTTP"
+            if manifest.clock == "virtual" else "")),
         ("Model", manifest.profile.raw.get("model")),
         ("Launch command (secrets redacted)", command),
         ("Tool", f"vllm-campaign {manifest.tool.version} ({(manifest.tool.git_commit or 'no git')[:12]})"),

@@ -32,6 +32,7 @@ from campaign.cells import (
     behind_schedule,
     findings_fields,
     fixed_metrics,
+    hardware_units,
     over_capacity,
     prefill_metrics,
     queue_note,
@@ -734,12 +735,14 @@ class Measurer:
             notes.append(f"{TTFT_MODE_TEXT['warm']}; {len(step.priming)} priming request(s) not counted")
         scale = self.target.time_scale
         sustained = spec.mode == "sustained"
-        if scale != 1.0 and spec.phase == "decode" and (sustained or spec.min_seconds):
+        if scale != 1.0:
             span, seconds = ((f"{spec.window_s:g} s window after a {spec.warmup_s:g} s warm-up", spec.window_s)
                              if sustained else (f"{spec.min_seconds:g} s minimum", spec.min_seconds))
-            notes.append(f"against a simulator running {scale:g}x faster than its hardware: the {span} is the "
-                         f"hardware's time, {self.target.wall_s(seconds):.3g} s of wall time; the rates here read "
-                         f"{scale:g}x the hardware's")
+            lived = (f": the {span} is the hardware's time, {self.target.wall_s(seconds):.3g} s of wall time"
+                     if spec.phase == "decode" and (sustained or spec.min_seconds) else "")
+            notes.append(f"against a simulator running {scale:g}x faster than its hardware{lived}; the rates and "
+                         f"latencies here are the hardware's (the wall clock's, converted by {scale:g}x)")
+        values = hardware_units(values, scale)
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "
                          f"{step.cpu or 0:.0%} of a core)")

@@ -429,6 +429,9 @@ class Campaign:
 
     async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
         target = server.target(self._timeouts())
+        async with target.endpoint.async_control() as control:
+            # The server's time scale (a simulator's) first: the experiments store the hardware's figures.
+            await Measurer(target).check_metrics(control)
         if isinstance(experiment, ContextWindowExperiment):
             return await study.context_window(target, reply_tokens=experiment.reply_tokens)
         if isinstance(experiment, LongContextExperiment):

@@ -199,9 +199,11 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
     try:
         cells = [c.result for c in run.cells() if c.result.status == "Valid"] if run is not None else []
         ready = [s.ready_s for s in run.ready_servers()] if run is not None else []
-        # A simulator's run at a time scale measured its rates that many times higher and lived its cells that
-        # many times faster: put both back in the hardware's units, which the estimate is in.
+        # A simulator's run at a time scale lived its launches that many times faster than the hardware (its
+        # stored figures are the hardware's already, format 10); in simulated time the launches took no time to
+        # speak of, and calibrate nothing.
         scale = run.manifest().time_scale if run is not None else 1.0
+        virtual = run is not None and run.manifest().clock == "virtual"
     except (CampaignError, ValidationError):
         run = None  # a last run this version cannot read (a newer format): as if there were none
     if run is None:
@@ -210,8 +212,8 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
             return GUESSED
         return Rates(hints.prefill_tok_s, hints.decode_tok_s, hints.launch_s,
                      f"stated in the profile: {hints.measured}")
-    prefill = [c.prompt_tok_s / scale for c in cells if c.phase == "prefill" and c.prompt_tok_s]
-    decode = [c.per_request_tok_s / scale for c in cells
+    prefill = [c.prompt_tok_s for c in cells if c.phase == "prefill" and c.prompt_tok_s]
+    decode = [c.per_request_tok_s for c in cells
               if c.phase == "decode" and c.concurrency == 1 and c.per_request_tok_s]
     measured = Rates(
         prefill_tok_s=statistics.median(prefill) if prefill else GUESS_PREFILL_TOK_S,
@@ -226,7 +228,7 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
         again = estimate(manifest.matrix_model(), manifest.profile_model(), 1, measured).per_launch_s
     except (CampaignError, ValidationError, ValueError):
         return measured  # a last run this version cannot fully read calibrates nothing; it never stops a plan
-    if not actual or again <= 0:
+    if not actual or again <= 0 or virtual:
         return measured
     return replace(measured, correction=statistics.median(actual) / again)
 

@@ -30,6 +30,11 @@ Format history:
     an overload experiment's details its sampled `gauges` ([perf_counter, running, waiting]).
 9 - the manifest carries its `clock` (wall, or virtual: a whole campaign replayed in simulated time, figures in
     the hardware's units) and what a virtual run left out of its matrix (`not_replayed`).
+10 - every figure is the hardware's: a time-scaled simulator's decode and prefill cells (and guards) store
+    rates, latencies and `measured_s` converted from the wall clock, with their `time_scale` (rate cells did
+    from format 6); long-context, overload, prefix-order and repeat experiments likewise (their details carry
+    `time_scale`). Older files of a time-scaled run are converted on read by the manifest's time scale; their
+    verdict sentences keep the numbers they were written with.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from campaign.cells import CellResult
+from campaign.cells import CellResult, hardware_units
 from campaign.errors import LaunchFailureKind
 from campaign.startup_log import StartupFacts
 from campaign.study import ExperimentResult
@@ -50,7 +55,7 @@ if TYPE_CHECKING:
     from campaign.matrix import Matrix
     from campaign.profiles import LaunchProfile
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -377,13 +382,53 @@ FILES: dict[str, str] = {
 
 
 # --- migrations: one step per version, each saying what it does ------------------------------------------
-def _defaults_suffice(data: dict[str, Any]) -> dict[str, Any]:
+def _defaults_suffice(data: dict[str, Any], time_scale: float) -> dict[str, Any]:
     """Every key each version so far added has a default in its model, so an older file needs no rewriting.
     A step that must rewrite (a renamed key, a changed unit) gets its own function here."""
     return data
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+def _times(value: Any, factor: float) -> Any:
+    return value * factor if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _hardware_units(data: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """9 -> 10: the wall clock's figures of a time-scaled run in the hardware's units, by the run's time scale
+    (its manifest's; 1 outside a run, and on vLLM: nothing to convert). Rate cells were converted already."""
+    kind = data.get("kind")
+    result = data.get("result")
+    if time_scale == 1.0 or not isinstance(result, dict):
+        return data
+    if kind in {"cell", "guard"} and result.get("phase") != "rate":
+        return data | {"result": hardware_units(result, time_scale)}
+    if kind != "experiment":
+        return data
+    values, details = dict(result.get("values") or {}), dict(result.get("details") or {})
+    experiment = result.get("kind")
+    if experiment == "long-context":
+        values["prompt_tok_s"] = _times(values.get("prompt_tok_s"), 1 / time_scale)
+        values["silence_s_per_1k_prompt_tokens"] = _times(values.get("silence_s_per_1k_prompt_tokens"), time_scale)
+        details["rows"] = [row | {"ttft_s": _times(row.get("ttft_s"), time_scale),
+                                  "generation_tok_s": _times(row.get("generation_tok_s"), 1 / time_scale),
+                                  "prompt_tok_s": _times(row.get("prompt_tok_s"), 1 / time_scale)}
+                           for row in details.get("rows") or []]
+    elif experiment == "overload":
+        details["wall_s"] = _times(details.get("wall_s"), time_scale)
+    elif experiment == "prefix-order":
+        values["shared_first_wall_s"] = _times(values.get("shared_first_wall_s"), time_scale)
+        details["arms"] = {arm: a | {"wall_s": _times(a.get("wall_s"), time_scale)}
+                           for arm, a in (details.get("arms") or {}).items()}
+    elif experiment == "repeat":
+        values["mean_total_tok_s"] = _times(values.get("mean_total_tok_s"), 1 / time_scale)
+        details["runs"] = [_times(v, 1 / time_scale) for v in details.get("runs") or []]
+        for name in ("low", "high"):
+            details[name] = _times(details.get(name), 1 / time_scale)
+    else:
+        return data   # context-window has no figure in time; agents and slo-search stored the hardware's
+    return data | {"result": result | {"values": values, "details": details | {"time_scale": time_scale}}}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     # 1 -> 2: cells' notes and latency distributions. Also keys that came in 0.1.x inside a format without a
     # version of their own: the manifest's and short answers' time_scale (1.0), server.json's `suggested`
     # (None), the summary's outcomes ({}) and agents_beyond_window ([]).
@@ -395,14 +440,16 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     6: _defaults_suffice,  # 6 -> 7: the manifest's executor (serial) and pool (None); placement.json is new
     7: _defaults_suffice,  # 7 -> 8: a rate cell's sessions (None: independent prompts)
     8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
+    9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
 }
 
 
-def migrate(data: dict[str, Any]) -> dict[str, Any]:
-    """Bring a stored mapping of an older format to the current one, one explicit step at a time."""
+def migrate(data: dict[str, Any], time_scale: float = 1.0) -> dict[str, Any]:
+    """Bring a stored mapping of an older format to the current one, one explicit step at a time; `time_scale`:
+    the run's (its manifest's), for the steps that change a unit."""
     version = int(data.get("schema_version", SCHEMA_VERSION))
     while version < SCHEMA_VERSION:
-        data = MIGRATIONS[version](dict(data))
+        data = MIGRATIONS[version](dict(data), time_scale)
         version += 1
     return {**data, "schema_version": SCHEMA_VERSION}
 

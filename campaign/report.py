@@ -340,7 +340,7 @@ EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "
                  "per_request_tok_s", "prompt_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms",
                  "itl_p90_ms", "itl_p99_ms", "tpot_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms",
                  "e2e_p99_ms", "latency_requests", "itl_samples", "energy_j_per_token", "avg_active", "completed",
-                 "output_tokens", "measured_s", "discarded_steps", "discarded_tokens",
+                 "output_tokens", "measured_s", "time_scale", "discarded_steps", "discarded_tokens",
                  # rate cells (format 6)
                  "request_rate", "achieved_rate_rps", "goodput_rps", "slo_met_fraction", "slo_passed",
                  "send_lag_p99_ms", "avg_in_flight", "max_in_flight", "repeat", "reasons", "notes"]
@@ -521,8 +521,8 @@ def short_answers_notes(a: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     scale = a.get("time_scale") or 1.0
     if scale != 1.0:
-        lines.append(f"warning: simulated at a {scale:g}x time scale: these answers are converted back to the "
-                     f"simulated hardware's time; rates in the cell tables read {scale:g}x higher")
+        lines.append(f"note: simulated at a {scale:g}x time scale: these answers, like the cell tables, are in the "
+                     "simulated hardware's time")
     capacity = a.get("capacity_at_floor") or {}
     if capacity:
         lines.append("Agents at a speed floor: " + ", ".join(

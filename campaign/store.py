@@ -127,7 +127,9 @@ class DamagedFileError(ResultFormatError):
     """A stored file that is not JSON any more (truncated by a crash or a full disk, edited by hand)."""
 
 
-def read(path: Path) -> dict[str, Any]:
+def read(path: Path, time_scale: float = 1.0) -> dict[str, Any]:
+    """A stored file as the current format's mapping; `time_scale`: its run's, for older files whose figures
+    were the wall clock's (records.MIGRATIONS)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -142,12 +144,12 @@ def read(path: Path) -> dict[str, Any]:
         raise ResultFormatError(
             f"{path} is stored in format {version}, newer than this vllm-campaign understands ({SCHEMA_VERSION})",
             hint="upgrade vllm-campaign to read it")
-    return records.migrate(dict(data))  # older formats, one explicit step at a time
+    return records.migrate(dict(data), time_scale)  # older formats, one explicit step at a time
 
 
-def read_record(path: Path, model: type[R]) -> R:
-    """A stored file as its typed record: read, migrated, validated."""
-    data = read(path)
+def read_record(path: Path, model: type[R], time_scale: float = 1.0) -> R:
+    """A stored file as its typed record: read, migrated (by its run's `time_scale`), validated."""
+    data = read(path, time_scale)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -179,12 +181,20 @@ class RunDir:
         self.root = root
         # Damaged files the readers below skipped (each a DamagedFileError's message); the CLI says so.
         self.damaged: list[str] = []
+        self._time_scale: float | None = None
+
+    @property
+    def time_scale(self) -> float:
+        """The run's time scale (its manifest's): older files of a time-scaled run are converted by it on read."""
+        if self._time_scale is None:
+            self._time_scale = self.manifest().time_scale if self.manifest_path.exists() else 1.0
+        return self._time_scale
 
     def read_each(self, paths: Iterator[Path] | list[Path], model: type[R]) -> Iterator[tuple[Path, R]]:
         """Each file as its record; a damaged one is skipped and remembered (self.damaged), never fatal."""
         for path in paths:
             try:
-                yield path, read_record(path, model)
+                yield path, read_record(path, model, self.time_scale)
             except DamagedFileError as exc:
                 if exc.message not in self.damaged:
                     self.damaged.append(exc.message)

@@ -197,8 +197,10 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
             except _Contaminated as exc:
                 return _contaminated("long-context", "long-context", exc, attempts)
             records.append(rec)
-            ttft = rec.ttft_s
-            rows.append({"context_tokens": context, "ttft_s": ttft, "generation_tok_s": rec.decode_tok_s,
+            # In the hardware's units: a simulator at a time scale lived this request that much faster.
+            ttft = _scaled(rec.ttft_s, target.time_scale)
+            rows.append({"context_tokens": context, "ttft_s": ttft,
+                         "generation_tok_s": _scaled(rec.decode_tok_s, 1 / target.time_scale),
                          "prompt_tok_s": context / ttft if ttft else None, "error": rec.error})
     measured = [r for r in rows if r.get("ttft_s")]
     reasons = [f"{r['context_tokens']:,}: {r['error']}" for r in rows if r.get("error")]
@@ -218,7 +220,7 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
         attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
         verdict=verdict, values={"prompt_tok_s": rate, "silence_s_per_1k_prompt_tokens": silence,
                                  "generation_tok_s_drop_pct": drop},
-        details={"rows": rows}, requests=[r.to_dict() for r in records])
+        details={"rows": rows, "time_scale": target.time_scale}, requests=[r.to_dict() for r in records])
 
 
 # --- scheduler cap and overload ------------------------------------------------------------------------
@@ -258,7 +260,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         records = list(await asyncio.gather(*(
             stream_completion(client, model=target.model, prompt=prompts.unique(prompt_tokens),
                               max_tokens=reply_tokens, request_id=f"burst{i}") for i in range(n))))
-        wall = time.perf_counter() - began
+        wall = (time.perf_counter() - began) * target.time_scale   # the hardware's seconds
         done.set()
         await task
         return records, wall
@@ -297,7 +299,8 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
-        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "samples": len(running),
+        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "time_scale": target.time_scale,
+                 "samples": len(running),
                  "gauges": [list(g) for g in zip(sampled_t, running, waiting, strict=True)]},
         requests=[r.to_dict() for r in records], attempts=attempts,
         discarded_steps=sum(1 for a in attempts if not a.accepted))
@@ -333,7 +336,7 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
                 records = await asyncio.gather(*(
                     stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
                                       request_id=f"{arm}{i}") for i, p in enumerate(batch)))
-                return list(records), time.perf_counter() - began
+                return list(records), (time.perf_counter() - began) * target.time_scale   # the hardware's s
 
             try:
                 (records, wall), delta = await _bracketed(target, control, run_arm, lambda v: v[0], attempts,
@@ -359,7 +362,8 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
         reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
         values={"shared_first_wall_s": sf["wall_s"], "shared_first_hit_rate": sf["hit_rate"], "speedup": speedup},
         attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
-        details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms})
+        details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms,
+                 "time_scale": target.time_scale})
 
 
 def _pct(value: float | None) -> str:
@@ -389,7 +393,7 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
         # Each Valid run's window on the client's clock, so its rate can be recomputed (`make truth` does).
         details={"runs": values, "windows": [r.window for r in results if r.status == "Valid"
                                              and r.total_tok_s is not None],
-                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high,
+                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high, "time_scale": target.time_scale,
                  "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})
 
 

@@ -12,12 +12,13 @@ recomputes each cell's and experiment's figures from the truth alone and compare
 Not compared: the queue gauges a cell samples (a few scrapes, no truth to match a sample to), energy and the
 client's CPU.
 
-All comparisons are in simulated units: the tool's rates are divided by the time scale and its latencies
-multiplied by it. A window on the client's clock maps onto the simulated one through the truth's anchor,
-moved back by the median delivery delay (engine emission to client read, measured on every matched token),
-so the two sides count the same tokens; the delay itself is reported as the client's own error. Above time
-scale 2 a fraction of a millisecond of client delay is several simulated milliseconds: latencies are then
-reported with the bound measured, not judged. Throughput and counts are judged at every scale.
+All comparisons are in simulated units, which the tool stores (format 10: a time-scaled run's figures are
+the hardware's; the client's own loop lag is the wall's, multiplied by the scale here). A window on the
+client's clock maps onto the simulated one through the truth's anchor, moved back by the median delivery
+delay (engine emission to client read, measured on every matched token), so the two sides count the same
+tokens; the delay itself is reported as the client's own error. Above time scale 2 a fraction of a
+millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
+measured, not judged. Throughput and counts are judged at every scale.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def _latency_figures(where: str, cell: CellResult, truth: dict[str, float | None
             true = truth[f"{name}_{key}"]
             slack = None if key != "p99" or lag is None or true is None else \
                 latency_tolerance_ms(true) / 1000.0 + lag
-            yield Figure(where, f"{name}_{key}", "latency", _seconds(getattr(cell, f"{name}{suffix}_ms"), scale),
+            yield Figure(where, f"{name}_{key}", "latency", _seconds(getattr(cell, f"{name}{suffix}_ms")),
                          true, _around(true, slack))
 
 
@@ -192,8 +193,8 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
         return rate_cell_figures(cell, matched, delay), delay
     if cell.phase == "prefill":
         truth = mine[0]
-        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s, scale), truth.prompt_tok_s))
-        figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms, scale), truth.ttft))
+        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s), truth.prompt_tok_s))
+        figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms), truth.ttft))
         return figures, None
     delay = matched.delivery(records, mine)
     if cell.window is not None:
@@ -208,8 +209,8 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
     drafts, draft_tokens = sum(s.drafts for s in steps), sum(s.draft_tokens for s in steps)
     accepted = sum(s.accepted for s in steps)
     figures += [
-        Figure(where, "total_tok_s", "rate", _rate(cell.total_tok_s, scale), window["total_tok_s"]),
-        Figure(where, "per_request_tok_s", "rate", _rate(cell.per_request_tok_s, scale), window["per_request_tok_s"]),
+        Figure(where, "total_tok_s", "rate", _rate(cell.total_tok_s), window["total_tok_s"]),
+        Figure(where, "per_request_tok_s", "rate", _rate(cell.per_request_tok_s), window["per_request_tok_s"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), window["output_tokens"]),
         Figure(where, "completed", "count", _count(cell.completed), window["completed"]),
         Figure(where, "avg_active", "count", cell.avg_active, window["avg_active"]),
@@ -276,7 +277,7 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
                _between(_per(truth["good_low"], len(mine)), _per(truth["good_high"], len(mine)))),
         Figure(where, "slo_passed", "count", _count(cell.slo_passed), truth["slo_passed"],
                (0.0, 1.0) if truth["slo_borderline"] else None),
-        *(Figure(where, b.name, "latency", _seconds(b.value_ms, 1.0), _seconds(truth[b.name], 1.0))
+        *(Figure(where, b.name, "latency", _seconds(b.value_ms), _seconds(truth[b.name]))
           for b in cell.slo_bounds),
     ]
     return figures + list(_latency_figures(where, cell, latency, 1.0))
@@ -312,12 +313,12 @@ def _between(low: float | None, high: float | None) -> tuple[float, float] | Non
     return None if low is None or high is None else (low, high)
 
 
-def _rate(value: float | None, scale: float) -> float | None:
-    return None if value is None else value / scale
+def _rate(value: float | None) -> float | None:
+    return value
 
 
-def _seconds(ms: float | None, scale: float) -> float | None:
-    return None if ms is None else ms / 1000 * scale
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 def _count(value: float | None) -> float | None:
@@ -326,15 +327,14 @@ def _count(value: float | None) -> float | None:
 
 # --- experiments ------------------------------------------------------------------------------------------
 def long_context_figures(result: study.ExperimentResult, matched: Matched) -> list[Figure]:
-    scale = matched.scale
     records = [RequestRecord.from_dict(r) for r in result.requests]
     figures = []
     for row, truth in zip([r for r in result.details["rows"] if "ttft_s" in r], matched.of(records), strict=True):
         where = f"long-context L{row['context_tokens']}"
         rate = sim_truth.fixed_figures([truth])["per_request_tok_s"]
-        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"], scale), truth.ttft),
-                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"], scale), truth.prompt_tok_s),
-                    Figure(where, "generation_tok_s", "rate", _rate(row["generation_tok_s"], scale), rate)]
+        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"]), truth.ttft),
+                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"]), truth.prompt_tok_s),
+                    Figure(where, "generation_tok_s", "rate", _rate(row["generation_tok_s"]), rate)]
     return figures
 
 
@@ -360,7 +360,7 @@ def prefix_order_figures(result: study.ExperimentResult, matched: Matched) -> li
         mine = [matched.by_id[i] for i in values["server_ids"]]
         wall = max(r.finish or r.arrival for r in mine) - min(r.arrival for r in mine)
         figures += [Figure(f"prefix-order {arm}", "hit_rate", "rate", values["hit_rate"], sim_truth.hit_rate(mine)),
-                    Figure(f"prefix-order {arm}", "wall", "latency", values["wall_s"] * matched.scale, wall)]
+                    Figure(f"prefix-order {arm}", "wall", "latency", values["wall_s"], wall)]
     return figures
 
 
@@ -384,9 +384,9 @@ def repeat_figures(result: study.ExperimentResult, matched: Matched, delay: floa
         truth = sim_truth.window_figures(matched.truth.requests, start, end)["total_tok_s"]
         if truth is not None:
             totals.append(truth)
-        figures.append(Figure(f"repeat run {i + 1}", "total_tok_s", "rate", tool / matched.scale, truth))
+        figures.append(Figure(f"repeat run {i + 1}", "total_tok_s", "rate", tool, truth))
     mean = result.values.get("mean_total_tok_s")
-    figures.append(Figure("repeat", "mean_total_tok_s", "rate", None if mean is None else mean / matched.scale,
+    figures.append(Figure("repeat", "mean_total_tok_s", "rate", mean,
                           stats.mean(totals) if mean is not None else None))
     return figures
 

@@ -106,15 +106,17 @@ def test_short_answers_from_stored_cells() -> None:
     assert result["knee"]["concurrency"] == 32
 
 
-def test_a_time_scaled_simulation_is_converted_back() -> None:
+def test_a_time_scaled_simulations_answers_are_its_cells_hardware_figures() -> None:
+    """Cells store the hardware's figures at any time scale (format 10; the store converts older ones): the
+    answers take them as they are, and the scale is only a label (dividing again read 20x too slow)."""
     from campaign.cells import CellResult, CellSpec
 
     cells = []
     for step in SEED_000:
         spec = CellSpec(phase="decode", context_tokens=128, concurrency=step.concurrency, mode="fixed")
         cells.append(CellResult(spec=spec, phase="decode", context_tokens=128, concurrency=step.concurrency,
-                                label=spec.label, status="Valid", total_tok_s=20 * step.total_tok_s,
-                                per_request_tok_s=20 * step.per_request_tok_s, ttft_ms=75.0 / 20))
+                                label=spec.label, status="Valid", total_tok_s=step.total_tok_s,
+                                per_request_tok_s=step.per_request_tok_s, ttft_ms=75.0, time_scale=20.0))
     result = answers.short_answers(cells=cells, facts={}, flags={}, time_scale=20.0)
     assert result["single_stream_tok_s"] == pytest.approx(59.4) and result["single_stream_ttft_ms"] == 75.0
     assert result["useful_concurrency"] == 8  # floors compare with the simulated hardware's speeds

@@ -263,8 +263,11 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
     assert replayed.status == "Valid" and replayed.completed and replayed.completed >= 4  # replacements inside
     assert cell.total_tok_s is not None and replayed.total_tok_s is not None
     # Here 34.78 tok/s over HTTP at 5x against 34.80 replayed; before windows were the hardware's, the HTTP
-    # cell's 10 wall seconds were 50 simulated ones.
-    assert cell.total_tok_s / TIME_SCALE == pytest.approx(replayed.total_tok_s, rel=0.10)  # a loaded host lags
+    # cell's 10 wall seconds were 50 simulated ones. The cell stores the hardware's figures (format 10).
+    assert cell.time_scale == TIME_SCALE
+    assert cell.total_tok_s == pytest.approx(replayed.total_tok_s, rel=0.10)  # a loaded host lags
+    assert cell.ttft_ms is not None and replayed.ttft_s is not None
+    assert cell.ttft_ms == pytest.approx(1000 * replayed.ttft_s, rel=0.25)   # the hardware's ms, not the wall's
     assert cell.completed is not None and abs(cell.completed - replayed.completed) <= 1
 
 
@@ -287,27 +290,38 @@ def test_the_eta_of_a_time_scaled_night_is_the_hardwares_estimate_over_the_scale
 
 
 def test_a_time_scaled_last_run_calibrates_the_next_plan_in_the_hardwares_units(tmp_path: Path) -> None:
-    """A run at 20x measured its rates 20 times higher: the next plan (and its ETA) reads them back in the
-    hardware's units, as a real run's, or it would divide by the scale twice."""
+    """A run at 20x lived its cells 20 times faster. Stored in format 10, its figures are the hardware's; a
+    format-9 run stored the wall clock's (rates 20 times higher, latencies 20 times lower) and is converted on
+    read by its manifest's scale: the next plan reads both as a real run's, never dividing twice."""
     from fakes import builders
 
     from campaign import planning
 
-    rates = {}
-    for scale in (1.0, 20.0):
-        run = store.RunDir.create(tmp_path / f"x{scale:g}", "t")
+    rates, ttfts = {}, {}
+    for scale, format_ in ((1.0, 10), (20.0, 10), (20.0, 9)):
+        run = store.RunDir.create(tmp_path / f"x{scale:g}-{format_}", "t")
         builders.manifest(run, baseline="a", engine="sim", time_scale=scale)
         launch = run.new_launch_dir("a")
         builders.server(launch, variant="a", ready_s=2.0)
-        for spec, figures in ((CellSpec(phase="prefill", context_tokens=8192), {"prompt_tok_s": 10_000.0}),
-                              (CellSpec(phase="decode", context_tokens=1024), {"per_request_tok_s": 150.0})):
-            run.write_cell("a", 0, CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
-                                              concurrency=1, label=spec.label, status="Valid",
-                                              **{k: v * scale for k, v in figures.items()}),
-                           launch=launch.name, telemetry=None)
+        wall = scale if format_ == 9 else 1.0   # what the old format stored: the wall clock's figures
+        for spec, figures in ((CellSpec(phase="prefill", context_tokens=8192),
+                               {"prompt_tok_s": 10_000.0 * wall, "ttft_ms": 819.2 / wall}),
+                              (CellSpec(phase="decode", context_tokens=1024), {"per_request_tok_s": 150.0 * wall})):
+            path = run.write_cell("a", 0, CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
+                                                     concurrency=1, label=spec.label, status="Valid",
+                                                     time_scale=scale if format_ == 10 else 1.0, **figures),
+                                  launch=launch.name, telemetry=None)
+            if format_ == 9:
+                data = json.loads(path.read_text())
+                del data["result"]["time_scale"]
+                path.write_text(json.dumps(data | {"schema_version": 9}))
         found = planning.rates_from(run)
-        rates[scale] = (found.prefill_tok_s, found.decode_tok_s)
-    assert rates[20.0] == pytest.approx(rates[1.0]) and rates[1.0] == pytest.approx((10_000.0, 150.0))
+        rates[(scale, format_)] = (found.prefill_tok_s, found.decode_tok_s)
+        ttfts[(scale, format_)] = [(c.result.ttft_ms, c.result.time_scale) for c in run.cells()
+                                   if c.result.phase == "prefill"]
+    assert rates[(1.0, 10)] == pytest.approx((10_000.0, 150.0))
+    assert rates[(20.0, 10)] == pytest.approx(rates[(1.0, 10)]) and rates[(20.0, 9)] == pytest.approx(rates[(1.0, 10)])
+    assert ttfts[(20.0, 9)] == [(pytest.approx(819.2), 20.0)] and ttfts[(20.0, 10)] == [(pytest.approx(819.2), 20.0)]
 
 
 def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_count(a5000: LaunchedServer) -> None:
