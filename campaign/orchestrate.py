@@ -228,7 +228,7 @@ class Campaign:
 
     def _serve(self, variant: Variant, repeat: int, pending: list[CellSpec], experiments: list[Experiment]) -> None:
         if self.options.clock == "virtual":
-            self._serve_virtual(variant, repeat, pending)
+            self._serve_virtual(variant, repeat, pending, experiments)
             return
         queue = list(pending)
         retried: set[str] = set()
@@ -279,9 +279,11 @@ class Campaign:
                 # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
                 self._clean_up(launch_dir, server, variant.name, repeat, began)
 
-    def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec]) -> None:
-        """One launch in simulated time (sim_night): its startup log and facts, its cells replayed on the
-        engine's clock; a start that fails is recorded as a real one's is. Repeats differ by the engine's seed."""
+    def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec],
+                       experiments: list[Experiment]) -> None:
+        """One launch in simulated time (sim_night): its startup log and facts, its cells and experiments
+        replayed on the engine's clock; a start that fails is recorded as a real one's is. Repeats differ by
+        the engine's seed."""
         launch_dir = self.run.new_launch_dir(variant.name)
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): replaying in simulated time")
         try:
@@ -302,6 +304,12 @@ class Campaign:
             result = launch.measure(spec, prompts)
             self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=None)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
+        for experiment in experiments:
+            check_stop()
+            done = launch.experiment(experiment, prompts, window_s=self.matrix.window_s)
+            self.run.write_experiment(variant.name, repeat, experiment.key, done, launch=launch_dir.name)
+            self.progress.note(f"  {variant.name} r{repeat + 1} {experiment.key}: {done.status}: "
+                               f"{done.verdict or '; '.join(done.reasons)}")
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str) -> None:

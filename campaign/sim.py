@@ -223,22 +223,11 @@ class Server:
             given = data.get("prompt")
             prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
                 self.tokenizer.encode(str(given)) or [1])
-        window = self.config.max_model_len
-        max_tokens = int(data.get("max_tokens") or 16)
         min_tokens = int(data.get("min_tokens") or 0)
-        if len(prompt) > window:
-            return await self.respond(writer, 400, self.error(
-                f"This model's maximum context length is {window} tokens. However, your prompt contains "
-                f"{len(prompt)} input tokens, which exceeds this limit even without any output tokens. "
-                f"{PROMPT_RE_HINT}", "input_tokens"))
-        if self.config.clamps_max_tokens:
-            max_tokens = min(max_tokens, window - len(prompt))  # the silent clamp of vLLM >= 0.32
-        elif len(prompt) + max_tokens > window:
-            return await self.respond(writer, 400, self.error(
-                f"This model's maximum context length is {window} tokens. However, you requested {max_tokens} "
-                f"output tokens and your prompt contains {len(prompt)} input tokens, for a total of "
-                f"{len(prompt) + max_tokens} tokens. Please reduce the length of the input prompt or the number "
-                "of requested output tokens."))
+        refused, max_tokens = window_answer(self.config, len(prompt), int(data.get("max_tokens") or 16))
+        if refused is not None:
+            message, param = refused
+            return await self.respond(writer, 400, self.error(message, param))
         if min_tokens > max_tokens:
             return await self.respond(writer, 400, self.error(
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."))
@@ -356,6 +345,24 @@ class _Metrics(Collector):
                                    labels=[*labels, *info])
         family.add_metric([*values, *info.values()], 1.0)
         yield family
+
+
+def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int) -> tuple[tuple[str, str | None] | None, int]:
+    """How the server answers a prompt and reply against its window: ((the 400's message, its param), or None)
+    and the reply length it runs with (vLLM >= 0.32 clamps silently where older versions refuse)."""
+    window = config.max_model_len
+    if prompt_tokens > window:
+        return (f"This model's maximum context length is {window} tokens. However, your prompt contains "
+                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+                f"{PROMPT_RE_HINT}", "input_tokens"), max_tokens
+    if config.clamps_max_tokens:
+        return None, min(max_tokens, window - prompt_tokens)  # the silent clamp of vLLM >= 0.32
+    if prompt_tokens + max_tokens > window:
+        return (f"This model's maximum context length is {window} tokens. However, you requested {max_tokens} "
+                f"output tokens and your prompt contains {prompt_tokens} input tokens, for a total of "
+                f"{prompt_tokens + max_tokens} tokens. Please reduce the length of the input prompt or the number "
+                "of requested output tokens.", None), max_tokens
+    return None, max_tokens
 
 
 # --- start-up ------------------------------------------------------------------------------------------

@@ -8,23 +8,26 @@ wall clock), and its requests, as RequestRecords, go through the tool's own figu
 window_metrics, prefill_metrics). The run is a normal run: `diff`, `report` and `export` read it, and its
 figures are the hardware's (time scale 1), whatever speed this machine has.
 
-What is replayed: prefill and decode cells of random-id prompts on /v1/completions. What is not, and is left
-out of the run with its name on the console and in the manifest (`not_replayed`): open-loop rate cells, text
-or chat prompts (they need the server's tokenizer), and the study's experiments (measure them over HTTP:
-`campaign run MATRIX --engine sim`). Repeats differ only by the engine's seed (speculative acceptance, seed
-000's bimodal cell); everything else an engine does is deterministic, so a virtual A/A reads no difference.
+What is replayed: prefill and decode cells of random-id prompts on /v1/completions, and seed 000's
+experiments (context window, long context, overload, prefix order, repeat), each step as study.py sends it
+and judged by study.py's own functions. What is not, and is left out of the run with its name on the console
+and in the manifest (`not_replayed`): open-loop rate cells, agent sessions and capacity searches, and text or
+chat prompts (they need the server's tokenizer); measure them over HTTP (`campaign run MATRIX --engine sim`).
+Repeats differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell); everything else
+an engine does is deterministic, so a virtual A/A reads no difference.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from campaign import argv, sim, sim_config, sim_virtual, startup_log, stats, store
+from campaign import argv, sim, sim_config, sim_truth, sim_virtual, startup_log, stats, store, study
 from campaign.cells import (
     TTFT_MODE_TEXT,
     CellResult,
@@ -38,20 +41,38 @@ from campaign.cells import (
 )
 from campaign.client import RequestRecord
 from campaign.errors import ConfigError, LaunchError
-from campaign.matrix import DecodeWorkload, Matrix, PrefillWorkload
+from campaign.matrix import (
+    ContextWindowExperiment,
+    DecodeWorkload,
+    Experiment,
+    LongContextExperiment,
+    Matrix,
+    OverloadExperiment,
+    PrefillWorkload,
+    PrefixOrderExperiment,
+    RepeatExperiment,
+)
 from campaign.profiles import FlagValue, LaunchProfile
 from campaign.sim_config import SimConfig
+from campaign.sim_engine import Virtual, engine_for
 from campaign.sim_truth import RequestTruth
 from campaign.startup_log import StartupFacts
 
 NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
 
 
+REPLAYED_EXPERIMENTS = (ContextWindowExperiment, LongContextExperiment, OverloadExperiment, PrefixOrderExperiment,
+                        RepeatExperiment)
+SAMPLE_EVERY_S = 0.25   # study.overload's sampler: the gauges every quarter second of the burst
+
+
 def _replayable(workload: Any) -> str | None:
     """Why a workload cannot be replayed in simulated time; None when it can."""
+    if isinstance(workload, REPLAYED_EXPERIMENTS):
+        return None   # random token ids, as study.py sends them
     if not isinstance(workload, PrefillWorkload | DecodeWorkload):
-        return f"{workload.kind}: an {'open-loop load' if workload.kind == 'rate' else 'experiment'} is measured " \
-               "over HTTP only"
+        return f"{workload.kind}: {'an open-loop load' if workload.kind == 'rate' else 'this experiment'} is " \
+               "measured over HTTP only"
     if workload.prompts != "random" or workload.endpoint != "completions":
         return f"{workload.kind} ({workload.prompts} prompts, {workload.endpoint}): text needs the server's tokenizer"
     return None
@@ -85,6 +106,25 @@ class VirtualLaunch:
 
     def measure(self, spec: CellSpec, prompts: sim_virtual.Prompts) -> CellResult:
         return cell_result(self.config, spec, sim_virtual.run_cell(self.config, spec, prompts))
+
+    def experiment(self, experiment: Experiment, prompts: sim_virtual.Prompts, *,
+                   window_s: float) -> study.ExperimentResult:
+        """Seed 000's experiment as study.py sends it, on a fresh engine, judged by study.py's functions."""
+        config = self.config
+        if isinstance(experiment, ContextWindowExperiment):
+            return context_window(config, experiment.reply_tokens)
+        if isinstance(experiment, LongContextExperiment):
+            return long_context(config, experiment.contexts, experiment.reply_tokens, prompts)
+        if isinstance(experiment, OverloadExperiment):
+            return overload(config, experiment.max_num_seqs or config.max_num_seqs, experiment.factor,
+                            experiment.prompt_tokens, experiment.reply_tokens, prompts)
+        if isinstance(experiment, PrefixOrderExperiment):
+            return prefix_order(config, experiment.agents, experiment.shared_tokens, experiment.task_tokens,
+                                experiment.reply_tokens, prompts)
+        if isinstance(experiment, RepeatExperiment):
+            spec = experiment.spec(window_s)
+            return study.repeat_result(spec, [self.measure(spec, prompts) for _ in range(experiment.times)])
+        raise ValueError(f"{experiment.kind}: not replayed in simulated time")  # replayable() kept it out
 
 
 def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int) -> VirtualLaunch:
@@ -162,3 +202,83 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
 
 def write_log(launch_dir: Path, launch: VirtualLaunch) -> None:
     store.write_text_new(launch_dir / "server.log", launch.log)
+
+
+# --- seed 000's experiments on the engine ------------------------------------------------------------
+def _engine(config: SimConfig) -> tuple[Virtual, sim_truth.Recorder]:
+    truth = sim_truth.Recorder()
+    return Virtual(engine_for(config, truth)), truth
+
+
+def context_window(config: SimConfig, reply_tokens: int) -> study.ExperimentResult:
+    """study.context_window's two requests, answered by the server's own rule (sim.window_answer): the first
+    runs to its (clamped) length, as the engine would run it with end-of-sequence ignored."""
+    window = config.max_model_len
+    refused, runs_to = sim.window_answer(config, window - reply_tokens // 2, reply_tokens)
+    over_prompt, _ = sim.window_answer(config, window + 16, 1)
+    return study.context_window_result(
+        window, reply_tokens, over_total=(400, None) if refused else (200, runs_to),
+        over_prompt=(400, over_prompt[0][:300]) if over_prompt else (200, None), attempts=[])
+
+
+def long_context(config: SimConfig, contexts: list[int], reply_tokens: int,
+                 prompts: sim_virtual.Prompts) -> study.ExperimentResult:
+    """One request at a time, shortest prompt first, on one server."""
+    sim, truth = _engine(config)
+    rows: list[dict[str, Any]] = []
+    records: list[RequestRecord] = []
+    for context in sorted(contexts):
+        if context + reply_tokens > config.max_model_len:
+            rows.append({"context_tokens": context, "skipped": "over max_model_len"})
+            continue
+        sim.submit(prompts.fresh(context), reply_tokens)
+        sim.run()
+        rec = record(truth.requests[-1])
+        records.append(rec)
+        rows.append(study.long_context_row(context, rec))
+    return study.long_context_result(rows, records, [])
+
+
+def overload(config: SimConfig, max_num_seqs: int, factor: float, prompt_tokens: int, reply_tokens: int,
+             prompts: sim_virtual.Prompts) -> study.ExperimentResult:
+    """factor x max-num-seqs requests at once; the gauges sampled every quarter second, as a scrape reads
+    them (the last step begun)."""
+    n = max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
+    sim, truth = _engine(config)
+    for _ in range(n):
+        sim.submit(prompts.fresh(prompt_tokens), reply_tokens)
+    sim.run()
+    gauges = []
+    t = 0.0
+    while t <= sim.now:
+        step = next((s for s in reversed(truth.steps) if s.start <= t), None)
+        if step is not None:
+            gauges.append((t, float(step.running), float(step.waiting)))
+        t += SAMPLE_EVERY_S
+    records = [record(r) for r in sorted(truth.requests, key=lambda r: r.arrival)]
+    return study.overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=sim.now, gauges=gauges,
+                                 attempts=[])
+
+
+def prefix_order(config: SimConfig, agents: int, shared_tokens: int, task_tokens: int, reply_tokens: int,
+                 prompts: sim_virtual.Prompts) -> study.ExperimentResult:
+    """The three arms in turn on one server, each with a shared block of its own (whole KV blocks)."""
+    block = config.block()
+    shared_len = max(block, math.ceil(shared_tokens / block) * block)
+    sim, truth = _engine(config)
+    counters = sim.engine.counters
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in ("shared-first", "task-first", "unrelated"):
+        shared = prompts.fresh(shared_len)
+        tasks = [prompts.fresh(task_tokens) for _ in range(agents)]
+        batch = {"shared-first": [shared + t for t in tasks], "task-first": [t + shared for t in tasks],
+                 "unrelated": [prompts.fresh(shared_len + task_tokens) for _ in range(agents)]}[arm]
+        began, seen, queries, hits = sim.now, len(truth.requests), counters["queries"], counters["hits"]
+        for prompt in batch:
+            sim.submit(prompt, reply_tokens)
+        sim.run()
+        records = [record(r) for r in truth.requests[seen:]]
+        arms[arm] = study.prefix_arm(records, sim.now - began, queries=counters["queries"] - queries,
+                                     hits=counters["hits"] - hits)
+    return study.prefix_order_result(arms, agents=agents, block=block, shared_len=shared_len,
+                                     task_tokens=task_tokens, attempts=[])

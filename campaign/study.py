@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from campaign import answers, stats
 from campaign import metrics as m
-from campaign.cells import Attempt, CellSpec
+from campaign.cells import Attempt, CellResult, CellSpec
 from campaign.client import RequestRecord, new_client, stream_completion
 from campaign.measure import Measurer, Target
 from campaign.prompts import PromptSource
@@ -129,29 +129,37 @@ async def context_window(target: Target, *, reply_tokens: int = 200) -> Experime
             (a, b, _), _ = await _bracketed(target, client, step, lambda v: v[2], attempts, name="the window probe")
     except _Contaminated as exc:
         return _contaminated("context-window", "context-window", exc, attempts)
-    got = _usage(a)
-    if a.status_code == 400:
+    return context_window_result(window, reply_tokens, over_total=(a.status_code, _usage(a)),
+                                 over_prompt=(b.status_code, _message(b)), attempts=attempts)
+
+
+def context_window_result(window: int, reply_tokens: int, *, over_total: tuple[int, int | None],
+                          over_prompt: tuple[int, str | None], attempts: list[Attempt]) -> ExperimentResult:
+    """What the two answers say: `over_total` (status, completion tokens of a 200) for prompt + reply just
+    over the window, `over_prompt` (status, error message) for a prompt alone over it."""
+    status, got = over_total
+    if status == 400:
         behaviour = "refuses with 400"
         verdict = (f"prompt + reply over the {window:,}-token window: the server refuses with a 400, rather than "
                    "quietly truncating (what you want)")
-    elif a.status_code == 200 and got is not None and got < reply_tokens:
+    elif status == 200 and got is not None and got < reply_tokens:
         behaviour = "clamps silently"
         verdict = (f"prompt + reply over the {window:,}-token window: the server answered 200 with {got} of "
                    f"{reply_tokens} tokens: it silently clamps the reply (vLLM >= 0.32 does). Check "
                    "usage.completion_tokens on every reply you depend on")
     else:
-        behaviour = f"HTTP {a.status_code}"
-        verdict = f"prompt + reply over the window: unexpected answer HTTP {a.status_code}"
-    prompt_refused = b.status_code == 400
-    verdict += ("; a prompt alone over the window is refused with 400" if prompt_refused
-                else f"; a prompt alone over the window got HTTP {b.status_code}")
+        behaviour = f"HTTP {status}"
+        verdict = f"prompt + reply over the window: unexpected answer HTTP {status}"
+    prompt_status, message = over_prompt
+    verdict += ("; a prompt alone over the window is refused with 400" if prompt_status == 400
+                else f"; a prompt alone over the window got HTTP {prompt_status}")
     return ExperimentResult(
         kind="context-window", key="context-window", status="Valid", verdict=verdict, attempts=attempts,
         discarded_steps=sum(1 for x in attempts if not x.accepted),
         values={"clamped": 1.0 if behaviour == "clamps silently" else 0.0},
-        details={"max_model_len": window, "over_total": {"status": a.status_code, "completion_tokens": got,
+        details={"max_model_len": window, "over_total": {"status": status, "completion_tokens": got,
                                                          "asked": reply_tokens, "behaviour": behaviour},
-                 "over_prompt": {"status": b.status_code, "message": _message(b)}},
+                 "over_prompt": {"status": prompt_status, "message": message}},
     )
 
 
@@ -197,11 +205,21 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
             except _Contaminated as exc:
                 return _contaminated("long-context", "long-context", exc, attempts)
             records.append(rec)
-            # In the hardware's units: a simulator at a time scale lived this request that much faster.
-            ttft = _scaled(rec.ttft_s, target.time_scale)
-            rows.append({"context_tokens": context, "ttft_s": ttft,
-                         "generation_tok_s": _scaled(rec.decode_tok_s, 1 / target.time_scale),
-                         "prompt_tok_s": context / ttft if ttft else None, "error": rec.error})
+            rows.append(long_context_row(context, rec, target.time_scale))
+    return long_context_result(rows, records, attempts, time_scale=target.time_scale)
+
+
+def long_context_row(context: int, rec: RequestRecord, time_scale: float = 1.0) -> dict[str, Any]:
+    """One prompt's row, in the hardware's units (a simulator at a time scale lived it that much faster)."""
+    ttft = _scaled(rec.ttft_s, time_scale)
+    return {"context_tokens": context, "ttft_s": ttft, "generation_tok_s": _scaled(rec.decode_tok_s, 1 / time_scale),
+            "prompt_tok_s": context / ttft if ttft else None, "error": rec.error}
+
+
+def long_context_result(rows: list[dict[str, Any]], records: list[RequestRecord], attempts: list[Attempt], *,
+                        time_scale: float = 1.0) -> ExperimentResult:
+    """The rows' median prompt rate, the silence it means per 1,000 prompt tokens, and how much generation
+    slows from the shortest prompt to the longest."""
     measured = [r for r in rows if r.get("ttft_s")]
     reasons = [f"{r['context_tokens']:,}: {r['error']}" for r in rows if r.get("error")]
     if not measured:
@@ -220,7 +238,7 @@ async def long_context(target: Target, contexts: list[int], *, reply_tokens: int
         attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
         verdict=verdict, values={"prompt_tok_s": rate, "silence_s_per_1k_prompt_tokens": silence,
                                  "generation_tok_s_drop_pct": drop},
-        details={"rows": rows, "time_scale": target.time_scale}, requests=[r.to_dict() for r in records])
+        details={"rows": rows, "time_scale": time_scale}, requests=[r.to_dict() for r in records])
 
 
 # --- scheduler cap and overload ------------------------------------------------------------------------
@@ -270,6 +288,18 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
             (records, wall), _ = await _bracketed(target, control, burst, lambda v: v[0], attempts, name="the burst")
     except _Contaminated as exc:
         return _contaminated("overload", f"overload-x{factor:g}", exc, attempts)
+    return overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=wall,
+                           gauges=list(zip(sampled_t, running, waiting, strict=True)), attempts=attempts,
+                           time_scale=target.time_scale)
+
+
+def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: float, wall_s: float,
+                    gauges: list[tuple[float, float, float]], attempts: list[Attempt],
+                    time_scale: float = 1.0) -> ExperimentResult:
+    """The burst's records (one per request sent) and the server's gauges as sampled, (time on the records'
+    clock, running, waiting): what ran at once, what queued, what completed."""
+    n = len(records)
+    running, waiting = [g[1] for g in gauges], [g[2] for g in gauges]
     completed = sum(1 for r in records if r.ok and not r.short)
     errored = sum(1 for r in records if not r.ok)
     # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
@@ -299,9 +329,8 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
-        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall, "time_scale": target.time_scale,
-                 "samples": len(running),
-                 "gauges": [list(g) for g in zip(sampled_t, running, waiting, strict=True)]},
+        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall_s, "time_scale": time_scale,
+                 "samples": len(running), "gauges": [list(g) for g in gauges]},
         requests=[r.to_dict() for r in records], attempts=attempts,
         discarded_steps=sum(1 for a in attempts if not a.accepted))
 
@@ -343,10 +372,20 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
                                                           name=f"the {arm} arm")
             except _Contaminated as exc:
                 return _contaminated("prefix-order", f"prefix-order-K{agents}", exc, attempts)
-            queries, hits = delta(m.PREFIX_QUERIES), delta(m.PREFIX_HITS)
-            arms[arm] = {"wall_s": wall, "hit_rate": hits / queries if queries else None, "hits": hits,
-                         "queries": queries, "errors": [r.error for r in records if not r.ok],
-                         "server_ids": [r.server_id for r in records]}
+            arms[arm] = prefix_arm(records, wall, queries=delta(m.PREFIX_QUERIES), hits=delta(m.PREFIX_HITS))
+    return prefix_order_result(arms, agents=agents, block=block, shared_len=shared_len, task_tokens=task_tokens,
+                               attempts=attempts, time_scale=target.time_scale)
+
+
+def prefix_arm(records: list[RequestRecord], wall_s: float, *, queries: float, hits: float) -> dict[str, Any]:
+    """One arm: its wall time (the hardware's seconds), and the prefix cache's hits over its queries."""
+    return {"wall_s": wall_s, "hit_rate": hits / queries if queries else None, "hits": hits, "queries": queries,
+            "errors": [r.error for r in records if not r.ok], "server_ids": [r.server_id for r in records]}
+
+
+def prefix_order_result(arms: dict[str, dict[str, Any]], *, agents: int, block: int, shared_len: int,
+                        task_tokens: int, attempts: list[Attempt], time_scale: float = 1.0) -> ExperimentResult:
+    """The three arms side by side: how much faster the shared text first is, and its cache hits."""
     sf, tf, un = arms["shared-first"], arms["task-first"], arms["unrelated"]
     speedup = min(tf["wall_s"], un["wall_s"]) / sf["wall_s"] if sf["wall_s"] else None
     verdict = (f"{agents} agents, {shared_len:,}-token shared block ({shared_len // block} blocks of {block}): "
@@ -363,7 +402,7 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
         values={"shared_first_wall_s": sf["wall_s"], "shared_first_hit_rate": sf["hit_rate"], "speedup": speedup},
         attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
         details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms,
-                 "time_scale": target.time_scale})
+                 "time_scale": time_scale})
 
 
 def _pct(value: float | None) -> str:
@@ -375,6 +414,11 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
     """Measure one cell `times` times; report two modes when there are two, never their average."""
     measurer = Measurer(target)
     results = [await measurer.run_cell(spec) for _ in range(times)]
+    return repeat_result(spec, results, time_scale=target.time_scale)
+
+
+def repeat_result(spec: CellSpec, results: list[CellResult], *, time_scale: float = 1.0) -> ExperimentResult:
+    """The runs' total tok/s (the hardware's): two modes where there are two, never their average."""
     values = [r.total_tok_s for r in results if r.status == "Valid" and r.total_tok_s is not None]
     modes = answers.bimodality(values)
     if modes.bimodal:
@@ -393,7 +437,7 @@ async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> Expe
         # Each Valid run's window on the client's clock, so its rate can be recomputed (`make truth` does).
         details={"runs": values, "windows": [r.window for r in results if r.status == "Valid"
                                              and r.total_tok_s is not None],
-                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high, "time_scale": target.time_scale,
+                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high, "time_scale": time_scale,
                  "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})
 
 

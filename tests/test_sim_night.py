@@ -1,6 +1,7 @@
 """Whole campaigns in simulated time (`campaign run MATRIX --engine sim --clock virtual`, sim_night.py): the
 shipped matrices' verdicts in seconds, on a normal run that diff, report and export read, with every figure
-checked against the engine's own records."""
+checked against the engine's own records (and, in test_sim.py, the replayed experiments against the same
+experiments measured over HTTP on the simulator)."""
 
 from __future__ import annotations
 
@@ -65,13 +66,17 @@ def test_a5000_tuning_keeps_the_memory_and_reverts_the_batch_size_as_seed_000_di
             # ... and the baseline's ladder within 10% of the seed's at every rung, 32 and 64 streams included.
             assert _mean(run, "baseline", key, "total_tok_s") == pytest.approx(SEED_000_TOTAL[spec.concurrency],
                                                                                rel=0.10), key
-    # What simulated time could not replay is said, and stored with the run.
+    # The whole matrix, seed 000's experiments included, each judged by study.py's own functions.
     manifest = run.manifest()
-    assert manifest.clock == "virtual" and manifest.time_scale == 1.0
-    assert [why.split(" ", 2)[1].rstrip(":") for why in manifest.not_replayed] == [
-        "context-window", "long-context", "overload", "prefix-order", "repeat"]
-    assert "not replayed (measure it over HTTP: campaign run a5000-tuning --engine sim): workloads[2] context-window" \
-        in result.stderr
+    assert manifest.clock == "virtual" and manifest.time_scale == 1.0 and manifest.not_replayed == []
+    experiments = {(e.variant, e.result.kind): e.result for e in run.experiments() if e.repeat == 0}
+    assert {kind for _, kind in experiments} == {"context-window", "long-context", "overload", "prefix-order",
+                                                 "repeat"}
+    assert all(e.status == "Valid" for e in experiments.values()), {k: e.reasons for k, e in experiments.items()}
+    overload = experiments[("baseline", "overload")].values
+    assert overload["ran_concurrently"] == 256 and overload["queued"] == 64 and overload["errored"] == 0
+    assert experiments[("baseline", "prefix-order")].values["shared_first_hit_rate"] == pytest.approx(0.63, abs=0.08)
+    assert "silently clamps" in experiments[("baseline", "context-window")].verdict   # vLLM >= 0.32's clamp
 
 
 def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
@@ -141,6 +146,25 @@ def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path
     run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
     (failure,) = run.failures()
     assert failure.variant == "small" and failure.failure_kind in {"out_of_memory", "kv_cache_insufficient"}
+
+
+def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) -> None:
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("name: m\nprofile: h200\nbaseline: a\nrepeats: 1\nvariants: [{name: a}]\nwindow_s: 5\n"
+                      "workloads:\n  - {kind: prefill, contexts: [8k]}\n"
+                      "  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n"
+                      "  - {kind: decode, contexts: [1024], concurrency: [1], prompts: code}\n")
+    result = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "o"),
+                      "--plain")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
+    left = run.manifest().not_replayed
+    assert left == ["workloads[1] rate: an open-loop load is measured over HTTP only",
+                    "workloads[2] decode (code prompts, completions): text needs the server's tokenizer"]
+    assert all(f"not replayed (measure it over HTTP: campaign run m --engine sim): {why}" in result.stderr
+               for why in left)
+    assert [c.result.spec.key for c in run.cells()] == ["prefill-L8192"]   # what was replayed, all of it stored
+    assert [w["kind"] for w in run.manifest().matrix.raw["workloads"]] == ["prefill"]
 
 
 def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path) -> None:
