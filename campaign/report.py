@@ -669,6 +669,23 @@ def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = 
         title = f"Sustained decode, total tok/s (TTFT {modes})"
         out.append(Table(title=title + (f"; in brackets: with TTFT {other_mode}" if other_mode else ""),
                          headers=["Context", *map(str, streams)], rows=rows))
+    fixed = [c for c in cells if c.spec.phase == "decode" and c.spec.mode == "fixed"]
+    if fixed:
+        # Seed 000's fixed-count table: C requests at once, C x N tokens over the step's whole time.
+        at = {(c.spec.context_tokens, c.spec.concurrency): c for c in fixed}
+        columns = sorted({c.spec.concurrency for c in fixed})
+
+        def ladder(c: VirtualCell | None) -> Item:
+            if c is None:
+                return DASH
+            if c.status != "Valid" or c.total_tok_s is None:
+                return c.status
+            return f"{fmt_num(c.total_tok_s)} ({fmt_num(c.per_request_tok_s)})"
+
+        out.append(Table(title="Fixed-count decode, total tok/s (each request's own tok/s, TTFT excluded)",
+                         headers=["Context", *map(str, columns)],
+                         rows=[[fmt_context(ctx), *(ladder(at.get((ctx, s))) for s in columns)]
+                               for ctx in sorted({c.spec.context_tokens for c in fixed})]))
     prefill = [c for c in cells if c.spec.phase == "prefill"]
     if prefill:
         out.append(Table(title="Prefill (one request, max_tokens 1)", headers=["Context", "Prompt tok/s", "TTFT"],

@@ -319,6 +319,19 @@ def test_campaign_simulate_prints_a_matrix_replayed_in_simulated_time(tmp_path: 
     assert "cpu-tiny.yaml: hardware: the profile names no simulated hardware" in refused.stderr.splitlines()[0]
 
 
+def test_campaign_simulate_prints_seed_000s_fixed_count_ladder() -> None:
+    out = subprocess.run([sys.executable, "-m", "campaign", "simulate", "a5000-tuning"], cwd=PROJECT_ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    title = lines.index("Fixed-count decode, total tok/s (each request's own tok/s, TTFT excluded)")
+    assert lines[title + 1].split() == ["Context", "1", "2", "4", "8", "16", "32", "64"]
+    row = lines[title + 3].split()
+    assert row[0] == "32" and len(row) == 1 + 2 * 7   # "total (per request)" at every rung
+    totals = [float(v.replace(",", "")) for v in row[1::2]]
+    assert totals == pytest.approx(list(SEED_000_TOTAL.values()), rel=0.10)
+
+
 def test_a_replayed_fixed_cell_primes_and_reuses_its_prompts_when_warm() -> None:
     """As measure does: warm TTFT primes each stream's prompt with a one-token request (not counted) and sends
     it every round, so its TTFT excludes the 8K prefill and its hits are expected, not foreign."""
