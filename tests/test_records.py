@@ -97,3 +97,48 @@ def test_a_damaged_repeats_file_still_counts(tmp_path: Path) -> None:
     (root / "repeats-3.json").write_text("{trunc")
     assert run.set_aside_damaged() == []  # its count is its name: it stays where repeats() reads it
     assert store.RunDir(root).repeats(2) == 3
+
+
+def test_a_format_9_time_scaled_runs_experiments_read_in_the_hardwares_units(tmp_path: Path) -> None:
+    """Format 10 stores the hardware's figures; a format-9 run at 5x stored the wall clock's, and reads
+    converted by its manifest's scale: long-context rates and silence, overload's and prefix-order's walls,
+    repeat's runs. A run at scale 1 (vLLM) is left as it is."""
+    from fakes import builders
+
+    from campaign import study
+
+    wall = {
+        "long-context": study.ExperimentResult(
+            kind="long-context", key="long-context", status="Valid",
+            values={"prompt_tok_s": 5000.0, "silence_s_per_1k_prompt_tokens": 0.2, "generation_tok_s_drop_pct": 4.0},
+            details={"rows": [{"context_tokens": 8192, "ttft_s": 1.6384, "generation_tok_s": 740.0,
+                               "prompt_tok_s": 5000.0, "error": None}]}),
+        "overload": study.ExperimentResult(kind="overload", key="overload-x1.25", status="Valid",
+                                           values={"queued": 64.0}, details={"wall_s": 10.0}),
+        "prefix-order": study.ExperimentResult(
+            kind="prefix-order", key="prefix-order-K4", status="Valid",
+            values={"shared_first_wall_s": 2.0, "shared_first_hit_rate": 0.6, "speedup": 1.8},
+            details={"arms": {"shared-first": {"wall_s": 2.0}, "unrelated": {"wall_s": 3.6}}}),
+        "repeat": study.ExperimentResult(kind="repeat", key="repeat-x", status="Valid",
+                                         values={"mean_total_tok_s": 500.0},
+                                         details={"runs": [500.0, 500.0], "low": None, "high": None}),
+    }
+    read: dict[float, dict[str, study.ExperimentResult]] = {}
+    for scale in (1.0, 5.0):
+        run = store.RunDir.create(tmp_path / f"x{scale:g}", "t")
+        builders.manifest(run, baseline="a", engine="sim", time_scale=scale)
+        for result in wall.values():
+            path = run.write_experiment("a", 0, result.key, result, launch="launch-1")
+            path.write_text(json.dumps(json.loads(path.read_text()) | {"schema_version": 9}))
+        read[scale] = {e.result.kind: e.result for e in run.experiments()}
+    assert read[1.0] == {kind: r.model_copy(update={"key": r.key}) for kind, r in wall.items()}
+    fast = read[5.0]
+    assert fast["long-context"].values == {"prompt_tok_s": 1000.0, "silence_s_per_1k_prompt_tokens": 1.0,
+                                           "generation_tok_s_drop_pct": 4.0}
+    assert fast["long-context"].details["rows"][0] | {"ttft_s": pytest.approx(8.192)} == {
+        "context_tokens": 8192, "ttft_s": 8.192, "generation_tok_s": 148.0, "prompt_tok_s": 1000.0, "error": None}
+    assert fast["overload"].details["wall_s"] == 50.0 and fast["overload"].values == {"queued": 64.0}
+    assert fast["prefix-order"].values == {"shared_first_wall_s": 10.0, "shared_first_hit_rate": 0.6, "speedup": 1.8}
+    assert fast["prefix-order"].details["arms"]["unrelated"]["wall_s"] == 18.0
+    assert fast["repeat"].values["mean_total_tok_s"] == 100.0 and fast["repeat"].details["runs"] == [100.0, 100.0]
+    assert all(r.details["time_scale"] == 5.0 for r in fast.values())
