@@ -8,17 +8,19 @@ wall clock), and its requests, as RequestRecords, go through the tool's own figu
 window_metrics, prefill_metrics). The run is a normal run: `diff`, `report` and `export` read it, and its
 figures are the hardware's (time scale 1), whatever speed this machine has.
 
-What is replayed: prefill and decode cells of random-id prompts on /v1/completions, and seed 000's
-experiments (context window, long context, overload, prefix order, repeat), each step as study.py sends it
-and judged by study.py's own functions. What is not, and is left out of the run with its name on the console
-and in the manifest (`not_replayed`): open-loop rate cells, agent sessions and capacity searches, and text or
-chat prompts (they need the server's tokenizer); measure them over HTTP (`campaign run MATRIX --engine sim`).
+What is replayed: prefill and decode cells, with any prompts on either endpoint (text and chat prompts are
+made by the tool's own prompts.Prompts, talking to the simulator's tokenizer and chat template in this
+process instead of over /tokenize), and seed 000's experiments (context window, long context, overload,
+prefix order, repeat), each step as study.py sends it and judged by study.py's own functions. What is not,
+and is left out of the run with its name on the console and in the manifest (`not_replayed`): open-loop rate
+cells, agent sessions and capacity searches; measure them over HTTP (`campaign run MATRIX --engine sim`).
 Repeats differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell); everything else
 an engine does is deterministic, so a virtual A/A reads no difference.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import math
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from campaign import argv, sim, sim_config, sim_truth, sim_virtual, startup_log, stats, store, study
+from campaign import argv, prompts, sim, sim_config, sim_text, sim_truth, sim_virtual, startup_log, stats, store, study
 from campaign.cells import (
     TTFT_MODE_TEXT,
     CellResult,
@@ -73,8 +75,6 @@ def _replayable(workload: Any) -> str | None:
     if not isinstance(workload, PrefillWorkload | DecodeWorkload):
         return f"{workload.kind}: {'an open-loop load' if workload.kind == 'rate' else 'this experiment'} is " \
                "measured over HTTP only"
-    if workload.prompts != "random" or workload.endpoint != "completions":
-        return f"{workload.kind} ({workload.prompts} prompts, {workload.endpoint}): text needs the server's tokenizer"
     return None
 
 
@@ -104,8 +104,15 @@ class VirtualLaunch:
     log: str
     facts: StartupFacts
 
-    def measure(self, spec: CellSpec, prompts: sim_virtual.Prompts) -> CellResult:
-        return cell_result(self.config, spec, sim_virtual.run_cell(self.config, spec, prompts))
+    def measure(self, spec: CellSpec, ids: sim_virtual.Prompts) -> CellResult:
+        """The cell replayed; random ids on /v1/completions from `ids`, other prompts as the tool makes them."""
+        maker: sim_virtual.PromptMaker = ids
+        if spec.prompts != "random" or spec.endpoint != "completions":
+            key = (spec.prompts, spec.endpoint)
+            # One source a process: its corpus, tokenized once (7 s for the prose corpus), serves every launch,
+            # and its salted tags keep every prompt unique across them.
+            maker = _TEXTS[key] = _TEXTS.get(key) or TextPrompts(spec.prompts, spec.endpoint)
+        return cell_result(self.config, spec, sim_virtual.run_cell(self.config, spec, maker))
 
     def experiment(self, experiment: Experiment, prompts: sim_virtual.Prompts, *,
                    window_s: float) -> study.ExperimentResult:
@@ -152,6 +159,49 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int) 
     return VirtualLaunch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
 
 
+class LocalTokenizer:
+    """The simulator's tokenizer and chat template (what its /tokenize answers), called in this process."""
+
+    def __init__(self) -> None:
+        self.tokenizer = sim_text.Tokenizer()
+
+    async def tokenize(self, *, prompt: str | None = None,
+                       messages: list[dict[str, Any]] | None = None) -> list[int]:
+        return self.encode(prompt=prompt, messages=messages)
+
+    def encode(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None) -> list[int]:
+        text = sim_text.chat_prompt(messages) if messages is not None else (prompt or "")
+        return self.tokenizer.encode(text)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+
+class TextPrompts:
+    """The tool's own text or chat prompts (prompts.Prompts) as the engine receives them: token ids, a chat
+    message through the server's template. A prompt the tool cannot make is a PromptError, as over HTTP."""
+
+    def __init__(self, kind: str, endpoint: str) -> None:
+        self.tokenizer = LocalTokenizer()
+        # Seeded: a virtual night draws the same corpus windows every time it is run (repeats differ).
+        self.source = prompts.Prompts(kind, endpoint, tokenizer=self.tokenizer, seed=0)
+        self.template_prefix = 0
+
+    def fresh(self, tokens: int) -> list[int]:
+        made = asyncio.run(self._next(tokens))
+        self.template_prefix = self.source.template_prefix
+        if made.ids is not None:
+            return made.ids
+        return self.tokenizer.encode(messages=made.messages)
+
+    async def _next(self, tokens: int) -> prompts.Prompt:
+        await self.source.prepare(tokens)
+        return await self.source.next(tokens)
+
+
+_TEXTS: dict[tuple[str, str], TextPrompts] = {}
+
+
 def record(truth: RequestTruth) -> RequestRecord:
     """An engine's request as the client would have recorded it from a perfect connection."""
     return RequestRecord(
@@ -182,7 +232,7 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
     if spec.phase == "decode" and spec.ttft == "warm":
         notes.append(f"{TTFT_MODE_TEXT['warm']}; {spec.concurrency} priming request(s) not counted")
     counters = cell.counters
-    if spec.phase == "decode" and config.num_speculative_tokens:
+    if spec.phase == "decode" and spec.prompts == "random" and config.num_speculative_tokens:
         findings.append(Finding(Reason.SPEC_RANDOM_PROMPTS, (
             "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so "
             "the acceptance and the speed here are not what text will get")))

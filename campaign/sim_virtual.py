@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from campaign import argv, sim_config, sim_truth, stats
 from campaign.cells import CellSpec, Finding, Reason, Status, StepEvidence, TTFTMode, over_capacity, verdict
@@ -68,13 +69,25 @@ class VirtualCell:
         return [f"{f.code.value}: {f.message}" for f in self.findings]
 
 
+class PromptMaker(Protocol):
+    """Where a replayed cell's prompts come from: token ids of a length, and how many tokens every prompt
+    opens with alike (a chat template's fixed opening, which the prefix cache serves; 0 for raw ids)."""
+
+    template_prefix: int
+
+    def fresh(self, tokens: int) -> list[int]: ...
+
+
 class Prompts:
-    """Prompts that share no prefix: consecutive ids from a counter that wraps every 140,000 tokens, so two
-    prompts begin alike only when a multiple of 140,000 tokens lies between their starts (for 8K prompts,
-    4,375 prompts apart: no cell sends that many); consecutive ids repeat no two-token sequence within
-    140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds nothing, as in the tool's random ids.
+    """Random ids (the tool's `prompts: random`) that share no prefix: consecutive ids from a counter that
+    wraps every 140,000 tokens, so two prompts begin alike only when a multiple of 140,000 tokens lies
+    between their starts (for 8K prompts, 4,375 prompts apart: no cell sends that many); consecutive ids
+    repeat no two-token sequence within 140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds
+    nothing, as in the tool's random ids.
     Not prompts.PromptSource, the tool's own: its random ids, drawn one at a time, made `campaign simulate
     h200-speed-matrix` take 24 s instead of 11 s, for figures within 0.2% of these."""
+
+    template_prefix = 0
 
     def __init__(self) -> None:
         self._next = itertools.count(1_000)
@@ -104,7 +117,7 @@ def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
     return profile_config(matrix.profile, chosen.flags)
 
 
-def run_cell(config: SimConfig, spec: CellSpec, prompts: Prompts | None = None) -> VirtualCell:
+def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = None) -> VirtualCell:
     """One cell on a fresh engine (a server of `config` with nothing cached)."""
     prompts = prompts or Prompts()
     mem = config.memory()
@@ -139,7 +152,8 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: Prompts | None = None) 
     return _sustained(sim, truth, config, spec, prompts)
 
 
-def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: Prompts) -> tuple[list[list[int]], int]:
+def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,
+            prompts: PromptMaker) -> tuple[list[list[int]], int]:
     """Each stream's prompt; with `ttft: warm` (seed 004's method) cached first by a one-token request, all
     at once, and then reused by every request of the stream. Returns the prompts and the priming count."""
     streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
@@ -152,7 +166,7 @@ def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec, prompts: Pr
 
 
 def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-           prompts: Prompts) -> VirtualCell:
+           prompts: PromptMaker) -> VirtualCell:
     """Rounds of C requests, each round once the last has ended, until the minimums (measure's rule)."""
     streams, primed = _primed(sim, truth, spec, prompts)
     began, sent = sim.now, 0
@@ -166,7 +180,8 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
             break
     measured = sorted(truth.requests, key=lambda r: r.arrival)[primed:]
     figures = sim_truth.fixed_figures(measured)
-    status, findings = verdict(_evidence(sim, config, spec, avg_active=None, samples=[]))
+    status, findings = verdict(_evidence(sim, config, spec, avg_active=None, samples=[],
+                                         template_hits=_template_hits(prompts, config, len(truth.all_requests()))))
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
@@ -174,7 +189,7 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
 
 
 def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-               prompts: Prompts) -> VirtualCell:
+               prompts: PromptMaker) -> VirtualCell:
     """C streams from the moment priming ends, each sending its next request as the last ends; the window
     opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
     streams, primed = _primed(sim, truth, spec, prompts)
@@ -201,6 +216,7 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     figures = sim_truth.window_figures(measured, start, end)
     samples = [g for g in (_gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]
     evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
+                         template_hits=_template_hits(prompts, config, len(truth.all_requests())),
                          avg_before_first_token=figures["avg_before_first_token"], samples=samples)
     status, findings = verdict(evidence)
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
@@ -231,8 +247,16 @@ def _gauges(steps: Sequence[sim_truth.StepTruth], t: float,
     return float(step.running), float(step.waiting), step.kv_used_blocks / total_blocks if total_blocks else 0.0
 
 
+def _template_hits(prompts: PromptMaker, config: SimConfig, requests: int) -> float:
+    """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request), as
+    measure counts them."""
+    block = config.block()
+    return float(requests * (prompts.template_prefix // block * block))
+
+
 def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: float | None,
-              samples: list[tuple[float, float, float]], avg_before_first_token: float | None = None) -> StepEvidence:
+              samples: list[tuple[float, float, float]], avg_before_first_token: float | None = None,
+              template_hits: float = 0.0) -> StepEvidence:
     counters = sim.engine.counters
     return StepEvidence(
         phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=[],
@@ -241,7 +265,7 @@ def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: fl
         kv_usage=tuple(s[2] for s in samples), avg_active=avg_active,
         avg_before_first_token=avg_before_first_token, max_num_seqs=config.max_num_seqs,
         shares_prefixes=spec.phase == "decode" and spec.ttft == "warm", context_tokens=spec.context_tokens,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_batched_tokens=config.max_num_batched_tokens, template_hits=template_hits,
         decode_tokens_per_seq=1 + config.num_speculative_tokens)
 
 

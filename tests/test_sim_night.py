@@ -192,3 +192,25 @@ def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
     assert all(c.result.notes[0] == sim_night.NOTE for c in run.cells())
     matrix = load_matrix("h200-memory-quick")[0]
     assert matrix.repeats == 1
+
+
+def test_speculative_decoding_on_text_in_simulated_time_reads_as_seed_000_and_004_found(tmp_path: Path) -> None:
+    """Text and chat prompts are the tool's own (prompts.Prompts, on the simulator's tokenizer in-process):
+    a5000-spec's drafter model cuts the cache about 5x and no longer serves 64 streams (seed 000 reverted it);
+    h200-mtp's MTP heads, judged on code and prose, are kept (seed 004 serves with two). Agent sessions are
+    left out and said."""
+    spec_result, spec_run = virtual_run("a5000-spec", tmp_path)
+    assert spec_run.manifest().not_replayed == ["workloads[2] agents: this experiment is measured over HTTP only"]
+    outcomes = {d.variant: d for d in compare.diff_run(spec_run)}
+    assert outcomes["drafter"].outcome == "revert", outcomes["drafter"].recommendation
+    assert "it can no longer serve what the baseline served" in outcomes["drafter"].recommendation
+    cells = [c.result for c in spec_run.cells() if c.variant == "ngram" and c.result.spec.prompts == "code"]
+    assert cells and all("spec_random_prompts" not in [r.value for r in c.reason_codes] for c in cells)
+    assert all(c.spec_acceptance_rate is not None for c in cells)
+    mtp_result, mtp_run = virtual_run("h200-mtp", tmp_path)
+    mtp = {d.variant: d for d in compare.diff_run(mtp_run)}
+    assert mtp["mtp2"].outcome == "keep", mtp["mtp2"].recommendation
+    chat = [c.result for c in mtp_run.cells() if c.variant == "mtp2" and c.result.spec.endpoint == "chat"]
+    assert chat and all(c.status == "Valid" for c in chat), [c.reasons for c in chat]
+    rates = [c.spec_acceptance_rate for c in chat]
+    assert all(r is not None and 0.3 < r < 0.95 for r in rates), rates
