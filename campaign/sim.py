@@ -382,10 +382,11 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(args, mem, block, log))
 
 
-def start_up(args: SimConfig, log: Log) -> tuple[sim_model.Memory, int] | None:
+def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> tuple[sim_model.Memory, int] | None:
     """The startup log, line by line as vLLM prints it, with the values the memory model computes; the memory
     and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A virtual
-    launch (sim_night) reads the same lines as the launcher reads a real one's."""
+    launch (sim_night) reads the same lines as the launcher reads a real one's. `visible_devices`: the GPUs it
+    was given (default: CUDA_VISIBLE_DEVICES, as the launcher sets it for a pool's launch)."""
     began = time.monotonic()
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
@@ -407,7 +408,8 @@ def start_up(args: SimConfig, log: Log) -> tuple[sim_model.Memory, int] | None:
              f"enable_prefix_caching={args.enable_prefix_caching}, enable_chunked_prefill=True")
     # The GPUs it was given, declared as its own line (vLLM prints no such line): a GPU pool's launches are
     # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
-    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible_devices is None else visible_devices
+    visible = [g for g in devices.split(",") if g.strip()]
     if visible:
         if len(visible) < tp:
             log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "

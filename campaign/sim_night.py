@@ -129,8 +129,12 @@ class VirtualLaunch:
             return prefix_order(config, experiment.agents, experiment.shared_tokens, experiment.task_tokens,
                                 experiment.reply_tokens, prompts)
         if isinstance(experiment, RepeatExperiment):
+            # One server runs the runs one after another, its random state going on (seed 000's bimodal cell
+            # draws its mode per run): here each run gets a seed of its own.
             spec = experiment.spec(window_s)
-            return study.repeat_result(spec, [self.measure(spec, prompts) for _ in range(experiment.times)])
+            runs = [replace(self, config=replace(config, seed=config.seed * 1000 + i + 1)).measure(spec, prompts)
+                    for i in range(experiment.times)]
+            return study.repeat_result(spec, runs)
         raise ValueError(f"{experiment.kind}: not replayed in simulated time")  # replayable() kept it out
 
 
@@ -147,8 +151,17 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int) 
         raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
                           log_tail=errors.getvalue(), hint="see the simulator's usage line") from None
     config = replace(config, seed=seed, time_scale=1.0, truth=None)
+    # Faults of a process or of its HTTP traffic have nothing to act on here: refused, never silently ignored.
+    faults = config.faults
+    unreplayed = [name for name, on in (("hang-startup", faults.hang_startup), ("crash-after", faults.crash_after),
+                                        ("ignore-sigterm", faults.ignore_sigterm), ("grandchild", faults.grandchild),
+                                        ("foreign", faults.foreign_tok_s)) if on]
+    if unreplayed:
+        raise LaunchError(f"fault {', '.join(unreplayed)} (CAMPAIGN_SIM_FAULTS) is not replayed in simulated time",
+                          kind="bad_argument", hint="unset CAMPAIGN_SIM_FAULTS, or run over HTTP (--clock wall)")
     lines: list[str] = []
-    started = sim.start_up(config, sim.Log(config, lines.append))
+    # The controller's CUDA_VISIBLE_DEVICES is not the simulated launch's: no GPU is placed here.
+    started = sim.start_up(config, sim.Log(config, lines.append), visible_devices="")
     log = "".join(lines)
     facts = startup_log.parse(log)
     if started is None or facts.failure is not None:

@@ -129,6 +129,20 @@ def test_an_aa_in_simulated_time_reads_no_difference(tmp_path: Path) -> None:
     assert diff.aa and diff.outcome == "no difference", diff.recommendation
 
 
+def test_a_fault_with_nothing_to_act_on_in_simulated_time_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung start or foreign traffic needs a process or HTTP: refused by name, never ignored (a hung start
+    would have hung the night); the CUDA_VISIBLE_DEVICES of the controller places no simulated launch."""
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "hang-startup,foreign:50")
+    with pytest.raises(LaunchError) as refused:
+        sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
+    assert refused.value.kind == "bad_argument"
+    assert refused.value.message == \
+        "fault hang-startup, foreign (CAMPAIGN_SIM_FAULTS) is not replayed in simulated time"
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "bimodal4")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # one GPU here; the simulated pair still starts
+    assert sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0).config.faults.bimodal4
+
+
 def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path: Path) -> None:
     with pytest.raises(LaunchError) as raised:
         sim_night.start(load_profile("a5000-tp2")[0], {"gpu-memory-utilization": 0.25}, seed=0)
