@@ -4,6 +4,9 @@ Per launch in the schedule: start the variant's server, record what it became, m
 stop it. Failures are data: a launch that never becomes ready is recorded and the campaign goes on; a server
 that dies mid-cell is relaunched and the cell retried once, then marked Failed. Every cell is written the
 moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `--resume` picks up there.
+
+Long (about 800 lines): the launch loop, its records, the night's three executors and the virtual clock's
+launch share the Campaign's state; the split into layers is issue 31's.
 """
 
 from __future__ import annotations

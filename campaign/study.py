@@ -8,6 +8,10 @@
 - agents: N chat sessions on a shared system prompt with growing histories; the largest N above speed floors
 
 (Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
+
+Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
+sim_night feeds the same functions from the simulator's engine in simulated time. Over 500 lines so that an
+experiment's two halves are read together.
 """
 
 from __future__ import annotations
