@@ -187,7 +187,9 @@ class RunDir:
     def time_scale(self) -> float:
         """The run's time scale (its manifest's): older files of a time-scaled run are converted by it on read."""
         if self._time_scale is None:
-            self._time_scale = self.manifest().time_scale if self.manifest_path.exists() else 1.0
+            if not self.manifest_path.exists():
+                return 1.0   # not yet written (a run being created): nothing older to convert, nothing cached
+            self._time_scale = self.manifest().time_scale
         return self._time_scale
 
     def read_each(self, paths: Iterator[Path] | list[Path], model: type[R]) -> Iterator[tuple[Path, R]]:
