@@ -167,22 +167,28 @@ def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) 
     matrix.write_text("name: m\nprofile: h200\nbaseline: a\nrepeats: 1\nvariants: [{name: a}]\nwindow_s: 5\n"
                       "workloads:\n  - {kind: prefill, contexts: [8k]}\n"
                       "  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n"
-                      "  - {kind: decode, contexts: [1024], concurrency: [1], prompts: code}\n")
+                      "  - {kind: decode, contexts: [1024], concurrency: [1], prompts: code}\n"
+                      "  - {kind: agents, sessions: [1], turns: 2, system_tokens: 200, user_tokens: 50}\n")
     result = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "o"),
                       "--plain")
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
     left = run.manifest().not_replayed
     assert left == ["workloads[1] rate: an open-loop load is measured over HTTP only",
-                    "workloads[2] decode (code prompts, completions): text needs the server's tokenizer"]
+                    "workloads[3] agents: this experiment is measured over HTTP only"]
     assert all(f"not replayed (measure it over HTTP: campaign run m --engine sim): {why}" in result.stderr
                for why in left)
-    assert [c.result.spec.key for c in run.cells()] == ["prefill-L8192"]   # what was replayed, all of it stored
-    assert [w["kind"] for w in run.manifest().matrix.raw["workloads"]] == ["prefill"]
+    # What was replayed, all of it stored: code prompts are the tool's own, on the simulator's tokenizer.
+    assert sorted(c.result.spec.key for c in run.cells()) == ["decode-sustained-L1024-C1-N256-W5-Pcode",
+                                                              "prefill-L8192"]
+    assert [w["kind"] for w in run.manifest().matrix.raw["workloads"]] == ["prefill", "decode"]
 
 
 def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path) -> None:
-    refused = campaign("run", "a5000-spec", "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path))
+    matrix = tmp_path.parent / f"{tmp_path.name}-rate.yaml"
+    matrix.write_text("name: r\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\n"
+                      "workloads:\n  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n")
+    refused = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("Error: ") and "nothing in this matrix can be replayed in simulated time" \
         in refused.stderr.splitlines()[0]
