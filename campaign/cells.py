@@ -150,6 +150,25 @@ def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TO
             f"({100 * change:+.1f}%, beyond the {100 * tolerance:g}% a warm server allows)")
 
 
+def spec_random_prompts() -> Finding:
+    """Speculative decoding measured on random token ids (measure's and the virtual replay's reason)."""
+    return Finding(Reason.SPEC_RANDOM_PROMPTS, (
+        "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so the "
+        "acceptance and the speed here are not what text will get"))
+
+
+def template_hits(requests: int, template_prefix: int, block: int | None) -> float:
+    """Cache hits a chat step may get from its template's fixed opening: whole blocks of it per request."""
+    return float(requests * (template_prefix // block * block if block else template_prefix))
+
+
+def result_base(spec: CellSpec) -> dict[str, Any]:
+    """The fields every CellResult of `spec` starts from, whatever came of it (a prefill asks one token)."""
+    return {"spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
+            "concurrency": spec.concurrency, "label": spec.label,
+            "max_tokens": 1 if spec.phase == "prefill" else spec.max_tokens}
+
+
 def findings_fields(findings: list[Finding]) -> dict[str, Any]:
     """`reasons` and `reason_codes` of a CellResult from findings."""
     return {"reasons": [f.message for f in findings], "reason_codes": [f.code for f in findings]}

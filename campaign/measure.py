@@ -38,6 +38,9 @@ from campaign.cells import (
     queue_note,
     rate_metrics,
     request_latencies,
+    result_base,
+    spec_random_prompts,
+    template_hits,
     verdict,
     window_metrics,
 )
@@ -258,12 +261,8 @@ class Measurer:
 
     # --- one cell ----------------------------------------------------------------------------------------
     async def run_cell(self, spec: CellSpec) -> CellResult:
-        base: dict[str, Any] = {
-            "spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
-            "concurrency": spec.concurrency, "label": spec.label,
-        }
-        max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
-        base["max_tokens"] = max_tokens
+        base = result_base(spec)
+        max_tokens: int = base["max_tokens"]
         if spec.phase == "decode" and over_capacity(
             context_tokens=spec.context_tokens, output_tokens=max_tokens, concurrency=spec.concurrency,
             kv_cache_tokens=self.target.kv_cache_tokens, block_size=self.target.block_size,
@@ -463,9 +462,7 @@ class Measurer:
     def _template_hits(self, spec: CellSpec, requests: int) -> float:
         """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request)."""
         source = self._sources.get((spec.prompts, spec.endpoint))
-        shared = source.template_prefix if source is not None else 0
-        block = self.target.block_size
-        return float(requests * (shared // block * block if block else shared))
+        return template_hits(requests, source.template_prefix if source is not None else 0, self.target.block_size)
 
     async def _prompt(self, context: int, source: Prompts | None) -> Prompt:
         if source is None:
@@ -716,9 +713,7 @@ class Measurer:
         status, findings = verdict(evidence)
         if spec.phase == "decode" and spec.prompts == "random" and (
                 m.speculative(delta) or self.target.num_speculative_tokens):
-            findings.append(Finding(Reason.SPEC_RANDOM_PROMPTS, (
-                "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so "
-                "the acceptance and the speed here are not what text will get")))
+            findings.append(spec_random_prompts())
         energy = step.telemetry.energy_j if step.telemetry else None
         generated = sum(r.tokens for r in records)
         if energy is not None and generated and spec.phase == "decode":

@@ -119,20 +119,23 @@ def speculative(delta: Delta) -> bool:
     return delta.optional(SPEC_DRAFTS) is not None
 
 
+def spec_figures(drafts: float | None, draft_tokens: float | None,
+                 accepted: float | None) -> tuple[float | None, float | None, float | None]:
+    """(acceptance rate, mean acceptance length, mean accepted) from a step's counts of drafts, drafted tokens
+    and accepted tokens (vLLM's own definitions): accepted / drafted tokens, 1 + accepted / drafts, accepted /
+    drafts; None without speculative decoding or without a draft."""
+    rate = accepted / draft_tokens if accepted is not None and draft_tokens else None
+    per_draft = accepted / drafts if accepted is not None and drafts else None
+    return rate, None if per_draft is None else 1 + per_draft, per_draft
+
+
 def spec_mean_accepted(delta: Delta) -> float | None:
-    """Draft tokens accepted per draft, over a step (the acceptance length less vLLM's bonus token); None
-    without speculative decoding or without a draft."""
-    drafts = delta.optional(SPEC_DRAFTS)
-    accepted = delta.optional(SPEC_ACCEPTED)
-    return accepted / drafts if accepted is not None and drafts else None
+    """Draft tokens accepted per draft, over a step (the acceptance length less vLLM's bonus token)."""
+    return spec_figures(delta.optional(SPEC_DRAFTS), None, delta.optional(SPEC_ACCEPTED))[2]
 
 
 def spec_decode(delta: Delta) -> tuple[float | None, float | None]:
-    """(acceptance rate, mean acceptance length) over a step; None without speculative decoding.
-    Rate = accepted / drafted tokens; length = 1 + accepted / drafts (vLLM's own definitions)."""
-    drafts = delta.optional(SPEC_DRAFTS)
-    draft_tokens = delta.optional(SPEC_DRAFT_TOKENS)
-    accepted = delta.optional(SPEC_ACCEPTED)
-    rate = accepted / draft_tokens if accepted is not None and draft_tokens else None
-    length = 1 + accepted / drafts if accepted is not None and drafts else None
+    """(acceptance rate, mean acceptance length) over a step; None without speculative decoding."""
+    rate, length, _ = spec_figures(delta.optional(SPEC_DRAFTS), delta.optional(SPEC_DRAFT_TOKENS),
+                                   delta.optional(SPEC_ACCEPTED))
     return rate, length

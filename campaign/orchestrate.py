@@ -311,8 +311,7 @@ class Campaign:
             check_stop()
             done = launch.experiment(experiment, prompts, window_s=self.matrix.window_s)
             self.run.write_experiment(variant.name, repeat, experiment.key, done, launch=launch_dir.name)
-            self.progress.note(f"  {variant.name} r{repeat + 1} {experiment.key}: {done.status}: "
-                               f"{done.verdict or '; '.join(done.reasons)}")
+            self.progress.note(_experiment_line(variant.name, repeat, experiment.key, done))
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str) -> None:
@@ -435,8 +434,7 @@ class Campaign:
                 result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
                                                 reasons=[f"{exc.message} ({exc.hint})"])
             self.run.write_experiment(variant.name, repeat, experiment.key, result, launch=launch_dir.name)
-            self.progress.note(f"  {variant.name} r{repeat + 1} {experiment.key}: {result.status}: "
-                               f"{result.verdict or '; '.join(result.reasons)}")
+            self.progress.note(_experiment_line(variant.name, repeat, experiment.key, result))
 
     async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
         target = server.target(self._timeouts())
@@ -526,6 +524,10 @@ def _cell_line(variant: str, repeat: int, result: CellResult) -> str:
         value = "—"
     why = f" — {result.reasons[0]}" if result.reasons else ""
     return f"  {variant} r{repeat + 1} {result.spec.key}: {result.status}, {value}{why}"
+
+
+def _experiment_line(variant: str, repeat: int, key: str, result: study.ExperimentResult) -> str:
+    return f"  {variant} r{repeat + 1} {key}: {result.status}: {result.verdict or '; '.join(result.reasons)}"
 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,

@@ -23,22 +23,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from campaign import argv, prompts, sim, sim_config, sim_text, sim_truth, sim_virtual, startup_log, stats, store, study
+from campaign import (
+    argv,
+    metrics,
+    prompts,
+    sim,
+    sim_config,
+    sim_text,
+    sim_truth,
+    sim_virtual,
+    startup_log,
+    stats,
+    store,
+    study,
+)
 from campaign.cells import (
     TTFT_MODE_TEXT,
     CellResult,
     CellSpec,
-    Finding,
-    Reason,
     findings_fields,
     fixed_metrics,
     prefill_metrics,
+    result_base,
+    spec_random_prompts,
     window_metrics,
 )
 from campaign.client import RequestRecord
@@ -63,19 +75,18 @@ from campaign.startup_log import StartupFacts
 NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
 
 
-REPLAYED_EXPERIMENTS = (ContextWindowExperiment, LongContextExperiment, OverloadExperiment, PrefixOrderExperiment,
-                        RepeatExperiment)
+# Cells of any prompts, and seed 000's experiments (study.py's own functions judge them).
+REPLAYED = (PrefillWorkload, DecodeWorkload, ContextWindowExperiment, LongContextExperiment, OverloadExperiment,
+            PrefixOrderExperiment, RepeatExperiment)
 SAMPLE_EVERY_S = 0.25   # study.overload's sampler: the gauges every quarter second of the burst
 
 
 def _replayable(workload: Any) -> str | None:
     """Why a workload cannot be replayed in simulated time; None when it can."""
-    if isinstance(workload, REPLAYED_EXPERIMENTS):
-        return None   # random token ids, as study.py sends them
-    if not isinstance(workload, PrefillWorkload | DecodeWorkload):
-        return f"{workload.kind}: {'an open-loop load' if workload.kind == 'rate' else 'this experiment'} is " \
-               "measured over HTTP only"
-    return None
+    if isinstance(workload, REPLAYED):
+        return None
+    return f"{workload.kind}: {'an open-loop load' if workload.kind == 'rate' else 'this experiment'} is " \
+           "measured over HTTP only"
 
 
 def replayable(matrix: Matrix, path: Path) -> tuple[Matrix, list[str]]:
@@ -227,9 +238,7 @@ def record(truth: RequestTruth) -> RequestRecord:
 def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell) -> CellResult:
     """A replayed cell as the tool stores a measured one: the tool's own figures from the engine's requests,
     the verdict the tool's rules gave on the engine's evidence."""
-    base: dict[str, Any] = {"spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
-                            "concurrency": spec.concurrency, "label": spec.label,
-                            "max_tokens": 1 if spec.phase == "prefill" else spec.max_tokens}
+    base = result_base(spec)
     findings = list(cell.findings)
     if not cell.requests:
         return CellResult(**base, status=cell.status, **findings_fields(findings))
@@ -246,10 +255,9 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
         notes.append(f"{TTFT_MODE_TEXT['warm']}; {spec.concurrency} priming request(s) not counted")
     counters = cell.counters
     if spec.phase == "decode" and spec.prompts == "random" and config.num_speculative_tokens:
-        findings.append(Finding(Reason.SPEC_RANDOM_PROMPTS, (
-            "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so "
-            "the acceptance and the speed here are not what text will get")))
-    drafts, drafted, accepted = counters.get("drafts", 0), counters.get("draft_tokens", 0), counters.get("accepted", 0)
+        findings.append(spec_random_prompts())
+    acceptance_rate, acceptance_length, mean_accepted = metrics.spec_figures(
+        counters.get("drafts"), counters.get("draft_tokens"), counters.get("accepted"))
     running, waiting, kv = ([s[i] for s in cell.samples] for i in range(3))
     return CellResult(
         **base, status=cell.status, **findings_fields(findings), notes=notes, **values,
@@ -257,9 +265,8 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
         avg_running=stats.mean(running), avg_waiting=stats.mean(waiting), kv_usage_max=max(kv) if kv else None,
         preemptions=counters.get("preemptions"), prefix_cache_queries=counters.get("queries"),
         prefix_cache_hits=counters.get("hits"),
-        spec_acceptance_rate=accepted / drafted if drafted else None,
-        spec_mean_acceptance_length=1 + accepted / drafts if drafts else None,
-        spec_mean_accepted=accepted / drafts if drafts else None,
+        spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
+        spec_mean_accepted=mean_accepted,
         requests=[r.to_dict() for r in records])
 
 
@@ -306,18 +313,13 @@ def overload(config: SimConfig, max_num_seqs: int, factor: float, prompt_tokens:
              prompts: sim_virtual.Prompts) -> study.ExperimentResult:
     """factor x max-num-seqs requests at once; the gauges sampled every quarter second, as a scrape reads
     them (the last step begun)."""
-    n = max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
     sim, truth = _engine(config)
-    for _ in range(n):
+    for _ in range(study.burst_size(max_num_seqs, factor)):
         sim.submit(prompts.fresh(prompt_tokens), reply_tokens)
     sim.run()
-    gauges = []
-    t = 0.0
-    while t <= sim.now:
-        step = next((s for s in reversed(truth.steps) if s.start <= t), None)
-        if step is not None:
-            gauges.append((t, float(step.running), float(step.waiting)))
-        t += SAMPLE_EVERY_S
+    read = ((t, sim_virtual.gauges(truth.steps, t, sim.engine.blocks.total))
+            for t in sim_virtual.times(0.0, sim.now, SAMPLE_EVERY_S))
+    gauges = [(t, g[0], g[1]) for t, g in read if g is not None]
     records = [record(r) for r in sorted(truth.requests, key=lambda r: r.arrival)]
     return study.overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=sim.now, gauges=gauges,
                                  attempts=[])
@@ -327,7 +329,7 @@ def prefix_order(config: SimConfig, agents: int, shared_tokens: int, task_tokens
                  prompts: sim_virtual.Prompts) -> study.ExperimentResult:
     """The three arms in turn on one server, each with a shared block of its own (whole KV blocks)."""
     block = config.block()
-    shared_len = max(block, math.ceil(shared_tokens / block) * block)
+    shared_len = study.shared_block_tokens(shared_tokens, block)
     sim, truth = _engine(config)
     counters = sim.engine.counters
     arms: dict[str, dict[str, Any]] = {}

@@ -33,7 +33,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from campaign import argv, sim_config, sim_truth, stats
-from campaign.cells import CellSpec, Finding, Reason, Status, StepEvidence, TTFTMode, over_capacity, verdict
+from campaign.cells import (
+    CellSpec,
+    Finding,
+    Reason,
+    Status,
+    StepEvidence,
+    TTFTMode,
+    over_capacity,
+    template_hits,
+    verdict,
+)
 from campaign.errors import CampaignError, ConfigError
 from campaign.matrix import Matrix
 from campaign.measure import MAX_ROUNDS, SAMPLE_EVERY_S
@@ -181,7 +191,8 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
     measured = sorted(truth.requests, key=lambda r: r.arrival)[primed:]
     figures = sim_truth.fixed_figures(measured)
     status, findings = verdict(_evidence(sim, config, spec, avg_active=None, samples=[],
-                                         template_hits=_template_hits(prompts, config, len(truth.all_requests()))))
+                                         template_hits=template_hits(len(truth.all_requests()), prompts.template_prefix,
+                                                                     config.block())))
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
@@ -209,14 +220,15 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     start = sim.now + spec.warmup_s
     end = start + spec.window_s
     interval = min(SAMPLE_EVERY_S, spec.window_s / 2)
-    sample_at = list(_times(start + interval / 2, end, interval))
+    sample_at = list(times(start + interval / 2, end, interval))
     sim.run(until=end)
     ended = True
     measured = sorted(truth.all_requests(), key=lambda r: r.arrival)[primed:]
     figures = sim_truth.window_figures(measured, start, end)
-    samples = [g for g in (_gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]
+    samples = [g for g in (gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]
     evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
-                         template_hits=_template_hits(prompts, config, len(truth.all_requests())),
+                         template_hits=template_hits(len(truth.all_requests()), prompts.template_prefix,
+                                                     config.block()),
                          avg_before_first_token=figures["avg_before_first_token"], samples=samples)
     status, findings = verdict(evidence)
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
@@ -230,14 +242,15 @@ def _count(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def _times(start: float, end: float, every: float) -> Iterator[float]:
+def times(start: float, end: float, every: float) -> Iterator[float]:
+    """start, start + every, ... up to end: when a sampler reads."""
     t = start
     while t <= end:
         yield t
         t += every
 
 
-def _gauges(steps: Sequence[sim_truth.StepTruth], t: float,
+def gauges(steps: Sequence[sim_truth.StepTruth], t: float,
             total_blocks: int) -> tuple[float, float, float] | None:
     """(running, waiting, KV usage) as a scrape at simulated time `t` would read them: the last step begun;
     None before any step (a sample missed, never a zero)."""
@@ -245,13 +258,6 @@ def _gauges(steps: Sequence[sim_truth.StepTruth], t: float,
     if step is None:
         return None
     return float(step.running), float(step.waiting), step.kv_used_blocks / total_blocks if total_blocks else 0.0
-
-
-def _template_hits(prompts: PromptMaker, config: SimConfig, requests: int) -> float:
-    """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request), as
-    measure counts them."""
-    block = config.block()
-    return float(requests * (prompts.template_prefix // block * block))
 
 
 def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: float | None,

@@ -246,10 +246,15 @@ def long_context_result(rows: list[dict[str, Any]], records: list[RequestRecord]
 
 
 # --- scheduler cap and overload ------------------------------------------------------------------------
+def burst_size(max_num_seqs: int, factor: float) -> int:
+    """The overload burst: factor x max-num-seqs requests, and always at least one over the cap."""
+    return max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
+
+
 async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, prompt_tokens: int = 64,
                    reply_tokens: int = 64, sample_every_s: float = 0.25) -> ExperimentResult:
     """Fire factor x max-num-seqs requests at once; sample running and waiting during the burst."""
-    n = max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
+    n = burst_size(max_num_seqs, factor)
     prompts = PromptSource()
     running: list[float] = []
     waiting: list[float] = []
@@ -344,12 +349,17 @@ def _g(value: float | None) -> str:
 
 
 # --- prefix order --------------------------------------------------------------------------------------
+def shared_block_tokens(shared_tokens: int, block: int) -> int:
+    """The shared text of prefix order as whole KV blocks, at least one: a cached block needs all of it."""
+    return max(block, math.ceil(shared_tokens / block) * block)
+
+
 async def prefix_order(target: Target, *, block_size: int | None, agents: int = 4, shared_tokens: int = 2400,
                        task_tokens: int = 200, reply_tokens: int = 64) -> ExperimentResult:
     """Same tokens, three layouts. The shared block is a whole number of KV blocks (at least one), sized from
     the server's real block size, and new for every arm so no arm is served by another's cache."""
     block = block_size or 16
-    shared_len = max(block, math.ceil(shared_tokens / block) * block)
+    shared_len = shared_block_tokens(shared_tokens, block)
     prompts = PromptSource()
     arms: dict[str, dict[str, Any]] = {}
     attempts: list[Attempt] = []

@@ -193,7 +193,7 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
         return rate_cell_figures(cell, matched, delay), delay
     if cell.phase == "prefill":
         truth = mine[0]
-        figures.append(Figure(where, "prompt_tok_s", "rate", _rate(cell.prompt_tok_s), truth.prompt_tok_s))
+        figures.append(Figure(where, "prompt_tok_s", "rate", cell.prompt_tok_s, truth.prompt_tok_s))
         figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms), truth.ttft))
         return figures, None
     delay = matched.delivery(records, mine)
@@ -209,8 +209,8 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
     drafts, draft_tokens = sum(s.drafts for s in steps), sum(s.draft_tokens for s in steps)
     accepted = sum(s.accepted for s in steps)
     figures += [
-        Figure(where, "total_tok_s", "rate", _rate(cell.total_tok_s), window["total_tok_s"]),
-        Figure(where, "per_request_tok_s", "rate", _rate(cell.per_request_tok_s), window["per_request_tok_s"]),
+        Figure(where, "total_tok_s", "rate", cell.total_tok_s, window["total_tok_s"]),
+        Figure(where, "per_request_tok_s", "rate", cell.per_request_tok_s, window["per_request_tok_s"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), window["output_tokens"]),
         Figure(where, "completed", "count", _count(cell.completed), window["completed"]),
         Figure(where, "avg_active", "count", cell.avg_active, window["avg_active"]),
@@ -313,10 +313,6 @@ def _between(low: float | None, high: float | None) -> tuple[float, float] | Non
     return None if low is None or high is None else (low, high)
 
 
-def _rate(value: float | None) -> float | None:
-    return value
-
-
 def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
@@ -332,9 +328,9 @@ def long_context_figures(result: study.ExperimentResult, matched: Matched) -> li
     for row, truth in zip([r for r in result.details["rows"] if "ttft_s" in r], matched.of(records), strict=True):
         where = f"long-context L{row['context_tokens']}"
         rate = sim_truth.fixed_figures([truth])["per_request_tok_s"]
-        figures += [Figure(where, "ttft", "latency", _seconds(1000 * row["ttft_s"]), truth.ttft),
-                    Figure(where, "prompt_tok_s", "rate", _rate(row["prompt_tok_s"]), truth.prompt_tok_s),
-                    Figure(where, "generation_tok_s", "rate", _rate(row["generation_tok_s"]), rate)]
+        figures += [Figure(where, "ttft", "latency", row["ttft_s"], truth.ttft),
+                    Figure(where, "prompt_tok_s", "rate", row["prompt_tok_s"], truth.prompt_tok_s),
+                    Figure(where, "generation_tok_s", "rate", row["generation_tok_s"], rate)]
     return figures
 
 
