@@ -81,7 +81,9 @@ def test_a_drafter_model_cuts_the_a5000_cache_by_nearly_5x_and_ngram_costs_nothi
 # --- prompts of exactly L tokens -----------------------------------------------------------------------
 def test_text_prompts_on_completions_are_exactly_l_tokens_and_start_uniquely() -> None:
     async def scenario() -> None:
-        source = Prompts("code", "completions", tokenizer=SimTokenizer())
+        # Seeded: the window is the same every run. Unseeded, one window in many of the code corpus read 0.093
+        # (a stretch with few repeats), and the check below failed by chance, not for noise after the head.
+        source = Prompts("code", "completions", tokenizer=SimTokenizer(), seed=0)
         prompts = [await source.next(1000) for _ in range(20)]
         assert all(p.tokens == 1000 and p.ids is not None and len(p.ids) == 1000 for p in prompts)
         heads = {tuple(p.ids[:HEAD_TOKENS]) for p in prompts if p.ids}
