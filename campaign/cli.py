@@ -15,9 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from campaign import aio, report, secret, startup_log
-from campaign.endpoint import Timeouts
-from campaign.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, CampaignError, LaunchError
+from campaign.core import aio, secret
+from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, CampaignError, LaunchError
+from campaign.http.endpoint import Timeouts
+from campaign.report import text as report
+from campaign.server import startup_log
 
 app = typer.Typer(
     add_completion=False,
@@ -147,8 +149,8 @@ class RateAsk:
 
 def _rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: str, burstiness: float,
               max_concurrency: int | None, find_max_rate: bool) -> RateAsk:
-    from campaign import slo
-    from campaign.openloop import ARRIVALS, rate_value
+    from campaign.measure import slo
+    from campaign.measure.openloop import ARRIVALS, rate_value
 
     try:
         rates = [rate_value(part.strip()) for part in (rate or "").split(",") if part.strip()]
@@ -170,7 +172,7 @@ def _rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: 
 
 
 def _rate_specs(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> list[Any]:
-    from campaign.cells import CellSpec
+    from campaign.measure.cells import CellSpec
 
     return [CellSpec(phase="rate", context_tokens=ctx, max_tokens=max_tokens, request_rate=rate,
                      duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness,
@@ -179,7 +181,7 @@ def _rate_specs(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: 
 
 
 def _search_spec(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> Any:
-    from campaign.cells import CellSpec
+    from campaign.measure.cells import CellSpec
 
     if len(contexts) != 1:
         raise typer.BadParameter("give one context with --find-max-rate (e.g. --contexts 8k)",
@@ -191,13 +193,13 @@ def _search_spec(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts:
 
 
 def _timeouts(connect: float, first_byte: float, idle: float) -> Any:
-    from campaign.endpoint import Timeouts
+    from campaign.http.endpoint import Timeouts
 
     return Timeouts(connect_s=connect, first_byte_s=first_byte, idle_s=idle)
 
 
 def _note_proxy(endpoint: Any) -> None:
-    from campaign.endpoint import proxy_notice
+    from campaign.http.endpoint import proxy_notice
 
     notice = proxy_notice(endpoint)
     if notice:
@@ -206,8 +208,8 @@ def _note_proxy(endpoint: Any) -> None:
 
 def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, prefill: bool, max_tokens: int,
                 mode: str, prompts: str = "random", endpoint: str = "completions") -> list[Any]:
-    from campaign.cells import CellSpec
-    from campaign.prompts import ENDPOINTS, prompt_source
+    from campaign.measure.cells import CellSpec
+    from campaign.measure.prompts import ENDPOINTS, prompt_source
 
     if mode not in {"sustained", "fixed"}:
         raise CampaignError(f"--mode {mode!r}: expected sustained or fixed")
@@ -230,8 +232,8 @@ def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, p
 
 def _measure(target: Any, specs: list[Any], *, as_json: bool, search: Any = None) -> list[Any]:
     """Measure the cells, then (`search`: a rate cell's shape with its SLO) the capacity at that SLO."""
-    from campaign import capacity
-    from campaign.measure import Measurer
+    from campaign.measure import capacity
+    from campaign.measure.runner import Measurer
 
     measurer = Measurer(target, on_event=_err)
 
@@ -272,7 +274,7 @@ def parse_log(
     """Read a vLLM startup log into facts: KV cache, block size, chunk size, the memory-utilisation note.
 
     Exit 0: a clean start; 3: the log shows a failure; 2: not a vLLM log (or empty)."""
-    from campaign.errors import ConfigError
+    from campaign.core.errors import ConfigError
 
     try:
         text = file.read_text(errors="replace")
@@ -322,8 +324,8 @@ def launch(
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Launch vLLM from a profile, print what it became, optionally measure, and stop it cleanly."""
-    from campaign.argv import parse_set
-    from campaign.profiles import load_profile
+    from campaign.server.argv import parse_set
+    from campaign.server.profiles import load_profile
 
     _check_engine(engine)
     loaded, profile_path = load_profile(profile)
@@ -335,7 +337,7 @@ def launch(
             "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
     timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
-    from campaign.orchestrate import preflight
+    from campaign.night.orchestrate import preflight
 
     preflight(loaded, profile_path, engine, overrides=overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -371,7 +373,7 @@ def _what_to_measure(contexts: str | None, concurrency: str | None, ask: RateAsk
 
 def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
                       specs: list[Any], as_json: bool, timeouts: Any, search: Any = None) -> None:
-    from campaign.launcher import launched
+    from campaign.night.launcher import launched
 
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
@@ -426,10 +428,10 @@ def probe(
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
-    from campaign.argv import api_key_from
-    from campaign.control import ControlClient
-    from campaign.endpoint import TLS, Endpoint
-    from campaign.measure import Target
+    from campaign.http.endpoint import TLS, Endpoint
+    from campaign.measure.runner import Target
+    from campaign.server.argv import api_key_from
+    from campaign.server.control import ControlClient
 
     ask = _rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
     specs, search = _what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
@@ -459,8 +461,8 @@ def _check_engine(engine: str | None) -> None:
 
 def _load_for_run(matrix_name: str, profile_name: str | None, window: float | None,
                   repeats: int | None) -> tuple[Any, Path, Any, Path]:
-    from campaign.matrix import load_matrix
-    from campaign.profiles import load_profile
+    from campaign.night.matrix import load_matrix
+    from campaign.server.profiles import load_profile
 
     matrix, matrix_path, _ = load_matrix(matrix_name)
     updates: dict[str, Any] = {}
@@ -488,9 +490,9 @@ def plan(
                       ] = None,
 ) -> None:
     """Print what a campaign will run: launches, cells per server, known over-capacity cells, duration."""
-    from campaign.orchestrate import preflight
-    from campaign.planning import make_plan
-    from campaign.store import latest_run
+    from campaign.night.orchestrate import preflight
+    from campaign.night.planning import make_plan
+    from campaign.night.store import latest_run
 
     loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
     _check_engine(engine)
@@ -510,10 +512,10 @@ def simulate(
     """Replay the matrix's prefill and decode cells on the simulator in simulated time (seconds, the same
     every time): the decode matrix as the matrix says, each cell's change with the other TTFT mode, the prefill
     row. The launch profile must name simulated hardware."""
-    from campaign import sim_virtual
-    from campaign.cells import TTFTMode
-    from campaign.matrix import load_matrix
-    from campaign.tables import to_markdown, to_text
+    from campaign.measure.cells import TTFTMode
+    from campaign.night import replay as sim_virtual
+    from campaign.night.matrix import load_matrix
+    from campaign.report.tables import to_markdown, to_text
 
     loaded, _, _ = load_matrix(matrix)
     hardware = sim_virtual.config_for(loaded, variant).hardware
@@ -561,8 +563,8 @@ def run(
              "replayed in simulated time, in seconds, figures in the hardware's units")] = "wall",
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
-    from campaign import orchestrate, pool
-    from campaign.progress import Progress
+    from campaign.night import orchestrate, pool
+    from campaign.night.progress import Progress
 
     _check_engine(engine)
     if executor not in {None, "local", "ray"}:
@@ -608,7 +610,8 @@ def _say_damaged(run_dir: Any) -> None:
 
 
 def _finish(run_dir: Any) -> None:
-    from campaign import compare, html_report
+    from campaign.analysis import compare
+    from campaign.report import html as html_report
 
     drift = compare.drift(run_dir)
     diffs = compare.diff_run(run_dir)
@@ -657,7 +660,8 @@ def diff(
     force: Annotated[bool, typer.Option("--force", help="compare cells that are not comparable")] = False,
 ) -> None:
     """Diff every variant against the baseline: flags, facts, per-cell verdicts, recommendation."""
-    from campaign import compare, store
+    from campaign.analysis import compare
+    from campaign.night import store
 
     first = store.RunDir(run_dir)
     diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
@@ -679,7 +683,8 @@ def report_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
 ) -> None:
     """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run, or from two."""
-    from campaign import html_report, store
+    from campaign.night import store
+    from campaign.report import html as html_report
 
     if fmt not in {"html", "md", "png"}:
         raise CampaignError(f"--format {fmt!r}: expected html, md or png")
@@ -699,7 +704,7 @@ def export(
     out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout)")] = None,
 ) -> None:
     """One row per cell, variant and repeat."""
-    from campaign import store
+    from campaign.night import store
 
     if fmt not in {"json", "csv"}:
         raise CampaignError(f"--format {fmt!r}: expected json or csv")
@@ -788,7 +793,7 @@ def main() -> None:
     buffered_stdio()
     # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers are stopped and results kept; both
     # also set a flag the runner checks between cells, in case the first raise lands where it is swallowed.
-    from campaign.errors import request_stop
+    from campaign.core.errors import request_stop
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)

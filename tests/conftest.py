@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign import secret
-from campaign.launcher import LaunchedServer, launched
-from campaign.measure import Target
-from campaign.profiles import PROJECT_ROOT, TLSConfig, load_profile
+from campaign.core import secret
+from campaign.measure.runner import Target
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.server.profiles import PROJECT_ROOT, TLSConfig, load_profile
 
 # 16 MiB of KV cache = 32,768 tokens of the tiny model: small enough that an over-capacity cell exists.
 SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}

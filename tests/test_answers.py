@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from campaign import answers, hardware
-from campaign.answers import LadderStep
+from campaign.core import hardware
+from campaign.measure import answers
+from campaign.measure.answers import LadderStep
 
 # Seed 000: 256-token replies, fresh prompts, 2x RTX A5000 TP=2.
 SEED_000 = [LadderStep(1, 59, 59.4), LadderStep(2, 105, 52.3), LadderStep(4, 188, 47.1), LadderStep(8, 312, 39.0),
@@ -82,7 +83,7 @@ def test_hardware_table_uses_dense_figures() -> None:
 
 
 def test_short_answers_from_stored_cells() -> None:
-    from campaign.cells import CellResult, CellSpec
+    from campaign.measure.cells import CellResult, CellSpec
 
     cells = []
     for step in SEED_000:
@@ -109,7 +110,7 @@ def test_short_answers_from_stored_cells() -> None:
 def test_a_time_scaled_simulations_answers_are_its_cells_hardware_figures() -> None:
     """Cells store the hardware's figures at any time scale (format 10; the store converts older ones): the
     answers take them as they are, and the scale is only a label (dividing again read 20x too slow)."""
-    from campaign.cells import CellResult, CellSpec
+    from campaign.measure.cells import CellResult, CellSpec
 
     cells = []
     for step in SEED_000:
@@ -120,7 +121,7 @@ def test_a_time_scaled_simulations_answers_are_its_cells_hardware_figures() -> N
     result = answers.short_answers(cells=cells, facts={}, flags={}, time_scale=20.0)
     assert result["single_stream_tok_s"] == pytest.approx(59.4) and result["single_stream_ttft_ms"] == 75.0
     assert result["useful_concurrency"] == 8  # floors compare with the simulated hardware's speeds
-    from campaign import report
+    from campaign.report import text as report
 
     assert "simulated at a 20x time scale" in report.short_answers_text("sim", result)
 
@@ -133,7 +134,7 @@ def test_no_agent_count_at_a_context_beyond_the_window() -> None:
                                                     "max_model_len": 2048}, flags={})
     assert result["agents_that_fit"]["8000"] is None and result["agents_that_fit"]["2048"] == 488
     assert result["agents_beyond_window"] == [4000, 8000, 16000, 32000]
-    from campaign import report
+    from campaign.report import text as report
 
     notes = "\n".join(report.short_answers_notes(result))
     assert "8,000 tokens -> beyond the window" in notes and "2,048 tokens -> 488" in notes

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from campaign.profiles import PROJECT_ROOT
+from campaign.server.profiles import PROJECT_ROOT
 
 pytestmark = pytest.mark.vllm
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from campaign import metrics
-from campaign.cells import (
+from campaign.core.errors import MetricMissingError
+from campaign.http.client import RequestRecord
+from campaign.measure.cells import (
     fixed_metrics,
     itl_per_token,
     latency_distributions,
@@ -16,9 +17,8 @@ from campaign.cells import (
     tpot_per_request,
     window_metrics,
 )
-from campaign.client import RequestRecord
-from campaign.errors import MetricMissingError
-from campaign.prompts import PromptSource
+from campaign.measure.prompts import PromptSource
+from campaign.server import metrics
 
 
 def rec(send: float, chunks: list[tuple[float, int]], *, max_tokens: int = 4, prompt: int = 100,
@@ -158,8 +158,8 @@ def test_speculative_counters_give_acceptance_rate_and_length() -> None:
 
 
 def test_speculative_numbers_are_shown_next_to_throughput() -> None:
-    from campaign import report
-    from campaign.cells import CellResult, CellSpec
+    from campaign.measure.cells import CellResult, CellSpec
+    from campaign.report import text as report
 
     spec = CellSpec(phase="decode", context_tokens=8192, concurrency=1)
     cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=1, label="single-stream",
@@ -207,7 +207,7 @@ def test_loop_lag_sees_a_client_that_blocks_its_own_event_loop() -> None:
     import asyncio
     import time
 
-    from campaign.measure import loop_lag
+    from campaign.measure.runner import loop_lag
 
     async def scenario() -> list[tuple[float, float]]:
         samples: list[tuple[float, float]] = []
@@ -231,7 +231,7 @@ def test_a_medians_own_error_matches_theory_and_spans_two_modes() -> None:
     over 2 x 1.96 (its interval reaches both), and none below three values."""
     import random
 
-    from campaign import stats
+    from campaign.core import stats
 
     rng = random.Random(7)
     normal = [rng.gauss(100.0, 10.0) for _ in range(10_000)]

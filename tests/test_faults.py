@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign import flag_list, store
-from campaign.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
+from campaign.night import store
+from campaign.server import flag_list
+from campaign.server.profiles import PROJECT_ROOT, load_profile
 
 SIM_ENV = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
 
@@ -124,9 +125,9 @@ def test_a_missing_vllm_executable_is_a_launch_error_before_the_night(no_vllm_pr
 
 def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from campaign import orchestrate
-    from campaign.matrix import load_matrix
-    from campaign.progress import Progress
+    from campaign.night import orchestrate
+    from campaign.night.matrix import load_matrix
+    from campaign.night.progress import Progress
 
     path = tmp_path / "m.yaml"
     path.write_text(REPEAT_MATRIX.replace("  - name: only\n", "  - name: only\n  - name: other\n"))
@@ -163,10 +164,11 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
     """A pool worker's Ctrl-C once raised inside its client's event loop and got lost there; the cell went on
     and stored a connect timeout as a failure, which a resume then kept. A stop asked for during a cell now
     drops the cell and stops the launch, and the server is stopped and recorded."""
-    from campaign import errors, orchestrate
-    from campaign.matrix import load_matrix
-    from campaign.measure import Measurer
-    from campaign.progress import Progress
+    from campaign.core import errors
+    from campaign.measure.runner import Measurer
+    from campaign.night import orchestrate
+    from campaign.night.matrix import load_matrix
+    from campaign.night.progress import Progress
 
     path = tmp_path / "m.yaml"
     path.write_text(REPEAT_MATRIX)

@@ -28,15 +28,17 @@ from fakes.fake_nvml import (
     nvmlClocksEventReasonSyncBoost,
 )
 
-from campaign import gpu, gpu_check, store
-from campaign.cells import CellSpec, Reason
-from campaign.gpu import NvmlMonitor, StepTelemetry
-from campaign.launcher import LaunchedServer, launched
-from campaign.matrix import Matrix
-from campaign.measure import Measurer
-from campaign.orchestrate import Campaign, Options
-from campaign.profiles import PROJECT_ROOT, load_profile
-from campaign.progress import Progress
+from campaign.bench import gpu_check
+from campaign.measure.cells import CellSpec, Reason
+from campaign.measure.runner import Measurer
+from campaign.night import store
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.matrix import Matrix
+from campaign.night.orchestrate import Campaign, Options
+from campaign.night.progress import Progress
+from campaign.server import gpu
+from campaign.server.gpu import NvmlMonitor, StepTelemetry
+from campaign.server.profiles import PROJECT_ROOT, load_profile
 
 T0 = 1000.0
 # The no-GPU paths against the real nvidia-ml-py only where this machine has no GPU (as here, and on CI).
@@ -50,7 +52,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture()
 def install() -> Iterator[Callable[[FakeNvml | None], FakeNvml | None]]:
-    """Put a fake (or None: no NVML) behind campaign.gpu; every NVML session must be closed at the end."""
+    """Put a fake (or None: no NVML) behind campaign.server.gpu; every NVML session must be closed at the end."""
     previous = gpu.use_nvml(None)
     installed: list[FakeNvml] = []
 
@@ -331,7 +333,7 @@ def test_the_campaign_loop_keeps_one_monitor_per_launch_and_stores_its_samples(
 @no_real_gpu
 def test_gpu_check_without_a_gpu_fails_fast_and_says_why() -> None:
     began = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "campaign.gpu_check"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "campaign.bench.gpu_check"], capture_output=True, text=True,
                          cwd=PROJECT_ROOT, timeout=60, check=False)
     assert time.monotonic() - began < 30
     assert out.returncode == 2
@@ -344,7 +346,7 @@ def test_make_gpu_check_passes_gpu_python() -> None:
     out = subprocess.run(["make", "-n", "gpu-check", "GPU_PYTHON=/opt/cuda-py/bin/python"], capture_output=True,
                          text=True, cwd=PROJECT_ROOT, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    assert "-m campaign.gpu_check --gpu-python /opt/cuda-py/bin/python" in out.stdout
+    assert "-m campaign.bench.gpu_check --gpu-python /opt/cuda-py/bin/python" in out.stdout
 
 
 class Load:
@@ -427,7 +429,7 @@ def _samples(sm_clock: float, power: float) -> list[list[dict[str, object]]]:
 
 def telemetry_run(tmp_path: Path, series: dict[str, list[tuple[float, float | None, float, float]]]) -> store.RunDir:
     """Per variant and repeat: (total tok/s, J per token, SM clock, power)."""
-    from campaign.cells import CellResult
+    from campaign.measure.cells import CellResult
 
     run = store.RunDir.create(tmp_path, "t")
     builders.manifest(run, baseline="baseline", variants=list(series))
@@ -445,7 +447,7 @@ def telemetry_run(tmp_path: Path, series: dict[str, list[tuple[float, float | No
 
 
 def test_a_flag_that_saves_energy_at_equal_speed_is_kept(tmp_path: Path) -> None:
-    from campaign import compare
+    from campaign.analysis import compare
 
     run = telemetry_run(tmp_path, {
         "baseline": [(100.0, 2.00, 1980, 600), (101.0, 2.02, 1980, 600), (99.0, 1.98, 1980, 600)],
@@ -459,7 +461,7 @@ def test_a_flag_that_saves_energy_at_equal_speed_is_kept(tmp_path: Path) -> None
 
 
 def test_no_energy_row_where_neither_side_has_a_gpu(tmp_path: Path) -> None:
-    from campaign import compare
+    from campaign.analysis import compare
 
     run = telemetry_run(tmp_path, {"baseline": [(100.0, None, 0, 0)] * 2, "other": [(101.0, None, 0, 0)] * 2})
     metrics = {m.metric for c in compare.diff_run(run)[0].cells for m in c.metrics}
@@ -467,7 +469,7 @@ def test_no_energy_row_where_neither_side_has_a_gpu(tmp_path: Path) -> None:
 
 
 def test_drift_says_when_the_gpu_clock_moved_at_steady_throughput(tmp_path: Path) -> None:
-    from campaign import compare
+    from campaign.analysis import compare
 
     steady = compare.drift(telemetry_run(tmp_path / "a", {
         "baseline": [(100.0, None, 1980, 600), (100.5, None, 1965, 610), (99.8, None, 1980, 590)]}))

@@ -43,9 +43,9 @@ from fakes.raw_http import (
     vllm_events,
 )
 
-from campaign.client import RequestRecord, new_client, stream_completion
-from campaign.endpoint import TLS, Endpoint, Timeouts
-from campaign.streamclient import Limits, Reply, SSEDecoder, StreamClient, StreamError, StreamTimeout
+from campaign.http.client import RequestRecord, new_client, stream_completion
+from campaign.http.endpoint import TLS, Endpoint, Timeouts
+from campaign.http.streamclient import Limits, Reply, SSEDecoder, StreamClient, StreamError, StreamTimeout
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from campaign.argv import LaunchSpec, free_port, port_is_free
-from campaign.errors import LaunchError
-from campaign.server import ServerProcess
+from campaign.core.errors import LaunchError
+from campaign.server.argv import LaunchSpec, free_port, port_is_free
+from campaign.server.lifecycle import ServerProcess
 
 CHILD = Path(__file__).parent / "fakes" / "child_server.py"
 

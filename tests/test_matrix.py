@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign import flag_list
-from campaign.errors import ConfigError
-from campaign.matrix import load_matrix, schedule
-from campaign.profiles import load_profile
+from campaign.core.errors import ConfigError
+from campaign.night.matrix import load_matrix, schedule
+from campaign.server import flag_list
+from campaign.server.profiles import load_profile
 
 BASE = """
 name: t
@@ -127,7 +127,7 @@ def test_timeouts_of_the_measured_path_are_set_in_the_matrix(tmp_path: Path) -> 
 @pytest.mark.parametrize("value, margin", [("suggested", 0.01), ("suggested-0.02", 0.02), ("suggested-0", 0.0),
                                            (0.95, None), ("suggest", None)])
 def test_suggested_takes_a_margin(value: object, margin: float | None) -> None:
-    from campaign.matrix import suggested_margin
+    from campaign.night.matrix import suggested_margin
 
     assert suggested_margin(value) == margin
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign import compare, pool, store
-from campaign.errors import CampaignError
-from campaign.profiles import PROJECT_ROOT, LaunchProfile, load_profile
+from campaign.analysis import compare
+from campaign.core.errors import CampaignError
+from campaign.night import pool, store
+from campaign.server.profiles import PROJECT_ROOT, LaunchProfile, load_profile
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 
@@ -130,8 +131,8 @@ def test_gpu_effect_is_read_per_launch_folder(tmp_path: Path) -> None:
     folder they were measured on, never to the last placement of their repeat."""
     from fakes import builders
 
-    from campaign.cells import CellResult, CellSpec
-    from campaign.records import GpuDevice, PlacementRecord
+    from campaign.measure.cells import CellResult, CellSpec
+    from campaign.night.records import GpuDevice, PlacementRecord
 
     run = store.RunDir.create(tmp_path, "t")
     builders.manifest(run, baseline="A", variants=["A", "B"])
@@ -158,7 +159,7 @@ def test_gpu_effect_is_read_per_launch_folder(tmp_path: Path) -> None:
 
 
 def test_a_profile_with_a_bad_gpu_list_is_refused_naming_the_file_and_key(tmp_path: Path) -> None:
-    from campaign.errors import ConfigError
+    from campaign.core.errors import ConfigError
 
     path = tmp_path / "p.yaml"
     path.write_text("schema_version: 1\nmodel: m\ngpus: '0,x'\n")
@@ -176,7 +177,7 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def _rows(run: store.RunDir) -> list[tuple[str, int, str, int, int]]:
     """`export`'s rows as identity: which cell, variant and repeat (figures and statuses are measurements)."""
-    from campaign import report
+    from campaign.report import text as report
 
     return sorted((r["variant"], r["repeat"], r["phase"], r["context_tokens"], r["concurrency"])
                   for r in report.export_rows(run.cells()))
@@ -293,7 +294,7 @@ def test_a_pool_controller_killed_outright_takes_its_workers_and_servers_along(t
         assert time.monotonic() < deadline and proc.poll() is None, "no cell was measured"
         time.sleep(0.05)
     tree = psutil.Process(proc.pid).children(recursive=True)
-    assert sum("campaign.worker" in " ".join(p.cmdline()) for p in tree) == 2
+    assert sum("campaign.night.worker" in " ".join(p.cmdline()) for p in tree) == 2
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     _, alive = psutil.wait_procs(tree, timeout=30)

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 from fakes.raw_http import LAST_CHUNK, SSE_CHUNKED, RawHTTPServer, Script, chunk, head, sse, sse_script, vllm_events
 
-from campaign.aio import run as aio_run
-from campaign.client import RequestRecord, new_client, stream_completion
-from campaign.endpoint import TLS, Endpoint
-from campaign.launcher import LaunchedServer, launched
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.core.aio import run as aio_run
+from campaign.http.client import RequestRecord, new_client, stream_completion
+from campaign.http.endpoint import TLS, Endpoint
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.server.profiles import PROJECT_ROOT, load_profile
 
 PROXY = Path(__file__).parent / "fakes" / "sse_proxy.py"
 TIME_SCALE = "5"  # as tests/test_sim.py: the simulator's numbers hold at 5x

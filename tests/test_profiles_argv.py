@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign import argv, secret
-from campaign.errors import ConfigError
-from campaign.profiles import PROFILES_DIR, load_profile
+from campaign.core import secret
+from campaign.core.errors import ConfigError
+from campaign.server import argv
+from campaign.server.profiles import PROFILES_DIR, load_profile
 
 
 def test_flag_mapping_rules() -> None:
@@ -98,7 +99,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path: Path) -> None:
 
 
 def test_misspelt_flag_is_named_with_a_suggestion(tmp_path: Path) -> None:
-    from campaign import flag_list
+    from campaign.server import flag_list
 
     profile, path = load_profile(write(tmp_path, "model: m\nflags:\n  gpu-memory-utilisation: 0.9\n"))
     shipped = flag_list.FlagList(flag_list.shipped(), "the shipped list", authoritative=False)

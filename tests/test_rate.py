@@ -19,14 +19,18 @@ import pytest
 from fakes import builders
 from pydantic import ValidationError
 
-from campaign import capacity, cells, compare, openloop, sim_truth, slo, store, truth
-from campaign.cells import CellResult, CellSpec, Reason, behind_schedule, rate_metrics
-from campaign.client import RequestRecord
-from campaign.errors import ConfigError
-from campaign.launcher import LaunchedServer, launched
-from campaign.matrix import load_matrix
-from campaign.measure import Measurer
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.analysis import compare
+from campaign.bench import truth
+from campaign.core.errors import ConfigError
+from campaign.http.client import RequestRecord
+from campaign.measure import capacity, cells, openloop, slo
+from campaign.measure.cells import CellResult, CellSpec, Reason, behind_schedule, rate_metrics
+from campaign.measure.runner import Measurer
+from campaign.night import store
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.matrix import load_matrix
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import truth as sim_truth
 
 
 # --- service levels -------------------------------------------------------------------------------------
@@ -378,7 +382,7 @@ def test_a_sessions_turn_extends_its_previous_turn_and_shares_only_the_system_pr
     """Turn k's prompt is turn k - 1's, a reply standing in for the model's, and a new user message; sessions
     share the system prompt and nothing else; each part starts uniquely. Asked for from many streams at once
     (a closed loop), the prompts come out the same as asked for one by one."""
-    from campaign.prompts import Prompt, PromptSource, SessionTurns
+    from campaign.measure.prompts import Prompt, PromptSource, SessionTurns
 
     spec = _sessions_spec()
     assert spec.sessions is not None
@@ -439,7 +443,7 @@ def _search_result(rate: float, first_fail: float) -> dict[str, Any]:
 
 
 def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -> None:
-    from campaign.study import ExperimentResult
+    from campaign.measure.study import ExperimentResult
 
     def run_with(base: list[float], other: list[float], name: str) -> compare.VariantDiff:
         run = store.RunDir.create(tmp_path / name, "t")
@@ -465,7 +469,8 @@ def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -
 
 
 def test_short_answers_carry_the_capacity_at_the_slo() -> None:
-    from campaign import answers, report
+    from campaign.measure import answers
+    from campaign.report import text as report
 
     found = answers.capacity_at_slo([_search_result(6.0, 6.3), _search_result(7.0, 7.3),
                                      {**_search_result(9.0, 9.3), "status": "Invalid"}])

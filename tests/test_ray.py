@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from campaign import store
-from campaign.profiles import PROJECT_ROOT
+from campaign.night import store
+from campaign.server.profiles import PROJECT_ROOT
 
 ray = pytest.importorskip("ray")
 
@@ -143,8 +143,8 @@ def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(t
 
     from fakes import builders
 
-    from campaign.progress import Progress
-    from campaign.ray_executor import RayExecutor, _Task
+    from campaign.night.progress import Progress
+    from campaign.night.ray_executor import RayExecutor, _Task
 
     run = store.RunDir.create(tmp_path, "t")
     builders.manifest(run, baseline="A", variants=["A"])

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from fakes import builders
 
-from campaign import compare, report, store
-from campaign.cells import CellResult, CellSpec, Reason
-from campaign.tables import to_html, to_markdown, to_text
+from campaign.analysis import compare
+from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.night import store
+from campaign.report import text as report
+from campaign.report.tables import to_html, to_markdown, to_text
 
 CONTEXTS = (128, 2048)
 CONCURRENCY = (1, 4, 16)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from campaign import records, store
-from campaign.errors import ResultFormatError
+from campaign.core.errors import ResultFormatError
+from campaign.night import records, store
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT_1_RUN = ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"
@@ -17,7 +17,7 @@ FORMAT_1_RUN = ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"
 
 def test_the_results_format_document_is_generated_from_the_models() -> None:
     assert (ROOT / "docs" / "results-format.md").read_text() == records.document(), \
-        "docs/results-format.md is stale: python -m campaign.records > docs/results-format.md"
+        "docs/results-format.md is stale: python -m campaign.night.records > docs/results-format.md"
 
 
 @pytest.mark.parametrize("kind", sorted(records.RECORDS))
@@ -105,7 +105,7 @@ def test_a_format_9_time_scaled_runs_experiments_read_in_the_hardwares_units(tmp
     repeat's runs. A run at scale 1 (vLLM) is left as it is."""
     from fakes import builders
 
-    from campaign import study
+    from campaign.measure import study
 
     wall = {
         "long-context": study.ExperimentResult(

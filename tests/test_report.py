@@ -12,8 +12,11 @@ import pytest
 from fakes import builders
 from PIL import Image
 
-from campaign import html_report, planning, report, store, tables
-from campaign.cells import CellResult, CellSpec
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.night import planning, store
+from campaign.report import html as html_report
+from campaign.report import tables
+from campaign.report import text as report
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -166,7 +169,8 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
 
 
 def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(tmp_path: Path) -> None:
-    from campaign import compare, plots
+    from campaign.analysis import compare
+    from campaign.report import plots
 
     empty = compare.VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[], cells=[],
                                 comparable=True)
@@ -207,7 +211,7 @@ def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir
     assert 'alt="Overload: requests generating and waiting over time"' in section
     assert window.verdict and "| context-window |" in html_report.render_markdown(data).replace("\\", "")
     # The overload picture's client view comes from the raw records: every request waits, then generates.
-    from campaign import plots
+    from campaign.report import plots
 
     times, waiting, generating = plots._occupancy(overload.requests, min(r["send_t"] for r in overload.requests))
     assert max(waiting) >= 1 and max(generating) >= 1 and waiting[-1] == generating[-1] == 0
@@ -215,7 +219,7 @@ def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir
 
 
 def test_a_repeated_cell_is_a_histogram_with_its_modes_marked(tmp_path: Path) -> None:
-    from campaign import plots
+    from campaign.report import plots
 
     assert plots.bimodality({"a": {"runs": []}}, tmp_path / "none.png") is None
     runs = [100.0, 102.0, 99.0, 101.0, 200.0, 203.0, 198.0, 201.0]
@@ -407,8 +411,9 @@ def test_the_speculative_sub_table_and_the_notes_reach_every_rendering() -> None
 
 
 def test_energy_per_token_reaches_the_tables_and_the_export_where_measured() -> None:
-    from campaign import report, tables
-    from campaign.cells import CellResult, CellSpec
+    from campaign.measure.cells import CellResult, CellSpec
+    from campaign.report import tables
+    from campaign.report import text as report
 
     spec = CellSpec(phase="decode", context_tokens=8192, concurrency=8)
     cell = CellResult(spec=spec, phase="decode", context_tokens=8192, concurrency=8, label=spec.label,

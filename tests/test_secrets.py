@@ -1,4 +1,4 @@
-"""Issue 37: no secret in anything the tool writes or prints. The rule (campaign/secret.py), the inputs that
+"""Issue 37: no secret in anything the tool writes or prints. The rule (campaign/core/secret.py), the inputs that
 are refused before any launch (each one `Error:` line that does not repeat the value), and a canary campaign:
 a distinct marker through every way a secret comes in, a simulated night on a local Ray cluster with a launch
 that fails, then diff, report and export; every file, console line and Ray log is searched for every marker.
@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from campaign import argv, secret, store
 from campaign.cli import run_cli
-from campaign.profiles import PROJECT_ROOT, LaunchProfile
-from campaign.vllm_flags import KNOWN_FLAGS
+from campaign.core import secret
+from campaign.night import store
+from campaign.server import argv
+from campaign.server.profiles import PROJECT_ROOT, LaunchProfile
+from campaign.server.vllm_flags import KNOWN_FLAGS
 
 
 def marker(what: str) -> str:

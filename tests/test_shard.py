@@ -1,4 +1,4 @@
-"""A sustained cell's streams over several client processes (campaign.shard), against the benchmark's server."""
+"""A sustained cell's streams over several client processes (campaign.measure.shard), against the benchmark's server."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from campaign import aio
-from campaign.argv import free_port
-from campaign.bench_client import ServerProcess
-from campaign.cells import window_metrics
-from campaign.client import RequestRecord
-from campaign.endpoint import Endpoint
-from campaign.shard import (
+from campaign.bench.client import ServerProcess
+from campaign.core import aio
+from campaign.http.client import RequestRecord
+from campaign.http.endpoint import Endpoint
+from campaign.measure.cells import window_metrics
+from campaign.measure.shard import (
     STREAMS_PER_PROCESS,
     ShardedStep,
     ShardError,
@@ -27,6 +26,7 @@ from campaign.shard import (
     split_streams,
     sustained_sharded,
 )
+from campaign.server.argv import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,9 +191,9 @@ def test_a_killed_worker_fails_the_step_and_stops_the_others(paced_server: Serve
 
 _ORPHAN_PARENT = """
 import asyncio, sys
-from campaign import aio
-from campaign.endpoint import Endpoint
-from campaign.shard import sustained_sharded
+from campaign.core import aio
+from campaign.http.endpoint import Endpoint
+from campaign.measure.shard import sustained_sharded
 
 async def main():
     window_open = asyncio.Event()

@@ -14,13 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from campaign import compare, sim_model, sim_virtual, startup_log, store, study
-from campaign.cells import CellResult, CellSpec, over_capacity
-from campaign.endpoint import Timeouts
-from campaign.errors import LaunchError
-from campaign.launcher import LaunchedServer, launched
-from campaign.measure import Measurer, Target
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.analysis import compare
+from campaign.core.errors import LaunchError
+from campaign.http.endpoint import Timeouts
+from campaign.measure import study
+from campaign.measure.cells import CellResult, CellSpec, over_capacity
+from campaign.measure.runner import Measurer, Target
+from campaign.night import replay as sim_virtual
+from campaign.night import store
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.server import startup_log
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import model as sim_model
 
 TIME_SCALE = 5.0  # faster runs add Python per-step overhead to the simulated time at 32+ streams
 
@@ -214,7 +219,7 @@ def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: La
     """Where both have them, the simulator's metric names and log facts match the real server's."""
     import httpx
 
-    from campaign import metrics
+    from campaign.server import metrics
 
     with vllm_server.target().endpoint.control() as control:
         real = metrics.parse(control.get("/metrics").text)
@@ -238,7 +243,7 @@ def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(tmp_pat
         [sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/crash-sim.yaml", "--engine", "sim",
          "--out", str(tmp_path), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 6, out.stderr[-3000:]  # it finished, and says that a cell failed
-    from campaign.store import RunDir
+    from campaign.night.store import RunDir
 
     run = RunDir(next((tmp_path / "crash-sim").glob("*")))
     cells = {c.result.spec.key: c.result for c in run.cells()}
@@ -302,7 +307,7 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
 def test_experiments_replayed_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
     """The peer of a virtual night's experiments: the same study functions over HTTP on the simulator at 5x
     (their figures the hardware's, format 10) and fed by the engine's own records (sim_night)."""
-    from campaign import sim_night
+    from campaign.night import virtual as sim_night
 
     target = target_of(a5000)
 
@@ -333,8 +338,8 @@ def test_the_eta_of_a_time_scaled_night_is_the_hardwares_estimate_over_the_scale
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """h200-speed-matrix at 20x once said "ETA 12h02m" for a night of minutes: the plan's estimate is the
     hardware's time, which the simulator lives 20 times faster."""
-    from campaign import orchestrate
-    from campaign.matrix import load_matrix
+    from campaign.night import orchestrate
+    from campaign.night.matrix import load_matrix
 
     matrix, matrix_path, _ = load_matrix("h200-speed-matrix")
     profile, profile_path = load_profile(matrix.profile)
@@ -353,7 +358,7 @@ def test_a_time_scaled_last_run_calibrates_the_next_plan_in_the_hardwares_units(
     read by its manifest's scale: the next plan reads both as a real run's, never dividing twice."""
     from fakes import builders
 
-    from campaign import planning
+    from campaign.night import planning
 
     rates, ttfts = {}, {}
     for scale, format_ in ((1.0, 10), (20.0, 10), (20.0, 9)):
@@ -398,7 +403,7 @@ def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_c
 def test_a_tls_profile_on_the_simulator_is_launched_and_measured_over_https(tmp_path: Path) -> None:
     import trustme
 
-    from campaign.profiles import TLSConfig
+    from campaign.server.profiles import TLSConfig
 
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")

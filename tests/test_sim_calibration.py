@@ -18,12 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from campaign import argv, report, sim_config, sim_truth, sim_virtual
-from campaign.cells import CellSpec
-from campaign.matrix import load_matrix, tokens
-from campaign.profiles import PROJECT_ROOT, load_profile
-from campaign.sim_engine import Virtual, engine_for
-from campaign.tables import to_markdown
+from campaign.measure.cells import CellSpec
+from campaign.night import replay as sim_virtual
+from campaign.night.matrix import load_matrix, tokens
+from campaign.report import text as report
+from campaign.report.tables import to_markdown
+from campaign.server import argv
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import config as sim_config
+from campaign.sim import truth as sim_truth
+from campaign.sim.engine import Virtual, engine_for
 
 _tokens = itertools.count(10_000)
 
@@ -289,7 +293,8 @@ def _lookup_score_by_definition(ids: list[int], limit: int = 16_384) -> float:
 def test_the_vectorised_prompt_lookup_score_is_the_definitions() -> None:
     import random
 
-    from campaign import corpus, sim_text
+    from campaign.measure import corpus
+    from campaign.sim import text as sim_text
 
     rng = random.Random(7)
     cases = [[], [1], [1, 2], [1, 2, 3], [1, 2, 3] * 5, [5] * 100, list(range(20_000))]

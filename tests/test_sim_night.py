@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from campaign import compare, sim_night, sim_truth, sim_virtual, store
-from campaign.cells import CellSpec
-from campaign.errors import LaunchError
-from campaign.matrix import load_matrix
-from campaign.profiles import PROJECT_ROOT, load_profile
+from campaign.analysis import compare
+from campaign.core.errors import LaunchError
+from campaign.measure.cells import CellSpec
+from campaign.night import replay as sim_virtual
+from campaign.night import store
+from campaign.night import virtual as sim_night
+from campaign.night.matrix import load_matrix
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import truth as sim_truth
 
 # Seed 000: aggregate tok/s of its fixed-count ladder (C x 256 tokens over the step's whole time), and its
 # batch-size A/B, "every row inside noise": prompt tok/s 1,002 -> 1,019 at 6.6K, 979 -> 989 at 26.5K.

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from campaign import startup_log
 from campaign.cli import app
+from campaign.server import startup_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

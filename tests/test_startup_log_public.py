@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from campaign import startup_log
 from campaign.cli import run_cli
+from campaign.server import startup_log
 
 PUBLIC = Path(__file__).parent / "fixtures" / "logs" / "public"
 EXPECTED: dict[str, dict[str, Any]] = yaml.safe_load((PUBLIC / "expected.yaml").read_text())

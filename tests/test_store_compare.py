@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from fakes import builders
 
-from campaign import compare, store
-from campaign.cells import CellResult, CellSpec
-from campaign.client import RequestRecord
-from campaign.errors import ResultFormatError
+from campaign.analysis import compare
+from campaign.core.errors import ResultFormatError
+from campaign.http.client import RequestRecord
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.night import store
 
 SPEC = CellSpec(phase="decode", context_tokens=1024, concurrency=8, mode="fixed", max_tokens=256)
 PREFILL = CellSpec(phase="prefill", context_tokens=6616)
@@ -141,7 +142,7 @@ def test_newer_schema_is_refused_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_export_rows(tmp_path: Path) -> None:
-    from campaign import report
+    from campaign.report import text as report
 
     run = make_run(tmp_path, values={"baseline": [100.0, 101.0]}, kv={"baseline": 1}, flags={"baseline": {}})
     rows = report.export_rows(run.cells())
@@ -176,7 +177,7 @@ def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: 
 
 
 def test_a_first_cell_found_cold_gives_way_to_its_warm_re_measurement(tmp_path: Path) -> None:
-    from campaign.cells import not_warm
+    from campaign.measure.cells import not_warm
 
     run = make_run(tmp_path, values={"baseline": [270.0, 310.0], "other": [305.0, 306.0]},
                    kv={"baseline": 1000, "other": 1000}, flags={"baseline": {}, "other": {}})
@@ -218,7 +219,7 @@ def test_inside_noise_says_how_many_repeats_would_settle_it() -> None:
 
 
 def test_resume_can_raise_the_repeats_and_never_lowers_them(tmp_path: Path) -> None:
-    from campaign.matrix import Matrix, schedule
+    from campaign.night.matrix import Matrix, schedule
 
     run = store.RunDir.create(tmp_path, "t")
     assert run.repeats(2) == 2

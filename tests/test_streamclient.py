@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from campaign.endpoint import Endpoint, proxy_notice
-from campaign.errors import CampaignError
-from campaign.streamclient import SSEDecoder, StreamError
+from campaign.core.errors import CampaignError
+from campaign.http.endpoint import Endpoint, proxy_notice
+from campaign.http.streamclient import SSEDecoder, StreamError
 
 
 def _decode(wire: bytes, cuts: list[int]) -> list[bytes]:

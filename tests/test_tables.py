@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from campaign.tables import Cell, Table, md_escape, texts, to_html, to_markdown, to_text
+from campaign.report.tables import Cell, Table, md_escape, texts, to_html, to_markdown, to_text
 
 SMALL = Table(title="Speeds", headers=["Name", "Tok/s", "Status"], align="lrl",
               rows=[["a", "1.0", Cell("Valid")], ["longer name", "22.5", Cell("Failed", title="why", cls="bad")]],

@@ -16,14 +16,17 @@ from typing import Any
 import pytest
 from fakes import builders
 
-from campaign import compare, corpus, sim_model, sim_text
-from campaign.cells import CellResult, CellSpec, Reason
-from campaign.errors import CampaignError
-from campaign.hardware import drafter_shape
-from campaign.launcher import LaunchedServer, launched
-from campaign.matrix import load_matrix
-from campaign.profiles import PROJECT_ROOT, load_profile
-from campaign.prompts import HEAD_TOKENS, Prompts
+from campaign.analysis import compare
+from campaign.core.errors import CampaignError
+from campaign.core.hardware import drafter_shape
+from campaign.measure import corpus
+from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.measure.prompts import HEAD_TOKENS, Prompts
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.matrix import load_matrix
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import model as sim_model
+from campaign.sim import text as sim_text
 
 TIME_SCALE = 5.0
 
@@ -190,7 +193,7 @@ def test_mtp_accepts_more_on_code_through_chat_than_on_random_ids(h200: Launched
 def test_a_speculative_change_on_random_prompts_alone_is_not_settled(tmp_path: Path) -> None:
     """The diff neither keeps nor reverts speculative decoding measured on random ids only, however its speed
     came out; the same change measured on text is judged."""
-    from campaign import store
+    from campaign.night import store
 
     def run_with(reasons: list[Reason], key_suffix: str) -> str:
         run = store.RunDir.create(tmp_path / key_suffix, "t")
@@ -238,7 +241,7 @@ def test_agent_sessions_report_the_largest_n_above_each_floor(h200: LaunchedServ
     given for the hardware, not the 5x clock): 1, 4 and 16 sessions of three turns on a shared system prompt;
     from the second turn on, each prompt repeats the session's whole history, so the prefix cache serves most
     of it; the floors' answers are N values that were tried, and fall as the floor rises."""
-    from campaign import study
+    from campaign.measure import study
 
     result = asyncio.run(study.agents(h200.target(), sessions=[1, 4, 16], turns=3, system_tokens=1500,
                                       user_tokens=120, reply_tokens=48, prompts="code",
@@ -259,7 +262,7 @@ def test_the_simulators_kv_usage_counts_held_blocks_not_the_idle_prefix_cache() 
     """vLLM's kv_cache_usage_perc counts a cached block nobody holds as free (evictable). The simulator once
     counted it as used, so after enough traffic every cell read "the cache was 100% full" and queued cells
     were blamed on the KV cache (found running h200-mtp)."""
-    from campaign.sim_blocks import BlockManager
+    from campaign.sim.blocks import BlockManager
 
     blocks = BlockManager(10, 16, prefix_caching=True)
     prompt = list(range(100, 164))          # 4 full blocks

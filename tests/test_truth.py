@@ -11,12 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from campaign import sim, sim_config, sim_engine, sim_truth, truth
-from campaign.cells import CellSpec
-from campaign.launcher import launched
-from campaign.measure import Measurer
-from campaign.profiles import load_profile
-from campaign.sim_truth import RequestTruth
+from campaign.bench import truth
+from campaign.measure.cells import CellSpec
+from campaign.measure.runner import Measurer
+from campaign.night.launcher import launched
+from campaign.server.profiles import load_profile
+from campaign.sim import config as sim_config
+from campaign.sim import engine as sim_engine
+from campaign.sim import server as sim
+from campaign.sim import truth as sim_truth
+from campaign.sim.truth import RequestTruth
 
 
 def test_every_published_figure_matches_the_simulators_truth(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from campaign.cells import REASON_HINTS, Reason, StepEvidence, verdict
-from campaign.client import RequestRecord
+from campaign.http.client import RequestRecord
+from campaign.measure.cells import REASON_HINTS, Reason, StepEvidence, verdict
 
 
 def rec(tokens: int = 8, *, max_tokens: int = 8, status: int = 200, error: str | None = None) -> RequestRecord:
@@ -122,7 +122,7 @@ def test_every_code_has_a_hint() -> None:
 
 
 def test_a_valid_queue_is_reported_in_a_note() -> None:
-    from campaign.cells import queue_note
+    from campaign.measure.cells import queue_note
 
     chunk = evidence(**CHUNK_BOUND, concurrency=16, avg_active=15.996, avg_before_first_token=3.0)
     note = queue_note(chunk)

@@ -13,14 +13,14 @@ from typing import Any
 import psutil
 import pytest
 
-from campaign import metrics, startup_log
-from campaign.argv import port_is_free
-from campaign.cells import CellSpec
-from campaign.client import new_client, stream_completion
-from campaign.errors import MetricMissingError
-from campaign.launcher import LaunchedServer
-from campaign.measure import Measurer, Target
-from campaign.prompts import PromptSource
+from campaign.core.errors import MetricMissingError
+from campaign.http.client import new_client, stream_completion
+from campaign.measure.cells import CellSpec
+from campaign.measure.prompts import PromptSource
+from campaign.measure.runner import Measurer, Target
+from campaign.night.launcher import LaunchedServer
+from campaign.server import metrics, startup_log
+from campaign.server.argv import port_is_free
 
 pytestmark = pytest.mark.vllm
 
@@ -231,7 +231,7 @@ def test_log_of_the_shared_server_is_kept(vllm_server: LaunchedServer) -> None:
 
 
 def test_context_window_experiment_reports_the_silent_clamp(target: Target) -> None:
-    from campaign import study
+    from campaign.measure import study
 
     result = asyncio.run(study.context_window(target))
     assert result.status == "Valid"
@@ -241,7 +241,7 @@ def test_context_window_experiment_reports_the_silent_clamp(target: Target) -> N
 
 
 def test_long_context_experiment(target: Target) -> None:
-    from campaign import study
+    from campaign.measure import study
 
     result = asyncio.run(study.long_context(target, [256, 1024, 1792], reply_tokens=32))
     assert result.status == "Valid", result.reasons
@@ -251,7 +251,7 @@ def test_long_context_experiment(target: Target) -> None:
 
 
 def test_overload_experiment_shows_the_queue(target: Target) -> None:
-    from campaign import study
+    from campaign.measure import study
 
     # Twice the cap: the second half waits for a whole generation.
     result = asyncio.run(study.overload(target, max_num_seqs=64, factor=2.0, reply_tokens=128))
@@ -264,7 +264,7 @@ def test_overload_experiment_shows_the_queue(target: Target) -> None:
 
 
 def test_prefix_order_experiment_sizes_the_block_from_the_server(target: Target) -> None:
-    from campaign import study
+    from campaign.measure import study
 
     result = asyncio.run(study.prefix_order(target, block_size=target.block_size, agents=4, shared_tokens=1000,
                                             task_tokens=128, reply_tokens=32))
@@ -276,7 +276,7 @@ def test_prefix_order_experiment_sizes_the_block_from_the_server(target: Target)
 
 
 def test_repeat_experiment_keeps_every_run(target: Target) -> None:
-    from campaign import study
+    from campaign.measure import study
 
     spec = CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=32)
     result = asyncio.run(study.repeat_cell(target, spec, times=4))
@@ -327,9 +327,9 @@ def test_text_prompts_are_exactly_l_tokens_by_the_servers_own_count(target: Targ
 def test_agent_like_turns_on_the_chat_endpoint_hit_the_prefix_cache(target: Target) -> None:
     """The chat endpoint through the real prefix cache: a second turn that repeats the first turn's messages
     and adds one finds the first turn's blocks cached (vllm:prefix_cache_hits grows by at least one block)."""
-    from campaign import metrics as m
-    from campaign.prompts import Prompts
-    from campaign.tokenizer import ServerTokenizer
+    from campaign.http.tokenizer import ServerTokenizer
+    from campaign.measure.prompts import Prompts
+    from campaign.server import metrics as m
 
     async def scenario() -> tuple[float, float]:
         async with target.endpoint.async_control() as control, new_client(target.endpoint) as client:
@@ -356,7 +356,7 @@ def test_agent_sessions_on_the_real_build_hit_the_prefix_cache_from_the_second_t
     """Issue 15's agent sessions on the real scheduler and prefix cache: two turns of 1 and 3 sessions on a
     shared system prompt; the second turn repeats each session's history, and vLLM's own counters show it
     served from cache; every N tried has its slowest agent, and each floor its largest N."""
-    from campaign import study
+    from campaign.measure import study
 
     result = asyncio.run(study.agents(target, sessions=[1, 3], turns=2, system_tokens=400, user_tokens=60,
                                       reply_tokens=48, prompts="prose", floors=(1.0,)))
@@ -378,7 +378,7 @@ def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(targe
     """Issue 16 on vLLM's own scheduler: two rates arrive on schedule (the real server says no time scale, so
     the schedule is wall seconds), every reply exactly its length, goodput and the SLO judged; then a short
     capacity search, every probe bracketed by vLLM's counters, ends with the highest rate that held."""
-    from campaign import capacity, slo
+    from campaign.measure import capacity, slo
 
     service = slo.parse("ttft_p90_ms=5000,tpot_p90_ms=500")
     shape = CellSpec(phase="rate", context_tokens=256, max_tokens=16, request_rate=1.0, duration_s=6.0, slo=service)
@@ -413,9 +413,9 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
     the reason that its acceptance is not what text gets. (With dummy weights the tiny model's greedy reply
     repeats itself, which prompt lookup predicts well whatever the prompt: the figures are the counters', the
     comparison between prompts means nothing on this model, so it is not asserted.)"""
-    from campaign.cells import Reason
-    from campaign.launcher import launched
-    from campaign.profiles import load_profile
+    from campaign.measure.cells import Reason
+    from campaign.night.launcher import launched
+    from campaign.server.profiles import load_profile
 
     profile, _ = load_profile("cpu-tiny")
     flags = {"kv-cache-memory-bytes": "16M", "speculative-config": {

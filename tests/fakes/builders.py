@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign import store
-from campaign.errors import LaunchFailureKind
-from campaign.records import Definition, FailureRecord, MachineInfo, Manifest, ServerRecord, ToolInfo
-from campaign.startup_log import StartupFacts
+from campaign.core.errors import LaunchFailureKind
+from campaign.night import store
+from campaign.night.records import Definition, FailureRecord, MachineInfo, Manifest, ServerRecord, ToolInfo
+from campaign.server.startup_log import StartupFacts
 
 
 def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = None, model: str = "m",

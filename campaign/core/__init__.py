@@ -1,0 +1,3 @@
+"""The bottom layer: errors, pure statistics, the event loop helper, secrets, the hardware table. Imports nothing of
+campaign.
+"""

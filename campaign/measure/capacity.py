@@ -1,0 +1,248 @@
+"""Capacity at a service level: the highest request rate, and the highest concurrency, at which an SLO holds.
+
+The question a service asks before keeping a flag ("at what rate does it still meet our latency targets?"),
+answered the way vLLM's SLA sweep and MLPerf's server scenario do: measure a load, ask whether it held the
+SLO, move. `search` is pure bracketing and bisection over a probe it is given:
+
+1. from `start`, double while the SLO holds (or halve while it fails) until one rate passes and a higher one
+   fails (the bracket), or the ceiling holds, or the floor fails;
+2. bisect the bracket (geometrically for rates, which span decades) until the first failing value is within
+   `resolution` of the last passing one (for concurrency, or their neighbour).
+
+The answer is the last passing value, with the first failing one beside it: the truth lies between, and the
+result says so. Each rate probe is an open-loop rate cell (`cells`, `openloop`) of at least the requests its
+highest percentile needs (100 for a p99: `Slo.min_requests`), stopped as soon as its SLO has certainly failed
+(`slo.certain_to_fail`); a concurrency probe is a closed loop at C. A probe that cannot say (Invalid:
+the client fell behind, foreign traffic) ends the search there, never guessed past.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.measure.runner import Measurer
+from campaign.measure.slo import STORED_INFINITY
+from campaign.measure.study import ExperimentResult
+
+DEFAULT_RESOLUTION = 0.05   # a rate bracket this narrow (5%) is an answer
+DEFAULT_MAX_PROBES = 12
+DEFAULT_START_RPS = 1.0
+MIN_RATE_RPS = 0.01         # below this a service is not serving
+CONCURRENCY_CEILING = 256   # vLLM's default max-num-seqs on most cards
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One load measured in a search: whether it held the SLO, or why it could not tell."""
+
+    value: float
+    passed: bool
+    requests: int
+    early_stopped: bool = False
+    inconclusive: str | None = None   # why this probe says nothing about the SLO (the search ends here)
+
+
+class SearchResult(BaseModel):
+    """Where a search ended: the highest value that held the SLO, the lowest that failed, and why it stopped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    axis: Literal["rate", "concurrency"] = Field(description="what was searched")
+    last_pass: float | None = Field(description="the highest value that held the SLO (None: none did)")
+    first_fail: float | None = Field(description="the lowest value that failed (None: none did, up to the ceiling)")
+    resolved: bool = Field(description="the bracket is within the resolution asked for")
+    requests: int = Field(description="requests sent by every probe together")
+    probes: list[dict[str, Any]] = Field(default_factory=list, description="each probe: value, passed, requests")
+    stopped: str = Field(description="why the search stopped, in words")
+    inconclusive: str | None = Field(default=None, description="why a probe could not tell, where one ended it")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def max(self) -> float | None:
+        """The answer: the bracket's lower end, the highest value that held."""
+        return self.last_pass
+
+
+def _next_bracketing(x: float, *, up: bool, integer: bool) -> float:
+    if integer:
+        return float(int(x) * 2 if up else int(x) // 2)
+    return x * 2 if up else x / 2
+
+
+def _midpoint(low: float, high: float, *, integer: bool) -> float:
+    """The bracket's middle: for rates the geometric one, to three significant figures (a rate of 2.83, not
+    2.8284271), kept strictly inside the bracket."""
+    if integer:
+        return float((int(low) + int(high)) // 2)
+    middle = math.sqrt(low * high)
+    rounded = float(f"{middle:.3g}")
+    return rounded if low < rounded < high else middle
+
+
+def _resolved(low: float, high: float, *, integer: bool, resolution: float) -> bool:
+    """Within `resolution` of each other (for concurrency: that, or neighbours)."""
+    return high <= low * (1 + resolution) or (integer and high - low <= 1)
+
+
+async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["rate", "concurrency"],
+                 start: float, floor: float, ceiling: float | None = None, resolution: float = DEFAULT_RESOLUTION,
+                 max_probes: int = DEFAULT_MAX_PROBES) -> SearchResult:
+    """Bracket, then bisect, the largest value whose probe passes (see the module's text)."""
+    integer = axis == "concurrency"
+    last_pass: float | None = None
+    first_fail: float | None = None
+    done: list[Probe] = []
+    x = min(start, ceiling) if ceiling is not None else start
+    stopped = f"the probe budget ({max_probes}) was spent"
+    unclear: str | None = None
+    while len(done) < max_probes:
+        outcome = await probe(x)
+        done.append(outcome)
+        if outcome.inconclusive:
+            unclear = stopped = f"the probe at {x:g} could not tell: {outcome.inconclusive}"
+            break
+        if outcome.passed:
+            last_pass = x if last_pass is None else max(last_pass, x)
+        else:
+            first_fail = x if first_fail is None else min(first_fail, x)
+        if first_fail is None:          # every probe passed: go up
+            if ceiling is not None and x >= ceiling:
+                stopped = f"the SLO held at the ceiling, {ceiling:g}"
+                break
+            x = _next_bracketing(x, up=True, integer=integer)
+            x = min(x, ceiling) if ceiling is not None else x
+        elif last_pass is None:         # every probe failed: go down
+            lower = _next_bracketing(x, up=False, integer=integer)
+            if lower < floor:
+                stopped = f"the SLO failed down to {x:g}"
+                break
+            x = lower
+        else:
+            if _resolved(last_pass, first_fail, integer=integer, resolution=resolution):
+                stopped = "the bracket is resolved"
+                break
+            x = _midpoint(last_pass, first_fail, integer=integer)
+    resolved = last_pass is not None and first_fail is not None and _resolved(
+        last_pass, first_fail, integer=integer, resolution=resolution)
+    return SearchResult(
+        axis=axis, last_pass=last_pass, first_fail=first_fail, inconclusive=unclear,
+        resolved=resolved or (first_fail is None and last_pass is not None and last_pass == ceiling),
+        requests=sum(p.requests for p in done), stopped=stopped,
+        probes=[{"value": p.value, "passed": p.passed, "requests": p.requests, "early_stopped": p.early_stopped,
+                 "inconclusive": p.inconclusive} for p in done])
+
+
+# --- the experiment ---------------------------------------------------------------------------------------
+def probe_outcome(value: float, cell: CellResult) -> Probe:
+    """A measured probe as the search sees it. Failed requests fail the SLO (a failed request met nothing),
+    so a Failed cell is a failing probe; an Invalid or Contaminated one cannot tell."""
+    sent = len(cell.requests)
+    if cell.status in {"Valid", "Failed"} and cell.slo_passed is not None:
+        return Probe(value, passed=cell.status == "Valid" and cell.slo_passed, requests=sent,
+                     early_stopped=bool(cell.early_stopped))
+    why = "; ".join(cell.reasons) or f"the probe is {cell.status}"
+    return Probe(value, passed=False, requests=sent, inconclusive=f"{cell.status}: {why}")
+
+
+def search_key(spec: CellSpec, *, concurrency: bool) -> str:
+    """Everything that defines what the search sends: the probe's shape (its rate is what varies)."""
+    probe = spec.model_copy(update={"request_rate": 1.0, "early_stop": False, "max_concurrency": None})
+    shape = probe.key.removeprefix("rate-").replace("-Q1-", "-")
+    return f"slo-search-{shape}" + ("-conc" if concurrency else "")
+
+
+async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = DEFAULT_START_RPS,
+                     resolution: float = DEFAULT_RESOLUTION, max_probes: int = DEFAULT_MAX_PROBES,
+                     concurrency: bool = True, concurrency_ceiling: int | None = None,
+                     on_probe: Callable[[str], None] | None = None) -> ExperimentResult:
+    """Capacity at `spec.slo`: the highest rate (open-loop probes shaped like `spec`, uncapped), then, if
+    asked, the highest concurrency (closed loops at C, up to `concurrency_ceiling`, else the spec's
+    max_concurrency, else the server's max-num-seqs), at which the SLO holds. Rates in the hardware's seconds."""
+    service = spec.slo
+    key = search_key(spec, concurrency=concurrency)
+    if service is None:
+        return ExperimentResult(kind="slo-search", key=key, status="Invalid",
+                                reasons=["no SLO: give the bounds to search against (slo: ...)"])
+    cells: list[CellResult] = []
+    need = max(spec.min_requests, service.min_requests)
+
+    async def measured(axis: str, value: float, shape: dict[str, Any]) -> Probe:
+        cell = await measurer.run_cell(spec.model_copy(update={"min_requests": need, **shape}))
+        cells.append(cell)
+        outcome = probe_outcome(value, cell)
+        if on_probe is not None:
+            on_probe(_probe_line(axis, value, outcome, cell))
+        return outcome
+
+    async def rate_probe(rate: float) -> Probe:
+        # Open loop, uncapped; stopped once its SLO has certainly failed.
+        return await measured("rate", rate, {"request_rate": rate, "early_stop": True, "max_concurrency": None})
+
+    async def concurrency_probe(streams: float) -> Probe:
+        # A closed loop at C has no fixed count to stop early against.
+        return await measured("concurrency", streams, {"request_rate": None, "max_concurrency": int(streams),
+                                                       "early_stop": False})
+
+    by_rate = await search(rate_probe, axis="rate", start=start_rps, floor=MIN_RATE_RPS, resolution=resolution,
+                           max_probes=max_probes)
+    by_concurrency = None
+    if concurrency:
+        ceiling = (concurrency_ceiling or spec.max_concurrency or measurer.target.max_num_seqs
+                   or CONCURRENCY_CEILING)
+        by_concurrency = await search(concurrency_probe, axis="concurrency", start=1, floor=1, ceiling=ceiling,
+                                      max_probes=max_probes)
+    return _result(key, spec, by_rate, by_concurrency, cells, need)
+
+
+def _probe_line(axis: str, value: float, outcome: Probe, cell: CellResult) -> str:
+    unit = "req/s" if axis == "rate" else "streams"
+    verdict = outcome.inconclusive or ("held" if outcome.passed else "failed")
+    bounds = ", ".join(f"{b.name} {b.value_ms:,.0f}" for b in cell.slo_bounds if b.value_ms is not None
+                       and b.value_ms < STORED_INFINITY)
+    return (f"SLO probe at {value:g} {unit}: {verdict} ({outcome.requests} requests"
+            + (", stopped early" if outcome.early_stopped else "") + (f"; {bounds}" if bounds else "") + ")")
+
+
+def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: SearchResult | None,
+            cells: list[CellResult], need: int) -> ExperimentResult:
+    assert spec.slo is not None
+    searches = [s for s in (by_rate, by_concurrency) if s is not None]
+    inconclusive = [s.inconclusive for s in searches if s.inconclusive is not None]
+    failed = [c for c in cells if c.status == "Failed"]
+    verdict = f"capacity at SLO ({spec.slo.text}): " + _answer(by_rate, "req/s")
+    if by_concurrency is not None:
+        verdict += "; " + _answer(by_concurrency, "streams at once")
+    verdict += f"; {by_rate.requests + (by_concurrency.requests if by_concurrency else 0)} requests in " \
+               f"{len(cells)} probes of at least {need} requests each"
+    return ExperimentResult(
+        kind="slo-search", key=key, status="Invalid" if inconclusive else "Valid", reasons=inconclusive,
+        verdict=verdict,
+        values={"max_rate_rps": by_rate.max,
+                **({"max_concurrency": by_concurrency.max} if by_concurrency is not None else {})},
+        details={"slo": spec.slo.as_mapping(), "slo_text": spec.slo.text, "min_requests": need,
+                 "slo_search": {"max_rate_rps": by_rate.max, "last_pass_rps": by_rate.last_pass,
+                                "first_fail_rps": by_rate.first_fail, "requests": by_rate.requests,
+                                "resolved": by_rate.resolved, "stopped": by_rate.stopped, "probes": by_rate.probes},
+                 "concurrency_search": by_concurrency.model_dump() if by_concurrency is not None else None,
+                 "failed_probes": len(failed),
+                 "probes": [c.model_dump(mode="json") for c in cells]},
+        attempts=[a for c in cells for a in c.attempts],
+        discarded_steps=sum(c.discarded_steps for c in cells))
+
+
+def _answer(result: SearchResult, unit: str) -> str:
+    if result.max is None:
+        return f"none: it failed at {result.first_fail:g} {unit}" if result.first_fail is not None else (
+            f"unknown ({result.stopped})")
+    text = f"{result.max:g} {unit}"
+    if result.first_fail is not None:
+        text += f" (held at {result.last_pass:g}, failed at {result.first_fail:g})"
+    else:
+        text += f" ({result.stopped})"
+    return text

@@ -1,0 +1,869 @@
+"""What a cell is, what it produced, and the pure arithmetic from raw request records to its columns."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from campaign.core import stats
+from campaign.http.client import RequestRecord
+from campaign.measure import slo
+from campaign.measure.openloop import Arrival
+from campaign.measure.prompts import prompt_source
+from campaign.measure.slo import Slo
+
+# rate: open-loop arrivals at a request rate (openloop.py), judged against a service level (slo.py).
+Phase = Literal["prefill", "decode", "rate"]
+DecodeMode = Literal["sustained", "fixed"]
+# cold: every request a fresh prompt, so TTFT is its prefill plus queueing behind the other prefills.
+# warm (seed 004's): each stream's prompt is cached by a one-token request first and reused, so TTFT mostly
+# excludes prefill and a replacement request costs almost no prefill.
+TTFTMode = Literal["cold", "warm"]
+PromptEndpoint = Literal["completions", "chat"]
+SESSIONS_CHAT = ("sessions go to the completions endpoint (token ids, each turn exactly its length); the "
+                 "agents experiment runs chat sessions with the server's own replies")
+TTFT_MODE_TEXT = {"cold": "cold TTFT: fresh prompts, prefill and queueing included",
+                  "warm": "warm TTFT: prompts cached first, prefill mostly excluded (seed 004's method)"}
+Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
+
+# A client that used more than this share of one core may have measured itself, not the server.
+CLIENT_CPU_LIMIT = 0.90
+
+
+class Reason(StrEnum):
+    """Why a cell is not Valid (or, SPEC_RANDOM_PROMPTS, what a Valid cell cannot say): a closed set of cases
+    (hyperfine's warnings are the model). Each finding carries
+    its code, a message built from the step's own figures, and the code's hint; consumers match codes, never text.
+    """
+
+    REQUEST_ERRORS = "request_errors"
+    CLAMPED = "clamped"
+    PREFIX_CACHE_HITS = "prefix_cache_hits"
+    PREEMPTIONS = "preemptions"
+    ABOVE_MAX_NUM_SEQS = "above_max_num_seqs"
+    QUEUED_SCHEDULER_CAP = "queued_scheduler_cap"
+    QUEUED_KV_CACHE = "queued_kv_cache"
+    QUEUED = "queued"   # queued, and the cause could not be told (format 2 stored every queued cell so)
+    FEWER_ACTIVE = "fewer_active"
+    CLIENT_SATURATED = "client_saturated"
+    GPU_THROTTLED = "gpu_throttled"
+    OVER_CAPACITY = "over_capacity"
+    OVER_WINDOW = "over_window"
+    CONTAMINATED = "contaminated"
+    SERVER_DIED = "server_died"
+    PROMPTS_UNAVAILABLE = "prompts_unavailable"
+    SCHEDULE_BEHIND = "schedule_behind"
+    # The one caveat a Valid cell may carry: its figures stand, but one conclusion must not be drawn from them.
+    SPEC_RANDOM_PROMPTS = "spec_random_prompts"
+
+
+REASON_HINTS: dict[Reason, str] = {
+    Reason.REQUEST_ERRORS: "the first error is quoted; the raw request records hold every one",
+    Reason.CLAMPED: "prompt + reply exceed the context window: lower the context or max_tokens",
+    Reason.PREFIX_CACHE_HITS: "another client may be sending the same prompts; the step was meant to share nothing",
+    Reason.PREEMPTIONS: "the KV cache ran out: fewer streams, shorter contexts, or more gpu-memory-utilization",
+    Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
+    Reason.QUEUED_SCHEDULER_CAP: "raise max-num-seqs, or measure at most as many streams as it runs",
+    Reason.QUEUED_KV_CACHE: "fewer streams, a shorter context, or more KV cache (gpu-memory-utilization)",
+    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile, and check for other clients",
+    Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
+    Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
+    Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
+    Reason.OVER_CAPACITY: "not run: fewer streams or a shorter context fit the KV cache",
+    Reason.OVER_WINDOW: "not run: the prompt and reply do not fit max_model_len",
+    Reason.CONTAMINATED: "another client used the server during every attempt: measure when it is idle",
+    Reason.SERVER_DIED: "see the server log of the launch",
+    Reason.PROMPTS_UNAVAILABLE: "text and chat prompts need vLLM's /tokenize and /detokenize; use prompts: random "
+                                "(and the completions endpoint) against this server",
+    Reason.SCHEDULE_BEHIND: "the client could not send requests at the rate asked for: a lower rate, fewer "
+                            "client-side costs (random prompts), or a quieter or bigger client machine",
+    Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
+                                "own), where the drafter has something to predict",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: Reason
+    message: str
+
+    @property
+    def hint(self) -> str:
+        return REASON_HINTS[self.code]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEvidence:
+    """Everything the verdict on one measured step may look at; built without a server in tests."""
+
+    phase: Phase
+    mode: DecodeMode
+    concurrency: int
+    records: list[RequestRecord]
+    prefix_cache_hits: float | None = None     # counter deltas over the step (None: not exported)
+    preemptions: float | None = None
+    waiting: tuple[float, ...] = ()            # sampled vllm:num_requests_waiting inside the window
+    avg_active: float | None = None            # time-averaged streams in flight (the client's clock)
+    avg_before_first_token: float | None = None  # ... of which sent but without a token yet (queued or prefill)
+    client_cpu: float | None = None            # the busiest client event loop thread's share of one core
+    max_num_seqs: int | None = None            # the scheduler cap as launched
+    shares_prefixes: bool = False              # warm TTFT: prompts are cached on purpose, hits are expected
+    # Chat: prompt-cache hits the chat template itself earns (a default system prompt or date header that every
+    # request starts with, in whole blocks): expected, not another client's traffic.
+    template_hits: float = 0.0
+    gpu_throttled: str | None = None           # why NVML says the GPU was held back during the step
+    context_tokens: int = 0                    # each request's prompt
+    max_num_batched_tokens: int | None = None  # the chunk: prompt tokens plus decodes one engine step may take
+    running: tuple[float, ...] = ()            # sampled vllm:num_requests_running inside the window
+    kv_usage: tuple[float | None, ...] = ()    # vllm:kv_cache_usage_perc (0-1) of the same samples (None: absent)
+    decode_tokens_per_seq: int = 1             # tokens a decoding sequence takes from the chunk: 1 + draft tokens
+    behind_schedule: str | None = None         # rate cells: how the client fell behind its arrival schedule
+
+
+# The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
+WARM_TOLERANCE = 0.05
+
+
+def primary_metric(phase: Phase) -> str:
+    """The figure a cell is judged on first: prompt tok/s for prefill, total tok/s for decode, goodput (requests
+    a second that met the service level) for an open-loop rate."""
+    return {"prefill": "prompt_tok_s", "decode": "total_tok_s", "rate": "goodput_rps"}[phase]
+
+
+def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TOLERANCE) -> str | None:
+    """Why the launch's first cell was measured cold, from its re-measurement at the launch's end; None if it
+    was not (or the two cannot be compared). One-sided: a cold server is slower, never faster."""
+    metric = primary_metric(first.phase)
+    a, b = getattr(first, metric), getattr(again, metric)
+    if first.status != "Valid" or again.status != "Valid" or not a or not b:
+        return None
+    change = (a - b) / b
+    if change >= -tolerance:
+        return None
+    return (f"{metric} {a:,.1f} when measured first, {b:,.1f} when measured again at the end of the launch "
+            f"({100 * change:+.1f}%, beyond the {100 * tolerance:g}% a warm server allows)")
+
+
+def spec_random_prompts() -> Finding:
+    """Speculative decoding measured on random token ids (measure's and the virtual replay's reason)."""
+    return Finding(Reason.SPEC_RANDOM_PROMPTS, (
+        "speculative decoding measured on random token ids: a drafter has nothing to predict in them, so the "
+        "acceptance and the speed here are not what text will get"))
+
+
+def template_hits(requests: int, template_prefix: int, block: int | None) -> float:
+    """Cache hits a chat step may get from its template's fixed opening: whole blocks of it per request."""
+    return float(requests * (template_prefix // block * block if block else template_prefix))
+
+
+def result_base(spec: CellSpec) -> dict[str, Any]:
+    """The fields every CellResult of `spec` starts from, whatever came of it (a prefill asks one token)."""
+    return {"spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
+            "concurrency": spec.concurrency, "label": spec.label,
+            "max_tokens": 1 if spec.phase == "prefill" else spec.max_tokens}
+
+
+def findings_fields(findings: list[Finding]) -> dict[str, Any]:
+    """`reasons` and `reason_codes` of a CellResult from findings."""
+    return {"reasons": [f.message for f in findings], "reason_codes": [f.code for f in findings]}
+
+
+# A sustained cell keeps C streams in the server's hands: on average at least this share of them.
+ACTIVE_SHARE = 0.95
+# KV-cache usage at or above this while requests wait: they wait for blocks.
+KV_FULL = 0.95
+# Streams without a first token, time-averaged on the client's clock, below which no request was held back
+# through the window: a cap of k < C seats, or a queue for blocks, keeps C - k >= 1 streams tokenless all along.
+HELD_BACK_STREAMS = 0.5
+
+
+def replacements_per_step(e: StepEvidence) -> int | None:
+    """How many fresh prompts one engine step can prefill beside C - 1 decodes (None: chunk not known)."""
+    if e.max_num_batched_tokens is None or e.context_tokens <= 0:
+        return None
+    decodes = (e.concurrency - 1) * e.decode_tokens_per_seq
+    return max(0, (e.max_num_batched_tokens - decodes) // e.context_tokens)
+
+
+def queue_figures(e: StepEvidence) -> str:
+    """The queue inside the window: streams without a first token on the client's clock (exact), and the
+    server's gauges as sampled (a few samples: a rough split of those into waiting and running)."""
+    running, waiting = stats.mean(e.running), stats.mean(e.waiting)
+    parts = [f"{running:.1f} running" if running is not None else "",
+             f"{waiting:.1f} waiting" if waiting is not None else "",
+             f"up to {max(e.waiting):g} waiting" if e.waiting else ""]
+    exact = (f"{e.avg_before_first_token:.1f} of {e.concurrency} streams on average had no token yet (queued or in "
+             "prefill, client clock); " if e.avg_before_first_token is not None else "")
+    return f"{exact}the server's gauges read " + ", ".join(p for p in parts if p) + f" ({len(e.waiting)} samples)"
+
+
+def queue_cause(e: StepEvidence) -> Finding | None:
+    """Requests waited in the server's queue through a sustained window: why, and whether that breaks the cell.
+
+    A finished request's replacement must be prefilled. When C fresh prompts do not fit one step's chunk
+    beside the decodes, replacements that arrive together wait for the chunk, one step each, while the server
+    runs (about) all the others: that is how the server works at this shape, so the cell stays Valid (the note
+    reports the queue). Requests waiting for KV blocks, or for a seat under the scheduler cap, are requests
+    the server will not run: Invalid, saying which. None: Valid."""
+    figures = queue_figures(e)
+    # KV use while requests waited: a full cache then means they waited for blocks.
+    kv_waiting = [kv for kv, w in zip(e.kv_usage, e.waiting, strict=False) if kv is not None and w > 0]
+    kv_max = max(kv_waiting) if kv_waiting else None
+    if kv_max is not None and kv_max >= KV_FULL:
+        return Finding(Reason.QUEUED_KV_CACHE, f"requests waited for KV-cache blocks: the cache was "
+                                               f"{100 * kv_max:.0f}% full while they waited; {figures}")
+    per_step = replacements_per_step(e)
+    if per_step is None:
+        return Finding(Reason.QUEUED, f"requests waited in the server queue through the window, {figures}; the "
+                                      "chunk size (max-num-batched-tokens) is not known, so the cause cannot be told")
+    seated = _seated(e)
+    if _chunk_explains(e, per_step):
+        return None
+    if _transient(e):
+        return None  # requests that had just arrived waited for the next step
+    chunk = (f"the {e.max_num_batched_tokens:,}-token chunk prefills all {e.concurrency} fresh prompts in one step"
+             if per_step >= e.concurrency else
+             f"fewer than {e.concurrency} ran in every sample, more than the {e.max_num_batched_tokens:,}-token "
+             "chunk explains")
+    if kv_max is None or seated:
+        known = [chunk, f"max-num-seqs {e.max_num_seqs} seats them all" if seated else "",
+                 f"the KV cache had room ({100 * kv_max:.0f}% used)" if kv_max is not None else
+                 "KV-cache usage was not sampled"]
+        return Finding(Reason.QUEUED, "requests waited in the server queue through the window and nothing known "
+                                      f"explains it: {'; '.join(k for k in known if k)}; {figures}")
+    running = stats.mean(e.running)
+    return Finding(Reason.QUEUED_SCHEDULER_CAP,
+                   f"requests waited for a seat: {chunk} and the KV cache had room ({100 * kv_max:.0f}% used), so "
+                   "the scheduler capped the running requests" + (f" near {running:.0f}" if running is not None else "")
+                   + f"; {figures}")
+
+
+def _chunk_explains(e: StepEvidence, per_step: int) -> bool:
+    """The chunk cannot prefill every replacement at once, and the server still ran about all C (or the cap
+    seats them all): the queue is replacements waiting for the chunk."""
+    near_c = bool(e.running) and (max(e.running) >= e.concurrency - 1
+                                  or (stats.mean(e.running) or 0.0) >= ACTIVE_SHARE * e.concurrency)
+    return per_step < e.concurrency and (_seated(e) or near_c or not e.running)
+
+
+def _seated(e: StepEvidence) -> bool:
+    """The launched scheduler cap seats all C streams (False when it was left to vLLM's default)."""
+    return e.max_num_seqs is not None and e.concurrency <= e.max_num_seqs
+
+
+def _transient(e: StepEvidence) -> bool:
+    """Requests that had just arrived wait for the next engine step: a sample catches some now and then, but
+    the server ran all C at other samples. Requests held back by a cap wait in every sample, C never running.
+    The client's exact figure outweighs a few samples: a held-back request has no token all the while, so
+    fewer than half a stream without one on average means the samples each caught fresh arrivals (two
+    samples of a one-second window on a loaded host did, and called it the scheduler cap)."""
+    exact = e.avg_before_first_token
+    return (min(e.waiting, default=0.0) == 0 or (bool(e.running) and max(e.running) >= e.concurrency)
+            or (exact is not None and exact < HELD_BACK_STREAMS))
+
+
+def queue_note(e: StepEvidence) -> str | None:
+    """For a Valid sustained cell whose requests queued: why that is how the server works, and the figures."""
+    if e.phase != "decode" or e.mode != "sustained" or not stats.median(list(e.waiting)):
+        return None
+    per_step = replacements_per_step(e)
+    if per_step is None or queue_cause(e) is not None:
+        return None
+    if not _chunk_explains(e, per_step):
+        return f"requests that had just arrived waited for the next engine step: {queue_figures(e)}"
+    fit = f"{per_step} fresh prompt(s)" if per_step else "less than one fresh prompt"
+    return (f"replacement requests queued for the prefill chunk ({e.max_num_batched_tokens:,} tokens hold {fit} of "
+            f"{e.context_tokens:,} beside the decodes), as the server is meant to: {queue_figures(e)}")
+
+
+def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
+    """Pure: a step's evidence -> its status and the findings behind it (Failed for request errors, Invalid
+    for any other finding, else Valid)."""
+    found: list[Finding] = []
+    records = e.records
+    clamped = [r for r in records if r.clamped_to is not None]
+    errors = [r for r in records if not r.ok and r.clamped_to is None]
+    if errors:
+        found.append(Finding(Reason.REQUEST_ERRORS,
+                             f"{len(errors)} of {len(records)} requests failed: {errors[0].error}"))
+    if clamped:
+        found.append(Finding(Reason.CLAMPED, f"{len(clamped)} request(s) cut short by the server: max_tokens "
+                                             f"{clamped[0].max_tokens} clamped to {clamped[0].clamped_to} because "
+                                             "prompt + reply exceed the context window"))
+    if e.prefix_cache_hits and e.prefix_cache_hits > e.template_hits and not e.shares_prefixes:
+        found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens in "
+                                                       "a step designed to share nothing" + (
+                                                           f" (the chat template's own prefix explains "
+                                                           f"{e.template_hits:.0f})" if e.template_hits else "")))
+    if e.preemptions and e.phase != "rate":  # at an offered rate, preemption is how the server copes: a result
+        found.append(Finding(Reason.PREEMPTIONS,
+                             f"{e.preemptions:.0f} preemption(s) during the step: the KV cache ran out"))
+    sustained = e.phase == "decode" and e.mode == "sustained"
+    cap = e.max_num_seqs
+    if e.phase == "decode" and cap is not None and e.concurrency > cap:
+        found.append(Finding(Reason.ABOVE_MAX_NUM_SEQS, f"{e.concurrency} requests at once exceed max-num-seqs "
+                                                        f"{cap}: at most {cap} run, the rest queue"))
+    elif sustained and stats.median(list(e.waiting)):
+        cause = queue_cause(e)
+        if cause is not None:
+            found.append(cause)
+    if sustained and e.avg_active is not None and e.avg_active < ACTIVE_SHARE * e.concurrency:
+        found.append(Finding(Reason.FEWER_ACTIVE,
+                             f"the client kept only {e.avg_active:.1f} of {e.concurrency} streams active "
+                             f"(a sustained cell needs {100 * ACTIVE_SHARE:g}% of them on average)"))
+    if e.client_cpu is not None and e.client_cpu > CLIENT_CPU_LIMIT:
+        found.append(Finding(Reason.CLIENT_SATURATED,
+                             f"the client used {e.client_cpu:.0%} of a core: it may have measured itself"))
+    if e.gpu_throttled:
+        found.append(Finding(Reason.GPU_THROTTLED, f"the GPU was throttled during the step: {e.gpu_throttled}"))
+    if e.behind_schedule:
+        found.append(Finding(Reason.SCHEDULE_BEHIND, e.behind_schedule))
+    status: Status = "Failed" if errors else ("Invalid" if found else "Valid")
+    return status, found
+
+
+class Sessions(BaseModel):
+    """Open-loop agent traffic (format 8): a rate cell's requests are the turns of `count` sessions at a time,
+    each turn the cell's one shared system prompt, the session's history so far and a new user message.
+    Request i is turn (i // count) mod turns of live session i mod count; after its last turn a session gives
+    way to a fresh one. A reply in the history is text standing in for the model's (the schedule never waits
+    for a reply), so a turn's prompt extends the previous turn's prompt and the prefix cache can serve it, as
+    it serves a coding agent's growing conversation. Turn k is system + k x (user + reply) + user tokens long,
+    the reply being the cell's max_tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(default=8, gt=0, description="sessions live at once (each arrival goes to the next one)")
+    turns: int = Field(default=4, gt=0, description="turns of one session, then a fresh session takes its place")
+    system_tokens: int = Field(default=2000, gt=0, description="the system prompt every session shares")
+    user_tokens: int = Field(default=200, gt=0, description="each new user message")
+
+    def turn(self, index: int) -> tuple[int, int]:
+        """Request `index`'s (session, turn): sessions numbered from 0 in the order they start."""
+        slot, round_ = index % self.count, index // self.count
+        return (round_ // self.turns) * self.count + slot, round_ % self.turns
+
+    def length(self, turn: int, reply_tokens: int) -> int:
+        return self.system_tokens + turn * (self.user_tokens + reply_tokens) + self.user_tokens
+
+    @property
+    def key(self) -> str:
+        return f"A{self.count}x{self.turns}s{self.system_tokens}u{self.user_tokens}"
+
+
+class CellSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    phase: Phase
+    context_tokens: int = Field(gt=0)
+    concurrency: int = Field(default=1, gt=0)
+    mode: DecodeMode = "sustained"
+    max_tokens: int = Field(default=256, gt=0)
+    window_s: float = Field(default=30.0, gt=0)
+    warmup_s: float = Field(default=2.0, ge=0)
+    ttft: TTFTMode = "cold"
+    # Fixed mode: rounds of C requests until at least this many requests and seconds (MLPerf sets minimums
+    # too), so a single-stream cell rests on more than one request.
+    min_requests: int = Field(default=1, ge=1)
+    min_seconds: float = Field(default=0.0, ge=0)
+    # What the prompts are made of (random token ids, code, prose, or a FILE.jsonl's texts) and which endpoint
+    # they go to (chat: through the chat template and the server's parsers). Format 5.
+    prompts: str = "random"
+    endpoint: PromptEndpoint = "completions"
+    # Rate cells (format 6): requests arrive at `request_rate` a second (None: as fast as `max_concurrency`
+    # allows, a closed loop) for `duration_s`, in the hardware's seconds; `min_requests` raises the count. An
+    # optional cap on requests in flight; prompt and reply lengths drawn uniformly within +-`range_ratio` of
+    # context_tokens and max_tokens (vLLM bench's random-range-ratio); an SLO that judges them; early_stop: stop
+    # sending once the SLO has certainly failed (a capacity search's probes; the requests sent are drained).
+    request_rate: float | None = Field(default=None, gt=0)
+    arrival: Arrival = "poisson"
+    burstiness: float = Field(default=1.0, gt=0)
+    duration_s: float = Field(default=30.0, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+    range_ratio: float = Field(default=0.0, ge=0, lt=1)
+    slo: Slo | None = None
+    early_stop: bool = False
+    # Rate cells of agent traffic (format 8): prompt lengths come from the sessions' turns, context_tokens is
+    # the first turn's.
+    sessions: Sessions | None = None
+
+    _prompts = field_validator("prompts")(prompt_source)
+
+    @model_validator(mode="after")
+    def _sessions_shape(self) -> CellSpec:
+        if self.sessions is None:
+            return self
+        if self.phase != "rate":
+            raise ValueError("sessions shape a rate cell's requests; this cell is not one")
+        if self.endpoint == "chat":
+            raise ValueError(SESSIONS_CHAT)
+        if self.range_ratio:
+            raise ValueError("sessions give each turn its own length: range_ratio is 0 with them")
+        if self.context_tokens != self.sessions.length(0, self.max_tokens):
+            raise ValueError("a sessions cell's context_tokens is its first turn's length (system + user tokens)")
+        return self
+
+    def lengths_range(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The shortest and longest (prompt, reply) a rate cell sends: within +-range_ratio of its lengths, or
+        from a session's first turn to its last."""
+        if self.sessions is not None:
+            longest = self.sessions.length(self.sessions.turns - 1, self.max_tokens)
+            return (self.context_tokens, self.max_tokens), (longest, self.max_tokens)
+        r = self.range_ratio
+
+        def span(n: int) -> tuple[int, int]:
+            return max(1, math.ceil(n * (1 - r))), max(1, math.floor(n * (1 + r)))
+
+        (p_lo, p_hi), (n_lo, n_hi) = span(self.context_tokens), span(self.max_tokens)
+        return (p_lo, n_lo), (p_hi, n_hi)
+
+    @model_validator(mode="after")
+    def _rate_has_a_limit(self) -> CellSpec:
+        if self.phase == "rate" and self.request_rate is None and self.max_concurrency is None:
+            raise ValueError("a rate of inf (as fast as possible) needs max_concurrency: the requests in flight at "
+                             "once, or nothing limits it")
+        return self
+
+    @property
+    def label(self) -> str:
+        """Every number is labelled: one stream is what a user feels, many is what the card produces, and an
+        offered rate is what a service sees."""
+        if self.phase == "rate":
+            return "open-loop"
+        return "single-stream" if self.concurrency == 1 else "aggregate"
+
+    @property
+    def seed(self) -> int:
+        """The arrival schedule's and the lengths' seed, from what the cell sends: every launch (and every
+        variant) of a rate cell sees the same arrivals, as an A/B should."""
+        return int.from_bytes(hashlib.sha256(self.key.encode()).digest()[:8], "big")
+
+    @property
+    def key(self) -> str:
+        if self.phase == "prefill":
+            return f"prefill-L{self.context_tokens}{self._text_suffix}"
+        if self.phase == "rate":
+            rate = "inf" if self.request_rate is None else f"{self.request_rate:g}"
+            base = f"rate-L{self.context_tokens}-N{self.max_tokens}-Q{rate}-{self.arrival}"
+            base += f"{self.burstiness:g}" if self.arrival == "gamma" else ""
+            base += f"-D{self.duration_s:g}"
+            base += f"-C{self.max_concurrency}" if self.max_concurrency else ""
+            base += f"-R{self.min_requests}" if self.min_requests > 1 else ""
+            base += f"-V{self.range_ratio:g}" if self.range_ratio else ""
+            base += f"-{self.sessions.key}" if self.sessions else ""
+            base += f"-S{self.slo.key}" if self.slo else ""
+            base += "-X" if self.early_stop else ""
+            return base + self._text_suffix
+        base = f"decode-{self.mode}-L{self.context_tokens}-C{self.concurrency}-N{self.max_tokens}"
+        # The window is part of a sustained cell's definition: 10 s and 30 s windows are not comparable.
+        base = f"{base}-W{self.window_s:g}" if self.mode == "sustained" else base
+        if self.mode == "fixed" and (self.min_requests > 1 or self.min_seconds > 0):
+            base += f"-R{self.min_requests}" + (f"s{self.min_seconds:g}" if self.min_seconds else "")
+        base = f"{base}-Twarm" if self.ttft == "warm" else base
+        return base + self._text_suffix
+
+    @property
+    def _text_suffix(self) -> str:
+        """Random ids on /v1/completions (every key before format 5) add nothing; text and chat are named."""
+        stem = re.sub(r"[^A-Za-z0-9_.]+", "_", Path(self.prompts).name.removesuffix(".jsonl"))
+        source = "" if self.prompts == "random" else f"-P{stem}"
+        return source + ("-Echat" if self.endpoint == "chat" else "")
+
+
+class Attempt(BaseModel):
+    """One try at a step; a discarded one says why and by how many tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: bool
+    reason: str | None = None
+    expected_generation_tokens: int
+    counted_generation_tokens: float | None = None
+    expected_prompt_tokens: int
+    counted_prompt_tokens: float | None = None
+    excess_tokens: int = 0
+
+
+class CellResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: CellSpec
+    phase: Phase
+    context_tokens: int
+    concurrency: int
+    label: str
+    status: Status
+    reasons: list[str] = Field(default_factory=list)
+    # The Reason code of each entry of `reasons`, in the same order (cells stored before format 2 have none).
+    reason_codes: list[Reason] = Field(default_factory=list)
+    # What a reader should know that does not make the cell Invalid (e.g. tokens counted per chunk).
+    notes: list[str] = Field(default_factory=list)
+    total_tok_s: float | None = None
+    per_request_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    # Latency distributions (ms): the unsuffixed field is the median, then p90 and p99. TTFT per request;
+    # inter-token latency per token (a read carrying k tokens after a gap g counts k gaps of g/k); time per
+    # output token per request, (last token - first token) / (tokens - 1); end-to-end per request.
+    ttft_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_ms: float | None = None
+    itl_p90_ms: float | None = None
+    itl_p99_ms: float | None = None
+    tpot_ms: float | None = None
+    tpot_p90_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2e_ms: float | None = None
+    e2e_p90_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    # What the latency figures rest on: requests with a first token, and inter-token gaps (one per token).
+    latency_requests: int | None = None
+    itl_samples: int | None = None
+    avg_active: float | None = None
+    # Sustained cells: streams sent but without a token yet (queued or in prefill), time-averaged over the
+    # window on the client's clock; exact, unlike the server's sampled gauges below.
+    avg_before_first_token: float | None = None
+    completed: int | None = None
+    output_tokens: int | None = None
+    measured_s: float | None = None
+    # Sustained cells: the window's bounds on the request records' clock (perf_counter seconds), so every
+    # window figure can be recomputed from the raw records (format 4; None before, and for other modes).
+    # Rate cells (format 6): the schedule's start and its nominal end (start + span) on the same clock.
+    window: tuple[float, float] | None = None
+    discarded_steps: int = 0
+    discarded_tokens: int = 0
+    max_tokens: int | None = None
+    client_cpu: float | None = None
+    # p99 of how late the controller's event loop ran a due timer, in ms, over the window (the step where
+    # there is none): the client's own timing noise, which every latency it stamps carries (format 5).
+    client_lag_p99_ms: float | None = None
+    running_median: float | None = None
+    waiting_max: float | None = None
+    # The server's gauges sampled inside a sustained window (a few samples; see `notes` for how many): mean
+    # running and waiting requests, peak KV-cache use (0-1).
+    avg_running: float | None = None
+    avg_waiting: float | None = None
+    kv_usage_max: float | None = None
+    preemptions: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
+    # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
+    energy_j_per_token: float | None = None
+    # Speculative decoding over the step, from the server's counters (bracketed like the token counters):
+    # accepted / drafted tokens, 1 + accepted / drafts (vLLM's acceptance length), accepted / drafts.
+    spec_acceptance_rate: float | None = None
+    spec_mean_acceptance_length: float | None = None
+    spec_mean_accepted: float | None = None
+    # Every cell's rates, latencies and durations are the hardware's (rate cells from format 6, the others from
+    # format 10; see hardware_units): a time-scaled simulator's figures converted back, and `time_scale` says
+    # from what. The request records and `window` stay on the client's clock (perf_counter), as measured.
+    # Rate cells (format 6):
+    # the rate asked for (None: as fast as the cap allows) and the rate the requests were sent at (requests
+    # sent over the time their schedule took, as sent); requests planned (None: a closed loop), whether an
+    # early stop ended the load, and a closed loop's first wave (left out of the latencies and the SLO);
+    # goodput (requests a second that met every bound of the SLO, first send to last end; a closed loop's
+    # first wave counts at the judged requests' share) and the share of the requests judged that met it;
+    # whether the load held the SLO and each bound's figures; the client's lag behind its schedule (p99, ms)
+    # and the requests the cap held back; requests in flight
+    # (time-averaged, peak, and a series of (seconds from the first send, count)).
+    request_rate: float | None = None
+    achieved_rate_rps: float | None = None
+    scheduled_requests: int | None = None
+    early_stopped: bool | None = None
+    ramp_requests: int | None = None
+    goodput_rps: float | None = None
+    slo_met_fraction: float | None = None
+    slo_passed: bool | None = None
+    slo_bounds: list[slo.BoundResult] = Field(default_factory=list)
+    send_lag_p99_ms: float | None = None
+    cap_waits: int | None = None
+    avg_in_flight: float | None = None
+    max_in_flight: int | None = None
+    in_flight: list[tuple[float, int]] = Field(default_factory=list)
+    time_scale: float = 1.0
+    attempts: list[Attempt] = Field(default_factory=list)
+    requests: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return [RequestRecord.from_dict(r) for r in self.requests]
+
+
+def over_capacity(*, context_tokens: int, output_tokens: int, concurrency: int, kv_cache_tokens: int | None,
+                  block_size: int | None) -> bool:
+    """C x (L + N) tokens, each sequence rounded up to whole KV blocks, more than the cache holds."""
+    if kv_cache_tokens is None:
+        return False
+    block = block_size or 1
+    per_sequence = math.ceil((context_tokens + output_tokens) / block) * block
+    return concurrency * per_sequence > kv_cache_tokens
+
+
+def _reads(rec: RequestRecord) -> list[tuple[float, int]]:
+    """(arrival time, tokens) per socket read: chunks that arrived in one read share its timestamp."""
+    reads: list[tuple[float, int]] = []
+    for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True):
+        if reads and t == reads[-1][0]:
+            reads[-1] = (t, reads[-1][1] + n)
+        else:
+            reads.append((t, n))
+    return reads
+
+
+def itl_per_token(records: list[RequestRecord], start: float, end: float) -> list[float]:
+    """Inter-token latency per token inside [start, end]: a read carrying k tokens after a gap g from the
+    previous read counts as k gaps of g/k. Reads, not chunks, so events sharing a read never yield 0 ms."""
+    samples: list[float] = []
+    for rec in records:
+        reads = _reads(rec)
+        for (t0, _), (t1, k) in zip(reads, reads[1:], strict=False):
+            if start <= t0 and t1 <= end and k > 0:
+                samples.extend([(t1 - t0) / k] * k)
+    return samples
+
+
+def tpot_per_request(records: list[RequestRecord]) -> list[float]:
+    """(last token time - first token time) / (tokens - 1), for every request with two tokens or more."""
+    return [(r.chunk_t[-1] - r.chunk_t[0]) / (r.tokens - 1) for r in records
+            if r.ok and r.tokens >= 2 and r.chunk_t[-1] > r.chunk_t[0]]
+
+
+# A cell's figures measured on a wall clock that runs `time_scale` times faster than the hardware's (a
+# time-scaled simulator): rates read that many times higher, times that much lower. Stored and published in
+# the hardware's units (format 10); the client's own event-loop lag (client_lag_p99_ms) stays the wall's.
+SCALED_RATES = ("total_tok_s", "per_request_tok_s", "prompt_tok_s")
+SCALED_TIMES = ("measured_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms", "itl_p90_ms", "itl_p99_ms", "tpot_ms",
+                "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms", "e2e_p99_ms")
+
+
+def hardware_units(values: dict[str, Any], scale: float) -> dict[str, Any]:
+    """A decode or prefill cell's figures (as the metric functions above return them, on the wall clock) in
+    the hardware's units, with the `time_scale` they were converted from. Counts, shares and averages of
+    streams are the same on either clock."""
+    out = dict(values)
+    for name in SCALED_RATES:
+        if out.get(name) is not None:
+            out[name] = out[name] / scale
+    for name in SCALED_TIMES:
+        if out.get(name) is not None:
+            out[name] = out[name] * scale
+    out["time_scale"] = scale
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def latency_distributions(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
+    """p50/p90/p99 of TTFT, per-token ITL (inside [start, end]), TPOT and end-to-end latency, in ms."""
+    ttfts = [r.ttft_s for r in records if r.ttft_s is not None]
+    itls = itl_per_token(records, start, end)
+    tpots = tpot_per_request(records)
+    e2es = [r.end_t - r.send_t for r in records if r.ok and r.end_t is not None]
+    out: dict[str, Any] = {"latency_requests": len(ttfts), "itl_samples": len(itls)}
+    for name, values in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
+        out[f"{name}_ms"] = _ms(stats.median(values))
+        out[f"{name}_p90_ms"] = _ms(stats.percentile(values, 90))
+        out[f"{name}_p99_ms"] = _ms(stats.percentile(values, 99))
+    return out
+
+
+def window_metrics(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
+    """Seed 004's sustained-decode columns, counting only tokens that arrived inside [start, end]."""
+    span = end - start
+    in_window = 0
+    per_request: list[float] = []
+    active_time = 0.0
+    before_first = 0.0
+    completed = 0
+    for rec in records:
+        times = [t for t in rec.chunk_t if start <= t <= end]
+        tokens = [n for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True) if start <= t <= end]
+        in_window += sum(tokens)
+        if len(times) >= 2 and times[-1] > times[0]:
+            per_request.append((sum(tokens) - tokens[0]) / (times[-1] - times[0]))
+        finish = rec.end_t if rec.end_t is not None else end
+        active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
+        first = rec.chunk_t[0] if rec.chunk_t else finish
+        before_first += max(0.0, min(first, end) - max(rec.send_t, start))
+        if rec.ok and rec.end_t is not None and start <= rec.end_t <= end:
+            completed += 1
+    return {
+        "total_tok_s": in_window / span if span > 0 else None,
+        "per_request_tok_s": stats.median(per_request),
+        **latency_distributions(records, start, end),
+        "avg_active": active_time / span if span > 0 else None,
+        "avg_before_first_token": before_first / span if span > 0 else None,
+        "completed": completed,
+        "output_tokens": in_window,
+        "measured_s": span,
+    }
+
+
+def fixed_metrics(records: list[RequestRecord]) -> dict[str, Any]:
+    """Seed 000's fixed-count columns: every request emits exactly N tokens; the step is its whole wall time."""
+    sends = [r.send_t for r in records]
+    ends = [r.end_t for r in records if r.end_t is not None]
+    if not sends or not ends:
+        return {}
+    wall = max(ends) - min(sends)
+    tokens = sum(r.tokens for r in records)
+    decode_rates = [r.decode_tok_s for r in records if r.decode_tok_s is not None]
+    active = sum((r.end_t or max(ends)) - r.send_t for r in records)
+    return {
+        "total_tok_s": tokens / wall if wall > 0 else None,
+        "per_request_tok_s": stats.median(decode_rates),
+        **latency_distributions(records, min(sends), max(ends)),
+        "avg_active": active / wall if wall > 0 else None,
+        "completed": sum(1 for r in records if r.ok),
+        "output_tokens": tokens,
+        "measured_s": wall,
+    }
+
+
+def prefill_metrics(records: list[RequestRecord]) -> dict[str, Any]:
+    rec = records[0]
+    ttft = rec.ttft_s
+    return {
+        "prompt_tok_s": rec.prompt_tokens / ttft if ttft else None,
+        "ttft_ms": _ms(ttft),
+        "completed": 1 if rec.ok else 0,
+        "measured_s": ttft,
+    }
+
+
+# --- open-loop rate cells --------------------------------------------------------------------------------
+# The client is behind its schedule when requests leave later than they were due (after the cap let them go)
+# by more than the mean gap between arrivals (or 10 ms, whichever is larger), one time in a hundred: the
+# arrival process it offered is then not the one asked for (at 100 req/s a 10 ms lag is a whole gap; at
+# 0.5 req/s 200 ms is a tenth of one). A late request's own latencies are still exact (they count from its
+# send), so a few milliseconds of host scheduling noise are not a reason. Or when the requests left at below
+# this share of the rate asked for (lag that piled up): a lower load, never reported as the one asked for.
+SCHEDULE_LAG_FLOOR_S = 0.010
+SCHEDULE_LAG_GAPS = 1.0
+SCHEDULE_RATE_SHARE = 0.95
+IN_FLIGHT_POINTS = 120   # the in-flight series: at most this many samples of the load
+
+
+def _tpot_s(rec: RequestRecord) -> float | None:
+    if not rec.ok or rec.tokens < 2 or len(rec.chunk_t) < 2 or rec.chunk_t[-1] <= rec.chunk_t[0]:
+        return None
+    return (rec.chunk_t[-1] - rec.chunk_t[0]) / (rec.tokens - 1)
+
+
+def request_latencies(records: list[RequestRecord], scale: float = 1.0) -> list[slo.RequestLatency]:
+    """Each request's TTFT, TPOT and end-to-end latency in the hardware's ms (wall ms x `scale`)."""
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000.0 * scale
+
+    return [slo.RequestLatency(ok=r.ok, ttft_ms=ms(r.ttft_s), tpot_ms=ms(_tpot_s(r)),
+                               e2e_ms=ms(r.end_t - r.send_t if r.end_t is not None else None)) for r in records]
+
+
+def send_lags(records: list[RequestRecord]) -> list[float]:
+    """Wall seconds from when each request was free to go (its arrival, or the cap's slot) to its send."""
+    return [max(0.0, r.send_t - r.released_t) for r in records if r.released_t is not None]
+
+
+def behind_schedule(records: list[RequestRecord], *, wall_rate: float | None, achieved_share: float | None
+                    ) -> str | None:
+    """Why the load sent was not the load asked for, from the requests' own times; None: on schedule. A closed
+    loop (no rate) has no schedule to keep."""
+    if not wall_rate:
+        return None
+    lag = stats.percentile(send_lags(records), 99)
+    limit = max(SCHEDULE_LAG_FLOOR_S, SCHEDULE_LAG_GAPS / wall_rate)
+    problems = []
+    if lag is not None and lag > limit:
+        problems.append(f"requests left a p99 {1000 * lag:.1f} ms after they were due (the limit here is "
+                        f"{1000 * limit:.1f} ms of wall time)")
+    if achieved_share is not None and achieved_share < SCHEDULE_RATE_SHARE:
+        problems.append(f"they were sent at {100 * achieved_share:.0f}% of the rate asked for")
+    return "; ".join(problems) or None
+
+
+def in_flight_series(records: list[RequestRecord], start: float, end: float, scale: float = 1.0,
+                     points: int = IN_FLIGHT_POINTS) -> list[tuple[float, int]]:
+    """Requests sent and not yet ended at evenly spaced moments of [start, end] (seconds from `start`, in the
+    hardware's time)."""
+    if end <= start or not records:
+        return []
+    step = (end - start) / (points - 1)
+    spans = [(r.send_t, r.end_t if r.end_t is not None else end) for r in records]
+    out = []
+    for i in range(points):
+        t = start + i * step
+        out.append(((t - start) * scale, sum(1 for a, b in spans if a <= t < b)))
+    return out
+
+
+def max_in_flight(records: list[RequestRecord]) -> int:
+    """The most requests in flight at once: every send and end, in order (an end before a send at a tie)."""
+    events = sorted([(r.send_t, 1) for r in records] + [(r.end_t, -1) for r in records if r.end_t is not None])
+    peak = now = 0
+    for _, change in events:
+        now += change
+        peak = max(peak, now)
+    return peak
+
+
+def rate_metrics(records: list[RequestRecord], *, start: float, span_s: float, planned: int | None,
+                 early_stopped: bool, request_rate: float | None, service: Slo | None,
+                 scale: float = 1.0, ramp: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """An open-loop load's columns, in the hardware's time (wall seconds x `scale`): `start` is the schedule's
+    start on the records' clock, `span_s` the span its arrivals were drawn over (hardware seconds); `planned`
+    the requests the schedule held (None: a closed loop, which has no fixed count); `ramp` the ids of a closed
+    loop's first wave (sent together, so queued behind each other as no later request is), which count in
+    the load but not in its latencies and service level."""
+    out: dict[str, Any] = {"scheduled_requests": planned, "request_rate": request_rate, "time_scale": scale,
+                           "early_stopped": early_stopped, "ramp_requests": len(ramp) if ramp else None}
+    if not records:
+        return out
+    judged = [r for r in records if r.id not in ramp]
+    sends = [r.send_t for r in records]
+    last = max([r.end_t for r in records if r.end_t is not None] + sends)
+    # Sending took the schedule's span, or longer if the last request left late.
+    sending = max(span_s, (max(sends) - start) * scale)
+    measured = (last - min(sends)) * scale
+    achieved = len(records) / sending if sending > 0 else None
+    tokens = sum(r.tokens for r in records)
+    latency = latency_distributions(judged, -math.inf, math.inf)
+    for name in list(latency):
+        if name.endswith("_ms") and latency[name] is not None:
+            latency[name] *= scale
+    active = sum((r.end_t if r.end_t is not None else last) - r.send_t for r in records)
+    lags = send_lags(records)
+    lag = stats.percentile(lags, 99)
+    out |= {
+        **latency,
+        "achieved_rate_rps": achieved,
+        "total_tok_s": tokens / measured if measured > 0 else None,
+        "per_request_tok_s": stats.median([r.decode_tok_s / scale for r in judged if r.decode_tok_s is not None]),
+        "completed": sum(1 for r in records if r.ok),
+        "output_tokens": tokens,
+        "measured_s": measured,
+        "send_lag_p99_ms": None if lag is None else 1000.0 * lag * scale,
+        "cap_waits": sum(1 for r in records if r.released_t is not None and r.scheduled_t is not None
+                         and r.released_t - r.scheduled_t > SCHEDULE_LAG_FLOOR_S),
+        "avg_in_flight": active * scale / measured if measured > 0 else None,
+        "in_flight": in_flight_series(records, min(sends), last, scale),
+        "max_in_flight": max_in_flight(records),
+    }
+    if service is not None:
+        outcome = slo.evaluate(service, request_latencies(judged, scale))
+        # The load's requests a second times the share of the judged ones that met the SLO: a closed loop's
+        # first wave is in the load's time, so it is counted in its requests too, at the judged ones' share.
+        met = outcome.met_fraction
+        out |= {"goodput_rps": met * len(records) / measured if measured > 0 and met is not None else None,
+                "slo_met_fraction": outcome.met_fraction, "slo_passed": outcome.passed,
+                "slo_bounds": outcome.bounds}
+    return out

@@ -1,0 +1,591 @@
+"""Seed 000's experiments, each measured against a running server and stored like any cell.
+
+- context window: does prompt + reply over max_model_len get a 400, or a silently clamped reply?
+- long-context cost: time to first token and generation speed after prompts of growing size
+- scheduler cap and overload: more simultaneous requests than max-num-seqs; peak running and waiting
+- prefix order: shared block first, task first, unrelated; wall time and prefix-cache hit rate
+- repeat: one cell measured N times, to see bimodal behaviour instead of averaging it away
+- agents: N chat sessions on a shared system prompt with growing histories; the largest N above speed floors
+
+(Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
+
+Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
+sim_night feeds the same functions from the simulator's engine in simulated time. Over 500 lines so that an
+experiment's two halves are read together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaign.core import stats
+from campaign.http.client import RequestRecord, new_client, stream_completion
+from campaign.measure import answers
+from campaign.measure.cells import Attempt, CellResult, CellSpec
+from campaign.measure.prompts import PromptSource
+from campaign.measure.runner import Measurer, Target
+from campaign.server import metrics as m
+
+ExperimentKind = Literal["context-window", "long-context", "overload", "prefix-order", "repeat", "agents",
+                         "slo-search"]
+
+
+class ExperimentResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ExperimentKind
+    key: str
+    status: Literal["Valid", "Invalid", "Failed", "Contaminated"]
+    reasons: list[str] = Field(default_factory=list)
+    # Headline numbers, compared across variants like cell metrics (None when undefined).
+    values: dict[str, float | None] = Field(default_factory=dict)
+    verdict: str = ""
+    details: dict[str, Any] = Field(default_factory=dict)
+    requests: list[dict[str, Any]] = Field(default_factory=list)
+    # Every step bracketed by the server's counters like a cell: the attempts, and those discarded.
+    attempts: list[Attempt] = Field(default_factory=list)
+    discarded_steps: int = 0
+
+
+# Direction of each headline value for diffs: +1 higher is better, -1 lower is better.
+VALUE_DIRECTIONS = {
+    "prompt_tok_s": 1, "silence_s_per_1k_prompt_tokens": -1, "generation_tok_s_drop_pct": -1,
+    "ran_concurrently": 1, "queued": -1, "peak_running": 1, "peak_waiting": -1, "errored": -1, "completed": 1,
+    "shared_first_wall_s": -1, "shared_first_hit_rate": 1, "speedup": 1,
+    "mean_total_tok_s": 1,
+    # Capacity at a service level (capacity.py): the highest rate and concurrency that held it.
+    "max_rate_rps": 1, "max_concurrency": 1,
+}
+
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 3
+
+
+class _Contaminated(Exception):
+    def __init__(self, step: str, attempts: list[Attempt]) -> None:
+        super().__init__(f"foreign traffic in all {len(attempts)} attempts at {step} "
+                         f"({', '.join(str(a.excess_tokens) for a in attempts)} extra tokens)")
+
+
+async def _bracketed(target: Target, control: httpx.AsyncClient, step: Callable[[], Awaitable[T]],
+                     records_of: Callable[[T], list[RequestRecord]], attempts: list[Attempt], *,
+                     name: str) -> tuple[T, m.Delta]:
+    """One experiment step between two counter readings, like a cell's: a step with foreign tokens is
+    discarded, counted and rerun (`step` makes fresh prompts each call); after MAX_ATTEMPTS, _Contaminated."""
+    measurer = Measurer(target)
+    tries: list[Attempt] = []
+    for _ in range(MAX_ATTEMPTS):
+        before = await measurer.scrape(control)
+        value = await step()
+        after, attempt = await measurer.bracket(control, before, records_of(value))
+        tries.append(attempt)
+        attempts.append(attempt)
+        if attempt.accepted:
+            return value, m.Delta(before, after)
+    raise _Contaminated(name, tries)
+
+
+def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: list[Attempt]) -> ExperimentResult:
+    return ExperimentResult(kind=kind, key=key, status="Contaminated", reasons=[str(exc)], attempts=attempts,
+                            discarded_steps=sum(1 for a in attempts if not a.accepted))
+
+
+async def _scrape(target: Target, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    return m.parse(response.text, server_version=target.server_version)
+
+
+# --- context window -----------------------------------------------------------------------------------
+async def context_window(target: Target, *, reply_tokens: int = 200) -> ExperimentResult:
+    """Two requests a user would send: prompt + reply just over the window, and a prompt alone over it.
+    Sent without min_tokens, as an ordinary client would, so a silent clamp shows as a short reply."""
+    if target.max_model_len is None:
+        return ExperimentResult(kind="context-window", key="context-window", status="Invalid",
+                                reasons=["max_model_len unknown: nothing to probe"])
+    window = target.max_model_len
+    prompts = PromptSource()
+    attempts: list[Attempt] = []
+
+    async def step() -> tuple[httpx.Response, httpx.Response, list[RequestRecord]]:
+        over_total = prompts.unique(window - reply_tokens // 2)
+        over_prompt = prompts.unique(window + 16)
+        a = await client.post("/v1/completions", json={"model": target.model, "prompt": over_total,
+                                                       "max_tokens": reply_tokens, "ignore_eos": True})
+        b = await client.post("/v1/completions", json={"model": target.model, "prompt": over_prompt,
+                                                       "max_tokens": 1})
+        # What the server should count for these two: the bracket's expectation.
+        sent = [RequestRecord(id=f"window{i}", prompt_tokens=len(p), max_tokens=n, send_t=0.0, status=r.status_code,
+                              usage_completion_tokens=_usage(r)) for i, (p, n, r) in
+                enumerate(((over_total, reply_tokens, a), (over_prompt, 1, b)))]
+        return a, b, sent
+
+    try:
+        async with target.endpoint.async_control(timeout_s=600) as client:
+            (a, b, _), _ = await _bracketed(target, client, step, lambda v: v[2], attempts, name="the window probe")
+    except _Contaminated as exc:
+        return _contaminated("context-window", "context-window", exc, attempts)
+    return context_window_result(window, reply_tokens, over_total=(a.status_code, _usage(a)),
+                                 over_prompt=(b.status_code, _message(b)), attempts=attempts)
+
+
+def context_window_result(window: int, reply_tokens: int, *, over_total: tuple[int, int | None],
+                          over_prompt: tuple[int, str | None], attempts: list[Attempt]) -> ExperimentResult:
+    """What the two answers say: `over_total` (status, completion tokens of a 200) for prompt + reply just
+    over the window, `over_prompt` (status, error message) for a prompt alone over it."""
+    status, got = over_total
+    if status == 400:
+        behaviour = "refuses with 400"
+        verdict = (f"prompt + reply over the {window:,}-token window: the server refuses with a 400, rather than "
+                   "quietly truncating (what you want)")
+    elif status == 200 and got is not None and got < reply_tokens:
+        behaviour = "clamps silently"
+        verdict = (f"prompt + reply over the {window:,}-token window: the server answered 200 with {got} of "
+                   f"{reply_tokens} tokens: it silently clamps the reply (vLLM >= 0.32 does). Check "
+                   "usage.completion_tokens on every reply you depend on")
+    else:
+        behaviour = f"HTTP {status}"
+        verdict = f"prompt + reply over the window: unexpected answer HTTP {status}"
+    prompt_status, message = over_prompt
+    verdict += ("; a prompt alone over the window is refused with 400" if prompt_status == 400
+                else f"; a prompt alone over the window got HTTP {prompt_status}")
+    return ExperimentResult(
+        kind="context-window", key="context-window", status="Valid", verdict=verdict, attempts=attempts,
+        discarded_steps=sum(1 for x in attempts if not x.accepted),
+        values={"clamped": 1.0 if behaviour == "clamps silently" else 0.0},
+        details={"max_model_len": window, "over_total": {"status": status, "completion_tokens": got,
+                                                         "asked": reply_tokens, "behaviour": behaviour},
+                 "over_prompt": {"status": prompt_status, "message": message}},
+    )
+
+
+def _usage(response: httpx.Response) -> int | None:
+    """completion_tokens of a non-streamed 200 reply; None otherwise."""
+    if response.status_code != 200:
+        return None
+    try:
+        value = response.json().get("usage", {}).get("completion_tokens")
+    except ValueError:
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _message(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except ValueError:
+        return None
+    return str(error.get("message") if isinstance(error, dict) else error)[:300] if error else None
+
+
+# --- long-context cost ---------------------------------------------------------------------------------
+async def long_context(target: Target, contexts: list[int], *, reply_tokens: int = 128) -> ExperimentResult:
+    """TTFT against prompt size and the generation speed after it (seed 000's 6.6K / 26K / 82K table)."""
+    prompts = PromptSource()
+    rows: list[dict[str, Any]] = []
+    records: list[RequestRecord] = []
+    attempts: list[Attempt] = []
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+        for i, context in enumerate(sorted(contexts)):
+            if target.max_model_len is not None and context + reply_tokens > target.max_model_len:
+                rows.append({"context_tokens": context, "skipped": "over max_model_len"})
+                continue
+
+            async def one(context: int = context, i: int = i) -> RequestRecord:
+                return await stream_completion(client, model=target.model, prompt=prompts.unique(context),
+                                               max_tokens=reply_tokens, request_id=f"long{i}")
+
+            try:
+                rec, _ = await _bracketed(target, control, one, lambda r: [r], attempts,
+                                          name=f"the {context:,}-token prompt")
+            except _Contaminated as exc:
+                return _contaminated("long-context", "long-context", exc, attempts)
+            records.append(rec)
+            rows.append(long_context_row(context, rec, target.time_scale))
+    return long_context_result(rows, records, attempts, time_scale=target.time_scale)
+
+
+def long_context_row(context: int, rec: RequestRecord, time_scale: float = 1.0) -> dict[str, Any]:
+    """One prompt's row, in the hardware's units (a simulator at a time scale lived it that much faster)."""
+    ttft = _scaled(rec.ttft_s, time_scale)
+    return {"context_tokens": context, "ttft_s": ttft, "generation_tok_s": _scaled(rec.decode_tok_s, 1 / time_scale),
+            "prompt_tok_s": context / ttft if ttft else None, "error": rec.error}
+
+
+def long_context_result(rows: list[dict[str, Any]], records: list[RequestRecord], attempts: list[Attempt], *,
+                        time_scale: float = 1.0) -> ExperimentResult:
+    """The rows' median prompt rate, the silence it means per 1,000 prompt tokens, and how much generation
+    slows from the shortest prompt to the longest."""
+    measured = [r for r in rows if r.get("ttft_s")]
+    reasons = [f"{r['context_tokens']:,}: {r['error']}" for r in rows if r.get("error")]
+    if not measured:
+        return ExperimentResult(kind="long-context", key="long-context", status="Failed",
+                                reasons=reasons or ["nothing measured"], details={"rows": rows})
+    rate = stats.median([r["prompt_tok_s"] for r in measured if r["prompt_tok_s"]])
+    silence = 1000.0 / rate if rate else None
+    gens = [r["generation_tok_s"] for r in measured if r["generation_tok_s"]]
+    drop = 100.0 * (gens[0] - gens[-1]) / gens[0] if len(gens) >= 2 and gens[0] else None
+    verdict = (f"prompt processing about {rate:,.0f} tok/s: budget {silence:.2f} s of silence per 1,000 prompt "
+               "tokens" if rate and silence else "no prompt rate")
+    if drop is not None:
+        verdict += f"; generation slows {drop:.0f}% from the shortest to the longest prompt"
+    return ExperimentResult(
+        kind="long-context", key="long-context", status="Failed" if reasons else "Valid", reasons=reasons,
+        attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
+        verdict=verdict, values={"prompt_tok_s": rate, "silence_s_per_1k_prompt_tokens": silence,
+                                 "generation_tok_s_drop_pct": drop},
+        details={"rows": rows, "time_scale": time_scale}, requests=[r.to_dict() for r in records])
+
+
+# --- scheduler cap and overload ------------------------------------------------------------------------
+def burst_size(max_num_seqs: int, factor: float) -> int:
+    """The overload burst: factor x max-num-seqs requests, and always at least one over the cap."""
+    return max(max_num_seqs + 1, math.ceil(max_num_seqs * factor))
+
+
+async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, prompt_tokens: int = 64,
+                   reply_tokens: int = 64, sample_every_s: float = 0.25) -> ExperimentResult:
+    """Fire factor x max-num-seqs requests at once; sample running and waiting during the burst."""
+    n = burst_size(max_num_seqs, factor)
+    prompts = PromptSource()
+    running: list[float] = []
+    waiting: list[float] = []
+    sampled_t: list[float] = []   # perf_counter of each sample (the report draws the gauges over time)
+    done = asyncio.Event()
+
+    async def sampler(client: httpx.AsyncClient) -> None:
+        while not done.is_set():
+            try:
+                snap = await _scrape(target, client)
+                running.append(snap.value(m.RUNNING))
+                waiting.append(snap.value(m.WAITING))
+                sampled_t.append(time.perf_counter())
+            except httpx.HTTPError:
+                pass
+            try:
+                await asyncio.wait_for(done.wait(), sample_every_s)
+            except TimeoutError:
+                pass
+
+    attempts: list[Attempt] = []
+
+    async def burst() -> tuple[list[RequestRecord], float]:
+        running.clear()
+        waiting.clear()
+        sampled_t.clear()
+        done.clear()
+        task = asyncio.create_task(sampler(control))
+        began = time.perf_counter()
+        records = list(await asyncio.gather(*(
+            stream_completion(client, model=target.model, prompt=prompts.unique(prompt_tokens),
+                              max_tokens=reply_tokens, request_id=f"burst{i}") for i in range(n))))
+        wall = (time.perf_counter() - began) * target.time_scale   # the hardware's seconds
+        done.set()
+        await task
+        return records, wall
+
+    try:
+        async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+            (records, wall), _ = await _bracketed(target, control, burst, lambda v: v[0], attempts, name="the burst")
+    except _Contaminated as exc:
+        return _contaminated("overload", f"overload-x{factor:g}", exc, attempts)
+    return overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=wall,
+                           gauges=list(zip(sampled_t, running, waiting, strict=True)), attempts=attempts,
+                           time_scale=target.time_scale)
+
+
+def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: float, wall_s: float,
+                    gauges: list[tuple[float, float, float]], attempts: list[Attempt],
+                    time_scale: float = 1.0) -> ExperimentResult:
+    """The burst's records (one per request sent) and the server's gauges as sampled, (time on the records'
+    clock, running, waiting): what ran at once, what queued, what completed."""
+    n = len(records)
+    running, waiting = [g[1] for g in gauges], [g[2] for g in gauges]
+    completed = sum(1 for r in records if r.ok and not r.short)
+    errored = sum(1 for r in records if not r.ok)
+    # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
+    # its first token after its prefill, before any request of the burst has its last token (that takes the
+    # prefill and a whole reply); one that waited for a seat gets it, and so its first token, only in a step
+    # after another request's last. The last token, not the end of its stream: the stream's end can reach
+    # the client after the next step's tokens. (Half the shortest request, the rule before, called a
+    # prefill-heavy burst queued: the simulator's truth records showed it.)
+    lasts = [r.chunk_t[-1] for r in records if r.ok and r.chunk_t]
+    first_end = min(lasts) if lasts else None
+    queued = sum(1 for r in records if first_end is not None and r.chunk_t and r.chunk_t[0] > first_end)
+    ran = n - queued if first_end is not None else None
+    peak_running = max(running) if running else None
+    peak_waiting = max(waiting) if waiting else None
+    verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
+               f"{queued} queued, {completed} completed, {errored} errors")
+    if errored == 0 and queued:
+        verdict += ("; overload degrades into queueing rather than failure, so a load test can report total "
+                    "success while hiding a queue")
+    if peak_running is not None:
+        verdict += f" (server gauges: up to {peak_running:g} running, {_g(peak_waiting)} waiting)"
+    return ExperimentResult(
+        kind="overload", key=f"overload-x{factor:g}", status="Valid" if first_end is not None else "Failed",
+        reasons=[] if first_end is not None else ["no request of the burst completed"], verdict=verdict,
+        values={"ran_concurrently": None if ran is None else float(ran),
+                "queued": float(queued) if first_end is not None else None,
+                "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
+                "peak_waiting": peak_waiting},
+        # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
+        details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall_s, "time_scale": time_scale,
+                 "samples": len(running), "gauges": [list(g) for g in gauges]},
+        requests=[r.to_dict() for r in records], attempts=attempts,
+        discarded_steps=sum(1 for a in attempts if not a.accepted))
+
+
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+# --- prefix order --------------------------------------------------------------------------------------
+def shared_block_tokens(shared_tokens: int, block: int) -> int:
+    """The shared text of prefix order as whole KV blocks, at least one: a cached block needs all of it."""
+    return max(block, math.ceil(shared_tokens / block) * block)
+
+
+async def prefix_order(target: Target, *, block_size: int | None, agents: int = 4, shared_tokens: int = 2400,
+                       task_tokens: int = 200, reply_tokens: int = 64) -> ExperimentResult:
+    """Same tokens, three layouts. The shared block is a whole number of KV blocks (at least one), sized from
+    the server's real block size, and new for every arm so no arm is served by another's cache."""
+    block = block_size or 16
+    shared_len = shared_block_tokens(shared_tokens, block)
+    prompts = PromptSource()
+    arms: dict[str, dict[str, Any]] = {}
+    attempts: list[Attempt] = []
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+        for arm in ("shared-first", "task-first", "unrelated"):
+
+            async def run_arm(arm: str = arm) -> tuple[list[RequestRecord], float]:
+                shared = prompts.shared_block(shared_len)  # new for every try: no arm is served by another's cache
+                tasks = [prompts.unique(task_tokens) for _ in range(agents)]
+                if arm == "shared-first":
+                    batch = [shared + t for t in tasks]
+                elif arm == "task-first":
+                    batch = [t + shared for t in tasks]
+                else:
+                    batch = [prompts.unique(shared_len + task_tokens) for _ in range(agents)]
+                began = time.perf_counter()
+                records = await asyncio.gather(*(
+                    stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
+                                      request_id=f"{arm}{i}") for i, p in enumerate(batch)))
+                return list(records), (time.perf_counter() - began) * target.time_scale   # the hardware's s
+
+            try:
+                (records, wall), delta = await _bracketed(target, control, run_arm, lambda v: v[0], attempts,
+                                                          name=f"the {arm} arm")
+            except _Contaminated as exc:
+                return _contaminated("prefix-order", f"prefix-order-K{agents}", exc, attempts)
+            arms[arm] = prefix_arm(records, wall, queries=delta(m.PREFIX_QUERIES), hits=delta(m.PREFIX_HITS))
+    return prefix_order_result(arms, agents=agents, block=block, shared_len=shared_len, task_tokens=task_tokens,
+                               attempts=attempts, time_scale=target.time_scale)
+
+
+def prefix_arm(records: list[RequestRecord], wall_s: float, *, queries: float, hits: float) -> dict[str, Any]:
+    """One arm: its wall time (the hardware's seconds), and the prefix cache's hits over its queries."""
+    return {"wall_s": wall_s, "hit_rate": hits / queries if queries else None, "hits": hits, "queries": queries,
+            "errors": [r.error for r in records if not r.ok], "server_ids": [r.server_id for r in records]}
+
+
+def prefix_order_result(arms: dict[str, dict[str, Any]], *, agents: int, block: int, shared_len: int,
+                        task_tokens: int, attempts: list[Attempt], time_scale: float = 1.0) -> ExperimentResult:
+    """The three arms side by side: how much faster the shared text first is, and its cache hits."""
+    sf, tf, un = arms["shared-first"], arms["task-first"], arms["unrelated"]
+    speedup = min(tf["wall_s"], un["wall_s"]) / sf["wall_s"] if sf["wall_s"] else None
+    verdict = (f"{agents} agents, {shared_len:,}-token shared block ({shared_len // block} blocks of {block}): "
+               f"shared first {sf['wall_s']:.2f} s / {_pct(sf['hit_rate'])} cache hits, task first "
+               f"{tf['wall_s']:.2f} s / {_pct(tf['hit_rate'])}, unrelated {un['wall_s']:.2f} s / "
+               f"{_pct(un['hit_rate'])}")
+    if speedup is not None:
+        verdict += (f": putting the shared text first is {speedup:.1f}x faster" if speedup >= 1.1 else
+                    ": prompt order made no measurable difference here")
+    errors = [e for a in arms.values() for e in a["errors"]]
+    return ExperimentResult(
+        kind="prefix-order", key=f"prefix-order-K{agents}", status="Failed" if errors else "Valid",
+        reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
+        values={"shared_first_wall_s": sf["wall_s"], "shared_first_hit_rate": sf["hit_rate"], "speedup": speedup},
+        attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
+        details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms,
+                 "time_scale": time_scale})
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None else f"{100 * value:.1f}%"
+
+
+# --- repeat a cell: bimodality -------------------------------------------------------------------------
+async def repeat_cell(target: Target, spec: CellSpec, *, times: int = 4) -> ExperimentResult:
+    """Measure one cell `times` times; report two modes when there are two, never their average."""
+    measurer = Measurer(target)
+    results = [await measurer.run_cell(spec) for _ in range(times)]
+    return repeat_result(spec, results, time_scale=target.time_scale)
+
+
+def repeat_result(spec: CellSpec, results: list[CellResult], *, time_scale: float = 1.0) -> ExperimentResult:
+    """The runs' total tok/s (the hardware's): two modes where there are two, never their average."""
+    values = [r.total_tok_s for r in results if r.status == "Valid" and r.total_tok_s is not None]
+    modes = answers.bimodality(values)
+    if modes.bimodal:
+        verdict = (f"{spec.key}: BIMODAL: {modes.low_count} of {len(values)} runs near {modes.low:,.0f} tok/s and "
+                   f"{modes.high_count} near {modes.high:,.0f} tok/s ({modes.ratio:.1f}x apart); no single average "
+                   "describes it")
+        mean = None
+    else:
+        mean = stats.mean(values)
+        verdict = f"{spec.key}: one mode over {len(values)} runs" + (f", {mean:,.1f} tok/s" if mean else "")
+    invalid = [r for r in results if r.status != "Valid"]
+    return ExperimentResult(
+        kind="repeat", key=f"repeat-{spec.key}", status="Valid" if values else "Failed",
+        reasons=[f"run {i + 1}: {r.status}: {'; '.join(r.reasons)}" for i, r in enumerate(results) if r in invalid],
+        verdict=verdict, values={"mean_total_tok_s": mean},
+        # Each Valid run's window on the client's clock, so its rate can be recomputed (`make truth` does).
+        details={"runs": values, "windows": [r.window for r in results if r.status == "Valid"
+                                             and r.total_tok_s is not None],
+                 "bimodal": modes.bimodal, "low": modes.low, "high": modes.high, "time_scale": time_scale,
+                 "low_count": modes.low_count, "high_count": modes.high_count, "spec": spec.model_dump()})
+
+
+# --- agent sessions --------------------------------------------------------------------------------------
+AGENT_FLOORS = (40.0, 30.0, 20.0)   # seed 000: "if each agent needs 40 tok/s you can run 8; at 30, 16; at 20, 32"
+
+
+async def agents(target: Target, *, sessions: list[int], turns: int = 4, system_tokens: int = 2000,
+                 user_tokens: int = 200, reply_tokens: int = 128, prompts: str = "prose",
+                 floors: tuple[float, ...] = AGENT_FLOORS, time_scale: float = 1.0) -> ExperimentResult:
+    """N coding agents at once, for each N: every session a conversation on the chat endpoint that shares one
+    system prompt with the others, and whose history grows by each reply and a new user turn. Turns run in
+    lockstep (all N sessions send turn t, then t + 1), so each turn's prefix-cache hit rate comes from the
+    server's own counters. Per N: each agent's decode speed (tokens after its first over their time, averaged
+    over its turns), the slowest agent's, and the median TTFT of every turn. Then, per speed floor, the
+    largest N whose agents all stayed above it: seed 000's "how many agents can run against it at once", from
+    conversations instead of the synthetic ladder. Against a simulator running `time_scale` times faster than
+    the hardware it imitates, speeds and times are given for that hardware (the floors are a user's)."""
+    from campaign.http.tokenizer import ServerTokenizer
+    from campaign.measure.prompts import Prompts
+
+    key = agents_key(sessions=sessions, turns=turns, system_tokens=system_tokens, user_tokens=user_tokens,
+                     reply_tokens=reply_tokens, prompts=prompts)
+    attempts: list[Attempt] = []
+    by_n: dict[int, dict[str, Any]] = {}
+    all_records: list[RequestRecord] = []
+    async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
+        source = Prompts(prompts, "chat", tokenizer=ServerTokenizer(control, target.model))
+        await source.prepare(system_tokens)
+        await source.prepare(user_tokens)
+        for n in sorted(set(sessions)):
+
+            async def conversation(n: int = n) -> tuple[list[list[RequestRecord]], list[dict[str, Any]]]:
+                system = (await source.next(system_tokens)).messages
+                assert system is not None
+                shared = {"role": "system", "content": system[0]["content"]}  # fresh per try: no earlier cache
+                histories: list[list[dict[str, Any]]] = [[shared] for _ in range(n)]
+                per_turn: list[list[RequestRecord]] = []
+                turn_cache: list[dict[str, Any]] = []
+                for turn in range(turns):
+                    for history in histories:
+                        user = (await source.next(user_tokens)).messages
+                        assert user is not None
+                        history.append(user[0])
+                    before = await _scrape(target, control)
+                    replies: list[list[str]] = [[] for _ in range(n)]
+                    records = await asyncio.gather(*(
+                        stream_completion(client, model=target.model, prompt=[], messages=list(history),
+                                          max_tokens=reply_tokens, request_id=f"a{n}-{i}-t{turn}", answer=reply)
+                        for i, (history, reply) in enumerate(zip(histories, replies, strict=True))))
+                    delta = m.Delta(before, await _scrape(target, control))
+                    queries, hits = delta.optional(m.PREFIX_QUERIES), delta.optional(m.PREFIX_HITS)
+                    turn_cache.append({"queries": queries, "hits": hits,
+                                       "hit_rate": hits / queries if hits is not None and queries else None})
+                    per_turn.append(list(records))
+                    for history, reply in zip(histories, replies, strict=True):
+                        history.append({"role": "assistant", "content": "".join(reply)})
+                return per_turn, turn_cache
+
+            try:
+                (per_turn, turn_cache), _ = await _bracketed(
+                    target, control, conversation, lambda v: [r for turn in v[0] for r in turn], attempts,
+                    name=f"{n} agent(s)")
+            except _Contaminated as exc:
+                return _contaminated("agents", key, exc, attempts)
+            records = [r for turn in per_turn for r in turn]
+            all_records += records
+            speeds = [_scaled(stats.mean([s for s in (per_turn[t][i].decode_tok_s for t in range(turns))
+                                          if s is not None]), 1 / time_scale) for i in range(n)]
+            by_n[n] = {
+                "agent_tok_s": speeds,
+                # An agent without a measured speed (a reply in one chunk) holds no floor: None, never skipped.
+                "slowest_tok_s": None if None in speeds else min((s for s in speeds if s is not None), default=None),
+                "ttft_ms_by_turn": [_scaled(_ms(stats.median([r.ttft_s for r in turn if r.ttft_s is not None])),
+                                            time_scale) for turn in per_turn],
+                "prompt_tokens_by_turn": [stats.median([float(r.usage_prompt_tokens) for r in turn
+                                                        if r.usage_prompt_tokens is not None]) for turn in per_turn],
+                "cache_by_turn": turn_cache,
+                "errors": [r.error for r in records if not r.ok],
+            }
+    errors = [e for v in by_n.values() for e in v["errors"]]
+    values: dict[str, float | None] = {}
+    fits: list[str] = []
+    for floor in floors:
+        above = [n for n, v in by_n.items() if v["slowest_tok_s"] is not None and v["slowest_tok_s"] >= floor]
+        # The largest N tried whose every agent held the floor, and every smaller N tried held it too.
+        held = max((n for n in above if all(k in above for k in by_n if k <= n)), default=0)
+        values[agents_value(floor)] = float(held)
+        fits.append(f"{held} at {floor:g} tok/s")
+    for n, v in by_n.items():
+        values[f"slowest_agent_tok_s_N{n}"] = v["slowest_tok_s"]
+    largest = max(by_n)
+    last = by_n[largest]
+    verdict = (f"agents that all stay above a speed floor ({', '.join(fits)}; tried {sorted(by_n)}); at "
+               f"{largest}: slowest agent {_g1(last['slowest_tok_s'])} tok/s, TTFT by turn "
+               f"{', '.join(_g1(t) for t in last['ttft_ms_by_turn'])} ms, prefix-cache hits by turn "
+               f"{', '.join(_pct(c['hit_rate']) for c in last['cache_by_turn'])}")
+    return ExperimentResult(
+        kind="agents", key=key, status="Failed" if errors else "Valid",
+        reasons=[f"{len(errors)} request(s) failed: {errors[0]}"] if errors else [], verdict=verdict,
+        values=values, attempts=attempts, discarded_steps=sum(1 for a in attempts if not a.accepted),
+        requests=[r.to_dict() for r in all_records],
+        details={"sessions": {str(n): v for n, v in by_n.items()}, "turns": turns, "system_tokens": system_tokens,
+                 "user_tokens": user_tokens, "reply_tokens": reply_tokens, "prompts": prompts,
+                 "floors": list(floors), "time_scale": time_scale})
+
+
+def agents_key(*, sessions: list[int], turns: int, system_tokens: int, user_tokens: int, reply_tokens: int,
+               prompts: str) -> str:
+    """Everything that defines what the experiment sends (the floors only read its results)."""
+    source = Path(prompts).name.removesuffix(".jsonl")
+    return (f"agents-P{source}-T{turns}-S{system_tokens}-U{user_tokens}-N{reply_tokens}-"
+            f"n{'_'.join(str(n) for n in sorted(set(sessions)))}")
+
+
+def agents_value(floor: float) -> str:
+    return f"agents_above_{floor:g}_tok_s"
+
+
+def value_direction(name: str) -> int | None:
+    """+1 where higher is better, -1 where lower is, None for a value that is not compared."""
+    if name.startswith(("agents_above_", "slowest_agent_tok_s_")):
+        return 1
+    return VALUE_DIRECTIONS.get(name)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def _g1(value: float | None) -> str:
+    return "?" if value is None else f"{value:,.1f}"

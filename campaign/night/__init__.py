@@ -1,0 +1,3 @@
+"""The night: the matrix, planning, orchestration, the pool, Ray, the worker, the store and its records, progress,
+replay in simulated time.
+"""

@@ -1,0 +1,67 @@
+"""Launch a profile, learn what the server became (log + live cross-check), always stop it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from campaign.http.endpoint import Timeouts
+from campaign.measure.runner import Target
+from campaign.server import argv, startup_log
+from campaign.server.control import ControlClient, cross_check
+from campaign.server.lifecycle import ReadyInfo, ServerProcess
+from campaign.server.profiles import FlagValue, LaunchProfile
+
+
+@dataclass(kw_only=True)
+class LaunchedServer:
+    spec: argv.LaunchSpec
+    process: ServerProcess
+    ready: ReadyInfo
+    facts: startup_log.StartupFacts
+    warnings: list[str] = field(default_factory=list)
+
+    def control(self) -> ControlClient:
+        return ControlClient(self.spec.endpoint())
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """The scheduler cap as launched; None when the flags left it to vLLM's card-dependent default."""
+        return self._flag_int("max-num-seqs")
+
+    def _flag_int(self, name: str) -> int | None:
+        value = self.spec.flags.get(name)
+        try:
+            return int(str(value)) if value is not None else None
+        except ValueError:
+            return None
+
+    def target(self, timeouts: Timeouts | None = None) -> Target:
+        """What a Measurer needs to know of this server: where it is and what it became."""
+        f = self.facts
+        return Target(endpoint=self.spec.endpoint(timeouts), model=self.spec.served_model_name,
+                      kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
+                      server_version=f.vllm_version, max_num_seqs=self.max_num_seqs,
+                      max_num_batched_tokens=f.max_num_batched_tokens or self._flag_int("max-num-batched-tokens"),
+                      num_speculative_tokens=f.num_speculative_tokens)
+
+
+@contextmanager
+def launched(
+    profile: LaunchProfile,
+    log_path: Path,
+    overrides: Mapping[str, FlagValue] | None = None,
+    *,
+    engine: str | None = None,
+    startup_timeout_s: float | None = None,
+) -> Iterator[LaunchedServer]:
+    spec = argv.build(profile, overrides, engine=engine)
+    process = ServerProcess(spec, log_path, startup_timeout_s=startup_timeout_s or profile.startup_timeout_s)
+    with process:
+        ready = process.wait_ready()
+        facts = startup_log.parse(log_path.read_text(errors="replace"))
+        with ControlClient(spec.endpoint()) as control:
+            facts, warnings = cross_check(facts, control)
+        yield LaunchedServer(spec=spec, process=process, ready=ready, facts=facts, warnings=warnings)

@@ -1,0 +1,282 @@
+"""How long a campaign will take, launch by launch, and how long the last one really took.
+
+An estimate is built from token counts and rates: what each cell and each experiment sends (the
+context-window probe on a 131K-token window sends two prompts of about 131K tokens), at the prefill and
+decode rates and the start-up time the last run of the same campaign measured, or at stated guesses when
+there is none. After a run, each launch's actual time (start to stopped, from server.json and stop.json)
+stands beside its estimate, and the next plan scales its estimate by how far off the last one was.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from campaign.core.errors import CampaignError
+from campaign.measure.cells import CellSpec
+from campaign.night.matrix import (
+    AgentsExperiment,
+    ContextWindowExperiment,
+    Experiment,
+    LongContextExperiment,
+    Matrix,
+    OverloadExperiment,
+    PrefixOrderExperiment,
+    RepeatExperiment,
+    SloSearchExperiment,
+)
+from campaign.night.store import RunDir
+from campaign.server.profiles import LaunchProfile, normalize_flag
+from campaign.server.startup_log import StartupFacts
+
+# Stated guesses where no earlier run measured the server: about the A5000 pair's prefill (seed 000's ~1,000
+# prompt tokens/s) and a slow single stream; a GPU server's start-up (weights, compile, CUDA graphs).
+GUESS_PREFILL_TOK_S = 1000.0
+GUESS_DECODE_TOK_S = 30.0
+GUESS_LAUNCH_S = 90.0
+STEP_OVERHEAD_S = 2.0  # per bracketed step: the /metrics scrapes before and after, a request's round trip
+
+
+@dataclass(frozen=True)
+class Rates:
+    prefill_tok_s: float
+    decode_tok_s: float  # one stream's generation rate
+    launch_s: float  # from starting the process to ready
+    source: str  # said with every estimate: measured where, or guessed
+    correction: float = 1.0  # the last run's actual / estimated time per launch (its median)
+
+
+GUESSED = Rates(GUESS_PREFILL_TOK_S, GUESS_DECODE_TOK_S, GUESS_LAUNCH_S,
+                "guessed: there is no earlier run of this campaign to measure them from")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    launches: int
+    launch_s: float
+    cells_s: float  # the cells of one launch, warm-up and warm check included
+    experiments_s: dict[str, float] = field(default_factory=dict)  # per experiment key, one launch
+    rates: Rates = GUESSED
+
+    @property
+    def per_launch_s(self) -> float:
+        return (self.launch_s + self.cells_s + sum(self.experiments_s.values())) * self.rates.correction
+
+    @property
+    def total_s(self) -> float:
+        return self.launches * self.per_launch_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"launches": self.launches, "per_launch_s": round(self.per_launch_s, 1),
+                "launch_s": round(self.launch_s, 1), "cells_s": round(self.cells_s, 1),
+                "experiments_s": {k: round(v, 1) for k, v in self.experiments_s.items()},
+                "correction": round(self.rates.correction, 3), "rates_source": self.rates.source}
+
+
+def cell_s(spec: CellSpec, rates: Rates) -> float:
+    if spec.phase == "prefill":
+        return STEP_OVERHEAD_S + spec.context_tokens / rates.prefill_tok_s
+    if spec.phase == "rate":
+        # The schedule (its span, or its minimum count at the rate), then the last requests' replies.
+        span = spec.duration_s if spec.request_rate is None else max(
+            spec.duration_s, spec.min_requests / spec.request_rate)
+        longest = spec.lengths_range()[1][0]
+        return STEP_OVERHEAD_S + span + longest / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
+    prompts = spec.concurrency * spec.context_tokens / rates.prefill_tok_s
+    if spec.mode == "sustained":
+        # The window, the warm-up before it, and the requests in flight when it closes run to their end.
+        return STEP_OVERHEAD_S + prompts + spec.warmup_s + spec.window_s + spec.max_tokens / rates.decode_tok_s
+    return STEP_OVERHEAD_S + prompts + spec.max_tokens / rates.decode_tok_s
+
+
+def experiment_s(experiment: Experiment, matrix: Matrix, profile: LaunchProfile, rates: Rates) -> float:
+    """What the experiment sends, at the rates (bracketed steps may be repeated: this is one try each)."""
+    prefill, decode = rates.prefill_tok_s, rates.decode_tok_s
+    if isinstance(experiment, ContextWindowExperiment):
+        window = _int_flag(profile.flags, "max-model-len") or 0  # unknown: vLLM takes the model's own
+        return 2 * STEP_OVERHEAD_S + 2 * window / prefill + experiment.reply_tokens / decode
+    if isinstance(experiment, LongContextExperiment):
+        return sum(STEP_OVERHEAD_S + c / prefill + experiment.reply_tokens / decode for c in experiment.contexts)
+    if isinstance(experiment, OverloadExperiment):
+        seqs = experiment.max_num_seqs or _int_flag(profile.flags, "max-num-seqs") or 256
+        n = math.ceil(experiment.factor * seqs)
+        return (STEP_OVERHEAD_S + n * experiment.prompt_tokens / prefill
+                + math.ceil(experiment.factor) * experiment.reply_tokens / decode)
+    if isinstance(experiment, PrefixOrderExperiment):  # three arms, none cached at worst
+        prompt = experiment.shared_tokens + experiment.task_tokens
+        return 3 * (STEP_OVERHEAD_S + experiment.agents * prompt / prefill + experiment.reply_tokens / decode)
+    if isinstance(experiment, AgentsExperiment):  # every turn prefilled whole (no cache) at worst, decoded at 1x
+        total = 0.0
+        for n in experiment.sessions:
+            for turn in range(experiment.turns):
+                history = (experiment.system_tokens + (turn + 1) * experiment.user_tokens
+                           + turn * experiment.reply_tokens)
+                total += STEP_OVERHEAD_S + n * history / prefill + experiment.reply_tokens / decode
+        return total
+    if isinstance(experiment, SloSearchExperiment):
+        return search_s(experiment, matrix, rates)
+    assert isinstance(experiment, RepeatExperiment)
+    return experiment.times * cell_s(experiment.spec(matrix.window_s), rates)
+
+
+def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> float:
+    """A capacity search: rates doubling from the start to about where prefill alone saturates (prompt tok/s
+    over the context), a few bisections there, each probe at least its minimum of requests; then, if asked,
+    the concurrency probes (closed loops of the same count, C at a time; their bisections not counted)."""
+    spec = experiment.spec(matrix.window_s, matrix.slo)
+    need = max(spec.min_requests, spec.slo.min_requests if spec.slo else 1)
+    limit = max(experiment.start_rps, rates.prefill_tok_s / spec.context_tokens)
+    probes: list[float] = []
+    rate = experiment.start_rps
+    while rate < limit and len(probes) < experiment.max_probes:
+        probes.append(rate)
+        rate *= 2
+    probes += [limit] * min(4, max(0, experiment.max_probes - len(probes)))   # the bisections, about there
+    reply = spec.context_tokens / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
+    total = sum(STEP_OVERHEAD_S + max(spec.duration_s, need / r) + reply for r in probes)
+    if experiment.concurrency:  # C = 1, 2, 4, ... up to the ceiling: `need` requests, C at a time
+        ceiling = experiment.max_concurrency or 256
+        streams = [2 ** i for i in range(experiment.max_probes) if 2 ** i <= ceiling]
+        total += sum(STEP_OVERHEAD_S + max(spec.duration_s, (need + c) * reply / c) for c in streams)
+    return total
+
+
+def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates = GUESSED) -> Estimate:
+    cells = matrix.cells()
+    per_cells = sum(cell_s(c, rates) for c in cells)
+    if cells and matrix.warmup:  # the warm-up's long prompts, and the first cell measured again at the end
+        longest = max(c.context_tokens for c in cells)
+        per_cells += 2 * longest / rates.prefill_tok_s + cell_s(cells[0], rates)
+    return Estimate(launches=launches, launch_s=rates.launch_s, cells_s=per_cells,
+                    experiments_s={e.key: experiment_s(e, matrix, profile, rates) for e in matrix.experiments()},
+                    rates=rates)
+
+
+def _int_flag(flags: dict[str, Any], name: str) -> int | None:
+    for key, value in flags.items():
+        if normalize_flag(key) == name:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+# --- after a run ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchTime:
+    launch_dir: str
+    variant: str
+    repeat: int
+    actual_s: float
+    estimated_s: float | None  # None: the run was stored before estimates were (format < 5)
+
+
+def launch_times(run: RunDir) -> list[LaunchTime]:
+    """Each launch that became ready and stopped: its actual time, beside the estimate stored with the run."""
+    stored = run.manifest().estimate or {}
+    estimated = stored.get("per_launch_s")
+    out = []
+    for server in run.ready_servers():
+        stop = run.stop(server.launch_dir or "")
+        if stop is None or stop.stopped_utc is None:
+            continue  # stored before format 5, or the stop itself was not recorded (killed controller)
+        began = datetime.fromisoformat(server.started_utc)
+        actual = server.ready_s + (datetime.fromisoformat(stop.stopped_utc) - began).total_seconds()
+        out.append(LaunchTime(server.launch_dir or "", server.variant, server.repeat, actual,
+                              float(estimated) if isinstance(estimated, int | float) else None))
+    return out
+
+
+def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rates:
+    """The rates the last run measured (its median prefill rate, single-stream decode rate, start-up time) and
+    how far its own estimate was off; before any run, the profile's stated rates, or the guesses."""
+    try:
+        cells = [c.result for c in run.cells() if c.result.status == "Valid"] if run is not None else []
+        ready = [s.ready_s for s in run.ready_servers()] if run is not None else []
+        # A simulator's run at a time scale lived its launches that many times faster than the hardware (its
+        # stored figures are the hardware's already, format 10); in simulated time the launches took no time to
+        # speak of, and calibrate nothing.
+        scale = run.manifest().time_scale if run is not None else 1.0
+        virtual = run is not None and run.manifest().clock == "virtual"
+    except (CampaignError, ValidationError):
+        run = None  # a last run this version cannot read (a newer format): as if there were none
+    if run is None:
+        hints = profile.rates if profile is not None else None
+        if hints is None:
+            return GUESSED
+        return Rates(hints.prefill_tok_s, hints.decode_tok_s, hints.launch_s,
+                     f"stated in the profile: {hints.measured}")
+    prefill = [c.prompt_tok_s for c in cells if c.phase == "prefill" and c.prompt_tok_s]
+    decode = [c.per_request_tok_s for c in cells
+              if c.phase == "decode" and c.concurrency == 1 and c.per_request_tok_s]
+    measured = Rates(
+        prefill_tok_s=statistics.median(prefill) if prefill else GUESS_PREFILL_TOK_S,
+        decode_tok_s=statistics.median(decode) if decode else GUESS_DECODE_TOK_S,
+        launch_s=statistics.median(ready) if ready else GUESS_LAUNCH_S,
+        source=f"measured in {run.root}" + ("" if prefill and decode and ready else " (partly guessed)"))
+    try:
+        actual = [t.actual_s * scale for t in launch_times(run)]
+        # How far this model is off even at the measured rates (overheads it does not see): the last run's
+        # launches, estimated again at its own rates, against what they took.
+        manifest = run.manifest()
+        again = estimate(manifest.matrix_model(), manifest.profile_model(), 1, measured).per_launch_s
+    except (CampaignError, ValidationError, ValueError):
+        return measured  # a last run this version cannot fully read calibrates nothing; it never stops a plan
+    if not actual or again <= 0 or virtual:
+        return measured
+    return replace(measured, correction=statistics.median(actual) / again)
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VariantPlan:
+    name: str
+    flags: dict[str, Any]
+    kv_cache_tokens: int | None  # as the last run found it; None: unknown until launched
+    skipped: list[str]  # cells over capacity at that KV cache: will be skipped
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `campaign plan` says: launches in order, variants, cells, experiments, the estimate, and how the
+    last run's launches compared with its estimate."""
+
+    launches: list[tuple[str, int]]
+    variants: list[VariantPlan]
+    cells: list[CellSpec]
+    estimate: Estimate
+    previous: RunDir | None
+    previous_times: list[LaunchTime]
+
+
+def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -> Plan:
+    from campaign.measure.cells import over_capacity
+    from campaign.night.matrix import schedule
+
+    order = schedule(matrix)
+    cells = matrix.cells()
+    known: dict[str, StartupFacts] = {}
+    previous_times: list[LaunchTime] = []
+    if previous is not None:
+        try:
+            for server in previous.ready_servers():
+                known.setdefault(server.variant, server.facts)
+            previous_times = launch_times(previous)
+        except CampaignError:
+            previous = None  # unreadable by this version: planned as if there were no last run
+    variants = []
+    for variant in matrix.ordered_variants():
+        facts = known.get(variant.name, StartupFacts())
+        skipped = [c.key for c in cells if c.phase == "decode" and over_capacity(
+            context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
+            kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size)]
+        variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens, skipped))
+    return Plan(launches=order, variants=variants, cells=cells,
+                estimate=estimate(matrix, profile, len(order), rates_from(previous, profile)), previous=previous,
+                previous_times=previous_times)

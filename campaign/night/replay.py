@@ -1,0 +1,292 @@
+"""A matrix's prefill and decode cells on the simulator in simulated time: the tool's method (measure.py)
+replayed on the engine's own clock (sim_engine.Virtual), with no HTTP and no wall clock, so a matrix that
+takes an hour of the hardware's time runs in seconds, the same way every time.
+
+Kept of the tool's method, rule for rule:
+- Over capacity and over the window are decided as the tool decides them (cells.over_capacity on the engine's
+  KV cache; prompt + reply against max-model-len), and such cells are not run.
+- prefill: one request of a fresh prompt with a one-token reply; prompt tok/s is prompt tokens / TTFT.
+- sustained decode: C streams, each sending its next request the moment the last ends. `ttft: warm` (seed
+  004's method) first caches every stream's prompt with a one-token request, all C at once, and the stream
+  then sends that prompt every time, so a replacement finds it cached; `ttft: cold` sends a fresh prompt each
+  time, which must be prefilled while the others decode. The window opens `warmup_s` after every stream has
+  its first token and lasts `window_s`, both in the hardware's seconds as in a time-scaled run; its figures
+  are what the engine emitted inside it (sim_truth.window_figures, by their definitions).
+- fixed decode: rounds of C requests until `min_requests` and `min_seconds` are reached.
+- The verdict is the tool's own (cells.verdict) on the evidence the engine holds: preemptions and prefix-cache
+  hits over the step, streams held, and the queue gauges sampled as the tool samples them (half an interval
+  into the window, then every interval).
+
+Not kept: the client (HTTP, its lag, the bracket against foreign traffic: test_truth checks those against the
+HTTP server), and the drain after a sustained window (its requests run on, unmeasured, in the tool).
+Rate cells, agents and the study's experiments are open-loop or multi-step and are not replayed here.
+
+`campaign simulate MATRIX` prints the decode matrix (total tok/s) and the prefill row, measured as the matrix
+says and again with every decode cell's TTFT mode flipped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from campaign.core import stats
+from campaign.core.errors import CampaignError, ConfigError
+from campaign.measure.cells import (
+    CellSpec,
+    Finding,
+    Reason,
+    Status,
+    StepEvidence,
+    TTFTMode,
+    over_capacity,
+    template_hits,
+    verdict,
+)
+from campaign.measure.runner import MAX_ROUNDS, SAMPLE_EVERY_S
+from campaign.night.matrix import Matrix
+from campaign.server import argv
+from campaign.server.profiles import FlagValue, load_profile
+from campaign.sim import config as sim_config
+from campaign.sim import truth as sim_truth
+from campaign.sim.config import SimConfig
+from campaign.sim.engine import Request, Virtual, engine_for
+
+POLL_S = 0.05   # simulated seconds between checks for every stream's first token (the tool awaits an event)
+
+
+@dataclass(frozen=True)
+class VirtualCell:
+    """One cell as the tool would have published it from a perfect client; figures in the hardware's units."""
+
+    spec: CellSpec
+    status: Status
+    findings: list[Finding] = field(default_factory=list)
+    total_tok_s: float | None = None
+    per_request_tok_s: float | None = None
+    prompt_tok_s: float | None = None
+    ttft_s: float | None = None              # median over the step's requests (priming excluded)
+    completed: int | None = None             # requests that ended (inside the window, for a sustained cell)
+    avg_active: float | None = None
+    # What the engine did, for the tool's own figures (sim_night): the measured requests (priming excluded),
+    # a sustained cell's window, the queue gauges as sampled (running, waiting, KV usage), the step's counters.
+    requests: list[sim_truth.RequestTruth] = field(default_factory=list)
+    window: tuple[float, float] | None = None
+    samples: list[tuple[float, float, float]] = field(default_factory=list)
+    counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{f.code.value}: {f.message}" for f in self.findings]
+
+
+class PromptMaker(Protocol):
+    """Where a replayed cell's prompts come from: token ids of a length, and how many tokens every prompt
+    opens with alike (a chat template's fixed opening, which the prefix cache serves; 0 for raw ids)."""
+
+    template_prefix: int
+
+    def fresh(self, tokens: int) -> list[int]: ...
+
+
+class Prompts:
+    """Random ids (the tool's `prompts: random`) that share no prefix: consecutive ids from a counter that
+    wraps every 140,000 tokens, so two prompts begin alike only when a multiple of 140,000 tokens lies
+    between their starts (for 8K prompts, 4,375 prompts apart: no cell sends that many); consecutive ids
+    repeat no two-token sequence within 140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds
+    nothing, as in the tool's random ids.
+    Not prompts.PromptSource, the tool's own: its random ids, drawn one at a time, made `campaign simulate
+    h200-speed-matrix` take 24 s instead of 11 s, for figures within 0.2% of these."""
+
+    template_prefix = 0
+
+    def __init__(self) -> None:
+        self._next = itertools.count(1_000)
+
+    def fresh(self, tokens: int) -> list[int]:
+        return [next(self._next) % 140_000 + 1_000 for _ in range(tokens)]
+
+
+def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = None) -> SimConfig:
+    """The simulator's configuration for a launch profile with `flags` on top, parsed from the same command
+    line the launcher builds."""
+    profile, path = load_profile(profile_name)
+    if not profile.hardware or not profile.model_shape:
+        raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
+                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
+    command = argv.build(profile, flags, engine="sim", port=8000).argv
+    return sim_config.parse(command[command.index("campaign.sim") + 1:])
+
+
+def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
+    """The simulator's configuration for a variant of the matrix (the baseline by default)."""
+    name = variant or matrix.baseline
+    chosen = next((v for v in matrix.variants if v.name == name), None)
+    if chosen is None:
+        raise CampaignError(f"{matrix.name}: no variant {name!r}",
+                            hint=f"variants: {', '.join(v.name for v in matrix.variants)}")
+    return profile_config(matrix.profile, chosen.flags)
+
+
+def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = None) -> VirtualCell:
+    """One cell on a fresh engine (a server of `config` with nothing cached)."""
+    prompts = prompts or Prompts()
+    mem = config.memory()
+    max_tokens = 1 if spec.phase == "prefill" else spec.max_tokens
+    if spec.phase == "rate":
+        raise CampaignError(f"{spec.key}: a rate cell is open-loop and is not replayed",
+                            hint="measure it on the simulator over HTTP: campaign run MATRIX --engine sim")
+    if spec.phase == "decode" and over_capacity(context_tokens=spec.context_tokens, output_tokens=max_tokens,
+                                                concurrency=spec.concurrency, kv_cache_tokens=mem.kv_tokens,
+                                                block_size=config.block()):
+        return VirtualCell(spec, "Over capacity", [Finding(Reason.OVER_CAPACITY, (
+            f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) tokens exceed the KV cache "
+            f"of {mem.kv_tokens:,} tokens"))])
+    if spec.context_tokens + max_tokens > config.max_model_len:
+        return VirtualCell(spec, "Invalid", [Finding(Reason.OVER_WINDOW, (
+            f"not run: prompt {spec.context_tokens:,} + reply {max_tokens:,} tokens exceed max_model_len "
+            f"{config.max_model_len:,}"))])
+    truth = sim_truth.Recorder()
+    sim = Virtual(engine_for(config, truth))
+    if spec.phase == "prefill":
+        sim.submit(prompts.fresh(spec.context_tokens), 1)
+        sim.run()
+        (request,) = truth.requests
+        ttft = request.ttft
+        if not ttft:
+            return VirtualCell(spec, "Failed", [Finding(Reason.REQUEST_ERRORS, f"the request ended {request.reason} "
+                                                        "without a token")])
+        return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft,
+                           requests=[request], counters=dict(sim.engine.counters))
+    if spec.mode == "fixed":
+        return _fixed(sim, truth, config, spec, prompts)
+    return _sustained(sim, truth, config, spec, prompts)
+
+
+def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,
+            prompts: PromptMaker) -> tuple[list[list[int]], int]:
+    """Each stream's prompt; with `ttft: warm` (seed 004's method) cached first by a one-token request, all
+    at once, and then reused by every request of the stream. Returns the prompts and the priming count."""
+    streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
+    if spec.ttft != "warm":
+        return streams, 0
+    for prompt in streams:
+        sim.submit(prompt, 1)
+    sim.run()
+    return streams, len(truth.requests)
+
+
+def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
+           prompts: PromptMaker) -> VirtualCell:
+    """Rounds of C requests, each round once the last has ended, until the minimums (measure's rule)."""
+    streams, primed = _primed(sim, truth, spec, prompts)
+    began, sent = sim.now, 0
+    for round_ in range(MAX_ROUNDS):
+        for index in range(spec.concurrency):
+            warm_or_first = spec.ttft == "warm" or round_ == 0
+            sim.submit(streams[index] if warm_or_first else prompts.fresh(spec.context_tokens), spec.max_tokens)
+        sent += spec.concurrency
+        sim.run()
+        if sent >= spec.min_requests and sim.now - began >= spec.min_seconds:
+            break
+    measured = sorted(truth.requests, key=lambda r: r.arrival)[primed:]
+    figures = sim_truth.fixed_figures(measured)
+    status, findings = verdict(_evidence(sim, config, spec, avg_active=None, samples=[],
+                                         template_hits=template_hits(len(truth.all_requests()), prompts.template_prefix,
+                                                                     config.block())))
+    return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
+                       per_request_tok_s=figures["per_request_tok_s"],
+                       ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
+                       completed=_count(figures["completed"]), requests=measured, counters=dict(sim.engine.counters))
+
+
+def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
+               prompts: PromptMaker) -> VirtualCell:
+    """C streams from the moment priming ends, each sending its next request as the last ends; the window
+    opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
+    streams, primed = _primed(sim, truth, spec, prompts)
+    ended = False
+
+    def stream(index: int) -> Callable[[float], None]:
+        def again(_t: float) -> None:
+            if not ended:
+                prompt = streams[index] if spec.ttft == "warm" else prompts.fresh(spec.context_tokens)
+                sim.submit(prompt, spec.max_tokens, on_finish=again)
+        return again
+
+    first: list[Request] = [sim.submit(streams[i], spec.max_tokens, on_finish=stream(i))
+                            for i in range(spec.concurrency)]
+    while any(r.generated == 0 and not r.aborted for r in first) and sim.engine.busy:
+        sim.run(until=sim.now + POLL_S)
+    start = sim.now + spec.warmup_s
+    end = start + spec.window_s
+    interval = min(SAMPLE_EVERY_S, spec.window_s / 2)
+    sample_at = list(times(start + interval / 2, end, interval))
+    sim.run(until=end)
+    ended = True
+    measured = sorted(truth.all_requests(), key=lambda r: r.arrival)[primed:]
+    figures = sim_truth.window_figures(measured, start, end)
+    samples = [g for g in (gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]
+    evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
+                         template_hits=template_hits(len(truth.all_requests()), prompts.template_prefix,
+                                                     config.block()),
+                         avg_before_first_token=figures["avg_before_first_token"], samples=samples)
+    status, findings = verdict(evidence)
+    return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
+                       per_request_tok_s=figures["per_request_tok_s"],
+                       ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
+                       completed=_count(figures["completed"]), avg_active=figures["avg_active"],
+                       requests=measured, window=(start, end), samples=samples, counters=dict(sim.engine.counters))
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def times(start: float, end: float, every: float) -> Iterator[float]:
+    """start, start + every, ... up to end: when a sampler reads."""
+    t = start
+    while t <= end:
+        yield t
+        t += every
+
+
+def gauges(steps: Sequence[sim_truth.StepTruth], t: float,
+            total_blocks: int) -> tuple[float, float, float] | None:
+    """(running, waiting, KV usage) as a scrape at simulated time `t` would read them: the last step begun;
+    None before any step (a sample missed, never a zero)."""
+    step = next((s for s in reversed(steps) if s.start <= t), None)
+    if step is None:
+        return None
+    return float(step.running), float(step.waiting), step.kv_used_blocks / total_blocks if total_blocks else 0.0
+
+
+def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: float | None,
+              samples: list[tuple[float, float, float]], avg_before_first_token: float | None = None,
+              template_hits: float = 0.0) -> StepEvidence:
+    counters = sim.engine.counters
+    return StepEvidence(
+        phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=[],
+        prefix_cache_hits=counters["hits"], preemptions=counters["preemptions"],
+        running=tuple(s[0] for s in samples), waiting=tuple(s[1] for s in samples),
+        kv_usage=tuple(s[2] for s in samples), avg_active=avg_active,
+        avg_before_first_token=avg_before_first_token, max_num_seqs=config.max_num_seqs,
+        shares_prefixes=spec.phase == "decode" and spec.ttft == "warm", context_tokens=spec.context_tokens,
+        max_num_batched_tokens=config.max_num_batched_tokens, template_hits=template_hits,
+        decode_tokens_per_seq=1 + config.num_speculative_tokens)
+
+
+def run_matrix(matrix: Matrix, *, variant: str | None = None, ttft: TTFTMode | None = None) -> list[VirtualCell]:
+    """Every prefill and decode cell of the matrix, in its order; `ttft` overrides every decode cell's mode."""
+    config = config_for(matrix, variant)
+    prompts = Prompts()
+    out = []
+    for spec in matrix.cells():
+        if spec.phase == "rate":
+            continue
+        if ttft is not None and spec.phase == "decode":
+            spec = spec.model_copy(update={"ttft": ttft})
+        out.append(run_cell(config, spec, prompts))
+    return out

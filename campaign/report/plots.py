@@ -1,0 +1,294 @@
+"""The study's charts as PNG files (matplotlib, no display). Reads plain data only; every axis is labelled
+single-stream or aggregate where it matters."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from campaign.measure import answers  # noqa: E402
+from campaign.measure.cells import CellResult  # noqa: E402
+
+DPI = 110
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """The figure as a 256-colour PNG: charts are flat colours and antialiased lines, and the palette keeps
+    them as they look at a third of the bytes (a forest plot 80 -> 29 KB, the throughput chart 82 -> 25 KB),
+    so a report of a dozen charts stays light enough to mail."""
+    from PIL import Image
+
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, format="png")
+    plt.close(fig)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+    return path
+
+
+def throughput_vs_concurrency(by_variant: Mapping[str, Sequence[CellResult]], short: dict[str, dict[str, Any]],
+                              path: Path) -> Path | None:
+    """Seed 000's table as a picture: aggregate and per-request tok/s against concurrency, knee and floors."""
+    ladders = {v: answers.ladder_from_cells(cells) for v, cells in by_variant.items()}
+    ladders = {v: ladder for v, ladder in ladders.items() if ladder}
+    if not ladders:
+        return None
+    fig, (ax_total, ax_each) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for variant, ladder in ladders.items():
+        xs = [s.concurrency for s in ladder]
+        ax_total.plot(xs, [s.total_tok_s for s in ladder], marker="o", label=variant)
+        ax_each.plot(xs, [s.per_request_tok_s for s in ladder], marker="o", label=variant)
+        knee = (short.get(variant) or {}).get("knee")
+        if knee:
+            ax_total.axvline(knee["concurrency"], linestyle=":", color="grey")
+            ax_total.annotate(f"knee ({variant})", (knee["concurrency"], max(s.total_tok_s for s in ladder)),
+                              fontsize=8, color="grey")
+    for floor in answers.DEFAULT_FLOORS:
+        ax_each.axhline(floor, linestyle="--", linewidth=0.8, color="tab:red")
+        ax_each.annotate(f"{floor:g} tok/s floor", (1, floor), fontsize=8, color="tab:red", va="bottom")
+    for ax, title, label in ((ax_total, "Aggregate (all requests together)", "total tok/s"),
+                             (ax_each, "Per request (what each user feels)", "tok/s per request")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _lines(points: dict[str, list[tuple[int, float]]], path: Path, *, xlabel: str, ylabel: str, title: str,
+           y_factor: float = 1.0) -> Path | None:
+    """One line per variant through (x, y) points; None when there is nothing to draw."""
+    series_by_variant = {v: sorted(p) for v, p in points.items() if p}
+    if not series_by_variant:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for variant, series in series_by_variant.items():
+        ax.plot([x for x, _ in series], [y * y_factor for _, y in series], marker="o", label=variant)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def ttft_vs_prompt(points: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
+    """Time to first token (points in ms) against prompt length: prefill cells and the long-context experiment."""
+    return _lines(points, path, xlabel="prompt tokens", ylabel="time to first token (s), single-stream",
+                  title="The wait before the first token grows with the prompt", y_factor=1 / 1000.0)
+
+
+def prefill_vs_context(points: dict[str, list[tuple[int, float]]], path: Path) -> Path | None:
+    return _lines(points, path, xlabel="context tokens", ylabel="prompt tok/s, single-stream",
+                  title="Prompt processing by context length")
+
+
+def agents_that_fit(all_fits: dict[str, dict[str, int | None]], path: Path) -> Path | None:
+    fits = {v: {k: n for k, n in f.items() if n is not None} for v, f in all_fits.items()}
+    fits = {v: f for v, f in fits.items() if f}
+    if not fits:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for variant, fit in fits.items():
+        xs = sorted(int(k) for k in fit)
+        ax.plot(xs, [fit[str(x)] for x in xs], marker="o", label=variant)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context per agent (tokens)")
+    ax.set_ylabel("agents that fit in the KV cache at once")
+    ax.set_title("The window and the concurrency are one memory pool")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "inside noise": "dimgrey"}
+
+
+def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
+    """The A/B at a glance (compare.VariantDiff): every cell and metric's change against the baseline as a point
+    with its 95% interval on one % axis, the band inside which a change is noise shaded, better green, worse
+    red, inside noise grey; a change without an interval (one measurement a side) a hollow point, a cell or
+    metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""
+    rows: list[tuple[str, Any]] = [(f"{c.key}  {m.metric}", m) for c in diff.cells for m in c.metrics]
+    rows += [(f"{c.key}  (not valid)", None) for c in diff.cells if not c.metrics and c.status_note]
+    # The launch facts' changes are exact (no interval): the KV cache's often decides the verdict.
+    facts = [(f"launch fact  {key}", pct) for key, _, _, pct in diff.fact_changes if pct is not None]
+    if not rows and not facts:
+        return None
+    # The axis fits the changes, not the widest interval (one noisy TTFT's +-8000% would flatten the rest):
+    # an interval beyond it ends in an arrow at the edge.
+    changes = [abs(m.change_pct) for _, m in rows if m is not None and m.change_pct is not None]
+    edge = max(10.0, 2 * noise_pct, 1.25 * max(changes + [abs(p) for _, p in facts], default=0.0))
+    fig, ax = plt.subplots(figsize=(8.5, 1.1 + 0.24 * (len(rows) + len(facts))))
+    ax.axvspan(-noise_pct, noise_pct, color="#eeeeee", zorder=0, label=f"noise (±{noise_pct:g}%)")
+    ax.axvline(0, color="grey", linewidth=0.8, zorder=1)
+    for y, (_, m) in enumerate(rows):
+        if m is None or m.change_pct is None:
+            ax.plot([0], [y], marker="x", color="darkorange", zorder=3)
+            continue
+        colour = VERDICT_COLOURS.get(m.verdict, "grey") if diff.comparable else "grey"
+        if m.ci95_pct is None:
+            ax.plot([m.change_pct], [y], marker="o", markerfacecolor="white", color=colour, zorder=3)
+            continue
+        low, high = max(m.ci95_pct[0], -edge), min(m.ci95_pct[1], edge)
+        ax.plot([low, high], [y, y], color=colour, linewidth=1.2, zorder=2)
+        ax.plot([m.change_pct], [y], marker="o", markersize=4, color=colour, zorder=3)
+        for end, clipped, arrow in ((low, m.ci95_pct[0] < -edge, "<"), (high, m.ci95_pct[1] > edge, ">")):
+            ax.plot([end], [y], marker=arrow if clipped else "|", color=colour, markersize=5, zorder=3)
+    for y, (_, pct) in enumerate(facts, start=len(rows)):
+        ax.plot([pct], [y], marker="D", markersize=5, color="black", zorder=3)
+    ax.set_xlim(-edge, edge)
+    ax.set_yticks(range(len(rows) + len(facts)), [label for label, _ in rows + facts], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("change against the baseline (%), 95% interval")
+    title = f"{diff.variant} vs {diff.baseline}"
+    if not diff.comparable:
+        title += f": NOT COMPARABLE ({diff.not_comparable_reason})"
+    ax.set_title(title, fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    from matplotlib.lines import Line2D
+
+    keys = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in VERDICT_COLOURS.items()]
+    keys += [Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="white",
+                    label="not judged (no interval)"),
+             Line2D([], [], marker="x", linestyle="", color="darkorange", label="nothing to compare"),
+             Line2D([], [], marker="D", linestyle="", color="black", label="launch fact (exact)")]
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + keys, fontsize=6, loc="lower right")
+    return _save(fig, path)
+
+
+# --- the study's experiments as pictures (issue 18) ------------------------------------------------------------
+def long_context(rows: dict[str, list[dict[str, Any]]], path: Path) -> Path | None:
+    """The long-context experiment: the wait before the first token and the generation speed after it,
+    against the prompt's length, a line per variant."""
+    series = {v: sorted((r for r in rs if r.get("ttft_s") is not None), key=lambda r: r["context_tokens"])
+              for v, rs in rows.items()}
+    series = {v: rs for v, rs in series.items() if rs}
+    if not series:
+        return None
+    fig, (ax_wait, ax_speed) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for variant, rs in series.items():
+        xs = [r["context_tokens"] for r in rs]
+        ax_wait.plot(xs, [r["ttft_s"] for r in rs], marker="o", label=variant)
+        speeds = [(r["context_tokens"], r["generation_tok_s"]) for r in rs if r.get("generation_tok_s")]
+        ax_speed.plot([x for x, _ in speeds], [y for _, y in speeds], marker="o", label=variant)
+    for ax, label, title in ((ax_wait, "time to first token (s)", "The wait grows with the prompt"),
+                             (ax_speed, "generation tok/s (single-stream)", "Generation after a long prompt")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt tokens")
+        ax.set_ylabel(label)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _occupancy(requests: list[dict[str, Any]], start: float) -> tuple[list[float], list[int], list[int]]:
+    """From the raw request records: at each event, the requests sent and still without a first token (queued
+    or prefilling) and those between their first and last token (generating)."""
+    events: list[tuple[float, int, int]] = []
+    for r in requests:
+        chunks = r.get("chunk_t") or []
+        if r.get("send_t") is None or not chunks:
+            continue
+        events += [(r["send_t"] - start, 1, 0), (chunks[0] - start, -1, 1), (chunks[-1] - start, 0, -1)]
+    times, waiting, generating = [0.0], [0], [0]
+    for t, dw, dg in sorted(events):
+        times.append(t)
+        waiting.append(waiting[-1] + dw)
+        generating.append(generating[-1] + dg)
+    return times, waiting, generating
+
+
+def overload_timeline(bursts: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """The overload experiment over time, a panel per variant: from the client's own records the requests
+    generating and those still waiting for a first token, the max-num-seqs line, and the server's sampled
+    running and waiting gauges as points."""
+    bursts = {v: b for v, b in bursts.items() if any(r.get("chunk_t") for r in b["requests"])}
+    if not bursts:
+        return None
+    fig, axes = plt.subplots(1, len(bursts), figsize=(min(5.0 * len(bursts), 15), 3.6), squeeze=False)
+    for ax, (variant, burst) in zip(axes[0], bursts.items(), strict=True):
+        start = min(r["send_t"] for r in burst["requests"] if r.get("send_t") is not None)
+        times, waiting, generating = _occupancy(burst["requests"], start)
+        ax.step(times, generating, where="post", label="generating (client)", color="tab:blue")
+        ax.step(times, waiting, where="post", label="waiting for a first token (client)", color="tab:orange")
+        gauges = burst.get("gauges") or []
+        if gauges:
+            ax.plot([g[0] - start for g in gauges], [g[1] for g in gauges], "o", color="tab:blue", markersize=3,
+                    label="running (server gauge)")
+            ax.plot([g[0] - start for g in gauges], [g[2] for g in gauges], "o", color="tab:orange",
+                    markersize=3, label="waiting (server gauge)")
+        if burst.get("max_num_seqs"):
+            ax.axhline(burst["max_num_seqs"], linestyle="--", color="grey", linewidth=0.8)
+            ax.annotate("max-num-seqs", (0, burst["max_num_seqs"]), fontsize=7, color="grey", va="bottom")
+        ax.set_xlabel("seconds from the burst's first send")
+        ax.set_ylabel("requests")
+        ax.set_title(variant, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    return _save(fig, path)
+
+
+PREFIX_ARMS = ("shared-first", "task-first", "unrelated")
+
+
+def prefix_order(arms: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path | None:
+    """The prefix-order experiment: each arm's wall time, a bar group per variant, its cache hit rate on the
+    bar."""
+    arms = {v: a for v, a in arms.items() if any(a.get(arm, {}).get("wall_s") is not None for arm in PREFIX_ARMS)}
+    if not arms:
+        return None
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.9 * len(arms) + 2), 3.8))
+    width = 0.8 / len(PREFIX_ARMS)
+    for i, arm in enumerate(PREFIX_ARMS):
+        xs = [k + (i - 1) * width for k in range(len(arms))]
+        walls = [(a.get(arm) or {}).get("wall_s") or 0.0 for a in arms.values()]
+        bars = ax.bar(xs, walls, width, label=arm)
+        for bar, a in zip(bars, arms.values(), strict=True):
+            rate = (a.get(arm) or {}).get("hit_rate")
+            if rate is not None:
+                ax.annotate(f"{100 * rate:.0f}% hits", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(arms)), list(arms))
+    ax.set_ylabel("wall time of the arm (s)")
+    ax.set_title("Shared block first, task first, unrelated: wall time and prefix-cache hits", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def bimodality(repeats: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """The repeat experiment: one cell measured N times, a histogram per variant, with its two modes marked
+    when there are two (never their average)."""
+    repeats = {v: r for v, r in repeats.items() if r.get("runs")}
+    if not repeats:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for variant, r in repeats.items():
+        ax.hist(r["runs"], bins=max(4, min(20, len(r["runs"]))), alpha=0.6, label=variant)
+        if r.get("bimodal"):
+            for mode in (r.get("low"), r.get("high")):
+                if mode is not None:
+                    ax.axvline(mode, linestyle="--", color="black", linewidth=0.8)
+                    ax.annotate(f"mode {mode:,.0f}", (mode, 0), fontsize=7, rotation=90, va="bottom")
+    ax.set_xlabel("total tok/s of one repetition")
+    ax.set_ylabel("repetitions")
+    ax.set_title("One cell, measured again and again", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,3 @@
+"""The server's lifecycle: launch profiles, argv, the process tree, the startup log, flag lists, the control plane,
+/metrics, NVML.
+"""

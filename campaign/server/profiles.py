@@ -1,0 +1,255 @@
+"""Launch profiles (`launch_profiles/*.yaml`): how to start vLLM on one target machine.
+
+A profile is validated once, here, into a frozen model; every error names the file, the key path inside it
+and, where a spelling is close, what was probably meant.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from campaign.core import secret
+from campaign.core.errors import ConfigError, did_you_mean
+
+PROFILE_SCHEMA_VERSION = 1
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROFILES_DIR = PROJECT_ROOT / "launch_profiles"
+
+FlagValue = bool | int | float | str | dict[str, Any] | list[Any] | None
+
+# The runner owns these: it binds the host/port it checked and passes the key through the environment.
+RUNNER_OWNED_FLAGS = {
+    "host": "set `host:` at the top of the profile; the runner picks the port",
+    "port": "set `port:` at the top of the profile (a number, or auto)",
+    "api-key": "set `api_key_env:` to the NAME of an environment variable holding the key",
+    "model": "set `model:` at the top of the profile",
+    "ssl-certfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
+    "ssl-keyfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
+}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def normalize_flag(name: str) -> str:
+    """`max_num_seqs`, `--max-num-seqs` and `max-num-seqs` are one flag."""
+    return name.strip().lstrip("-").replace("_", "-")
+
+
+class TLSConfig(BaseModel):
+    """Serve over https: vLLM gets --ssl-certfile/--ssl-keyfile, and the runner verifies it with `ca_bundle`
+    (default: the system CAs), or not at all with `insecure: true`. Relative paths are the profile's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certfile: Path
+    keyfile: Path
+    ca_bundle: Path | None = None
+    insecure: bool = False
+
+
+class RateHints(BaseModel):
+    """What `campaign plan` assumes of this server before any run of a campaign has measured it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prefill_tok_s: float = Field(gt=0, description="prompt tokens per second of one long prefill")
+    decode_tok_s: float = Field(gt=0, description="generated tokens per second of one stream")
+    launch_s: float = Field(gt=0, description="seconds from starting the server to ready")
+    measured: str = Field(description="where and how these were measured, said with every estimate")
+
+
+class LaunchProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = PROFILE_SCHEMA_VERSION
+    description: str = ""
+    engine: Literal["vllm", "sim"] = "vllm"
+    # `serve`: `<executable> serve MODEL`; `api_server`: `<executable> -m vllm.entrypoints.openai.api_server
+    # --model MODEL` (the CPU build's `vllm` script dies with "Illegal instruction" on AVX2-only CPUs).
+    command: Literal["serve", "api_server"] = "serve"
+    executable: str = "vllm"
+    model: str
+    served_model_name: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | Literal["auto"] = "auto"
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    api_key_env: str | None = None
+    tls: TLSConfig | None = None
+    # What the simulator imitates, and what roofline figures are computed against.
+    hardware: str | None = None
+    model_shape: str | None = None
+    rates: RateHints | None = None
+    # A GPU pool for `campaign run` (`0-7`, `0,1`, or a list): launches side by side, as --gpus does.
+    gpus: str | list[int] | None = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name_not_key(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.match(value):
+            raise ValueError("must be the name of an environment variable (e.g. VLLM_API_KEY), never the key")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_parse(cls, value: str | list[int] | None) -> str | list[int] | None:
+        if value is not None:
+            from campaign.core.errors import CampaignError
+            from campaign.night.pool import parse_gpus
+
+            try:
+                parse_gpus(value, where="gpus")
+            except CampaignError as exc:
+                raise ValueError(f"{exc.message.removeprefix('gpus: ')} ({exc.hint})") from None
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The nested model a key path leads to (`timeouts` -> TimeoutsConfig), so a hint lists its own keys."""
+    current = model
+    for item in loc:
+        if isinstance(item, int) or item not in current.model_fields:
+            continue
+        candidates = [current.model_fields[item].annotation]
+        found = None
+        while candidates:
+            annotation = candidates.pop()
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                found = annotation
+                break
+            candidates.extend(get_args(annotation))
+        if found is None:
+            return current
+        current = found
+    return current
+
+
+def raise_validation(path: str, error: ValidationError, model: type[BaseModel]) -> None:
+    """Turn pydantic's first error into a ConfigError naming the file, key and a fix."""
+    first = error.errors()[0]
+    key = _key_path(tuple(first["loc"]))
+    if first["type"] == "extra_forbidden":
+        leaf = str(first["loc"][-1])
+        known = list(_model_at(model, tuple(first["loc"][:-1])).model_fields)
+        suggestion = did_you_mean(leaf, known)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known keys: {', '.join(known)}"
+        raise ConfigError(path, key, "unknown key", hint=hint)
+    if first["type"] == "missing":
+        raise ConfigError(path, key, "required key is missing")
+    raise ConfigError(path, key, first["msg"])
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "", f"not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", "expected a mapping at the top level")
+    return data
+
+
+def resolve_named(name_or_path: str, folder: Path, what: str) -> Path:
+    """A file by name (`cpu-tiny` -> folder/cpu-tiny.yaml), or by path; a near miss gets "did you mean"."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"} or candidate.exists():
+        return candidate
+    path = folder / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in folder.glob("*.yaml"))
+        suggestion = did_you_mean(name_or_path, known)
+        hint = f"did you mean {suggestion}?" if suggestion else f"known: {', '.join(known)}"
+        raise ConfigError(str(path), "", f"no {what} named {name_or_path!r}", hint=hint)
+    return path
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    return resolve_named(name_or_path, PROFILES_DIR, "launch profile")
+
+
+def flag_problems(key_prefix: str, flags: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for flags the runner owns and for secrets written inline. Whether a flag exists is
+    for the flag list of the server the profile launches to say, all unknown ones at once (flag_list.check,
+    before the night)."""
+    owned = [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
+             for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]
+    return owned + secret_problems(key_prefix, {raw: value for raw, value in flags.items()
+                                                if normalize_flag(raw) not in RUNNER_OWNED_FLAGS})
+
+
+def secret_problems(key_prefix: str, values: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for each secret written inline (secret.inline); the value is never repeated."""
+    return [(key, "a secret written inline", secret.HOW_TO_PASS)
+            for raw, value in values.items() for key in secret.inline(f"{key_prefix}.{raw}", value, raw)]
+
+
+def raise_flag_problems(path: str, problems: list[tuple[str, str, str | None]]) -> None:
+    """One error for all of a file's flag and secret problems, so that a fix is not followed by the next one's error."""
+    if len(problems) == 1:
+        key, problem, hint = problems[0]
+        raise ConfigError(path, key, problem, hint=hint)
+    if problems:
+        hints = list(dict.fromkeys(hint for _, _, hint in problems if hint))
+        listed = "; ".join(f"{key}: {problem}" + (f" ({hint})" if hint and len(hints) > 1 else "")
+                           for key, problem, hint in problems)
+        raise ConfigError(path, "", f"{len(problems)} problems: {listed}",
+                          hint=hints[0] if len(hints) == 1 else None)
+
+
+def load_profile(name_or_path: str) -> tuple[LaunchProfile, Path]:
+    path = resolve_profile_path(name_or_path)
+    data = load_yaml(path)
+    version = data.get("schema_version", PROFILE_SCHEMA_VERSION)
+    if isinstance(version, int) and version > PROFILE_SCHEMA_VERSION:
+        raise ConfigError(str(path), "schema_version",
+                          f"version {version} is newer than this tool understands ({PROFILE_SCHEMA_VERSION})",
+                          hint="upgrade vllm-campaign")
+    try:
+        profile = LaunchProfile.model_validate(data)
+    except ValidationError as exc:
+        raise_validation(str(path), exc, LaunchProfile)
+        raise  # unreachable: raise_validation always raises
+    raise_flag_problems(str(path), [*flag_problems("flags", profile.flags), *secret_problems("env", profile.env)])
+    if profile.tls is not None:
+        profile = profile.model_copy(update={"tls": _tls_relative_to(profile.tls, path.parent)})
+    return profile, path
+
+
+def _tls_relative_to(tls: TLSConfig, folder: Path) -> TLSConfig:
+    def resolve(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (folder / p).resolve()
+
+    return tls.model_copy(update={"certfile": resolve(tls.certfile), "keyfile": resolve(tls.keyfile),
+                                  "ca_bundle": resolve(tls.ca_bundle)})

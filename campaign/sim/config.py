@@ -1,0 +1,224 @@
+"""The simulator's configuration, built once from its command line into a frozen record.
+
+`python -m campaign.sim` takes vLLM's flags that matter and rejects unknown ones the way vLLM's argparse does
+(exit 2, a usage line). Flags vLLM accepts but the simulation ignores are accepted. The faults that tests inject
+(`--fault`, or CAMPAIGN_SIM_FAULTS=a,b) are parsed here too, once, into a typed record the engine and the server
+read; an unknown fault is an argparse error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from campaign.core.hardware import MODELS, ModelShape, drafter_shape
+from campaign.sim import model as sim_model
+
+VERSION = "0.33.0"
+FAULTS = ("start-oom", "hang-startup", "crash-after:N", "ignore-sigterm", "grandchild", "foreign:TOK_PER_S",
+          "bimodal4")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """What goes wrong on purpose, each fault a field the code that acts on it reads."""
+
+    start_oom: bool = False              # the weights do not fit: vLLM's load failure, exit 1
+    hang_startup: bool = False           # never becomes ready
+    crash_after: int | None = None       # the engine core dies after N finished requests
+    ignore_sigterm: bool = False         # SIGTERM and SIGINT are ignored: the runner must escalate
+    grandchild: bool = False             # leaves a process in its own session behind
+    foreign_tok_s: float = 0.0           # someone else's traffic: generation tokens per simulated second
+    bimodal4: bool = False               # seed 000's two speeds, 2.1x apart, at exactly four streams
+
+    @classmethod
+    def parse(cls, specs: list[str]) -> Faults:
+        values: dict[str, Any] = {}
+        for spec in specs:
+            name, _, value = spec.partition(":")
+            try:
+                if name == "crash-after":
+                    values["crash_after"] = int(value)
+                elif name == "foreign":
+                    values["foreign_tok_s"] = float(value)
+                elif name in {"start-oom", "hang-startup", "ignore-sigterm", "grandchild", "bimodal4"} and not value:
+                    values[name.replace("-", "_")] = True
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"unknown fault {spec!r}; known: {', '.join(FAULTS)}") from None
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything the simulator's start-up, engine and HTTP server read, resolved (defaults applied)."""
+
+    model: str
+    served_model_name: str | None
+    hardware: str
+    model_shape: str
+    host: str
+    port: int
+    api_key: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    gpu_memory_utilization: float
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    tensor_parallel_size: int
+    block_size: int | None               # as passed; None: the hardware/model pair's own
+    enable_prefix_caching: bool
+    speculative_method: str | None
+    num_speculative_tokens: int
+    acceptance_rate: float | None        # per draft position, as set in the config; None: from each prompt
+    kv_cache_dtype: str
+    time_scale: float                    # simulated seconds per wall second
+    seed: int
+    version_style: Version               # the vLLM version whose log and API behaviour are imitated
+    faults: Faults
+    truth: Path | None                   # where to write the truth records (JSON lines), if anywhere
+    non_default: dict[str, Any] = field(default_factory=dict)  # for the "non-default args" log line
+    reasoning_parser: str | None = None  # chat replies open with reasoning (half of each reply)
+    drafter: ModelShape | None = None    # a separate drafter model (speculative_config "model"), if any
+
+    @property
+    def name(self) -> str:
+        """The model name the API serves."""
+        return self.served_model_name or self.model
+
+    @property
+    def clamps_max_tokens(self) -> bool:
+        """vLLM >= 0.32 silently clamps max_tokens to what the window leaves; older versions refuse."""
+        return self.version_style >= Version("0.32")
+
+    def block(self) -> int:
+        """The KV page size: as passed, else the pair's own (hybrid models: at least the mamba state's page)."""
+        return self.block_size or sim_model.block_size(self.hardware, self.model_shape, self.kv_cache_dtype)
+
+    def memory(self) -> sim_model.Memory:
+        return sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
+                                utilization=self.gpu_memory_utilization,
+                                max_num_batched_tokens=self.max_num_batched_tokens,
+                                kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens,
+                                speculative_method=self.speculative_method, drafter=self.drafter)
+
+    @property
+    def process_prefixes(self) -> bool:
+        """vLLM >= 0.29 prefixes log lines with `(Process pid=N)`."""
+        return self.version_style >= Version("0.29")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vllm serve", description="vllm-campaign's vLLM simulator")
+    p.add_argument("model_tag", nargs="?")
+    p.add_argument("--model")
+    p.add_argument("--hardware", required=True, help="e.g. a5000x2, h200-nvl")
+    p.add_argument("--model-shape", required=True, help="e.g. qwen-27b-hybrid, qwen3.5-27b-gptq-int4")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key")
+    p.add_argument("--ssl-certfile")
+    p.add_argument("--ssl-keyfile")
+    p.add_argument("--served-model-name")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
+    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--max-num-seqs", type=int)
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--speculative-config", type=json.loads)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    # Accepted and without effect on the simulation.
+    p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
+    for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization", "--hf-token"):
+        p.add_argument(flag)
+    p.add_argument("--model-loader-extra-config", type=json.loads)  # how weights load (e.g. S3 credentials)
+    for flag in ("--trust-remote-code", "--enable-auto-tool-choice", "--disable-uvicorn-access-log",
+                 "--enforce-eager"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("--time-scale", type=float, default=float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--version-style", default=os.environ.get("CAMPAIGN_SIM_VERSION_STYLE", VERSION))
+    p.add_argument("--fault", action="append", default=[
+        f for f in os.environ.get("CAMPAIGN_SIM_FAULTS", "").split(",") if f])
+    p.add_argument("--truth", type=Path, default=os.environ.get("CAMPAIGN_SIM_TRUTH") or None,
+                   help="write what the simulated server really did, as JSON lines, to this new file (or a file per "
+                        "launch in this directory)")
+    return p
+
+
+_NOT_VLLM = {"hardware", "model_shape", "time_scale", "seed", "version_style", "fault", "model_tag", "truth"}
+
+
+def option_names() -> frozenset[str]:
+    """The long flags the simulator accepts (without `--`), as vLLM's `--help=all` would list its own."""
+    names = {s[2:] for action in _parser()._actions for s in action.option_strings if s.startswith("--")}
+    return frozenset(names)
+
+
+def parse(argv: list[str]) -> SimConfig:
+    """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do."""
+    p = _parser()
+    args = p.parse_args(argv)
+    model = args.model or args.model_tag
+    if not model:
+        p.error("the following arguments are required: model_tag")
+    try:
+        calibration = sim_model.calibration_for(args.hardware, args.model_shape)
+    except ValueError as exc:
+        p.error(f"argument --hardware/--model-shape: {exc}")
+    try:
+        faults = Faults.parse(args.fault)
+    except ValueError as exc:
+        p.error(f"argument --fault: {exc}")
+    try:
+        version = Version(args.version_style)
+    except InvalidVersion:
+        p.error(f"argument --version-style: not a version: {args.version_style!r}")
+    if args.time_scale <= 0:
+        p.error("argument --time-scale: must be above 0")
+    truth: Path | None = args.truth
+    if truth is not None and truth.is_dir():
+        truth = truth / f"truth-{os.getpid()}.jsonl"  # a directory: one file per launch
+    if truth is not None and truth.exists():
+        p.error(f"argument --truth: {truth} exists; a truth file is never overwritten: remove it or name a "
+                "directory (one file per launch)")
+    big = calibration.reported_memory_gib >= 70
+    args.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if big else 2048)
+    args.max_num_seqs = args.max_num_seqs or (1024 if big else 256)
+    spec = args.speculative_config or {}
+    # Like vLLM's line, but the scheduler limits are always shown (resolved), so the tool learns them.
+    non_default = {k: v for k, v in vars(args).items() if v not in (None, False, [], 1.0) and k not in _NOT_VLLM}
+    # Redacted as vLLM 0.32 redacts its own line (api_key, hf_token, watermark_config); the rest as given.
+    non_default = {k: "***" if k in {"api_key", "hf_token", "watermark_config"} else v for k, v in non_default.items()}
+    k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
+    drafter = None
+    if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):
+        drafter = drafter_shape(str(spec["model"]))
+        if drafter is None:
+            p.error(f"argument --speculative-config: drafter model {spec['model']!r} is not one the simulator "
+                    f"knows; known: {', '.join(n for n, m in MODELS.items() if m.params_b < 5)}")
+    return SimConfig(
+        model=model, served_model_name=args.served_model_name, hardware=args.hardware,
+        model_shape=args.model_shape, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get("VLLM_API_KEY"), ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching,
+        speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,
+        acceptance_rate=float(spec["acceptance_rate"]) if k and "acceptance_rate" in spec else None,
+        reasoning_parser=args.reasoning_parser, drafter=drafter,
+        kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
+        faults=faults, truth=truth, non_default=non_default,
+    )

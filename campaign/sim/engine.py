@@ -1,0 +1,334 @@
+"""The simulator's engine: continuous batching step by step, on a clock someone else owns.
+
+Each step the scheduler decodes every running sequence (1 + k positions with speculative decoding), continues
+running prefills in chunks and admits waiting requests while seats (max-num-seqs) and the batched-token budget
+(max-num-batched-tokens) remain; KV blocks come from the block manager, and a sequence that finds none preempts
+the newest one, which recomputes later. A step lasts what sim_model's roofline says. The engine never reads a
+clock: `schedule()` plans a step, `complete(step, start, end)` emits its tokens at the simulated time `end`.
+The HTTP server drives it against the wall clock (sim.py); `Virtual` drives it on a clock the caller owns, with
+no wall clock at all, which is what the calibration tests use. Everything it does goes to a `TruthSink`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from campaign.sim import model as sim_model
+from campaign.sim import text as sim_text
+from campaign.sim.blocks import BlockManager
+from campaign.sim.config import SimConfig
+
+BIMODAL_FACTOR = 2.1   # seed 000's two speeds at four streams
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    sink: Callable[[int | None], None]   # tokens produced this step; None when the request ends
+    admitted: float | None = None        # when its first step was scheduled (a seat and KV blocks found)
+    computed: int = 0                    # prompt tokens with KV computed (cache hits included)
+    generated: int = 0
+    blocks: list[int] = field(default_factory=list)
+    queried: int = 0                     # prompt tokens looked up in the prefix cache (again after a preemption)
+    hits: int = 0                        # of those, found cached
+    preemptions: int = 0
+    slow: bool = False                   # bimodal fault: this group of four runs at the slow speed
+    aborted: bool = False
+    # Speculative decoding: per draft position, the chance a draft token is accepted, and the chance a draft
+    # is proposed at all in a step; both from how predictable the prompt is (sim_text), set on submission.
+    accept_p: float = 0.0
+    propose_p: float = 1.0
+    proposing: bool = False              # drafts in the step being planned (set by the scheduler)
+    hashes: list[bytes] | None = None    # the prompt's full-block hashes, made once at its first admission
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.computed < len(self.prompt)
+
+    @property
+    def context(self) -> int:
+        return self.computed + self.generated
+
+
+class TruthSink(Protocol):
+    """What the engine really did, as it happens, in simulated seconds."""
+
+    def arrival(self, req: Request, t: float) -> None: ...
+    def emit(self, req: Request, t: float, tokens: int) -> None: ...
+    def finish(self, req: Request, t: float, reason: str) -> None: ...
+    def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None: ...
+
+
+class NoTruth:
+    def arrival(self, req: Request, t: float) -> None:
+        pass
+
+    def emit(self, req: Request, t: float, tokens: int) -> None:
+        pass
+
+    def finish(self, req: Request, t: float, reason: str) -> None:
+        pass
+
+    def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
+        pass
+
+
+@dataclass
+class Step:
+    """One engine step as planned: who decodes, how many prompt tokens are prefilled, how long it takes."""
+
+    decoding: list[Request]
+    decode_tokens: int               # scheduled positions, speculative ones included
+    prefill_tokens: int
+    prefill_seqs: int
+    duration: float                  # simulated seconds, from the roofline (and the bimodal fault)
+    # Speculative decoding, counted as the step completes (the server's counters add the same numbers).
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+
+
+class Engine:
+    def __init__(self, config: SimConfig, blocks: BlockManager, *, truth: TruthSink | None = None,
+                 on_crash: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.truth: TruthSink = truth or NoTruth()
+        self.on_crash = on_crash
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.rng = random.Random(config.seed)
+        self.counters = {k: 0.0 for k in (
+            "prompt", "generation", "queries", "hits", "preemptions", "drafts", "draft_tokens", "accepted")}
+        self.success = 0
+        self._four: frozenset[str] = frozenset()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def submit(self, req: Request, now: float) -> None:
+        if self.config.num_speculative_tokens:
+            method = sim_text.acceptance_for(self.config.speculative_method)
+            score = sim_text.predictability(req.prompt)
+            override = self.config.acceptance_rate
+            req.accept_p = method.rate(score) if override is None else override
+            req.propose_p = method.proposal_chance(score) if override is None else 1.0
+        self.waiting.append(req)
+        self.truth.arrival(req, now)
+
+    def generation_tokens(self, now: float) -> float:
+        """The server's generation counter: this engine's tokens plus any foreign traffic's (a fault)."""
+        return self.counters["generation"] + self.config.faults.foreign_tok_s * now
+
+    # --- one step ------------------------------------------------------------------------------------------
+    def schedule(self, at: float) -> Step:
+        """Plan the next step; `at` is when the scheduler runs (requests it seats are admitted then)."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        decoding = [r for r in self.running if not r.in_prefill]
+        k = cfg.num_speculative_tokens
+        for req in decoding:
+            # Whether it drafts this step, decided now: a request with nothing to propose (an n-gram drafter
+            # without a match) is scheduled one position, as vLLM schedules it, not 1 + k.
+            req.proposing = bool(k) and (req.propose_p >= 1.0 or self.rng.random() < req.propose_p)
+        decode_tokens = sum(1 + (k if r.proposing else 0) for r in decoding)
+        budget -= len(decoding)
+        prefill_tokens, prefill_weight, prefill_seqs = 0, 0, 0
+        # Running prefills first, then admit waiting requests while seats and budget remain.
+        for req in [r for r in self.running if r.in_prefill]:
+            if budget <= 0:
+                break
+            took = self._prefill_chunk(req, budget)
+            if took is None:
+                self._preempt()
+                break
+            budget -= took[0]
+            prefill_tokens += took[0]
+            prefill_weight += took[1]
+            prefill_seqs += 1
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            if req.aborted:
+                self.waiting.popleft()
+                self._finish(req, at, "abort")
+                continue
+            self._admit(req)
+            took = self._prefill_chunk(req, budget)
+            if took is None:
+                self.blocks.release(req.blocks)
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            req.admitted = at if req.admitted is None else req.admitted
+            budget -= took[0]
+            prefill_tokens += took[0]
+            prefill_weight += took[1]
+            prefill_seqs += 1
+        duration = sim_model.step_seconds(
+            hardware=cfg.hardware, model=cfg.model_shape, tp=cfg.tensor_parallel_size,
+            decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
+            prefill_context=prefill_weight // max(1, prefill_tokens),
+            context_tokens_read=sum(r.context for r in decoding), drafter=cfg.drafter,
+            draft_passes=cfg.num_speculative_tokens if cfg.drafter is not None else 0, drafting_seqs=len(decoding))
+        if cfg.faults.bimodal4 and self._slow_four():
+            duration *= BIMODAL_FACTOR
+        return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
+                    prefill_seqs=prefill_seqs, duration=duration)
+
+    def complete(self, step: Step, start: float, end: float, *, emitted: float | None = None) -> None:
+        """The step ran from `start` to `end`: decoding sequences get 1 + accepted draft tokens, finished
+        prefills their first token; requests that reach max_tokens finish. The tokens leave at `emitted`
+        (default `end`): a driver on the wall clock wakes a little after the step's end, and the truth says
+        when the tokens really went out."""
+        out = end if emitted is None else emitted
+        decoding = set(map(id, step.decoding))
+        for req in list(self.running):
+            if req.aborted:
+                self._finish(req, out, "abort")
+                continue
+            if id(req) in decoding:
+                produced = 1 + self._accepted_drafts(step, req)
+            elif not req.in_prefill:
+                produced = 1
+            else:
+                continue
+            produced = min(produced, req.max_tokens - req.generated)
+            if not self.blocks.grow(req.blocks, req.context + produced):
+                self._preempt(keep=req)
+                continue
+            req.generated += produced
+            self.counters["generation"] += produced
+            req.sink(produced)
+            self.truth.emit(req, out, produced)
+            if req.generated >= req.max_tokens:
+                self._finish(req, out, "length")
+                self.success += 1
+                if self.config.faults.crash_after is not None and self.success >= self.config.faults.crash_after:
+                    if self.on_crash is not None:
+                        self.on_crash()
+        self.truth.step(step, start, end, running=len(self.running), waiting=len(self.waiting),
+                        kv_used=self.blocks.used)
+
+    def abort(self, req: Request) -> None:
+        """The client went away: the request ends at the next step (or is dropped from the queue)."""
+        req.aborted = True
+
+    # --- internals -----------------------------------------------------------------------------------------
+    def _accepted_drafts(self, step: Step, req: Request) -> int:
+        k = self.config.num_speculative_tokens
+        if not k or not req.proposing:
+            return 0  # an n-gram drafter with no match in the context proposes nothing (and counts no draft)
+        accepted = 0
+        while accepted < k and self.rng.random() < req.accept_p:
+            accepted += 1
+        step.drafts += 1
+        step.draft_tokens += k
+        step.accepted += accepted
+        self.counters["drafts"] += 1
+        self.counters["draft_tokens"] += k
+        self.counters["accepted"] += accepted
+        return accepted
+
+    def _slow_four(self) -> bool:
+        """Seed 000's unexplained 4-wide bimodality: each new group of exactly four runs at one of two speeds,
+        about half the time each."""
+        if len(self.running) != 4:
+            return False
+        group = frozenset(r.id for r in self.running)
+        if group != self._four:
+            self._four = group
+            slow = self.rng.random() < 0.5
+            for req in self.running:
+                req.slow = slow
+        return any(r.slow for r in self.running)
+
+    def _admit(self, req: Request) -> None:
+        """Claim the prompt's cached prefix blocks; their tokens count as computed (hits)."""
+        if req.hashes is None:
+            req.hashes = self.blocks.hashes(req.prompt) if self.blocks.prefix_caching else []
+        req.blocks = self.blocks.cached_prefix(req.prompt, req.hashes)
+        hit_tokens = len(req.blocks) * self.blocks.block_size
+        req.computed = hit_tokens
+        req.hits += hit_tokens
+        req.queried += len(req.prompt)
+        self.counters["queries"] += len(req.prompt)
+        self.counters["hits"] += hit_tokens
+        self.counters["prompt"] += hit_tokens
+
+    def _prefill_chunk(self, req: Request, budget: int) -> tuple[int, int] | None:
+        """Schedule the request's next prompt chunk within `budget`: (tokens, tokens x mean attention span),
+        or None when the KV cache has no blocks for it."""
+        chunk = min(budget, len(req.prompt) - req.computed)
+        if not self.blocks.grow(req.blocks, req.computed + chunk):
+            return None
+        weight = chunk * (req.computed + chunk // 2)
+        req.computed += chunk
+        self.counters["prompt"] += chunk
+        # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request scheduled
+        # right after this one already finds them.
+        self.blocks.register((req.hashes or [])[: req.computed // self.blocks.block_size], req.blocks)
+        return chunk, weight
+
+    def _finish(self, req: Request, t: float, reason: str) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        self.blocks.release(req.blocks)
+        req.sink(None)
+        self.truth.finish(req, t, reason)
+
+    def _preempt(self, keep: Request | None = None) -> None:
+        """Out of blocks: the newest running request goes back to waiting and will recompute."""
+        candidates = [r for r in self.running if r is not keep]
+        if not candidates:
+            return
+        victim = candidates[-1]
+        self.running.remove(victim)
+        self.blocks.release(victim.blocks)
+        victim.computed = 0
+        victim.preemptions += 1
+        self.counters["preemptions"] += 1
+        self.waiting.appendleft(victim)
+
+
+def engine_for(config: SimConfig, truth: TruthSink | None = None, *,
+               on_crash: Callable[[], None] | None = None) -> Engine:
+    """The engine a server with `config` runs: its KV cache sized by the memory model."""
+    blocks = BlockManager(config.memory().num_blocks, config.block(), prefix_caching=config.enable_prefix_caching)
+    return Engine(config, blocks, truth=truth, on_crash=on_crash)
+
+
+class Virtual:
+    """The engine on a clock the caller owns: requests go in at the current simulated time, steps run back to
+    back with no wall clock, and the truth records say what happened. Deterministic for a given seed."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.now = 0.0
+        self._ids = 0
+
+    def submit(self, prompt: list[int], max_tokens: int, *,
+               on_finish: Callable[[float], None] | None = None) -> Request:
+        """A request arriving now; `on_finish(t)` is called when it ends (it may submit the next one)."""
+        self._ids += 1
+
+        def sink(tokens: int | None) -> None:
+            if tokens is None and on_finish is not None:
+                on_finish(self.now)
+
+        req = Request(id=f"v{self._ids}", prompt=prompt, max_tokens=max_tokens, sink=sink)
+        self.engine.submit(req, self.now)
+        return req
+
+    def run(self, until: float | None = None) -> None:
+        """Step until nothing is left to do, or until simulated time `until`."""
+        while self.engine.busy and (until is None or self.now < until):
+            step = self.engine.schedule(self.now)
+            start, self.now = self.now, self.now + step.duration
+            self.engine.complete(step, start, self.now)

@@ -1,0 +1,511 @@
+"""A vLLM stand-in that behaves like a GPU server: `python -m campaign.sim --model M --hardware H ...`.
+
+It takes vLLM's flags that matter (sim_config), prints a startup log in vLLM's formats with the values its
+memory model computes (sim_model), and serves /health, /version, /v1/models, /v1/completions (streaming,
+continuous usage stats, ignore_eos, min_tokens, token-id or text prompts), /v1/chat/completions (ChatML, and
+reasoning_content when started with a reasoning parser), /tokenize, /detokenize (sim_text's tokenizer) and
+/metrics with vLLM's metric names. Speculative acceptance follows how predictable each prompt is (sim_text). The
+engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); here it is driven against the wall
+clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
+times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from campaign.sim import config as sim_config
+from campaign.sim import model as sim_model
+from campaign.sim import text as sim_text
+from campaign.sim import truth as sim_truth
+from campaign.sim.config import VERSION, SimConfig
+from campaign.sim.engine import Engine, Request, engine_for
+
+PROMPT_RE_HINT = "Please reduce the length of the input prompt."
+BEHIND_WARN = 0.01       # warn when the engine fell behind its clock for over 1% of a stretch ...
+BEHIND_EVERY_S = 10.0    # ... of this many simulated seconds
+
+
+# --- log lines in vLLM's formats ---------------------------------------------------------------------
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class Log:
+    """vLLM's log lines, to stdout (the server's log, as the launcher captures it) or to `write`."""
+
+    def __init__(self, config: SimConfig, write: Callable[[str], None] = _stdout) -> None:
+        self.prefixes = config.process_prefixes
+        self.pids = {"APIServer": os.getpid(), "EngineCore": os.getpid() + 1, "Worker_TP0": os.getpid() + 2}
+        self.write = write
+
+    def line(self, process: str, level: str, where: str, message: str) -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        prefix = f"({process} pid={self.pids.get(process, os.getpid())}) " if self.prefixes else ""
+        self.write(f"{prefix}{level} {stamp} [{where}] {message}\n")
+
+
+# --- the engine against the wall clock ---------------------------------------------------------------
+class WallClock:
+    """Simulated seconds since `anchor` (a perf_counter reading), `scale` of them per wall second."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.anchor = time.perf_counter()
+
+    def now(self) -> float:
+        return (time.perf_counter() - self.anchor) * self.scale
+
+    async def sleep_until(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, self.anchor + t / self.scale - time.perf_counter()))
+
+
+class Driver:
+    """Runs engine steps back to back on the wall clock. A step planned to end at `end` emits then; the
+    interpreter's own work is absorbed into the sleep. When the work of a step outlasts it by more than the
+    step itself, the step is moved (it starts later than the one before ended): that gap is time the
+    simulated server spent doing nothing it should have, counted in `behind_s` and said in the log."""
+
+    def __init__(self, engine: Engine, clock: WallClock, log: Log,
+                 after_send: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.log = log
+        self.after_send = after_send  # bookkeeping that waits until a step's tokens are on the wire
+        self.wake = asyncio.Event()
+        self.behind_s = 0.0
+        self.busy_s = 0.0
+        self._stretch = (0.0, 0.0)   # (busy, behind) at the last warning check
+
+    def submit(self, req: Request, arrived: float) -> None:
+        self.engine.submit(req, arrived)
+        self.wake.set()
+
+    async def run(self) -> None:
+        end = self.clock.now()
+        while True:
+            if not self.engine.busy:
+                self.wake.clear()
+                await self.wake.wait()
+                end = self.clock.now()
+            now = self.clock.now()
+            step = self.engine.schedule(now)
+            start = max(end, now - step.duration)
+            self.behind_s += start - end
+            end = start + step.duration
+            self.busy_s += step.duration
+            await self.clock.sleep_until(end)
+            self.engine.complete(step, start, end, emitted=self.clock.now())
+            # The streams write this step's tokens before the driver does anything else (their wake-ups are
+            # queued ahead of it): tokens stamped as leaving now must not wait for the next step's planning
+            # or the truth's file writes, which cost about 2.5 ms per finished request.
+            await asyncio.sleep(0)
+            if self.after_send is not None:
+                self.after_send()
+            self._check_behind()
+
+    def _check_behind(self) -> None:
+        busy, behind = self.busy_s - self._stretch[0], self.behind_s - self._stretch[1]
+        if busy + behind < BEHIND_EVERY_S:
+            return
+        self._stretch = (self.busy_s, self.behind_s)
+        share = behind / (busy + behind)
+        if share > BEHIND_WARN:
+            self.log.line("EngineCore", "WARNING", "sim.py:1", f"the simulator fell behind its clock for "
+                          f"{100 * share:.1f}% of the last {busy + behind:.0f} simulated seconds at time scale "
+                          f"{self.clock.scale:g}: rates measured then read up to that much low; lower the time "
+                          "scale (CAMPAIGN_SIM_TIME_SCALE)")
+
+
+# --- HTTP --------------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory) -> None:
+        self.config = config
+        self.driver = driver
+        self.engine = driver.engine
+        self.memory = memory
+        self.ids = 0
+        self.tokenizer = sim_text.Tokenizer()
+        self.api_key = config.api_key
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Metrics(self))
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                arrived = self.driver.clock.now()  # the server has the request from here: parsing is its time
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+                body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
+                if not keep or headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    async def respond(self, writer: asyncio.StreamWriter, status: int, body: bytes,
+                      content_type: str = "application/json") -> bool:
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
+        writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
+                     f"\r\n".encode() + body)
+        await writer.drain()
+        return True
+
+    async def route(self, method: str, path: str, headers: dict[str, str], body: bytes,
+                    writer: asyncio.StreamWriter, arrived: float) -> bool:
+        if path == "/health":
+            return await self.respond(writer, 200, b"")
+        if path == "/version":
+            return await self.respond(writer, 200, json.dumps({"version": VERSION}).encode())
+        if path == "/metrics":
+            return await self.respond(writer, 200, generate_latest(self.registry), "text/plain; version=0.0.4")
+        if path.startswith("/v1") and self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
+            return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
+        if path == "/v1/models":
+            card = {"id": self.config.name, "object": "model", "owned_by": "vllm",
+                    "root": self.config.model, "max_model_len": self.config.max_model_len}
+            return await self.respond(writer, 200, json.dumps({"object": "list", "data": [card]}).encode())
+        if path in {"/tokenize", "/detokenize"} and self.api_key and (
+                headers.get("authorization") != f"Bearer {self.api_key}"):
+            return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
+        if path == "/tokenize" and method == "POST":
+            return await self.tokenize(json.loads(body or b"{}"), writer)
+        if path == "/detokenize" and method == "POST":
+            data = json.loads(body or b"{}")
+            text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
+            return await self.respond(writer, 200, json.dumps({"prompt": text}).encode())
+        if path == "/v1/completions" and method == "POST":
+            return await self.completions(json.loads(body or b"{}"), writer, arrived)
+        if path == "/v1/chat/completions" and method == "POST":
+            data = json.loads(body or b"{}")
+            messages = data.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return await self.respond(writer, 400, self.error("messages: a non-empty list is required",
+                                                                  "messages"))
+            prompt = self.tokenizer.encode(sim_text.chat_prompt(messages))
+            return await self.completions(data, writer, arrived, prompt=prompt, chat=True)
+        return await self.respond(writer, 404, json.dumps({"detail": "Not Found"}).encode())
+
+    def error(self, message: str, param: str | None = None) -> bytes:
+        return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
+                                     "code": 400}}).encode()
+
+    async def tokenize(self, data: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
+        """vLLM's /tokenize: a `prompt`, or chat `messages` through the chat template."""
+        if isinstance(data.get("messages"), list):
+            text = sim_text.chat_prompt(data["messages"],
+                                        add_generation_prompt=bool(data.get("add_generation_prompt", True)))
+        else:
+            text = str(data.get("prompt", ""))
+        tokens = self.tokenizer.encode(text)
+        return await self.respond(writer, 200, json.dumps({
+            "count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens,
+            "token_strs": None}).encode())
+
+    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float, *,
+                          prompt: list[int] | None = None, chat: bool = False) -> bool:
+        if prompt is None:
+            given = data.get("prompt")
+            prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
+                self.tokenizer.encode(str(given)) or [1])
+        min_tokens = int(data.get("min_tokens") or 0)
+        refused, max_tokens = window_answer(self.config, len(prompt), int(data.get("max_tokens") or 16))
+        if refused is not None:
+            message, param = refused
+            return await self.respond(writer, 400, self.error(message, param))
+        if min_tokens > max_tokens:
+            return await self.respond(writer, 400, self.error(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."))
+        self.ids += 1
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-sim-{self.ids}", prompt=prompt,
+                      max_tokens=max(1, max_tokens), sink=queue.put_nowait)
+        self.driver.submit(req, arrived)
+        model = self.config.name
+        stream = bool(data.get("stream"))
+        options = data.get("stream_options") or {}
+        if not stream:
+            while await queue.get() is not None:
+                pass
+            usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
+                                     "total_tokens": len(prompt) + req.generated}
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": " tok" * req.generated},
+                 "finish_reason": "length"} if chat else
+                {"index": 0, "text": " tok" * req.generated, "finish_reason": "length"})
+            return await self.respond(writer, 200, json.dumps({
+                "id": req.id, "object": "chat.completion" if chat else "text_completion", "model": model,
+                "choices": [choice], "usage": usage}).encode())
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        # A reasoning model thinks first: with a reasoning parser, the first half of a chat reply is reasoning.
+        kwargs = data.get("chat_template_kwargs") or {}
+        thinks = chat and self.config.reasoning_parser and kwargs.get("enable_thinking") is not False
+        thinking = req.max_tokens // 2 if thinks else 0
+        try:
+            if chat:  # vLLM's first chat chunk names the role and carries no token
+                opening = {"id": req.id, "object": kind, "model": model, "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                self._chunk(writer, b"data: " + json.dumps(opening).encode() + b"\n\n")
+            while True:
+                produced = await queue.get()
+                if produced is None:
+                    break
+                text = " tok" * produced
+                part = "reasoning_content" if req.generated <= thinking else "content"
+                event: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [
+                    {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
+                    {"index": 0, "text": text, "finish_reason": None}]}
+                if options.get("continuous_usage_stats"):
+                    event["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
+                                      "total_tokens": len(prompt) + req.generated}
+                self._chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")
+                await writer.drain()
+            if options.get("include_usage"):
+                final: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [],
+                         "usage": {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
+                                   "total_tokens": len(prompt) + req.generated}}
+                self._chunk(writer, b"data: " + json.dumps(final).encode() + b"\n\n")
+            self._chunk(writer, b"data: [DONE]\n\n")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except ConnectionError:
+            self.engine.abort(req)
+            return False
+        return True
+
+    @staticmethod
+    def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+class _Metrics(Collector):
+    """/metrics with vLLM's names, generated by prometheus_client as vLLM's own are."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s, e = self.server, self.server.engine
+        labels, values = ["engine", "model_name"], ["0", s.config.name]
+
+        def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, help_text, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        now = s.driver.clock.now()
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", len(e.running))
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(e.waiting))
+        blocks = e.blocks
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", blocks.used / blocks.total if blocks.total else 0.0)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", e.counters["queries"])
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", e.counters["hits"])
+        yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", e.counters["preemptions"])
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", e.counters["prompt"])
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", e.generation_tokens(now))
+        yield counter("vllm:request_success", "Count of successfully processed requests.", float(e.success))
+        if s.config.num_speculative_tokens:
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", e.counters["drafts"])
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", e.counters["draft_tokens"])
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                          e.counters["accepted"])
+        # Not vLLM's: simulated seconds of steps, and those the engine had work but ran no step (the
+        # interpreter fell behind its clock); a client reads the share of a window that was lost.
+        yield counter("campaign_sim:busy_seconds", "Simulated seconds spent in engine steps.", s.driver.busy_s)
+        yield counter("campaign_sim:behind_seconds", "Simulated seconds the simulator fell behind its clock.",
+                      s.driver.behind_s)
+        # How many simulated seconds pass per wall second: a client timing a schedule or a service level in the
+        # hardware's seconds (open-loop rates, SLO bounds) converts with it.
+        yield gauge("campaign_sim:time_scale", "Simulated seconds per wall second.", s.driver.clock.scale)
+        info = {"block_size": str(blocks.block_size), "gpu_memory_utilization": str(s.config.gpu_memory_utilization),
+                "num_gpu_blocks": str(blocks.total), "enable_prefix_caching": str(s.config.enable_prefix_caching),
+                "kv_cache_size_tokens": str(s.memory.kv_tokens), "cache_dtype": s.config.kv_cache_dtype}
+        family = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                   labels=[*labels, *info])
+        family.add_metric([*values, *info.values()], 1.0)
+        yield family
+
+
+def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int) -> tuple[tuple[str, str | None] | None, int]:
+    """How the server answers a prompt and reply against its window: ((the 400's message, its param), or None)
+    and the reply length it runs with (vLLM >= 0.32 clamps silently where older versions refuse)."""
+    window = config.max_model_len
+    if prompt_tokens > window:
+        return (f"This model's maximum context length is {window} tokens. However, your prompt contains "
+                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+                f"{PROMPT_RE_HINT}", "input_tokens"), max_tokens
+    if config.clamps_max_tokens:
+        return None, min(max_tokens, window - prompt_tokens)  # the silent clamp of vLLM >= 0.32
+    if prompt_tokens + max_tokens > window:
+        return (f"This model's maximum context length is {window} tokens. However, you requested {max_tokens} "
+                f"output tokens and your prompt contains {prompt_tokens} input tokens, for a total of "
+                f"{prompt_tokens + max_tokens} tokens. Please reduce the length of the input prompt or the number "
+                "of requested output tokens.", None), max_tokens
+    return None, max_tokens
+
+
+# --- start-up ------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    args = sim_config.parse(sys.argv[1:] if argv is None else argv)
+    log = Log(args)
+    if args.faults.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.faults.grandchild:
+        subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"],  # noqa: S603
+                         start_new_session=True)
+    started = start_up(args, log)
+    if started is None:
+        sys.exit(1)
+    mem, block = started
+    asyncio.run(serve(args, mem, block, log))
+
+
+def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> tuple[sim_model.Memory, int] | None:
+    """The startup log, line by line as vLLM prints it, with the values the memory model computes; the memory
+    and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A virtual
+    launch (sim_night) reads the same lines as the launcher reads a real one's. `visible_devices`: the GPUs it
+    was given (default: CUDA_VISIBLE_DEVICES, as the launcher sets it for a pool's launch)."""
+    began = time.monotonic()
+    tp = args.tensor_parallel_size
+    log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
+    log.line("APIServer", "INFO", "startup.py:38", f"vLLM server version {VERSION}, serving model {args.model}")
+    log.line("APIServer", "INFO", "model.py:2170", f"Using max model len {args.max_model_len}")
+    log.line("APIServer", "INFO", "scheduler.py:310",
+             f"Chunked prefill is enabled with max_num_batched_tokens={args.max_num_batched_tokens}.")
+    block = args.block()
+    if block > 16:
+        log.line("APIServer", "INFO", "interface.py:1106", f"Setting attention block size to {block} tokens to "
+                 "ensure that attention page size is >= mamba page size.")
+    spec_text = "None" if not args.num_speculative_tokens else (
+        f"SpeculativeConfig(method='{args.speculative_method or 'draft_model'}', "
+        f"model='{args.drafter.name if args.drafter else args.model}', "
+        f"num_spec_tokens={args.num_speculative_tokens})")
+    log.line("EngineCore", "INFO", "core.py:139", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+             f"model='{args.model}', speculative_config={spec_text}, max_seq_len={args.max_model_len}, "
+             f"tensor_parallel_size={tp}, pipeline_parallel_size=1, device_config=cuda, "
+             f"enable_prefix_caching={args.enable_prefix_caching}, enable_chunked_prefill=True")
+    # The GPUs it was given, declared as its own line (vLLM prints no such line): a GPU pool's launches are
+    # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible_devices is None else visible_devices
+    visible = [g for g in devices.split(",") if g.strip()]
+    if visible:
+        if len(visible) < tp:
+            log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "
+                     f"number of available GPUs ({len(visible)}) in this node.")
+            return None
+        for rank in range(tp):
+            log.line(f"Worker_TP{rank}", "INFO", "sim.py:1", f"simulated GPU: rank {rank} on CUDA_VISIBLE_DEVICES "
+                     f"index {visible[rank]}")
+    if args.faults.hang_startup:
+        while True:
+            time.sleep(1)
+    mem = args.memory()
+    if args.faults.start_oom or mem.weights_gib > mem.total_gib * args.gpu_memory_utilization:
+        log.line("Worker_TP0", "ERROR", "gpu_model_runner.py:5079", "Failed to load model - not enough GPU memory. "
+                 "Try lowering --gpu-memory-utilization to free memory for weights, increasing "
+                 "--tensor-parallel-size, or using --quantization.")
+        log.line("APIServer", "ERROR", "core.py:1120", "RuntimeError: Engine core initialization failed. See root "
+                 "cause above. Failed core proc(s): {'EngineCore': 1}")
+        return None
+    for rank in range(tp):
+        log.line(f"Worker_TP{rank}", "INFO", "gpu_model_runner.py:5089",
+                 f"Model loading took {mem.weights_gib:.2f} GiB memory and {20 + mem.weights_gib:.6f} seconds")
+    log.line("Worker_TP0", "INFO", "gpu_worker.py:787", "CUDA graph memory profiling is enabled (default since "
+             f"v0.21.0). The current --gpu-memory-utilization={args.gpu_memory_utilization:.4f} is equivalent to "
+             f"--gpu-memory-utilization={mem.equivalent_utilization:.4f} without CUDA graph memory profiling. To "
+             "maintain the same effective KV cache size as before, increase --gpu-memory-utilization to "
+             f"{mem.suggested_utilization:.4f}. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
+    if mem.num_blocks <= 0:
+        log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: No available memory for the cache blocks. Try "
+                 "increasing `gpu_memory_utilization` when initializing the engine.")
+        return None
+    per_token_gib = mem.kv_gib / max(1, mem.kv_tokens)
+    if mem.kv_tokens < args.max_model_len:
+        estimated = mem.kv_tokens // block * block
+        log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: To serve at least one request with the model's "
+                 f"max seq len ({args.max_model_len}), ({args.max_model_len * per_token_gib:.2f} GiB KV cache is "
+                 f"needed, which is larger than the available KV cache memory ({mem.kv_gib:.2f} GiB). Based on the "
+                 f"available memory, the estimated maximum model length is {estimated}. Try increasing "
+                 "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
+        return None
+    for rank in range(tp):
+        log.line(f"Worker_TP{rank}", "INFO", "gpu_worker.py:772", f"Available KV cache memory: {mem.kv_gib:.2f} GiB")
+    log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {mem.kv_tokens:,} tokens, Maximum "
+             f"concurrency for {args.max_model_len:,} tokens per request: {mem.kv_tokens / args.max_model_len:.2f}x")
+    log.line("EngineCore", "INFO", "core.py:396", "init engine (profile, create kv cache, warmup model) took "
+             f"{time.monotonic() - began + 30 / args.time_scale:.2f} s")
+    return mem, block
+
+
+async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) -> None:
+    clock = WallClock(config.time_scale)
+    truth = None if config.truth is None else sim_truth.Writer(config.truth, {
+        "time_scale": config.time_scale, "anchor": clock.anchor, "hardware": config.hardware,
+        "model_shape": config.model_shape, "block_size": block, "num_blocks": mem.num_blocks,
+        "num_speculative_tokens": config.num_speculative_tokens, "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens})
+
+    def close_truth() -> None:
+        if truth is not None:
+            truth.close(list(engine.waiting) + engine.running)
+
+    def crash() -> None:
+        close_truth()  # what it did until the crash is part of the truth
+        sys.stdout.write("(EngineCore pid=0) ERROR [core.py:1120] EngineCore encountered an issue. See stack trace "
+                         "(above) for the root cause.\n")
+        sys.stdout.flush()
+        os._exit(1)
+
+    engine = engine_for(config, truth, on_crash=crash)
+    driver = Driver(engine, clock, log, after_send=None if truth is None else truth.flush)
+    server = Server(config, driver, mem)
+    tls = None
+    if config.ssl_certfile:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    listener = await asyncio.start_server(server.handle, config.host, config.port, limit=2**20, backlog=1024,
+                                          ssl=tls)
+    scheme = "https" if tls else "http"
+    log.line("APIServer", "INFO", "launcher.py:188", f"Starting vLLM server on {scheme}://{config.host}:{config.port}")
+    sys.stdout.write(f"INFO:     Started server process [{os.getpid()}]\nINFO:     Waiting for application "
+                     "startup.\nINFO:     Application startup complete.\n")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if not config.faults.ignore_sigterm:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    engine_task = asyncio.create_task(driver.run())
+    try:
+        await stop.wait()
+        log.line("APIServer", "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered")
+    finally:
+        # Before the listener closes: from Python 3.12 closing it waits for clients' open connections.
+        engine_task.cancel()
+        close_truth()
+        listener.close()
