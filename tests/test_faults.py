@@ -1,4 +1,4 @@
-"""The fault matrix (README, "When things go wrong"): every mistake a new user makes and every fault a night
+"""The fault matrix (docs/faults.md): every mistake a new user makes and every fault a night
 meets ends in one `Error:` line with a hint and a documented exit code, or is survived with nothing measured
 lost. Through the real command line (a subprocess), on the simulator where it suffices."""
 

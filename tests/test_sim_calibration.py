@@ -260,7 +260,7 @@ def test_fresh_prompts_cost_throughput_only_where_requests_end_inside_the_window
     """With `ttft: cold` every replacement is a fresh prompt, prefilled while the other streams decode: the
     figure users see whose agents never repeat a prompt. It costs only cells where requests end inside the
     30 s window (few streams: a 4,096-token reply at 140 tok/s ends in 29 s); where none ends (seed 004's
-    "Completed requests" 0) cold and warm are the same cell. The README's table is this run, row for row."""
+    "Completed requests" 0) cold and warm are the same cell. docs/simulator.md's table is this run, row for row."""
     matrix, _, _ = load_matrix("h200-speed-matrix")
     cold_cells = sim_virtual.run_matrix(matrix, ttft="cold")
     cold = {(c.spec.context_tokens, c.spec.concurrency): c for c in cold_cells if c.spec.phase == "decode"}
@@ -275,9 +275,9 @@ def test_fresh_prompts_cost_throughput_only_where_requests_end_inside_the_window
     single_64k = cold[(tokens("64k"), 1)]
     assert single_64k.ttft_s is not None and single_64k.ttft_s > 5.0   # a fresh 64K prompt: ~7.6 s of prefill
     table = to_markdown(report.virtual_tables(seed_004_matrix, cold_cells, "cold")[0])
-    readme = (PROJECT_ROOT / "README.md").read_text()
+    page = (PROJECT_ROOT / "docs" / "simulator.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ")]
-    assert len(rows) == 7 and all(row in readme for row in rows), "README's table is not this run's"
+    assert len(rows) == 7 and all(row in page for row in rows), "docs/simulator.md's table is not this run's"
 
 
 def _lookup_score_by_definition(ids: list[int], limit: int = 16_384) -> float:

@@ -17,7 +17,7 @@ LaunchFailureKind = Literal[
     "internal_error",  # an exception nobody expected: a bug, recorded so the night goes on
 ]
 
-# Exit codes (README, "Exit codes"): 0 done; 1 a campaign error; 2 bad input (a file, a key, an option);
+# Exit codes (docs/faults.md): 0 done; 1 a campaign error; 2 bad input (a file, a key, an option);
 # 3 a server did not start; 4 a metric the measurement needs is not exported; 5 a stored file this version
 # cannot read or write; 6 a campaign that finished, but a launch or a cell of it failed; 70 an unexpected
 # error (a bug: CAMPAIGN_DEBUG=1 shows the traceback); 130 interrupted. The classes below carry theirs.

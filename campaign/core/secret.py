@@ -48,7 +48,7 @@ _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*:)([^\s/@]+)@")
 AMBIENT_MIN_LEN = 8
 
 HOW_TO_PASS = ("refer to an environment variable instead, e.g. `${HF_TOKEN}` (expanded when the server starts; "
-               "the run stores the reference, never the value); README, Secrets")
+               "the run stores the reference, never the value); docs/results.md, Secrets")
 
 
 def name_words(name: str) -> list[str]:
