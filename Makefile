@@ -88,6 +88,7 @@ truth: setup
 lint: setup
 	$(VENV)/bin/ruff check campaign tests
 	$(VENV)/bin/mypy campaign
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL)

@@ -1,25 +1,55 @@
-"""The `campaign` command. Parses arguments, calls the modules, prints; errors cross here once."""
+"""The `campaign` command. Parses arguments, calls the modules, prints; errors cross here once.
+
+Long (about 580 lines) for one reason: nine commands declare their options here, with help texts (most of its
+lines); what a command does lives in the layer that owns it (`measure.probe`, `night.orchestrate`,
+`report.closing`, ...)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import typer
 
+from campaign.analysis import recommend, summary
 from campaign.core import aio, secret
-from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, CampaignError, LaunchError
-from campaign.http.endpoint import Timeouts
+from campaign.core.console import buffered_stdio
+from campaign.core.errors import (
+    EXIT_INTERNAL,
+    EXIT_SOME_FAILED,
+    EXIT_USAGE,
+    CampaignError,
+    ConfigError,
+    LaunchError,
+    request_stop,
+)
+from campaign.http.endpoint import TLS, Endpoint, Timeouts, proxy_notice
+from campaign.measure import probe as measuring
+from campaign.measure.cells import CellSpec, TTFTMode
+from campaign.measure.runner import Target
+from campaign.night import orchestrate, store
+from campaign.night import replay as sim_virtual
+from campaign.night.launcher import launched
+from campaign.night.matrix import load_matrix
+from campaign.night.orchestrate import preflight
+from campaign.night.planning import make_plan
+from campaign.night.progress import Progress
+from campaign.night.store import latest_run
+from campaign.report import closing
+from campaign.report import html as html_report
 from campaign.report import text as report
+from campaign.report.tables import to_markdown, to_text
 from campaign.server import startup_log
+from campaign.server.argv import api_key_from, parse_set
+from campaign.server.control import ControlClient
+from campaign.server.profiles import load_profile, parse_gpus
 
 app = typer.Typer(
     add_completion=False,
@@ -56,30 +86,6 @@ def _positive(value: float | None) -> float | None:
 
 def _err(message: str) -> None:
     typer.echo(message, err=True)
-
-
-def parse_tokens(text: str) -> int:
-    """`8k` -> 8192, `6616` -> 6616, `1.5k` -> 1536."""
-    value = text.strip().lower()
-    scale = 1
-    if value.endswith("k"):
-        scale, value = 1024, value[:-1]
-    elif value.endswith("m"):
-        scale, value = 1024 * 1024, value[:-1]
-    try:
-        return int(float(value) * scale)
-    except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a token count (e.g. 8k, 6616)") from None
-
-
-def parse_list(text: str | None, *, tokens: bool = False) -> list[int]:
-    if not text:
-        return []
-    out = []
-    for part in text.split(","):
-        if part.strip():
-            out.append(parse_tokens(part) if tokens else int(part))
-    return out
 
 
 # --- shared measurement options ------------------------------------------------------------------------
@@ -130,125 +136,19 @@ FindMaxRateOpt = Annotated[bool, typer.Option(
     "--find-max-rate", help="search the highest rate (and concurrency) that holds --slo, at one context")]
 
 
-@dataclass(frozen=True)
-class RateAsk:
-    """What --rate, --slo and --find-max-rate asked for."""
-
-    rates: list[float | None]
-    duration: float
-    service: Any
-    arrival: str
-    burstiness: float
-    max_concurrency: int | None
-    find_max_rate: bool
-
-    @property
-    def any(self) -> bool:
-        return bool(self.rates) or self.find_max_rate
-
-
-def _rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: str, burstiness: float,
-              max_concurrency: int | None, find_max_rate: bool) -> RateAsk:
-    from campaign.measure import slo
-    from campaign.measure.openloop import ARRIVALS, rate_value
-
-    try:
-        rates = [rate_value(part.strip()) for part in (rate or "").split(",") if part.strip()]
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--rate'") from None
-    if None in rates and max_concurrency is None:
-        raise typer.BadParameter("inf needs --max-concurrency N (the requests in flight at once)",
-                                 param_hint="'--rate'")
-    if arrival not in ARRIVALS:
-        raise typer.BadParameter(f"{arrival!r}: expected {', '.join(ARRIVALS)}", param_hint="'--arrival'")
-    try:
-        service = slo.parse(slo_text) if slo_text else None
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--slo'") from None
-    if find_max_rate and service is None:
-        raise typer.BadParameter("needs --slo: the service level to find the highest rate for",
-                                 param_hint="'--find-max-rate'")
-    return RateAsk(rates, duration, service, arrival, burstiness, max_concurrency, find_max_rate)
-
-
-def _rate_specs(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> list[Any]:
-    from campaign.measure.cells import CellSpec
-
-    return [CellSpec(phase="rate", context_tokens=ctx, max_tokens=max_tokens, request_rate=rate,
-                     duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness,
-                     max_concurrency=ask.max_concurrency, slo=ask.service, prompts=prompts, endpoint=endpoint)
-            for ctx in contexts for rate in ask.rates]
-
-
-def _search_spec(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> Any:
-    from campaign.measure.cells import CellSpec
-
-    if len(contexts) != 1:
-        raise typer.BadParameter("give one context with --find-max-rate (e.g. --contexts 8k)",
-                                 param_hint="'--contexts'")
-    # Its max_concurrency is the concurrency search's ceiling (the rate probes run uncapped).
-    return CellSpec(phase="rate", context_tokens=contexts[0], max_tokens=max_tokens, request_rate=1.0,
-                    duration_s=ask.duration, arrival=ask.arrival, burstiness=ask.burstiness, slo=ask.service,
-                    max_concurrency=ask.max_concurrency, prompts=prompts, endpoint=endpoint)
-
-
 def _timeouts(connect: float, first_byte: float, idle: float) -> Any:
-    from campaign.http.endpoint import Timeouts
-
     return Timeouts(connect_s=connect, first_byte_s=first_byte, idle_s=idle)
 
 
 def _note_proxy(endpoint: Any) -> None:
-    from campaign.http.endpoint import proxy_notice
-
     notice = proxy_notice(endpoint)
     if notice:
         _err(f"note: {notice}")
 
 
-def _cell_specs(contexts: list[int], concurrency: list[int], *, window: float, prefill: bool, max_tokens: int,
-                mode: str, prompts: str = "random", endpoint: str = "completions") -> list[Any]:
-    from campaign.measure.cells import CellSpec
-    from campaign.measure.prompts import ENDPOINTS, prompt_source
-
-    if mode not in {"sustained", "fixed"}:
-        raise CampaignError(f"--mode {mode!r}: expected sustained or fixed")
-    if endpoint not in ENDPOINTS:
-        raise CampaignError(f"--endpoint {endpoint!r}: expected {' or '.join(ENDPOINTS)}")
-    try:
-        prompt_source(prompts)
-    except ValueError as exc:
-        raise CampaignError(f"--prompts: {exc}") from None
-    text = {"prompts": prompts, "endpoint": endpoint}
-    specs = []
-    if prefill:
-        specs += [CellSpec(phase="prefill", context_tokens=c, **text) for c in contexts]
-    for ctx in contexts:
-        for conc in concurrency or [1]:
-            specs.append(CellSpec(phase="decode", context_tokens=ctx, concurrency=conc, mode=mode,
-                                  max_tokens=max_tokens, window_s=window, **text))
-    return specs
-
-
-def _measure(target: Any, specs: list[Any], *, as_json: bool, search: Any = None) -> list[Any]:
-    """Measure the cells, then (`search`: a rate cell's shape with its SLO) the capacity at that SLO."""
-    from campaign.measure import capacity
-    from campaign.measure.runner import Measurer
-
-    measurer = Measurer(target, on_event=_err)
-
-    async def run_all() -> tuple[list[Any], Any]:
-        results = []
-        for i, spec in enumerate(specs, 1):
-            _err(f"cell {i}/{len(specs)}: {spec.key} ({spec.label})")
-            results.append(await measurer.run_cell(spec))
-        found = None
-        if search is not None:
-            _err(f"capacity at SLO ({search.slo.text}): searching")
-            found = await capacity.slo_search(measurer, search, on_probe=_err)
-        return results, found
-
-    results, found = aio.run(run_all())
+def _measure(target: Target, specs: list[CellSpec], *, as_json: bool, search: CellSpec | None = None) -> None:
+    """Measure the cells (and the capacity at an SLO), then print them."""
+    results, found = aio.run(measuring.measure(target, specs, search, _err))
     if as_json:
         out: dict[str, Any] = {"cells": [report.cell_json(r) for r in results]}
         if found is not None:
@@ -263,7 +163,6 @@ def _measure(target: Any, specs: list[Any], *, as_json: bool, search: Any = None
         if found is not None:
             typer.echo(f"{found.status}: {found.verdict}" + (f" ({'; '.join(found.reasons)})" if found.reasons
                                                               else ""))
-    return results
 
 
 @app.command("parse-log")
@@ -274,8 +173,6 @@ def parse_log(
     """Read a vLLM startup log into facts: KV cache, block size, chunk size, the memory-utilisation note.
 
     Exit 0: a clean start; 3: the log shows a failure; 2: not a vLLM log (or empty)."""
-    from campaign.core.errors import ConfigError
-
     try:
         text = file.read_text(errors="replace")
     except (FileNotFoundError, IsADirectoryError):
@@ -324,8 +221,6 @@ def launch(
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Launch vLLM from a profile, print what it became, optionally measure, and stop it cleanly."""
-    from campaign.server.argv import parse_set
-    from campaign.server.profiles import load_profile
 
     _check_engine(engine)
     loaded, profile_path = load_profile(profile)
@@ -337,13 +232,11 @@ def launch(
             "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
     timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
-    from campaign.night.orchestrate import preflight
-
     preflight(loaded, profile_path, engine, overrides=overrides)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
-    ask = _rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
-    specs, search = _what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
+    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    specs, search = measuring.what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
                                      max_tokens=max_tokens, mode=mode, prompts=prompts,
                                      endpoint=endpoint_kind) if contexts or ask.any else ([], None)
     _err(f"launching {profile}; log: {log_path}")
@@ -355,26 +248,8 @@ def launch(
         raise typer.Exit(130) from None
 
 
-def _what_to_measure(contexts: str | None, concurrency: str | None, ask: RateAsk, *, window: float, prefill: bool,
-                     max_tokens: int, mode: str, prompts: str, endpoint: str) -> tuple[list[Any], Any]:
-    """The cells asked for, and the capacity search's shape: decode cells at --concurrency (1 unless only
-    rates were asked for), prefill with --prefill, rate cells at --rate, a search with --find-max-rate."""
-    lengths = parse_list(contexts or "1k", tokens=True)
-    decode = concurrency is not None or not ask.any
-    specs = _cell_specs(lengths, parse_list(concurrency or "1"), window=window, prefill=prefill,
-                        max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint)
-    if not decode:
-        specs = [s for s in specs if s.phase == "prefill"]
-    specs += _rate_specs(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint)
-    search = _search_spec(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint) if (
-        ask.find_max_rate) else None
-    return specs, search
-
-
 def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
                       specs: list[Any], as_json: bool, timeouts: Any, search: Any = None) -> None:
-    from campaign.night.launcher import launched
-
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
         _err(f"ready in {server.ready.ready_s:.1f} s at {server.spec.base_url} (pid {server.ready.pid})")
@@ -428,20 +303,13 @@ def probe(
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
-    from campaign.http.endpoint import TLS, Endpoint
-    from campaign.measure.runner import Target
-    from campaign.server.argv import api_key_from
-    from campaign.server.control import ControlClient
-
-    ask = _rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
-    specs, search = _what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
+    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    specs, search = measuring.what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
                                      max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint_kind)
     api_key = api_key_from(api_key_env)
     endpoint = Endpoint.parse(url, api_key=api_key, tls=TLS(ca_bundle=ca_bundle, insecure=insecure),
                               timeouts=_timeouts(connect_timeout, first_byte_timeout, idle_timeout))
     _note_proxy(endpoint)
-    import httpx
-
     try:
         with ControlClient(endpoint, retry_s=2.0) as control:
             served, max_len = control.served_model()
@@ -459,25 +327,6 @@ def _check_engine(engine: str | None) -> None:
         raise typer.BadParameter(f"{engine!r}: expected vllm or sim", param_hint="'--engine'")
 
 
-def _load_for_run(matrix_name: str, profile_name: str | None, window: float | None,
-                  repeats: int | None) -> tuple[Any, Path, Any, Path]:
-    from campaign.night.matrix import load_matrix
-    from campaign.server.profiles import load_profile
-
-    matrix, matrix_path, _ = load_matrix(matrix_name)
-    updates: dict[str, Any] = {}
-    if window is not None:
-        updates["window_s"] = window
-        updates["workloads"] = [w.model_copy(update={"window_s": None}) if w.kind == "decode" else w
-                                for w in matrix.workloads]
-    if repeats is not None:
-        updates["repeats"] = repeats
-    if updates:
-        matrix = matrix.model_copy(update=updates)
-    profile, profile_path = load_profile(profile_name or matrix.profile)
-    return matrix, matrix_path, profile, profile_path
-
-
 @app.command()
 def plan(
     matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")],
@@ -490,11 +339,7 @@ def plan(
                       ] = None,
 ) -> None:
     """Print what a campaign will run: launches, cells per server, known over-capacity cells, duration."""
-    from campaign.night.orchestrate import preflight
-    from campaign.night.planning import make_plan
-    from campaign.night.store import latest_run
-
-    loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
+    loaded, matrix_path, prof, profile_path = orchestrate.load_night(matrix, profile, window, repeats)
     _check_engine(engine)
     flags_from = preflight(prof, profile_path, engine, loaded, matrix_path, will_launch=False)
     typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {profile_path.stem} "
@@ -512,10 +357,6 @@ def simulate(
     """Replay the matrix's prefill and decode cells on the simulator in simulated time (seconds, the same
     every time): the decode matrix as the matrix says, each cell's change with the other TTFT mode, the prefill
     row. The launch profile must name simulated hardware."""
-    from campaign.measure.cells import TTFTMode
-    from campaign.night import replay as sim_virtual
-    from campaign.night.matrix import load_matrix
-    from campaign.report.tables import to_markdown, to_text
 
     loaded, _, _ = load_matrix(matrix)
     hardware = sim_virtual.config_for(loaded, variant).hardware
@@ -563,14 +404,12 @@ def run(
              "replayed in simulated time, in seconds, figures in the hardware's units")] = "wall",
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
-    from campaign.night import orchestrate, pool
-    from campaign.night.progress import Progress
 
     _check_engine(engine)
     if executor not in {None, "local", "ray"}:
         raise CampaignError(f"--executor {executor!r}: expected local or ray", hint="e.g. --executor ray")
     on_ray = None if executor is None else executor == "ray"
-    pool_gpus = pool.parse_gpus(gpus) if gpus is not None else None
+    pool_gpus = parse_gpus(gpus) if gpus is not None else None
     if clock not in {"wall", "virtual"}:
         raise CampaignError(f"--clock {clock!r}: expected wall or virtual", hint="e.g. --clock virtual --engine sim")
     if resume is not None:
@@ -579,7 +418,7 @@ def run(
     elif matrix is None:
         raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
-        loaded, matrix_path, prof, profile_path = _load_for_run(matrix, profile, window, repeats)
+        loaded, matrix_path, prof, profile_path = orchestrate.load_night(matrix, profile, window, repeats)
         night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
                                     gpus=pool_gpus, mixed_gpus=mixed_gpus, ray=bool(on_ray),
                                     ray_address=ray_address, clock="virtual" if clock == "virtual" else "wall")
@@ -597,7 +436,8 @@ def run(
                 progress.note(f"interrupted: every finished cell is stored in {tonight.run.root}; continue with\n"
                               f"  campaign run --resume {tonight.run.root}")
                 raise typer.Exit(130) from None
-        _finish(tonight.run)
+        typer.echo(closing.night_end(tonight.run))
+        _say_damaged(tonight.run)
         unfinished = tonight.unfinished()
     if unfinished:
         _err(f"finished, but not everything: {', '.join(unfinished)}")
@@ -607,47 +447,6 @@ def run(
 def _say_damaged(run_dir: Any) -> None:
     for message in run_dir.damaged:
         _err(f"warning: skipped {message}")
-
-
-def _finish(run_dir: Any) -> None:
-    from campaign.analysis import compare
-    from campaign.report import html as html_report
-
-    drift = compare.drift(run_dir)
-    diffs = compare.diff_run(run_dir)
-    short = compare.short_answers_by_variant(run_dir)
-    stored_manifest = run_dir.manifest()
-    scale = stored_manifest.time_scale
-    if scale != 1.0:
-        typer.echo(f"SIMULATED at a {scale:g}x time scale: every figure is the simulated hardware's, converted "
-                   f"from a wall clock {scale:g}x faster.\n")
-    if stored_manifest.clock == "virtual":
-        left = "; ".join(stored_manifest.not_replayed)
-        typer.echo("SIMULATED in simulated time: the engine replayed, figures in the hardware's units"
-                   + (f"; not replayed: {left}" if left else "") + "\n")
-    stored, servers = run_dir.cells(), run_dir.servers()   # read once: the tables and the verdict share them
-    typer.echo(report.cells_by_variant_text(stored, servers))
-    typer.echo("")
-    for variant, values in short.items():
-        typer.echo(report.short_answers_text(variant, values) + "\n")
-    experiments = report.experiments_text(run_dir.experiments())
-    if experiments:
-        typer.echo(experiments + "\n")
-    typer.echo(report.diff_text(diffs))
-    typer.echo("")
-    typer.echo(f"drift: {drift.message}")
-    effect = compare.gpu_effect(run_dir)
-    if effect.checked:
-        typer.echo(f"GPU effect: {effect.message}")
-    run_dir.write_summary(compare.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
-    written = html_report.write(run_dir)
-    # The answer last, where the eye lands (the reports open with the same lines).
-    verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(stored),
-                                   servers=servers, short=short)
-    typer.echo("\n== Verdict ==\n" + "\n".join(report.verdict_lines(verdict)))
-    _say_damaged(run_dir)
-    typer.echo(f"results: {run_dir.root}")
-    typer.echo(f"report: {written[0]}")
 
 
 @app.command()
@@ -660,14 +459,11 @@ def diff(
     force: Annotated[bool, typer.Option("--force", help="compare cells that are not comparable")] = False,
 ) -> None:
     """Diff every variant against the baseline: flags, facts, per-cell verdicts, recommendation."""
-    from campaign.analysis import compare
-    from campaign.night import store
-
     first = store.RunDir(run_dir)
-    diffs = compare.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
+    diffs = recommend.diff_run(first, baseline=baseline, other=store.RunDir(other) if other else None, force=force)
     typer.echo(report.diff_text(diffs))
-    typer.echo(f"\ndrift: {compare.drift(first).message}")
-    effect = compare.gpu_effect(first)
+    typer.echo(f"\ndrift: {summary.drift(first).message}")
+    effect = summary.gpu_effect(first)
     if effect.checked:
         typer.echo(f"GPU effect: {effect.message}")
     _say_damaged(first)
@@ -683,8 +479,6 @@ def report_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
 ) -> None:
     """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run, or from two."""
-    from campaign.night import store
-    from campaign.report import html as html_report
 
     if fmt not in {"html", "md", "png"}:
         raise CampaignError(f"--format {fmt!r}: expected html, md or png")
@@ -704,8 +498,6 @@ def export(
     out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout)")] = None,
 ) -> None:
     """One row per cell, variant and repeat."""
-    from campaign.night import store
-
     if fmt not in {"json", "csv"}:
         raise CampaignError(f"--format {fmt!r}: expected json or csv")
     stored = store.RunDir(run_dir)
@@ -775,26 +567,10 @@ def _run_cli(args: list[str] | None) -> int:
                      "this is a bug; CAMPAIGN_DEBUG=1 shows the traceback (please report it)", EXIT_INTERNAL)
 
 
-def buffered_stdio() -> None:
-    """Give stdout and stderr a buffered layer where PYTHONUNBUFFERED (usual in containers, set on CI) left
-    the text layer straight on the file descriptor: that layer drops the rest of a short write, and after
-    uvloop has run the kernel returned one: `probe --json` (175 KB) to a pipe read late arrived cut at
-    64 KiB, with exit 0. A buffered writer goes on writing after a short write; line buffering keeps every
-    line as prompt as unbuffered output."""
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
-        if isinstance(stream, io.TextIOWrapper) and isinstance(stream.buffer, io.RawIOBase):
-            raw = io.FileIO(stream.fileno(), "w", closefd=False)
-            setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=stream.encoding,
-                                                errors=stream.errors, line_buffering=True))
-
-
 def main() -> None:
     buffered_stdio()
     # SIGTERM (e.g. from a job scheduler) unwinds like Ctrl-C, so servers are stopped and results kept; both
     # also set a flag the runner checks between cells, in case the first raise lands where it is swallowed.
-    from campaign.core.errors import request_stop
-
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     sys.exit(run_cli())

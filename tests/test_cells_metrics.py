@@ -8,11 +8,11 @@ import pytest
 
 from campaign.core.errors import MetricMissingError
 from campaign.http.client import RequestRecord
-from campaign.measure.cells import (
+from campaign.measure.cells import over_capacity
+from campaign.measure.figures import (
     fixed_metrics,
     itl_per_token,
     latency_distributions,
-    over_capacity,
     prefill_metrics,
     tpot_per_request,
     window_metrics,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
-from campaign.night import store
+from campaign.night import launch, orchestrate, store
 from campaign.server import flag_list
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 
@@ -125,7 +125,6 @@ def test_a_missing_vllm_executable_is_a_launch_error_before_the_night(no_vllm_pr
 
 def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from campaign.night import orchestrate
     from campaign.night.matrix import load_matrix
     from campaign.night.progress import Progress
 
@@ -135,14 +134,14 @@ def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
     profile, _ = load_profile("a5000-tp2")
     run = store.RunDir.create(tmp_path, "faults")
     store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
-                                                            orchestrate.Options(engine="sim")))
+                                                            launch.Options(engine="sim")))
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug in one launch")
 
-    monkeypatch.setattr(orchestrate, "launched", boom)
+    monkeypatch.setattr(launch, "launched", boom)
     with Progress(total_cells=1, estimate_s=1.0, live=False) as progress:
-        orchestrate.Campaign(run, matrix, profile, options=orchestrate.Options(engine="sim"),
+        launch.Campaign(run, matrix, profile, options=launch.Options(engine="sim"),
                              progress=progress).execute()
     failures = run.failures()
     assert {f.variant for f in failures} == {"only", "other"}  # every launch was tried: the night went on
@@ -166,7 +165,6 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
     drops the cell and stops the launch, and the server is stopped and recorded."""
     from campaign.core import errors
     from campaign.measure.runner import Measurer
-    from campaign.night import orchestrate
     from campaign.night.matrix import load_matrix
     from campaign.night.progress import Progress
 
@@ -176,7 +174,7 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
     profile, _ = load_profile("a5000-tp2")
     run = store.RunDir.create(tmp_path, "faults")
     store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
-                                                            orchestrate.Options(engine="sim")))
+                                                            launch.Options(engine="sim")))
     monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
     measure = Measurer.run_cell
 
@@ -187,7 +185,7 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
 
     monkeypatch.setattr(Measurer, "run_cell", interrupted)
     with Progress(total_cells=1, estimate_s=1.0, live=False) as progress, pytest.raises(KeyboardInterrupt):
-        orchestrate.Campaign(run, matrix, profile, options=orchestrate.Options(engine="sim"),
+        launch.Campaign(run, matrix, profile, options=launch.Options(engine="sim"),
                              progress=progress).execute()
     assert run.cells() == []
     assert len(list(run.root.glob("variants/*/launch-*/stop.json"))) == 1
@@ -460,7 +458,7 @@ def test_a_long_answer_reaches_a_pipe_read_late_whole_even_unbuffered(tmp_path: 
     the file descriptor and drops the rest of a short write, and after uvloop had run the kernel returned
     one: `probe --json` to a pipe read late arrived cut at exactly 64 KiB, exit 0. The entry point gives
     stdout a buffered layer, which writes on after a short write."""
-    script = ("import asyncio, sys\nfrom campaign import aio, cli\ncli.buffered_stdio()\n"
+    script = ("import asyncio, sys\nfrom campaign.core import aio, console\nconsole.buffered_stdio()\n"
               "aio.run(asyncio.sleep(0.05))\nsys.stdout.write('x' * 300_000 + '\\n')\n")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=os.environ | {"PYTHONUNBUFFERED": "1"})

@@ -32,9 +32,9 @@ from campaign.bench import gpu_check
 from campaign.measure.cells import CellSpec, Reason
 from campaign.measure.runner import Measurer
 from campaign.night import store
+from campaign.night.launch import Campaign, Options
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.night.matrix import Matrix
-from campaign.night.orchestrate import Campaign, Options
 from campaign.night.progress import Progress
 from campaign.server import gpu
 from campaign.server.gpu import NvmlMonitor, StepTelemetry
@@ -447,12 +447,12 @@ def telemetry_run(tmp_path: Path, series: dict[str, list[tuple[float, float | No
 
 
 def test_a_flag_that_saves_energy_at_equal_speed_is_kept(tmp_path: Path) -> None:
-    from campaign.analysis import compare
+    from campaign.analysis.recommend import diff_run
 
     run = telemetry_run(tmp_path, {
         "baseline": [(100.0, 2.00, 1980, 600), (101.0, 2.02, 1980, 600), (99.0, 1.98, 1980, 600)],
         "frugal": [(100.5, 1.60, 1980, 480), (99.5, 1.62, 1980, 480), (100.0, 1.58, 1980, 480)]})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     energy = next(m for c in diff.cells for m in c.metrics if m.metric == "energy_j_per_token")
     assert energy.verdict == "better" and energy.change_pct == pytest.approx(-20.0, abs=0.5)
     speed = next(m for c in diff.cells for m in c.metrics if m.metric == "total_tok_s")
@@ -461,26 +461,26 @@ def test_a_flag_that_saves_energy_at_equal_speed_is_kept(tmp_path: Path) -> None
 
 
 def test_no_energy_row_where_neither_side_has_a_gpu(tmp_path: Path) -> None:
-    from campaign.analysis import compare
+    from campaign.analysis.recommend import diff_run
 
     run = telemetry_run(tmp_path, {"baseline": [(100.0, None, 0, 0)] * 2, "other": [(101.0, None, 0, 0)] * 2})
-    metrics = {m.metric for c in compare.diff_run(run)[0].cells for m in c.metrics}
+    metrics = {m.metric for c in diff_run(run)[0].cells for m in c.metrics}
     assert "energy_j_per_token" not in metrics and "total_tok_s" in metrics
 
 
 def test_drift_says_when_the_gpu_clock_moved_at_steady_throughput(tmp_path: Path) -> None:
-    from campaign.analysis import compare
+    from campaign.analysis.summary import drift
 
-    steady = compare.drift(telemetry_run(tmp_path / "a", {
+    steady = drift(telemetry_run(tmp_path / "a", {
         "baseline": [(100.0, None, 1980, 600), (100.5, None, 1965, 610), (99.8, None, 1980, 590)]}))
     assert steady.checked and not steady.drifted and steady.moved == ()
     assert "SM clock +0.0%, power -1.7% (GPU telemetry of 1 cells)" in steady.message
     assert steady.sm_clock_change_pct == pytest.approx(0.0) and "within the drift limits" in steady.message
-    warm = compare.drift(telemetry_run(tmp_path / "b", {
+    warm = drift(telemetry_run(tmp_path / "b", {
         "baseline": [(100.0, None, 1980, 600), (99.0, None, 1900, 600), (98.0, None, 1780, 600)]}))
     assert warm.drifted and warm.moved == ("SM clock",)
     assert warm.median_change_pct == pytest.approx(-2.0) and warm.sm_clock_change_pct == pytest.approx(-10.1, abs=0.1)
     assert "DRIFTED (SM clock moved)" in warm.message
-    capped = compare.drift(telemetry_run(tmp_path / "c", {
+    capped = drift(telemetry_run(tmp_path / "c", {
         "baseline": [(100.0, None, 1980, 600), (90.0, None, 1980, 450)]}))
     assert capped.moved == ("throughput", "power") and "DRIFTED (throughput and power moved)" in capped.message

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from campaign.core.errors import ConfigError
-from campaign.night.matrix import load_matrix, schedule
+from campaign.night.matrix import load_matrix, night_uses, schedule
 from campaign.server import flag_list
 from campaign.server.profiles import load_profile
 
@@ -39,7 +39,7 @@ def test_misspelt_flag_in_a_variant(tmp_path: Path) -> None:
     profile, profile_path = load_profile("cpu-tiny")
     shipped = flag_list.FlagList(flag_list.shipped(), "the shipped list", authoritative=False)
     with pytest.raises(flag_list.FlagError) as caught:
-        flag_list.check(flag_list.night_uses(profile, profile_path, matrix, path), shipped)
+        flag_list.check(night_uses(profile, profile_path, matrix, path), shipped)
     assert str(caught.value) == (f"1 unknown flag: {tmp_path / 'm.yaml'}: variants[3].flags.gpu-memory-utilisation "
                                  "(did you mean gpu-memory-utilization?)\nhint: checked against the shipped list")
 

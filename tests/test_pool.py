@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from campaign.analysis import compare
+from campaign.analysis.summary import gpu_effect
 from campaign.core.errors import CampaignError
 from campaign.night import pool, store
-from campaign.server.profiles import PROJECT_ROOT, LaunchProfile, load_profile
+from campaign.server.profiles import PROJECT_ROOT, LaunchProfile, load_profile, parse_gpus
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 
@@ -24,14 +24,14 @@ MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 @pytest.mark.parametrize("text, gpus", [("0-3", [0, 1, 2, 3]), ("0,2,4-5", [0, 2, 4, 5]), (" 1 , 0 ", [1, 0]),
                                         ([3, 1], [3, 1])])
 def test_gpu_lists_parse(text: str | list[int], gpus: list[int]) -> None:
-    assert pool.parse_gpus(text) == gpus
+    assert parse_gpus(text) == gpus
 
 
 @pytest.mark.parametrize("text, words", [("a", "not a GPU index"), ("3-1", "empty or negative"),
                                          ("0,0-1", "named twice"), ("", "no GPUs")])
 def test_bad_gpu_lists_say_what_is_wrong(text: str, words: str) -> None:
     with pytest.raises(CampaignError, match=words) as caught:
-        pool.parse_gpus(text)
+        parse_gpus(text)
     assert caught.value.hint
 
 
@@ -153,7 +153,7 @@ def test_gpu_effect_is_read_per_launch_folder(tmp_path: Path) -> None:
     launch("B", 1, 0, 100.0)
     launch("A", 1, 1, 110.0)
     launch("A", 1, 0, None)  # a later launch of A's repeat 1 on GPU 0 that measured nothing (say it failed)
-    effect = compare.gpu_effect(run)
+    effect = gpu_effect(run)
     assert effect.checked and effect.changes_pct == {"1": pytest.approx(10.0)}
     assert not effect.balanced  # A had two launches on GPU 0, one on GPU 1
 
@@ -213,7 +213,7 @@ def test_four_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_pa
                 overlapped = True
     assert overlapped
     # Each variant's two repeats ran one on each GPU: the GPU effect is measured and cancels.
-    effect = compare.gpu_effect(run)
+    effect = gpu_effect(run)
     assert effect.checked and effect.balanced and set(effect.changes_pct) == {"1"}
     assert "GPU effect: GPUs 1 read" in done.stdout
     assert "GPU pool: 0, 1" in done.stderr

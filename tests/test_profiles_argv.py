@@ -9,6 +9,7 @@ import pytest
 
 from campaign.core import secret
 from campaign.core.errors import ConfigError
+from campaign.night.matrix import night_uses
 from campaign.server import argv
 from campaign.server.profiles import PROFILES_DIR, load_profile
 
@@ -104,7 +105,7 @@ def test_misspelt_flag_is_named_with_a_suggestion(tmp_path: Path) -> None:
     profile, path = load_profile(write(tmp_path, "model: m\nflags:\n  gpu-memory-utilisation: 0.9\n"))
     shipped = flag_list.FlagList(flag_list.shipped(), "the shipped list", authoritative=False)
     with pytest.raises(flag_list.FlagError) as caught:
-        flag_list.check(flag_list.night_uses(profile, path), shipped)
+        flag_list.check(night_uses(profile, path), shipped)
     assert "p.yaml: flags.gpu-memory-utilisation (did you mean gpu-memory-utilization?)" in str(caught.value)
 
 

@@ -19,12 +19,14 @@ import pytest
 from fakes import builders
 from pydantic import ValidationError
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run, recommend
+from campaign.analysis.verdicts import VariantDiff
 from campaign.bench import truth
 from campaign.core.errors import ConfigError
 from campaign.http.client import RequestRecord
-from campaign.measure import capacity, cells, openloop, slo
-from campaign.measure.cells import CellResult, CellSpec, Reason, behind_schedule, rate_metrics
+from campaign.measure import capacity, cells, figures, openloop, slo
+from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.measure.figures import behind_schedule, rate_metrics
 from campaign.measure.runner import Measurer
 from campaign.night import store
 from campaign.night.launcher import LaunchedServer, launched
@@ -188,7 +190,7 @@ def test_a_late_wake_up_is_lag_behind_the_schedule_not_a_wait_for_the_cap() -> N
         assert all(s.released_t == s.scheduled_t for s, _ in sent)   # nothing waited for a cap
         records = [RequestRecord(id=str(s.index), prompt_tokens=8, max_tokens=4, send_t=at,
                                  scheduled_t=s.scheduled_t, released_t=s.released_t) for s, at in sent]
-        assert max(cells.send_lags(records)) >= 0.030   # the wake-up's 30 ms, and the send task's turn
+        assert max(figures.send_lags(records)) >= 0.030   # the wake-up's 30 ms, and the send task's turn
         why = behind_schedule(records, wall_rate=100.0, achieved_share=0.985)
         assert why is not None and "after they were due" in why, why
 
@@ -445,7 +447,7 @@ def _search_result(rate: float, first_fail: float) -> dict[str, Any]:
 def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -> None:
     from campaign.measure.study import ExperimentResult
 
-    def run_with(base: list[float], other: list[float], name: str) -> compare.VariantDiff:
+    def run_with(base: list[float], other: list[float], name: str) -> VariantDiff:
         run = store.RunDir.create(tmp_path / name, "t")
         builders.manifest(run, baseline="a", variants=["b"])
         for variant, rates in (("a", base), ("b", other)):
@@ -454,13 +456,13 @@ def test_capacity_is_judged_beyond_the_searchs_resolution_only(tmp_path: Path) -
             for repeat, rate in enumerate(rates):
                 run.write_experiment(variant, repeat, "slo-search-x", ExperimentResult.model_validate(
                     _search_result(rate, rate * 1.05)), launch=launch.name)
-        (diff,) = compare.diff_run(run)
+        (diff,) = diff_run(run)
         return diff
 
     clear = run_with([6.1, 6.0, 6.2], [7.4, 7.5, 7.3], "clear")
     (metric,) = [m for c in clear.cells for m in c.metrics if m.metric == "max_rate_rps"]
     assert metric.verdict == "better"
-    line = compare.recommend(clear, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
+    line = recommend(clear, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
     assert "capacity at SLO 6.1 -> 7.4 req/s (better)" in line and line.endswith(": keep")
     # One bisection step apart, every repeat: no more than the search can resolve.
     step = run_with([6.0, 6.0, 6.0], [6.2, 6.2, 6.2], "step")
@@ -659,5 +661,5 @@ def test_a_rate_cells_tail_is_weighed_against_the_clients_lag_in_the_same_time(t
                                     status="Valid", ttft_p99_ms=p99, latency_requests=500, time_scale=scale,
                                     client_lag_p99_ms=2.0, goodput_rps=1.0)
                 run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
-        ttft = next(m for c in compare.diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_p99_ms")
+        ttft = next(m for c in diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_p99_ms")
         assert (ttft.verdict == "worse") if judged else (ttft.verdict == "no data" and "10% of a" in ttft.note)

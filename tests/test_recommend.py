@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from fakes import builders
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run, recommend
+from campaign.analysis.statistics import MetricVerdict, holm, verdict_for
+from campaign.analysis.verdicts import CellDiff, VariantDiff, family_wise
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.night import store
 from campaign.report import text as report
@@ -56,10 +58,10 @@ def noisy_launches(rng: random.Random, repeats: int, noise: float = 0.04) -> lis
 
 
 def test_holm_adjusts_step_down_and_keeps_the_input_order() -> None:
-    adjusted = compare.holm([0.01, 0.04, 0.03, 0.005])
+    adjusted = holm([0.01, 0.04, 0.03, 0.005])
     # sorted: 0.005*4=0.02, 0.01*3=0.03, 0.03*2=0.06, 0.04*1=0.04 -> monotone 0.06
     assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert compare.holm([]) == []
+    assert holm([]) == []
 
 
 def test_aa_campaigns_come_out_no_difference_however_many_tests(tmp_path: Path) -> None:
@@ -72,7 +74,7 @@ def test_aa_campaigns_come_out_no_difference_however_many_tests(tmp_path: Path) 
                     {"baseline": noisy_launches(rng, 3), "copy": noisy_launches(rng, 3)},
                     kv={"baseline": 100_000, "copy": 100_000},
                     flags={"baseline": {"gpu-memory-utilization": 0.9}, "copy": {"gpu-memory-utilization": 0.9}})
-        diff = compare.diff_run(run)[0]
+        diff = diff_run(run)[0]
         assert diff.aa and diff.tests == 18
         assert "A/A" in diff.family_line and f"of {diff.tests} beyond noise after Holm" in diff.family_line
         verdicts = [m.verdict for c in diff.cells for m in c.metrics]
@@ -89,7 +91,7 @@ def test_aa_recommendation_says_no_difference_and_reports_the_false_positive_rat
     rng = random.Random(1)
     run = build(tmp_path, {"baseline": noisy_launches(rng, 3), "copy": noisy_launches(rng, 3)},
                 kv={"baseline": 100_000, "copy": 100_000}, flags={"baseline": {}, "copy": {}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert diff.outcome == "no difference" and not diff.provisional
     assert diff.recommendation == ("no flag change (A/A): no difference: nothing beyond noise in 18 tests at "
                                    "family-wise 5%")
@@ -106,7 +108,7 @@ def test_a_real_change_survives_the_family_correction(tmp_path: Path) -> None:
     run = build(tmp_path, {"baseline": noisy_launches(rng, 3, noise=0.01), "fast": faster},
                 kv={"baseline": 100_000, "fast": 100_000},
                 flags={"baseline": {}, "fast": {"max-num-batched-tokens": 8192}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     better = [m for c in diff.cells for m in c.metrics if m.verdict == "better"]
     assert len(better) >= 10 and all(m.p_holm is not None and m.p_holm < 0.05 for m in better)
     assert diff.outcome == "keep" and diff.recommendation.endswith(": keep")
@@ -115,12 +117,12 @@ def test_a_real_change_survives_the_family_correction(tmp_path: Path) -> None:
 def test_a_clear_win_survives_a_small_family(tmp_path: Path) -> None:
     base = [[result(spec(128, 1), v)] for v in (100.0, 101.0, 99.0)]
     other = [[result(spec(128, 1), v)] for v in (103.5, 104.5, 102.5)]
-    alone = compare.verdict_for([100.0, 101.0, 99.0], [103.5, 104.5, 102.5], 1, "total_tok_s")
+    alone = verdict_for([100.0, 101.0, 99.0], [103.5, 104.5, 102.5], 1, "total_tok_s")
     assert alone.verdict == "better" and alone.p_value is not None and 0.005 < alone.p_value < 0.05
     # The same figures among a family of two tests per cell: Holm doubles the smallest p.
     run = build(tmp_path, {"baseline": base, "v": other}, kv={"baseline": 1000, "v": 1000},
                 flags={"baseline": {}, "v": {"x": 1}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     total = next(m for c in diff.cells for m in c.metrics if m.metric == "total_tok_s")
     assert diff.tests == 2 and total.p_holm == pytest.approx(2 * (total.p_value or 0), rel=1e-6)
     assert total.p_holm < 0.05 and total.verdict == "better"  # two tests: Holm doubles it and it still stands
@@ -134,7 +136,7 @@ def test_cells_that_could_not_be_judged_leave_it_not_settled_never_revert(tmp_pa
                for c in launch] for launch in noisy_launches(rng, 3)]
     run = build(tmp_path, {"baseline": launches, "copy": broken}, kv={"baseline": 1000, "copy": 1000},
                 flags={"baseline": {}, "copy": {}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert diff.outcome == "not settled" and "revert" not in diff.recommendation
     assert "2 cell(s) not valid" in diff.recommendation and "queued_kv_cache: fewer streams" in diff.recommendation
     assert diff.recommendation.endswith("not settled until those cells are measured")
@@ -154,8 +156,8 @@ def one_measurement_run(tmp_path: Path, kv_variant: int, ttft_factor: float, tot
 
 
 def test_one_measurement_with_a_kv_gain_and_a_ttft_change_keeps_provisionally(tmp_path: Path) -> None:
-    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_418_300, ttft_factor=1.204,
-                                                baseline_invalid=True))[0]
+    diff = diff_run(one_measurement_run(tmp_path, kv_variant=1_418_300, ttft_factor=1.204,
+                                        baseline_invalid=True))[0]
     verdicts = {m.verdict for c in diff.cells for m in c.metrics}
     assert verdicts == {"not judged"} and diff.tests == 0
     assert diff.outcome == "keep" and diff.provisional
@@ -166,14 +168,14 @@ def test_one_measurement_with_a_kv_gain_and_a_ttft_change_keeps_provisionally(tm
 
 
 def test_one_measurement_with_a_kv_loss_reverts_provisionally(tmp_path: Path) -> None:
-    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_200_000, ttft_factor=0.8))[0]
+    diff = diff_run(one_measurement_run(tmp_path, kv_variant=1_200_000, ttft_factor=0.8))[0]
     assert diff.outcome == "revert" and diff.provisional
     assert "revert, provisionally (one measurement:" in diff.recommendation
 
 
 def test_one_measurement_with_only_throughput_changes_is_not_settled(tmp_path: Path) -> None:
-    diff = compare.diff_run(one_measurement_run(tmp_path, kv_variant=1_300_000, ttft_factor=1.0,
-                                                total_factor=1.15))[0]
+    diff = diff_run(one_measurement_run(tmp_path, kv_variant=1_300_000, ttft_factor=1.0,
+                                        total_factor=1.15))[0]
     assert diff.outcome == "not settled" and not diff.provisional
     assert "better" not in diff.recommendation and "not settled (one measurement a side:" in diff.recommendation
 
@@ -186,20 +188,20 @@ def test_over_capacity_is_exact_without_repeats(tmp_path: Path) -> None:
                 for c in noisy_launches(rng, 1)[0]]]
     run = build(tmp_path, {"baseline": baseline, "v": variant}, kv={"baseline": 40_000, "v": 40_000},
                 flags={"baseline": {}, "v": {"max-num-seqs": 8}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert diff.outcome == "revert" and diff.provisional
     assert "over capacity now in decode-sustained-L2048-C16-N128-W4" in diff.recommendation
 
 
 def test_holm_turns_a_lone_marginal_win_into_inside_noise_and_says_why() -> None:
     """Four tests: one at p=0.02 with a 5% change stands alone at 95%, not across the family (Holm: 0.08)."""
-    cells = [compare.CellDiff(key=f"k{i}", phase="decode", context_tokens=128, concurrency=1, label="single-stream",
-                              metrics=[compare.MetricVerdict("total_tok_s", 100.0, 105.0 if i == 0 else 100.5, 5.0,
-                                                             (1.0, 9.0) if i == 0 else (-2.0, 3.0), 3, 3,
-                                                             "better" if i == 0 else "inside noise",
-                                                             p_value=0.02 if i == 0 else 0.6)])
+    cells = [CellDiff(key=f"k{i}", phase="decode", context_tokens=128, concurrency=1, label="single-stream",
+                      metrics=[MetricVerdict("total_tok_s", 100.0, 105.0 if i == 0 else 100.5, 5.0,
+                                             (1.0, 9.0) if i == 0 else (-2.0, 3.0), 3, 3,
+                                             "better" if i == 0 else "inside noise",
+                                             p_value=0.02 if i == 0 else 0.6)])
              for i in range(4)]
-    assert compare.family_wise(cells) == 4
+    assert family_wise(cells) == 4
     first = cells[0].metrics[0]
     assert first.p_holm == pytest.approx(0.08) and first.verdict == "inside noise"
     assert "better on its own (p=0.020), inside noise across the variant's 4 tests (Holm p=0.08)" in first.note
@@ -211,7 +213,7 @@ def test_an_aa_with_a_launch_fact_difference_is_not_a_keep(tmp_path: Path) -> No
     rng = random.Random(1)
     run = build(tmp_path, {"baseline": noisy_launches(rng, 3), "copy": noisy_launches(rng, 3)},
                 kv={"baseline": 100_000, "copy": 101_200}, flags={"baseline": {}, "copy": {}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert diff.outcome == "not settled" and "KV cache +1.2%" in diff.recommendation
     assert "an A/A cannot differ" in diff.recommendation
 
@@ -221,7 +223,7 @@ def test_the_same_flags_in_another_run_are_not_an_aa(tmp_path: Path) -> None:
     flags = {"baseline": {"gpu-memory-utilization": 0.9}}
     tonight = build(tmp_path / "a", {"baseline": noisy_launches(rng, 3)}, kv={"baseline": 100_000}, flags=flags)
     last_week = build(tmp_path / "b", {"baseline": noisy_launches(rng, 3)}, kv={"baseline": 100_000}, flags=flags)
-    (diff,) = compare.diff_run(tonight, other=last_week)
+    (diff,) = diff_run(tonight, other=last_week)
     assert diff.variant == "baseline@B" and not diff.aa and "A/A" not in diff.family_line
 
 
@@ -231,7 +233,7 @@ def test_a_kv_loss_with_no_cell_measured_on_both_sides_reverts_only_provisionall
               for launch in noisy_launches(rng, 3)]
     run = build(tmp_path, {"baseline": noisy_launches(rng, 3), "v": broken}, kv={"baseline": 100_000, "v": 98_000},
                 flags={"baseline": {}, "v": {"max-num-batched-tokens": 8192}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert diff.tests == 0 and diff.outcome == "revert" and diff.provisional
     assert "revert, provisionally (no cell measured on both sides:" in diff.recommendation
     assert "6 cell(s) not valid" in diff.recommendation and "client_saturated" in diff.recommendation
@@ -242,7 +244,7 @@ def test_a_variant_that_never_started_is_reverted(tmp_path: Path) -> None:
     run = build(tmp_path, {"baseline": noisy_launches(rng, 2)}, kv={"baseline": 100_000}, flags={"baseline": {}})
     launch = run.new_launch_dir("huge")
     builders.failure(launch, variant="huge", kind="out_of_memory", message="CUDA out of memory")
-    (diff,) = compare.diff_run(run)
+    (diff,) = diff_run(run)
     assert diff.variant == "huge" and diff.outcome == "revert" and not diff.provisional
     assert diff.recommendation.endswith("the server never became ready with these flags: revert")
 
@@ -260,35 +262,35 @@ def test_a_better_latency_tail_in_a_slower_cell_is_no_benefit(tmp_path: Path) ->
     flags: dict[str, dict[str, object]] = {"baseline": {}, "drafter": {"speculative-config": {"model": "d"}}}
     slower = build(tmp_path / "slower", {"baseline": cells(400.0, 30.0), "drafter": cells(320.0, 20.0)},
                    {"baseline": 567_000, "drafter": 122_000}, flags)
-    (diff,) = compare.diff_run(slower)
-    outcome, _, sentence = compare.recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 122_000})
+    (diff,) = diff_run(slower)
+    outcome, _, sentence = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 122_000})
     assert outcome == "revert" and "better" not in sentence and "worse: total_tok_s" in sentence, sentence
     held = build(tmp_path / "held", {"baseline": cells(400.0, 30.0), "drafter": cells(400.0, 20.0)},
                  {"baseline": 567_000, "drafter": 567_000}, flags)
-    (diff,) = compare.diff_run(held)
-    outcome, _, sentence = compare.recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
+    (diff,) = diff_run(held)
+    outcome, _, sentence = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
     assert outcome == "keep" and "better: itl_p99_ms" in sentence, sentence
 
 
 def test_no_difference_names_the_diagnostic_values_that_moved() -> None:
     """Seen on the demo: a 64-token chunk queued 250% more of the overload burst (a diagnostic value, which
     does not decide), and the sentence read "nothing beyond noise". It now names what moved."""
-    def metric(name: str, verdict: str, change: float) -> compare.MetricVerdict:
-        return compare.MetricVerdict(metric=name, baseline=1.0, variant=1.0 + change / 100, change_pct=change,
-                                     ci95_pct=(change - 1, change + 1), n_baseline=2, n_variant=2,
-                                     verdict=verdict, p_value=0.001 if verdict != "inside noise" else 0.5)  # type: ignore[arg-type]
+    def metric(name: str, verdict: str, change: float) -> MetricVerdict:
+        return MetricVerdict(metric=name, baseline=1.0, variant=1.0 + change / 100, change_pct=change,
+                             ci95_pct=(change - 1, change + 1), n_baseline=2, n_variant=2,
+                             verdict=verdict, p_value=0.001 if verdict != "inside noise" else 0.5)  # type: ignore[arg-type]
 
-    decode = compare.CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1,
-                              label="single-stream", metrics=[metric("total_tok_s", "inside noise", 0.5)])
-    burst = compare.CellDiff(key="overload-x1.25", phase="experiment", context_tokens=0, concurrency=0,
-                             label="experiment", metrics=[metric("queued", "worse", 250.0)])
-    diff = compare.VariantDiff(variant="chunk", baseline="base", flag_changes=[("max-num-batched-tokens", 2048, 64)],
-                               fact_changes=[], cells=[decode, burst], comparable=True, tests=2)
+    decode = CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1,
+                      label="single-stream", metrics=[metric("total_tok_s", "inside noise", 0.5)])
+    burst = CellDiff(key="overload-x1.25", phase="experiment", context_tokens=0, concurrency=0,
+                     label="experiment", metrics=[metric("queued", "worse", 250.0)])
+    diff = VariantDiff(variant="chunk", baseline="base", flag_changes=[("max-num-batched-tokens", 2048, 64)],
+                       fact_changes=[], cells=[decode, burst], comparable=True, tests=2)
     facts = {"kv_cache_tokens": 1000}
-    outcome, provisional, sentence = compare.recommend(diff, facts, facts)
+    outcome, provisional, sentence = recommend(diff, facts, facts)
     assert outcome == "no difference" and not provisional
     assert sentence.endswith("no difference: no deciding metric beyond noise in 2 tests at family-wise 5%; moved, "
                              "but describing the server rather than deciding: queued at overload-x1.25 worse")
-    quiet = compare.VariantDiff(variant="chunk", baseline="base", flag_changes=diff.flag_changes, fact_changes=[],
-                                cells=[decode], comparable=True, tests=1)
-    assert compare.recommend(quiet, facts, facts)[2].endswith("nothing beyond noise in 1 tests at family-wise 5%")
+    quiet = VariantDiff(variant="chunk", baseline="base", flag_changes=diff.flag_changes, fact_changes=[],
+                        cells=[decode], comparable=True, tests=1)
+    assert recommend(quiet, facts, facts)[2].endswith("nothing beyond noise in 1 tests at family-wise 5%")

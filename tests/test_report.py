@@ -14,8 +14,8 @@ from PIL import Image
 
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.night import planning, store
+from campaign.report import closing, tables
 from campaign.report import html as html_report
-from campaign.report import tables
 from campaign.report import text as report
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"
@@ -137,11 +137,9 @@ def test_markdown_has_the_same_tables(run_dir: store.RunDir, tmp_path: Path) -> 
 
 
 def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
-        run_dir: store.RunDir, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        run_dir: store.RunDir, tmp_path: Path) -> None:
     """One line per variant (keep, revert, no difference, not settled, and why) and the run's health: the
     Markdown report opens with them, right below its title, and `campaign run` ends with them."""
-    from campaign import cli
-
     data = html_report.gather(run_dir)
     lines = report.verdict_lines(html_report.verdict(data))
     by_variant = {d.variant: d for d in data.diffs}
@@ -163,25 +161,25 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
     assert head[2].splitlines() == [f"- {tables.md_escape(line)}" for line in lines]
     assert head[3].startswith("![Change against the baseline with 95% intervals: broken vs baseline](forest-")
     assert all((tmp_path / f"forest-{d}.png").stat().st_size > 15_000 for d in by_variant)
-    cli._finish(run_dir)
-    out = capsys.readouterr().out
+    out = closing.night_end(run_dir)
     assert out.split("== Verdict ==\n", 1)[1].splitlines()[:len(lines)] == lines
 
 
 def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(tmp_path: Path) -> None:
-    from campaign.analysis import compare
+    from campaign.analysis.statistics import MetricVerdict
+    from campaign.analysis.verdicts import CellDiff, VariantDiff
     from campaign.report import plots
 
-    empty = compare.VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[], cells=[],
-                                comparable=True)
+    empty = VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[], cells=[],
+                        comparable=True)
     assert plots.forest(empty, tmp_path / "none.png", noise_pct=3.0) is None
-    metric = compare.MetricVerdict(metric="total_tok_s", baseline=100.0, variant=90.0, change_pct=-10.0,
-                                   ci95_pct=(-900.0, 880.0), n_baseline=3, n_variant=3, verdict="not comparable")
-    cell = compare.CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1, label="single-stream",
-                            metrics=[metric])
-    apart = compare.VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[("kv_cache_tokens", 1, 2,
-                                                                                          100.0)],
-                                cells=[cell], comparable=False, not_comparable_reason="different GPU models")
+    metric = MetricVerdict(metric="total_tok_s", baseline=100.0, variant=90.0, change_pct=-10.0,
+                           ci95_pct=(-900.0, 880.0), n_baseline=3, n_variant=3, verdict="not comparable")
+    cell = CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1, label="single-stream",
+                    metrics=[metric])
+    apart = VariantDiff(variant="v", baseline="b", flag_changes=[], fact_changes=[("kv_cache_tokens", 1, 2,
+                                                                                  100.0)],
+                        cells=[cell], comparable=False, not_comparable_reason="different GPU models")
     path = plots.forest(apart, tmp_path / "apart.png", noise_pct=3.0)
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

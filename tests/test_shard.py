@@ -17,7 +17,7 @@ from campaign.bench.client import ServerProcess
 from campaign.core import aio
 from campaign.http.client import RequestRecord
 from campaign.http.endpoint import Endpoint
-from campaign.measure.cells import window_metrics
+from campaign.measure.figures import window_metrics
 from campaign.measure.shard import (
     STREAMS_PER_PROCESS,
     ShardedStep,

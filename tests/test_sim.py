@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run
 from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Timeouts
 from campaign.measure import study
@@ -106,8 +106,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300)
     assert virtual.returncode == 0, virtual.stderr[-3000:]
     replayed = store.RunDir(next((tmp_path / "virtual").glob("a5000-ab-sim/*")))
-    assert {d.variant: d.outcome for d in compare.diff_run(replayed)} == \
-        {d.variant: d.outcome for d in compare.diff_run(run)} == {"memory": "keep", "batch": "revert"}
+    assert {d.variant: d.outcome for d in diff_run(replayed)} == \
+        {d.variant: d.outcome for d in diff_run(run)} == {"memory": "keep", "batch": "revert"}
 
     def means(of: store.RunDir) -> dict[tuple[str, str, str], float]:
         out: dict[tuple[str, str, str], list[float]] = {}
@@ -139,7 +139,7 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path) -> Non
     assert recommendation.startswith("recommendation: no flag change (A/A): no difference: nothing beyond noise in")
     assert "family-wise error 5%" in out.stdout and "A/A (the baseline's own flags): 0 of" in out.stdout
     run = store.RunDir(next(tmp_path.glob("a5000-aa-sim/*")))
-    (diff,) = compare.diff_run(run)
+    (diff,) = diff_run(run)
     verdicts = [(c.key, m.metric, m.verdict) for c in diff.cells for m in c.metrics]
     assert diff.aa and diff.tests >= 6 and diff.outcome == "no difference"
     assert not [v for v in verdicts if v[2] in {"better", "worse"}], verdicts

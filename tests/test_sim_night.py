@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run
 from campaign.core.errors import LaunchError
 from campaign.measure.cells import CellSpec
 from campaign.night import replay as sim_virtual
@@ -58,7 +58,7 @@ def test_a5000_tuning_keeps_the_memory_and_reverts_the_batch_size_as_seed_000_di
     assert "memory: keep: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
     assert "batch: revert: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit)" \
         in verdict
-    outcomes = {d.variant: d.outcome for d in compare.diff_run(run)}
+    outcomes = {d.variant: d.outcome for d in diff_run(run)}
     assert outcomes == {"memory": "keep", "batch": "revert"}
     # ... with the seed's numbers: the chunk moves prefill under 2% and no rung of the ladder by 2% ...
     keys = {c.result.spec.key: c.result.spec for c in run.cells()}
@@ -110,7 +110,7 @@ def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
              ttft="warm"),
 ], ids=["fixed", "sustained", "warm"])
 def test_a_replayed_cells_figures_are_the_engines_by_their_definitions(spec: CellSpec) -> None:
-    """The tool's figures (cells.fixed_metrics / window_metrics over RequestRecords) against the engine's
+    """The tool's figures (figures.fixed_metrics / window_metrics over RequestRecords) against the engine's
     truth (sim_truth's definitions over what it emitted): the same numbers, to rounding."""
     launch = sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
     cell = sim_virtual.run_cell(launch.config, spec)
@@ -129,7 +129,7 @@ def test_a_replayed_cells_figures_are_the_engines_by_their_definitions(spec: Cel
 
 def test_an_aa_in_simulated_time_reads_no_difference(tmp_path: Path) -> None:
     result, run = virtual_run("a5000-aa", tmp_path)
-    (diff,) = compare.diff_run(run)
+    (diff,) = diff_run(run)
     assert diff.aa and diff.outcome == "no difference", diff.recommendation
 
 
@@ -225,14 +225,14 @@ def test_speculative_decoding_on_text_in_simulated_time_reads_as_seed_000_and_00
     left out and said."""
     spec_result, spec_run = virtual_run("a5000-spec", tmp_path)
     assert spec_run.manifest().not_replayed == ["workloads[2] agents: this experiment is measured over HTTP only"]
-    outcomes = {d.variant: d for d in compare.diff_run(spec_run)}
+    outcomes = {d.variant: d for d in diff_run(spec_run)}
     assert outcomes["drafter"].outcome == "revert", outcomes["drafter"].recommendation
     assert "it can no longer serve what the baseline served" in outcomes["drafter"].recommendation
     cells = [c.result for c in spec_run.cells() if c.variant == "ngram" and c.result.spec.prompts == "code"]
     assert cells and all("spec_random_prompts" not in [r.value for r in c.reason_codes] for c in cells)
     assert all(c.spec_acceptance_rate is not None for c in cells)
     mtp_result, mtp_run = virtual_run("h200-mtp", tmp_path)
-    mtp = {d.variant: d for d in compare.diff_run(mtp_run)}
+    mtp = {d.variant: d for d in diff_run(mtp_run)}
     assert mtp["mtp2"].outcome == "keep", mtp["mtp2"].recommendation
     chat = [c.result for c in mtp_run.cells() if c.variant == "mtp2" and c.result.spec.endpoint == "chat"]
     assert chat and all(c.status == "Valid" for c in chat), [c.reasons for c in chat]

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from fakes import builders
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run
+from campaign.analysis.statistics import verdict_for
+from campaign.analysis.summary import drift
 from campaign.core.errors import ResultFormatError
 from campaign.http.client import RequestRecord
 from campaign.measure.cells import CellResult, CellSpec
@@ -51,25 +53,25 @@ def make_run(tmp_path: Path, values: dict[str, list[float]], kv: dict[str, int],
 def test_verdicts_on_constructed_repeats(shift: float, verdict: str) -> None:
     base = [100.0, 102.0, 98.0, 101.0, 99.0]
     other = [v * (1 + shift) for v in base]
-    result = compare.verdict_for(base, other, direction=1)
+    result = verdict_for(base, other, direction=1)
     assert result.verdict == verdict
     assert result.change_pct == pytest.approx(100 * shift)
     assert result.ci95_pct is not None and result.ci95_pct[0] < 100 * shift < result.ci95_pct[1]
 
 
 def test_lower_is_better_for_latency() -> None:
-    assert compare.verdict_for([100.0, 101.0, 99.0], [80.0, 81.0, 79.0], direction=-1).verdict == "better"
+    assert verdict_for([100.0, 101.0, 99.0], [80.0, 81.0, 79.0], direction=-1).verdict == "better"
 
 
 def test_single_measurements_are_not_judged_however_large_the_change() -> None:
     # Issue 20: an 8.6% and a 20.4% change on one measurement a side were called better and worse.
     for variant in (101.0, 108.6, 120.4, 60.0):
-        result = compare.verdict_for([100.0], [variant], direction=1)
+        result = verdict_for([100.0], [variant], direction=1)
         assert result.verdict == "not judged" and "one measurement: not judged" in result.note
         assert result.ci95_pct is None and result.p_value is None
         assert result.change_pct == pytest.approx(variant - 100.0)
     # The baseline launched twice (the drift sentinel) gives the spread for the repeats advice.
-    advised = compare.verdict_for([100.0, 104.0], [120.4], direction=1)
+    advised = verdict_for([100.0, 104.0], [120.4], direction=1)
     assert advised.verdict == "not judged" and advised.repeats_needed is not None
     assert "repeat(s) a side would resolve a 3% change" in advised.note
 
@@ -86,13 +88,13 @@ def test_seed_000_batch_size_revert_and_memory_keep(tmp_path: Path) -> None:
                "memory": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 2048},
                "batch": {"gpu-memory-utilization": 0.95, "max-num-batched-tokens": 8192}},
     )
-    diffs = {d.variant: d for d in compare.diff_run(run)}
+    diffs = {d.variant: d for d in diff_run(run)}
     memory = diffs["memory"].recommendation
     assert memory.startswith("gpu-memory-utilization 0.9 -> 0.95:")
     assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
     assert all(m.verdict == "inside noise" for c in diffs["batch"].cells for m in c.metrics if m.baseline)
     # Against "memory" (its own predecessor) the bigger chunk only costs cache.
-    against_memory = {d.variant: d for d in compare.diff_run(run, baseline="memory")}["batch"].recommendation
+    against_memory = {d.variant: d for d in diff_run(run, baseline="memory")}["batch"].recommendation
     assert "max-num-batched-tokens 2,048 -> 8,192" in against_memory
     assert "better" not in against_memory and "worse" not in against_memory and "KV cache -0.8%" in against_memory
     assert against_memory.endswith(": revert (a cost with no benefit)")
@@ -106,20 +108,20 @@ def test_incomparable_versions_are_marked(tmp_path: Path) -> None:
     data["facts"]["vllm_version"] = "0.32.0"
     server.unlink()
     server.write_text(json.dumps(data))
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert not diff.comparable and "vLLM version" in diff.not_comparable_reason
     assert {m.verdict for c in diff.cells for m in c.metrics} == {"not comparable"}
-    forced = compare.diff_run(run, force=True)[0]
+    forced = diff_run(run, force=True)[0]
     assert {m.verdict for c in forced.cells for m in c.metrics if m.metric == "total_tok_s"} == {"better"}
 
 
 def test_drift_sentinel(tmp_path: Path) -> None:
     steady = make_run(tmp_path / "a", values={"baseline": [100.0, 101.0, 99.5]}, kv={"baseline": 1},
                       flags={"baseline": {}})
-    assert compare.drift(steady).checked and not compare.drift(steady).drifted
+    assert drift(steady).checked and not drift(steady).drifted
     drifting = make_run(tmp_path / "b", values={"baseline": [100.0, 95.0, 88.0]}, kv={"baseline": 1},
                         flags={"baseline": {}})
-    result = compare.drift(drifting)
+    result = drift(drifting)
     assert result.drifted and "DRIFTED" in result.message and result.median_change_pct == pytest.approx(-12.0)
 
 
@@ -158,12 +160,12 @@ def test_export_rows(tmp_path: Path) -> None:
 def test_lost_kv_cache_for_a_faster_cell_is_a_trade_off_not_a_keep(tmp_path: Path) -> None:
     run = make_run(tmp_path, values={"baseline": [100.0, 101.0, 99.0], "small": [120.0, 121.0, 119.0]},
                    kv={"baseline": 2_097_152, "small": 131_072}, flags={"baseline": {}, "small": {"kv": "64M"}})
-    diff = compare.diff_run(run)[0]
+    diff = diff_run(run)[0]
     assert "better: total_tok_s" in diff.recommendation and "KV cache -93.8%" in diff.recommendation
     assert diff.outcome == "not settled" and diff.recommendation.endswith("a trade-off, decide by which matters more")
     slower = make_run(tmp_path / "slower", values={"baseline": [100.0, 101.0, 99.0], "small": [100.0, 99.0, 101.0]},
                       kv={"baseline": 2_097_152, "small": 131_072}, flags={"baseline": {}, "small": {"kv": "64M"}})
-    assert compare.diff_run(slower)[0].outcome == "revert"   # a 1%-or-more KV loss is harm on its own
+    assert diff_run(slower)[0].outcome == "revert"   # a 1%-or-more KV loss is harm on its own
 
 
 def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: Path) -> None:
@@ -171,7 +173,7 @@ def test_no_agent_count_beyond_the_servers_window_in_a_recommendation(tmp_path: 
     run = make_run(tmp_path, values={"baseline": [100.0, 101.0], "small": [99.0, 100.0]},
                    kv={"baseline": 2_097_152, "small": 131_072},
                    flags={"baseline": {}, "small": {"kv-cache-memory-bytes": "16M"}}, max_model_len=2048)
-    text = {d.variant: d for d in compare.diff_run(run)}["small"].recommendation
+    text = {d.variant: d for d in diff_run(run)}["small"].recommendation
     assert "agents at 8K context: none, beyond the 2,048-token window" in text
     assert "->" not in text.split("KV cache")[1].split(":")[0]
 
@@ -196,7 +198,7 @@ def test_a_first_cell_found_cold_gives_way_to_its_warm_re_measurement(tmp_path: 
     assert stored[("baseline", 1)].total_tok_s == 310.0
     # The stored cell itself is unchanged: nothing measured is lost, the judgement lives in the guard file.
     assert json.loads(run.cell_path("baseline", SPEC.key, 0).read_text())["result"]["total_tok_s"] == 270.0
-    verdicts = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
+    verdicts = {m.metric: m for c in diff_run(run)[0].cells for m in c.metrics}
     assert verdicts["total_tok_s"].n_baseline == 2
     assert verdicts["total_tok_s"].baseline == pytest.approx(305.0)  # 300 (warm) and 310, never the cold 270
     # A guard that found the first reading warm leaves it as measured.
@@ -206,15 +208,15 @@ def test_a_first_cell_found_cold_gives_way_to_its_warm_re_measurement(tmp_path: 
 
 def test_inside_noise_says_how_many_repeats_would_settle_it() -> None:
     # Two repeats a side with ~4% spread: a 3% change is lost in it; the diff says how many more would show it.
-    result = compare.verdict_for([100.0, 104.0], [101.0, 105.0], direction=1)
+    result = verdict_for([100.0, 104.0], [101.0, 105.0], direction=1)
     assert result.verdict == "inside noise"
     pooled = 8.0  # sample variance of each side: (2^2 + 2^2) / 1
     expected = math.ceil(2 * (1.959964 + 0.841621) ** 2 * pooled / 3.06**2)  # d = 3% of 102
     assert result.repeats_needed == expected
     assert f"about {expected - 2} more repeat(s) a side would resolve a 3% change" in result.note
-    one = compare.verdict_for([100.0], [101.0], direction=1)
+    one = verdict_for([100.0], [101.0], direction=1)
     assert one.repeats_needed is None and "--repeats 2" in one.note
-    quiet = compare.verdict_for([100.0, 100.1, 99.9], [100.5, 100.4, 100.6], direction=1)
+    quiet = verdict_for([100.0, 100.1, 99.9], [100.5, 100.4, 100.6], direction=1)
     assert quiet.verdict == "inside noise" and quiet.repeats_needed is not None and quiet.repeats_needed <= 3
 
 
@@ -245,7 +247,7 @@ def test_tail_latency_is_judged_only_on_enough_samples(tmp_path: Path) -> None:
             result = cell(SPEC, 300.0).model_copy(update={"itl_p99_ms": itl, "itl_samples": 5000,
                                                           "ttft_p99_ms": ttft, "latency_requests": 12})
             run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
-    metrics = {m.metric: m for c in compare.diff_run(run)[0].cells for m in c.metrics}
+    metrics = {m.metric: m for c in diff_run(run)[0].cells for m in c.metrics}
     assert metrics["itl_p99_ms"].verdict == "worse"  # +40% on 5,000 gaps a measurement
     assert metrics["ttft_p99_ms"].verdict == "no data"  # a p99 of 12 requests is their maximum
     assert "p99 of 12 sample(s)" in metrics["ttft_p99_ms"].note
@@ -267,7 +269,7 @@ def test_tail_latency_is_not_judged_on_the_clients_own_timing_noise(tmp_path: Pa
             result = cell(SPEC, 300.0).model_copy(update={"itl_p99_ms": itl, "itl_samples": 5000,
                                                           "client_lag_p99_ms": lag})
             run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
-    itl = next(m for c in compare.diff_run(run)[0].cells for m in c.metrics if m.metric == "itl_p99_ms")
+    itl = next(m for c in diff_run(run)[0].cells for m in c.metrics if m.metric == "itl_p99_ms")
     if judged:
         assert itl.verdict == "worse"
     else:
@@ -275,7 +277,7 @@ def test_tail_latency_is_not_judged_on_the_clients_own_timing_noise(tmp_path: Pa
 
 
 def test_noise_too_large_for_repeats_says_find_its_cause() -> None:
-    result = compare.verdict_for([10.0, 100.0], [20.0, 90.0], direction=-1)
+    result = verdict_for([10.0, 100.0], [20.0, 90.0], direction=-1)
     assert result.verdict == "inside noise" and result.repeats_needed is not None and result.repeats_needed > 100
     assert "too large for repeats to settle; find its cause" in result.note
 
@@ -310,10 +312,10 @@ def test_a_ttft_median_between_two_modes_is_not_judged_on_two_close_repeats(tmp_
                 low = [107.0 + offset + 0.05 * i for i in range(low_share)]
                 ttfts = low + [(208.0 if low_share else 166.0) + offset + 0.05 * i for i in range(24 - low_share)]
             run.write_cell(variant, repeat, _ttft_cell(ttfts), launch=launch.name, telemetry=None)
-    ttft = next(m for c in compare.diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_ms")
+    ttft = next(m for c in diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_ms")
     assert ttft.verdict == verdict
     if verdict == "inside noise":
         assert ttft.ci95_pct is not None and ttft.ci95_pct[0] < 0 < ttft.ci95_pct[1]
         # Without the measurements' own error the same four values would have been "better".
         values = {v: [c.result.ttft_ms for c in run.cells() if c.variant == v] for v in ("a", "b")}
-        assert compare.verdict_for(values["a"], values["b"], -1).verdict == "better"  # type: ignore[arg-type]
+        assert verdict_for(values["a"], values["b"], -1).verdict == "better"  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fakes import builders
 
-from campaign.analysis import compare
+from campaign.analysis.recommend import diff_run, recommend
 from campaign.core.errors import CampaignError
 from campaign.core.hardware import drafter_shape
 from campaign.measure import corpus
@@ -209,8 +209,8 @@ def test_a_speculative_change_on_random_prompts_alone_is_not_settled(tmp_path: P
                     "reason_codes": reasons if variant == "b" else [], "reasons": ["r"] * len(reasons)
                     if variant == "b" else []})
                 run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
-        (diff,) = compare.diff_run(run)
-        return compare.recommend(diff, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
+        (diff,) = diff_run(run)
+        return recommend(diff, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
 
     random_only = run_with([Reason.SPEC_RANDOM_PROMPTS], "")
     assert random_only.endswith("not settled: speculative decoding cannot be judged on random prompts alone")

@@ -21,6 +21,9 @@ same clock: `time.perf_counter()` is CLOCK_MONOTONIC for every process). Measure
 Targets (PASS/FAIL at the end; the exit status is 0 either way): at least 40,000 chunks/s at 256 fast streams
 and not below the peer in the same run; p99 added delay under 1 ms at 64 paced streams; at 256 paced streams at
 least 95% of what the server sent delivered (1 client process). The last line is machine-readable.
+
+Long (about 590 lines): a benchmark with its own stand-in server, the peer's runner and the report of
+both, side by side in one run; it is not imported by the tool.
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ from typing import Any
 import psutil
 
 from campaign.core import aio, stats
+from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import TLS, Endpoint
+from campaign.measure.prompts import PromptSource
+from campaign.measure.shard import sustained_sharded, usable_cores
+from campaign.server.argv import free_port
 from campaign.server.profiles import PROJECT_ROOT
 
 TOKENS_PER_STREAM = 256
@@ -159,8 +166,6 @@ class ServerProcess:
 
     def __init__(self, mode: str, stats_file: Path | None = None, core: int = 1, *, cert: Path | None = None,
                  pace_ms: float = PACE_MS, events_per_write: int = FAST_EVENTS_PER_WRITE) -> None:
-        from campaign.server.argv import free_port
-
         self.port = free_port()
         self.tls = cert is not None
         argv = [sys.executable, "-m", "campaign.bench.client", "serve", "--port", str(self.port), "--mode", mode,
@@ -247,8 +252,6 @@ async def _drive(endpoint: Endpoint, streams: int, duration_s: float) -> tuple[l
                                                                                  float, float]:
     """The real client path in this process: `streams` closed-loop streams for `duration_s`. Returns the
     records, each request's prompt head, the wall time and this process's CPU share."""
-    from campaign.http.client import RequestRecord, new_client, stream_completion
-    from campaign.measure.prompts import PromptSource
 
     prompts = PromptSource()
     heads: dict[str, list[int]] = {}
@@ -309,7 +312,6 @@ async def _sharded_watching(endpoint: Endpoint, streams: int, processes: int,
                             duration_s: float) -> tuple[Any, float | None]:
     """A sustained paced cell through shard.sustained_sharded; also how busy the client cores were (share of
     one core, every process) over the window."""
-    from campaign.measure.shard import sustained_sharded
 
     window_open = asyncio.Event()
     step_task = asyncio.create_task(sustained_sharded(
@@ -471,8 +473,6 @@ def _peer_row(label: str, peer: dict[str, Any]) -> str:
 
 
 def run(duration_s: float, procs: int | None = None, peer_python: str | None = None) -> int:
-    from campaign.measure.shard import usable_cores
-
     client_cores = _client_cores()
     _pin(client_cores)  # the server pins itself to core 1; worker processes inherit this affinity
     n = procs or max(2, usable_cores() - 1)

@@ -7,111 +7,30 @@ with the step monitor while idle and during the load, reads the energy counter, 
 real stop path and verifies the GPU memory is released. One PASS/FAIL line per check; the last line is
 machine-readable. Exit 0: every check passed; 1: one failed; 2: no NVIDIA GPU here (nothing to check).
 
-The stand-in side (`serve`) imports only the standard library and torch, so GPU_PYTHON needs nothing of this
-project; the checking side imports the project inside `check()` for that reason.
+The stand-in (`campaign/bench/gpu_standin.py`) imports only the standard library and torch, so GPU_PYTHON needs
+nothing of this project.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.server
-import importlib
-import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
-if TYPE_CHECKING:
-    from campaign.server.lifecycle import ServerProcess
+from campaign.bench.gpu_standin import MATMUL_N
+from campaign.core.errors import LaunchError
+from campaign.server import gpu
+from campaign.server.argv import LaunchSpec, free_port
+from campaign.server.lifecycle import ServerProcess, log_tail
 
 NO_GPU = "no NVIDIA GPU: nothing to check"
-MATMUL_N = 8192
 
 
 def _say(text: str) -> None:
     print(text, flush=True)  # noqa: T201 - a command-line check: its output is the point
-
-
-# --- the stand-in server (runs under GPU_PYTHON) -------------------------------------------------------------
-def serve(port: int, host: str, gib: float, device: str) -> None:
-    """Hold `gib` GiB of GPU memory, answer /health, and run matmuls on /load?s=N. `device cpu` (the checker's own
-    tests): no torch, nothing allocated, the load is a wait."""
-    _say(f"gpu stand-in pid={os.getpid()} device={device}")
-    load = _cpu_load
-    if device == "cuda":
-        load = _cuda_setup(gib)
-    busy = threading.Lock()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            url = urlsplit(self.path)
-            if url.path == "/health":
-                self._reply(200, {"status": "ok"})
-            elif url.path == "/load":
-                seconds = float(parse_qs(url.query).get("s", ["10"])[0])
-                with busy:
-                    self._reply(200, load(seconds))
-            else:
-                self._reply(404, {"error": "not found"})
-
-        def _reply(self, code: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    _say(f"serving on {host}:{port}")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:  # SIGINT: the first stage of the real stop path
-        _say("SIGINT: stopping")
-    finally:
-        server.server_close()
-
-
-def _cpu_load(seconds: float) -> dict[str, Any]:
-    time.sleep(seconds)
-    return {"seconds": seconds, "matmuls": 0}
-
-
-def _cuda_setup(gib: float) -> Any:
-    torch = importlib.import_module("torch")  # GPU_PYTHON's CUDA torch (not in the project's environment)
-
-    if not torch.cuda.is_available():
-        _say(f"ERROR: torch {torch.__version__} sees no CUDA device (CUDA build: {torch.version.cuda})")
-        sys.exit(3)
-    held = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
-    held.fill_(1)
-    a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.float16)
-    b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.float16)
-    c = torch.empty_like(a)
-    torch.cuda.synchronize()
-    _say(f"holding {gib:g} GiB on {torch.cuda.get_device_name(0)} (torch {torch.__version__})")
-
-    def load(seconds: float) -> dict[str, Any]:
-        began = time.monotonic()
-        count = 0
-        while time.monotonic() - began < seconds:
-            for _ in range(10):
-                torch.matmul(a, b, out=c)
-            torch.cuda.synchronize()
-            count += 10
-        elapsed = time.monotonic() - began
-        _ = held  # kept alive with the server
-        return {"seconds": elapsed, "matmuls": count, "tflops": 2 * MATMUL_N**3 * count / elapsed / 1e12}
-
-    return load
 
 
 # --- the check (runs in the project's environment) -----------------------------------------------------------
@@ -166,11 +85,6 @@ def _cuda_torch(gpu_python: str) -> tuple[bool, str]:
 
 def check(*, gpu_python: str, gib: float, load_s: float, idle_s: float, device: str = "cuda",
           workdir: Path | None = None) -> int:
-    from campaign.core.errors import LaunchError
-    from campaign.server import gpu
-    from campaign.server.argv import LaunchSpec, free_port
-    from campaign.server.lifecycle import ServerProcess, log_tail
-
     checks = _Checks()
     facts = gpu.machine_facts() if gpu.available() else None
     if facts is None:
@@ -190,7 +104,7 @@ def check(*, gpu_python: str, gib: float, load_s: float, idle_s: float, device: 
     folder = workdir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     log = folder / "standin.log"
     port = free_port()
-    spec = LaunchSpec(argv=[gpu_python, str(Path(__file__).resolve()), "serve", "--port", str(port),
+    spec = LaunchSpec(argv=[gpu_python, str(Path(__file__).resolve().with_name("gpu_standin.py")), "--port", str(port),
                             "--gib", f"{gib:g}", "--device", device],
                       env_overrides={"PYTHONUNBUFFERED": "1"}, host="127.0.0.1", port=port,
                       served_model_name="gpu-stand-in", flags={})
@@ -214,7 +128,6 @@ def check(*, gpu_python: str, gib: float, load_s: float, idle_s: float, device: 
 
 def _held(checks: _Checks, pid: int, before: float | None, gib: float) -> bool:
     """The stand-in holds its GPU memory: NVML's used memory rose, and NVML lists its process."""
-    from campaign.server import gpu
 
     pids = gpu.pids_on_gpus() or set()
     seen = pid in pids
@@ -229,8 +142,6 @@ def _held(checks: _Checks, pid: int, before: float | None, gib: float) -> bool:
 
 
 def _telemetry(checks: _Checks, base_url: str, load_s: float, idle_s: float, figures: dict[str, Any]) -> None:
-    from campaign.server import gpu
-
     monitor = gpu.NvmlMonitor(every_s=0.5)
     monitor.start()
     time.sleep(idle_s)
@@ -284,8 +195,6 @@ def _rows_by_gpu(samples: list[list[dict[str, Any]]]) -> list[list[dict[str, Any
 
 def _stopped(checks: _Checks, server: ServerProcess, before: float | None, pid_seen: bool,
              figures: dict[str, Any]) -> None:
-    from campaign.server import gpu
-
     stop = server.stop_info
     if stop is None:
         return
@@ -331,7 +240,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="the check (the default)")
-    standin = sub.add_parser("serve", help="the stand-in server (under GPU_PYTHON)")
     for p in (parser, run):
         p.add_argument("--gpu-python", default=os.environ.get("GPU_PYTHON", "python3"),
                        help="a python with CUDA torch, for the stand-in")
@@ -339,14 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--load-s", type=float, default=15.0, help="seconds of matmul load")
         p.add_argument("--idle-s", type=float, default=3.0, help="seconds sampled idle, for comparison")
         p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
-    standin.add_argument("--port", type=int, required=True)
-    standin.add_argument("--host", default="127.0.0.1")
-    standin.add_argument("--gib", type=float, default=4.0)
-    standin.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        serve(args.port, args.host, args.gib, args.device)
-        return 0
     return check(gpu_python=args.gpu_python, gib=args.gib, load_s=args.load_s, idle_s=args.idle_s,
                  device=args.device)
 

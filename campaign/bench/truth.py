@@ -19,6 +19,9 @@ delay (engine emission to client read, measured on every matched token), so the 
 tokens; the delay itself is reported as the client's own error. Above time scale 2 a fraction of a
 millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
 measured, not judged. Throughput and counts are judged at every scale.
+
+Long (about 630 lines): the truth run drives every kind of cell against the simulator and matches each
+figure with the engine's own records; the matching rules per figure are read together.
 """
 
 from __future__ import annotations

@@ -52,6 +52,16 @@ class ConfigError(CampaignError):
         self.key = key
 
 
+class OptionError(CampaignError):
+    """A command-line option's value the command cannot use, worded as the parser words its own refusals."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, option: str, problem: str) -> None:
+        super().__init__(f"Invalid value for '{option}': {problem}", hint="the command's --help lists its options")
+        self.option = option
+
+
 class LaunchError(CampaignError):
     """The server did not become ready. `kind` is one of the startup-log failure kinds or a wait outcome."""
 

@@ -19,6 +19,9 @@ What the specs allow, and this client therefore handles (each case has a raw-soc
 - https with the endpoint's TLS context; several addresses per name raced with happy eyeballs (RFC 8305).
 
 Connections are kept alive and reused, one request at a time each; one that cannot be reused is closed.
+
+Long (about 550 lines): one HTTP/1.1 client, from the socket up (happy eyeballs, TLS, chunked SSE,
+the three timeouts, keep-alive); its parts share one connection's state and are read together.
 """
 
 from __future__ import annotations

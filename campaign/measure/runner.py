@@ -4,6 +4,10 @@ Every step is bracketed by the server's cumulative counters. With ignore_eos and
 own output is known exactly (requests straddling the window are drained, not aborted, so their tokens are
 counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
 `max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
+
+Long (about 780 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
+with the same bracketing, contamination checks and retries; its steps share the target's state and one
+client, so they are one class.
 """
 
 from __future__ import annotations
@@ -34,19 +38,21 @@ from campaign.measure.cells import (
     Finding,
     Reason,
     StepEvidence,
-    behind_schedule,
     findings_fields,
-    fixed_metrics,
-    hardware_units,
     over_capacity,
-    prefill_metrics,
     queue_note,
-    rate_metrics,
-    request_latencies,
     result_base,
     spec_random_prompts,
     template_hits,
     verdict,
+)
+from campaign.measure.figures import (
+    behind_schedule,
+    fixed_metrics,
+    hardware_units,
+    prefill_metrics,
+    rate_metrics,
+    request_latencies,
     window_metrics,
 )
 from campaign.measure.prompts import Prompt, Prompts, PromptSource, SessionTurns

@@ -10,8 +10,9 @@
 (Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
 
 Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
-sim_night feeds the same functions from the simulator's engine in simulated time. Over 500 lines so that an
-experiment's two halves are read together.
+night.virtual feeds the same functions from the simulator's engine in simulated time.
+
+Long (about 590 lines) so that an experiment's two halves are read together.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from campaign.core import stats
 from campaign.http.client import RequestRecord, new_client, stream_completion
+from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import answers
 from campaign.measure.cells import Attempt, CellResult, CellSpec
-from campaign.measure.prompts import PromptSource
+from campaign.measure.prompts import Prompts, PromptSource
 from campaign.measure.runner import Measurer, Target
 from campaign.server import metrics as m
 
@@ -366,7 +368,6 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
     attempts: list[Attempt] = []
     async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
         for arm in ("shared-first", "task-first", "unrelated"):
-
             async def run_arm(arm: str = arm) -> tuple[list[RequestRecord], float]:
                 shared = prompts.shared_block(shared_len)  # new for every try: no arm is served by another's cache
                 tasks = [prompts.unique(task_tokens) for _ in range(agents)]
@@ -471,8 +472,6 @@ async def agents(target: Target, *, sessions: list[int], turns: int = 4, system_
     largest N whose agents all stayed above it: seed 000's "how many agents can run against it at once", from
     conversations instead of the synthetic ladder. Against a simulator running `time_scale` times faster than
     the hardware it imitates, speeds and times are given for that hardware (the floors are a user's)."""
-    from campaign.http.tokenizer import ServerTokenizer
-    from campaign.measure.prompts import Prompts
 
     key = agents_key(sessions=sessions, turns=turns, system_tokens=system_tokens, user_tokens=user_tokens,
                      reply_tokens=reply_tokens, prompts=prompts)

@@ -2,6 +2,10 @@
 
 Validated into frozen models; every error names the file, the key path and a suggestion. The expansion into
 variants and cells is deterministic, so a resumed run finds the same cell keys.
+
+Long (about 620 lines): the matrix's models (variants, grid, eight workload kinds with their validators)
+and its expansion into the schedule; every error names the file and key, so each validator is beside its
+field.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,13 +24,17 @@ from campaign.core.errors import ConfigError, PromptError, did_you_mean
 from campaign.http.endpoint import Timeouts
 from campaign.measure import corpus
 from campaign.measure import slo as slos
+from campaign.measure.capacity import search_key  # the experiment names its own results
 from campaign.measure.cells import SESSIONS_CHAT, CellSpec, Sessions
 from campaign.measure.openloop import Arrival, rate_value
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
+from campaign.measure.study import agents_key  # the experiment names its own results
+from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
     FlagValue,
+    LaunchProfile,
     flag_problems,
     load_yaml,
     normalize_flag,
@@ -315,8 +324,6 @@ class AgentsExperiment(_Experiment):
 
     @property
     def key(self) -> str:
-        from campaign.measure.study import agents_key  # the experiment names its own results
-
         return agents_key(sessions=self.sessions, turns=self.turns, system_tokens=self.system_tokens,
                           user_tokens=self.user_tokens, reply_tokens=self.reply_tokens, prompts=self.prompts)
 
@@ -346,8 +353,6 @@ class SloSearchExperiment(_LoadShape, _Experiment):
 
     @property
     def key(self) -> str:
-        from campaign.measure.capacity import search_key  # the experiment names its own results
-
         # Matrix.experiments() fills duration_s and slo from the matrix; the key names both.
         return search_key(self.spec(), concurrency=self.concurrency)
 
@@ -606,3 +611,16 @@ def _raise_matrix_error(path: str, exc: ValidationError) -> None:
 
 def definition_hash(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def night_uses(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+               matrix_path: Path | None = None, overrides: Iterable[str] = ()) -> list[flag_list.FlagUse]:
+    """Every flag a campaign (or one `launch`) will pass, with where it is written."""
+    found = flag_list.uses(str(profile_path), "flags", profile.flags)
+    if matrix is not None:
+        where = str(matrix_path or matrix.name)
+        for index, variant in enumerate(matrix.variants):
+            found += flag_list.uses(where, f"variants[{index}].flags", variant.flags)
+        found += flag_list.uses(where, "grid", matrix.grid)
+    found += flag_list.uses("launch", "--set", overrides)
+    return found

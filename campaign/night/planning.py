@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from campaign.core.errors import CampaignError
-from campaign.measure.cells import CellSpec
+from campaign.measure.cells import CellSpec, over_capacity
 from campaign.night.matrix import (
     AgentsExperiment,
     ContextWindowExperiment,
@@ -29,6 +29,7 @@ from campaign.night.matrix import (
     PrefixOrderExperiment,
     RepeatExperiment,
     SloSearchExperiment,
+    schedule,
 )
 from campaign.night.store import RunDir
 from campaign.server.profiles import LaunchProfile, normalize_flag
@@ -256,9 +257,6 @@ class Plan:
 
 
 def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -> Plan:
-    from campaign.measure.cells import over_capacity
-    from campaign.night.matrix import schedule
-
     order = schedule(matrix)
     cells = matrix.cells()
     known: dict[str, StartupFacts] = {}

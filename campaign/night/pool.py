@@ -5,7 +5,7 @@ that run side by side, are the variants a round compares. Each launch gets a slo
 tensor x pipeline parallel size. Where every launch has the same width, slots are planned in advance by the
 launch's place in the schedule (slot k mod n), so a variant's repeats move across the GPUs the way a round's
 order turns: A on GPU 0 and B on GPU 1, then the reverse, and the difference between two physical GPUs
-cancels in the diff as time drift does (compare.gpu_effect reports what it measured). Mixed widths take the
+cancels in the diff as time drift does (summary.gpu_effect reports what it measured). Mixed widths take the
 first free GPUs that fit.
 
 Each launch runs in a worker process (`python -m campaign.night.worker`), which owns its server's process tree and
@@ -34,31 +34,6 @@ from campaign.server.profiles import FlagValue, LaunchProfile, normalize_flag
 # A worker asked to stop (Ctrl-C) stops its server first; past this it is killed (its server's group too,
 # by the server's own die-with-parent signal).
 STOP_GRACE_S = 90.0
-
-
-def parse_gpus(text: str | Sequence[int], *, where: str = "--gpus") -> list[int]:
-    """`0-7`, `0,1,4-5` or a list of indices, each once, in the order given."""
-    if not isinstance(text, str):
-        items = [str(i) for i in text]
-    else:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-    out: list[int] = []
-    for item in items:
-        low, sep, high = item.partition("-")
-        try:
-            span = range(int(low), int(high) + 1) if sep else range(int(low), int(low) + 1)
-        except ValueError:
-            raise CampaignError(f"{where}: {item!r} is not a GPU index or range",
-                                hint="give indices and ranges, e.g. --gpus 0-7 or --gpus 0,1,4-5") from None
-        if not span or span.start < 0:
-            raise CampaignError(f"{where}: {item!r} is an empty or negative range", hint="e.g. --gpus 0-3")
-        for index in span:
-            if index in out:
-                raise CampaignError(f"{where}: GPU {index} is named twice", hint="name each GPU once")
-            out.append(index)
-    if not out:
-        raise CampaignError(f"{where}: no GPUs named", hint="e.g. --gpus 0,1")
-    return out
 
 
 def _int_flag(flags: dict[str, FlagValue], *names: str) -> int:

@@ -35,6 +35,7 @@ from typing import Any
 from campaign.core import secret
 from campaign.core.errors import CampaignError
 from campaign.night import store
+from campaign.night.launch import Campaign, LaunchWork, Options
 from campaign.night.progress import Progress
 from campaign.night.records import FailureRecord
 
@@ -113,8 +114,6 @@ def run_launch(task: str, manifest_text: str, baseline_servers: list[str], varia
                cell_keys: list[str], experiment_keys: list[str], engine: str | None, queue: Any) -> dict[str, Any]:
     """The Ray task: one launch of the schedule on this node's GPUs (Ray chose them), streamed back."""
     import ray
-
-    from campaign.night.orchestrate import Campaign, LaunchWork, Options
 
     def send(event: dict[str, Any]) -> None:
         # Lines and files leave the node redacted of what this task knows (the `${NAME}`s it expanded).

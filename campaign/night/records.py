@@ -35,6 +35,9 @@ Format history:
     from format 6); long-context, overload, prefix-order and repeat experiments likewise (their details carry
     `time_scale`). Older files of a time-scaled run are converted on read by the manifest's time scale; their
     verdict sentences keep the numbers they were written with.
+
+Long (about 510 lines): every stored record's model with a description per field, and the generator of
+docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
 """
 
 from __future__ import annotations
@@ -47,8 +50,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from campaign.core.errors import LaunchFailureKind
-from campaign.measure.cells import CellResult, hardware_units
+from campaign.measure.cells import CellResult
+from campaign.measure.figures import hardware_units
 from campaign.measure.study import ExperimentResult
+from campaign.night.matrix import Matrix
+from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
 if TYPE_CHECKING:
@@ -126,13 +132,9 @@ class Manifest(_Record):
                                           "kind: why`); the stored matrix is what was replayed")
 
     def matrix_model(self) -> Matrix:
-        from campaign.night.matrix import Matrix
-
         return Matrix.model_validate(self.matrix.raw)
 
     def profile_model(self) -> LaunchProfile:
-        from campaign.server.profiles import LaunchProfile
-
         return LaunchProfile.model_validate(self.profile.raw)
 
 

@@ -4,7 +4,7 @@ Every launch of the schedule starts the simulator's engine in this process inste
 is printed as the HTTP simulator prints it (sim.start_up), stored as the launch's server.log and read by the
 same parser as any vLLM's, so the facts, a start that fails and the KV cache a flag costs are the launcher's.
 Each cell is then replayed on the engine's own clock (sim_virtual: the tool's method rule for rule, no HTTP, no
-wall clock), and its requests, as RequestRecords, go through the tool's own figures (cells.fixed_metrics,
+wall clock), and its requests, as RequestRecords, go through the tool's own figures (figures.fixed_metrics,
 window_metrics, prefill_metrics). The run is a normal run: `diff`, `report` and `export` read it, and its
 figures are the hardware's (time scale 1), whatever speed this machine has.
 
@@ -37,12 +37,10 @@ from campaign.measure.cells import (
     CellResult,
     CellSpec,
     findings_fields,
-    fixed_metrics,
-    prefill_metrics,
     result_base,
     spec_random_prompts,
-    window_metrics,
 )
+from campaign.measure.figures import fixed_metrics, prefill_metrics, window_metrics
 from campaign.night import replay as sim_virtual
 from campaign.night import store
 from campaign.night.matrix import (

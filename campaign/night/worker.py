@@ -17,8 +17,10 @@ import sys
 from pathlib import Path
 
 from campaign.core import secret
+from campaign.core.console import buffered_stdio
 from campaign.core.errors import CampaignError, request_stop
 from campaign.night import store
+from campaign.night.launch import Campaign, Options, pending_launches
 from campaign.night.progress import Progress
 from campaign.server.lifecycle import parent_death_signal
 
@@ -58,8 +60,6 @@ def _indices(text: str | None) -> list[int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from campaign.night.orchestrate import Campaign, Options, pending_launches
-
     parser = argparse.ArgumentParser(prog="campaign.night.worker")
     parser.add_argument("root")
     parser.add_argument("variant")
@@ -103,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from campaign.cli import buffered_stdio
-
     buffered_stdio()   # its progress lines go to the controller through a pipe, as probe --json does
     secret.redact_stdio()   # what it expands (a `${NAME}`) it redacts from its lines before they leave
     sys.exit(main())

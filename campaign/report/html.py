@@ -13,11 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from campaign.analysis import compare
+from campaign.analysis import recommend, summary, verdicts
+from campaign.analysis.statistics import MIN_EFFECT
+from campaign.core.errors import CampaignError
 from campaign.measure.cells import CellResult
 from campaign.measure.study import ExperimentResult
 from campaign.night.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.night.store import RunDir, replace_text
+from campaign.report import plots
 from campaign.report import text as report
 from campaign.report.tables import Cell, Table, md_escape, to_html, to_markdown
 
@@ -52,11 +55,11 @@ class ReportData:
     all_cells: dict[str, list[CellResult]]
     experiments: list[ExperimentRecord]
     short: dict[str, dict[str, Any]]
-    diffs: list[compare.VariantDiff]
-    drift: compare.Drift
+    diffs: list[verdicts.VariantDiff]
+    drift: summary.Drift
     charts: dict[str, Path] = field(default_factory=dict)
     other: RunDir | None = None            # a second run of the same matrix, its variants named "<name>@B"
-    other_drift: compare.Drift | None = None
+    other_drift: summary.Drift | None = None
 
     @property
     def drift_text(self) -> str:
@@ -65,7 +68,7 @@ class ReportData:
         return f"this run: {self.drift.message}; {self.other.root.name} (@B): {self.other_drift.message}"
 
 
-OTHER = "@B"   # the suffix compare.diff_run gives the other run's variants
+OTHER = "@B"   # the suffix recommend.diff_run gives the other run's variants
 
 
 def gather(run: RunDir, other: RunDir | None = None) -> ReportData:
@@ -74,10 +77,9 @@ def gather(run: RunDir, other: RunDir | None = None) -> ReportData:
     stored = run.cells()
     servers: list[ServerRecord | FailureRecord] = list(run.servers())
     experiments = run.experiments()
-    short = compare.short_answers_by_variant(run)
+    short = recommend.short_answers_by_variant(run)
     if other is not None:
         if other.manifest().campaign != run.manifest().campaign:
-            from campaign.core.errors import CampaignError
 
             raise CampaignError(f"{other.root} is a run of {other.manifest().campaign!r}, {run.root} of "
                                 f"{run.manifest().campaign!r}: a report across runs compares runs of one matrix",
@@ -85,19 +87,17 @@ def gather(run: RunDir, other: RunDir | None = None) -> ReportData:
         stored += [replace(c, variant=c.variant + OTHER) for c in other.cells()]
         servers += [s.model_copy(update={"variant": s.variant + OTHER}) for s in other.servers()]
         experiments += [e.model_copy(update={"variant": e.variant + OTHER}) for e in other.experiments()]
-        short |= {v + OTHER: a for v, a in compare.short_answers_by_variant(other).items()}
+        short |= {v + OTHER: a for v, a in recommend.short_answers_by_variant(other).items()}
     all_cells: dict[str, list[CellResult]] = {}
     for cell in sorted(stored, key=lambda s: s.repeat):
         all_cells.setdefault(cell.variant, []).append(cell.result)
     return ReportData(run=run, manifest=run.manifest(), servers=servers, latest=report.latest_cells(stored),
                       all_cells=all_cells, experiments=experiments, short=short,
-                      diffs=compare.diff_run(run, other=other), drift=compare.drift(run), other=other,
-                      other_drift=compare.drift(other) if other is not None else None)
+                      diffs=recommend.diff_run(run, other=other), drift=summary.drift(run), other=other,
+                      other_drift=summary.drift(other) if other is not None else None)
 
 
 def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
-    from campaign.report import plots
-
     folder.mkdir(parents=True, exist_ok=True)
     ttft: dict[str, list[tuple[int, float]]] = {}
     prefill: dict[str, list[tuple[int, float]]] = {}
@@ -133,7 +133,7 @@ def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
         {v: r.details for (v, kind), r in latest.items() if kind == "repeat"}, folder / "bimodality.png")
     for d in data.diffs:
         made[FOREST + d.variant] = plots.forest(d, folder / f"forest-{_file_name(d.variant)}.png",
-                                                noise_pct=100 * compare.MIN_EFFECT)
+                                                noise_pct=100 * MIN_EFFECT)
     data.charts = {k: v for k, v in made.items() if v is not None}
     return data.charts
 

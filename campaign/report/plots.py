@@ -118,7 +118,7 @@ VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "inside noise": "d
 
 
 def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
-    """The A/B at a glance (compare.VariantDiff): every cell and metric's change against the baseline as a point
+    """The A/B at a glance (verdicts.VariantDiff): every cell and metric's change against the baseline as a point
     with its 95% interval on one % axis, the band inside which a change is noise shaded, better green, worse
     red, inside noise grey; a change without an interval (one measurement a side) a hollow point, a cell or
     metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""

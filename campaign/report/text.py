@@ -1,5 +1,8 @@
 """Presentation only: cell results and facts -> labelled tables (campaign.report.tables), rendered as text here and
-as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it."""
+as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it.
+
+Long (about 700 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
+virtual replays, export rows); each is short and they share the column vocabulary defined here."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.night.planning import cell_s
+from campaign.night.progress import fmt_duration
 from campaign.report.tables import Cell, Item, Table, to_text
 from campaign.report.tables import cell as as_cell
 
@@ -594,8 +599,6 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     sentinel), each variant's flags, KV cache (as the last run found it) and the cells it will skip as over
     capacity, the cells and experiments of every launch with what each is estimated to take, the total, and
     how the last run's launches compared with its own estimate."""
-    from campaign.night.planning import cell_s
-    from campaign.night.progress import fmt_duration
 
     est = plan.estimate
     known_from = plan.previous.root.name if plan.previous is not None else None

