@@ -6,6 +6,7 @@ demo campaign and the e2e campaign test cover plain http on the same build."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +21,52 @@ from campaign.server.profiles import PROJECT_ROOT, TLSConfig, load_profile
 SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The test that stops the shared server runs after every other test that uses it.
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
+    # Under `pytest -n 2 --dist loadgroup` (make test) a file runs on one worker, so its module's server or
+    # cluster starts once; every test on the real vLLM build runs on one worker, beside the one shared server.
+    for item in items:
+        group = "vllm" if item.get_closest_marker("vllm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# Environment a test may not leave changed for the next one (a leaked CAMPAIGN_* setting or Ray address once
+# made a later test's Ray cluster join the wrong place).
+WATCHED_ENV = ("CAMPAIGN_", "RAY_", "VLLM_", "SSL_CERT_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+
+
+def _watched() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.upper().startswith(WATCHED_ENV)}
+
+
+def _check_unchanged(before: dict[str, str], what: str) -> None:
+    after = _watched()
+    if after != before:
+        for key in set(after) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        pytest.fail(f"{what} left the environment changed: {', '.join(changed)} (use monkeypatch.setenv, or "
+                    "pytest.MonkeyPatch.context() in a module fixture)")
+
+
+@pytest.fixture(autouse=True)
+def _environment_unchanged() -> Iterator[None]:
+    """A test that changes the process's CAMPAIGN_* (or Ray, vLLM, TLS, proxy) environment fails, and the
+    environment is put back so the next test does not inherit it."""
+    before = _watched()
+    yield
+    _check_unchanged(before, "the test")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_environment_unchanged() -> Iterator[None]:
+    """The same for a module's fixtures (a server started for the whole file)."""
+    before = _watched()
+    yield
+    _check_unchanged(before, "the module's fixtures")
 
 
 @pytest.fixture(autouse=True)

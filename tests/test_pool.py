@@ -16,6 +16,7 @@ import pytest
 from campaign.analysis.summary import gpu_effect
 from campaign.core.errors import CampaignError
 from campaign.night import pool, store
+from campaign.night.matrix import load_matrix, schedule
 from campaign.server.profiles import PROJECT_ROOT, LaunchProfile, load_profile, parse_gpus
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
@@ -184,17 +185,20 @@ def _rows(run: store.RunDir) -> list[tuple[str, int, str, int, int]]:
 
 
 def test_four_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_path: Path) -> None:
+    """The pool runs exactly the serial schedule's launches and cells (each stored once), two side by side on
+    different GPUs and never two on one GPU, each variant's repeats on both GPUs so the GPU effect cancels."""
     done = _run(tmp_path / "pool", "--gpus", "0,1")
     assert done.returncode == 0, done.stderr[-3000:]
-    serial = _run(tmp_path / "serial")
-    assert serial.returncode == 0, serial.stderr[-3000:]
     run = store.RunDir(next((tmp_path / "pool" / "pool-sim").glob("*")))
-    alone = store.RunDir(next((tmp_path / "serial" / "pool-sim").glob("*")))
     assert run.manifest().executor == "pool" and run.manifest().pool == [0, 1]
-    # Every cell stored once, and the same rows a serial run gives (the figures differ as repeats do).
+    # Every cell stored once, and the rows of the serial schedule (what a serial run measures, launch by
+    # launch; the figures differ as repeats do).
     keys = [(c.variant, c.repeat, c.result.spec.key) for c in run.cells()]
     assert len(keys) == len(set(keys)) == 4 * 2 * 2
-    assert _rows(run) == _rows(alone)
+    matrix, _, _ = load_matrix(MATRIX)
+    serial = sorted((variant, repeat, c.phase, c.context_tokens, c.concurrency)
+                    for variant, repeat in schedule(matrix) for c in matrix.cells())
+    assert _rows(run) == serial
     # No GPU held by two launches at once; and launches did run side by side (on different GPUs).
     spans = []
     for launch_dir, placed in run.placements():
@@ -251,8 +255,9 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     import psutil
 
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
+    # One repeat (four launches): enough for two side by side when the signal lands, and a resume to finish.
     proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
-                             str(tmp_path), "--plain", "--gpus", "0,1"], cwd=PROJECT_ROOT, env=env,
+                             str(tmp_path), "--plain", "--gpus", "0,1", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")):
@@ -273,7 +278,9 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain"],
                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert len(run.cells()) == 16 and run.manifest().pool == [0, 1]
+    matrix, _, _ = load_matrix(MATRIX)
+    launches = schedule(matrix.model_copy(update={"repeats": 1}))   # the baseline opens and closes the night
+    assert len(run.cells()) == len(launches) * len(matrix.cells()) and run.manifest().pool == [0, 1]
     assert {p.executor for _, p in run.placements()} == {"pool"}
 
 
