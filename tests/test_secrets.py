@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# At collection, not inside the test: importing ray sets RAY_CLIENT_MODE in this process's environment.
+from ray.cluster_utils import Cluster
+
 from campaign.cli import run_cli
 from campaign.core import secret
 from campaign.night import store
@@ -219,9 +222,6 @@ def test_an_unset_reference_is_an_error_before_the_night(tmp_path: Path, capsys:
 # --- the canary night ------------------------------------------------------------------------------------------
 def test_canary_night_on_ray_with_a_failed_launch_leaves_no_marker_anywhere(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
     values = {"CANARY_KEY": marker("Key") + "\n",    # a key file read with $(cat ...): its line end too
               "CANARY_HF": marker("HfEnv"), "CANARY_HF_FLAG": marker("HfFlag"), "CANARY_S3": marker("S3"),
               "CANARY_URL_PW": marker("UrlPw")}
