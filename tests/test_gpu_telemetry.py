@@ -377,7 +377,7 @@ def _standins() -> list[int]:
     for proc in psutil.Process().children(recursive=True):
         try:
             argv = proc.cmdline()
-            if proc.status() != psutil.STATUS_ZOMBIE and "serve" in argv and any("gpu_check" in a for a in argv):
+            if proc.status() != psutil.STATUS_ZOMBIE and any(a.endswith("gpu_standin.py") for a in argv):
                 pids.append(proc.pid)
         except psutil.Error:
             continue
