@@ -12,6 +12,7 @@ import pytest
 from fakes import builders
 from PIL import Image
 
+from campaign.cli import run_cli
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.night import planning, store
 from campaign.report import closing, tables
@@ -249,21 +250,22 @@ def test_side_by_side_tables_put_the_variants_in_columns(run_dir: store.RunDir) 
     assert markdown.index("## Side by side") < markdown.index("## Variant: baseline")
 
 
-def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path: Path) -> None:
+def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     """`campaign report RUN_A RUN_B`: the same page with the other run's variants as <name>@B, each diffed
     against this run's baseline (last week's baseline against tonight's); runs of another matrix are refused
     with one Error line."""
     import json
-    import subprocess
-    import sys
 
     other = tmp_path / "last-week"
     shutil.copytree(FIXTURE_RUN, other)
-    out = subprocess.run([sys.executable, "-m", "campaign", "report", str(run_dir.root), str(other), "--format",
-                          "md"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    # The command line in this process (run_cli: the same parsing, printing and one-line errors as the
+    # `campaign` command, without a second interpreter's start).
+    code = run_cli(["report", str(run_dir.root), str(other), "--format", "md"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
     path = run_dir.root / "report" / "vs-last-week" / "report.md"
-    assert str(path) in out.stdout.splitlines()
+    assert str(path) in out.out.splitlines()
     verdict = path.read_text().split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert verdict[0] == ("- baseline@B: no difference: no flag change (A/A): no difference: nothing beyond noise "
                           "in 16 tests at family-wise 5% [streams at the floor: 4 -> 4 at 40 tok/s]")
@@ -273,10 +275,9 @@ def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path:
     assert "small-chunk@B" in html_report.side_by_side(data)[0].headers
     manifest = json.loads((other / "manifest.json").read_text())
     (other / "manifest.json").write_text(json.dumps(manifest | {"campaign": "another"}))
-    refused = subprocess.run([sys.executable, "-m", "campaign", "report", str(run_dir.root), str(other)],
-                             capture_output=True, text=True, timeout=120)
-    assert refused.returncode != 0
-    assert refused.stderr.splitlines()[0].startswith("Error: ") and "a run of 'another'" in refused.stderr
+    assert run_cli(["report", str(run_dir.root), str(other)]) != 0
+    refused = capsys.readouterr().err
+    assert refused.splitlines()[0].startswith("Error: ") and "a run of 'another'" in refused
 
 
 def text_grid(text: str, title: str) -> list[list[str]]:
