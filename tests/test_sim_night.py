@@ -1,27 +1,35 @@
 """Whole campaigns in simulated time (`campaign run MATRIX --engine sim --clock virtual`, sim_night.py): the
 shipped matrices' verdicts in seconds, on a normal run that diff, report and export read, with every figure
 checked against the engine's own records (and, in test_sim.py, the replayed experiments against the same
-experiments measured over HTTP on the simulator)."""
+experiments measured over HTTP on the simulator).
+
+The command line runs in this process (cli.run_cli: its own parsing, exit codes and one-line errors, output
+captured), not in a subprocess that spends over a second importing the package for every command."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import io
 import json
-import subprocess
-import sys
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from campaign.analysis.recommend import diff_run
+from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
+from campaign.measure import corpus
 from campaign.measure.cells import CellSpec
+from campaign.night import orchestrate, store
 from campaign.night import replay as sim_virtual
-from campaign.night import store
 from campaign.night import virtual as sim_night
-from campaign.night.matrix import load_matrix
-from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.night.matrix import DecodeWorkload, Matrix, load_matrix
+from campaign.night.progress import Progress
+from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
 
 # Seed 000: aggregate tok/s of its fixed-count ladder (C x 256 tokens over the step's whole time), and its
@@ -29,46 +37,85 @@ from campaign.sim import truth as sim_truth
 SEED_000_TOTAL = {1: 59, 2: 105, 4: 188, 8: 312, 16: 466, 32: 589, 64: 641}
 
 
-def campaign(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "campaign", *args], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+# The text corpora, each made once for this file (each walks the whole stdlib; the same text every time).
+_CORPORA = {"code": functools.cache(corpus.code), "prose": functools.cache(corpus.prose)}
 
 
-def virtual_run(name: str, out: Path) -> tuple[subprocess.CompletedProcess[str], store.RunDir]:
-    result = campaign("run", name, "--engine", "sim", "--clock", "virtual", "--out", str(out), "--plain")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, store.RunDir(next((out / name).iterdir()))
+@pytest.fixture(autouse=True)
+def _texts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's nights in this process start with no text prompt source, as a `campaign run` process does
+    (sim_night keeps one a process, its corpus tokenized once and its draws going on): the same prompts
+    whatever ran before, and none left behind for a later test. The corpora's text is made once for the file."""
+    monkeypatch.setattr(sim_night, "_TEXTS", {})
+    for kind, made_once in _CORPORA.items():
+        monkeypatch.setattr(corpus, kind, made_once)
+
+
+@dataclass
+class Ran:
+    """What a command ended with and printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def campaign(*args: str) -> Ran:
+    """`campaign ARGS` as the console script runs it (run_cli), in this process, its output captured."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(list(args))
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def night(matrix: Matrix, matrix_path: Path, out: Path) -> store.RunDir:
+    """The matrix replayed in simulated time by the night `campaign run --clock virtual` runs (orchestrate's
+    own: checks, schedule, launches, stored cells), without the closing report and charts: the verdicts are
+    read from the stored run by diff_run, whose recommendation is the console's `recommendation:` line."""
+    profile, profile_path = load_profile(matrix.profile)
+    with orchestrate.started(matrix, matrix_path, profile, profile_path, engine="sim", out=out,
+                             clock="virtual") as tonight:
+        work = tonight.pending()
+        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
+                      live=False) as progress:
+            tonight.execute(progress)
+    return tonight.run
 
 
 @pytest.fixture(scope="module")
-def a5000_tuning(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], store.RunDir]:
-    return virtual_run("a5000-tuning", tmp_path_factory.mktemp("virtual"))
+def a5000_tuning(tmp_path_factory: pytest.TempPathFactory) -> store.RunDir:
+    """Seed 000's A/B as shipped, replayed in simulated time (its console verdict is the Markdown report's
+    opening, word for word: test_a_virtual_run_is_a_normal_run_for_diff_report_and_export reads it there)."""
+    return night(*load_matrix("a5000-tuning")[:2], tmp_path_factory.mktemp("virtual"))
 
 
-def _mean(run: store.RunDir, variant: str, key: str, metric: str) -> float:
-    values = [getattr(c.result, metric) for c in run.cells() if c.variant == variant and c.result.spec.key == key]
+def _mean(cells: list[store.StoredCell], variant: str, key: str, metric: str) -> float:
+    values = [getattr(c.result, metric) for c in cells if c.variant == variant and c.result.spec.key == key]
     assert len(values) >= 3 and None not in values, (variant, key, metric, values)  # the baseline: 4 (drift)
-    return sum(values) / len(values)
+    return float(sum(values) / len(values))
 
 
 def test_a5000_tuning_keeps_the_memory_and_reverts_the_batch_size_as_seed_000_did(
-        a5000_tuning: tuple[subprocess.CompletedProcess[str], store.RunDir]) -> None:
-    result, run = a5000_tuning
-    verdict = result.stdout.split("== Verdict ==", 1)[1]
-    assert "memory: keep: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
-    assert "batch: revert: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit)" \
-        in verdict
-    outcomes = {d.variant: d.outcome for d in diff_run(run)}
-    assert outcomes == {"memory": "keep", "batch": "revert"}
+        a5000_tuning: store.RunDir) -> None:
+    """Seed 000's A/B replayed in simulated time reads as the seed did: memory keep (KV cache +15.0%), batch
+    revert (a cost with no benefit), with the seed's numbers (prefill and every rung of the ladder), and every
+    one of seed 000's experiments replayed and judged by study.py's own functions."""
+    run = a5000_tuning
+    diffs = diff_run(run)
+    assert {d.variant: d.outcome for d in diffs} == {"memory": "keep", "batch": "revert"}
+    why = {d.variant: d.recommendation for d in diffs}   # the console's `recommendation:` lines
+    assert why["memory"].startswith("gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%"), why
+    assert why["batch"] == "max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit)"
     # ... with the seed's numbers: the chunk moves prefill under 2% and no rung of the ladder by 2% ...
-    keys = {c.result.spec.key: c.result.spec for c in run.cells()}
+    cells = run.cells()   # read once: every cell of the run is a file
+    keys = {c.result.spec.key: c.result.spec for c in cells}
     for key, spec in keys.items():
         metric = "prompt_tok_s" if spec.phase == "prefill" else "total_tok_s"
-        before, after = _mean(run, "memory", key, metric), _mean(run, "batch", key, metric)
+        before, after = _mean(cells, "memory", key, metric), _mean(cells, "batch", key, metric)
         assert 0 <= after / before - 1 < 0.02 if spec.phase == "prefill" else after == pytest.approx(before, rel=0.02)
         if spec.phase == "decode":
             # ... and the baseline's ladder within 10% of the seed's at every rung, 32 and 64 streams included.
-            assert _mean(run, "baseline", key, "total_tok_s") == pytest.approx(SEED_000_TOTAL[spec.concurrency],
+            assert _mean(cells, "baseline", key, "total_tok_s") == pytest.approx(SEED_000_TOTAL[spec.concurrency],
                                                                                rel=0.10), key
     # The whole matrix, seed 000's experiments included, each judged by study.py's own functions.
     manifest = run.manifest()
@@ -84,10 +131,15 @@ def test_a5000_tuning_keeps_the_memory_and_reverts_the_batch_size_as_seed_000_di
 
 
 def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
-        a5000_tuning: tuple[subprocess.CompletedProcess[str], store.RunDir], tmp_path: Path) -> None:
-    _, run = a5000_tuning
+        a5000_tuning: store.RunDir, tmp_path: Path) -> None:
+    """`campaign diff`, `export` and `report` read a run replayed in simulated time as any other, its figures
+    the hardware's (seed 000's 64-stream rung in every exported row), its verdict seed 000's (the report opens
+    with the console's verdict lines, word for word); its startup logs are the simulator's, stored, and read by
+    the parser as any vLLM's."""
+    run = a5000_tuning
     diff = campaign("diff", str(run.root))
-    assert diff.returncode == 0 and "KV cache +15.0%" in diff.stdout, diff.stderr
+    assert diff.returncode == 0, diff.stderr
+    assert "recommendation: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in diff.stdout, diff.stdout
     exported = campaign("export", str(run.root), "--format", "csv")
     assert exported.returncode == 0, exported.stderr
     rows = list(csv.DictReader(io.StringIO(exported.stdout)))
@@ -95,6 +147,10 @@ def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
     assert len(c64) >= 3 and all(float(r["total_tok_s"]) == pytest.approx(641, rel=0.10) for r in c64)
     report = campaign("report", str(run.root), "--format", "md", "--out", str(tmp_path / "r.md"))
     assert report.returncode == 0, report.stderr
+    verdict = (tmp_path / "r.md").read_text().split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    assert "memory: keep: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
+    assert "batch: revert: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit)" \
+        in verdict
     # The launch's startup log is the simulator's, read as any vLLM's: the facts are the parser's.
     server = next(s for s in run.ready_servers() if s.variant == "batch")
     assert server.facts.kv_cache_tokens == pytest.approx(562_838, rel=1e-4)
@@ -128,7 +184,9 @@ def test_a_replayed_cells_figures_are_the_engines_by_their_definitions(spec: Cel
 
 
 def test_an_aa_in_simulated_time_reads_no_difference(tmp_path: Path) -> None:
-    result, run = virtual_run("a5000-aa", tmp_path)
+    """Repeats differ only by the engine's seed, so the shipped A/A replayed in simulated time reads "no
+    difference"."""
+    run = night(*load_matrix("a5000-aa")[:2], tmp_path)
     (diff,) = diff_run(run)
     assert diff.aa and diff.outcome == "no difference", diff.recommendation
 
@@ -148,6 +206,8 @@ def test_a_fault_with_nothing_to_act_on_in_simulated_time_is_refused(monkeypatch
 
 
 def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path: Path) -> None:
+    """A simulated start that runs out of memory or gets an unknown flag is the launcher's LaunchError of that
+    kind, and in a night it is a recorded launch failure (exit 6: finished, but a launch failed)."""
     with pytest.raises(LaunchError) as raised:
         sim_night.start(load_profile("a5000-tp2")[0], {"gpu-memory-utilization": 0.25}, seed=0)
     assert raised.value.kind == "out_of_memory", raised.value.message
@@ -167,6 +227,8 @@ def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path
 
 
 def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) -> None:
+    """Open-loop rate cells and agent sessions are left out of a virtual run, named on the console and in the
+    manifest; everything else (code prompts included) is replayed and stored."""
     matrix = tmp_path / "m.yaml"
     matrix.write_text("name: m\nprofile: h200\nbaseline: a\nrepeats: 1\nvariants: [{name: a}]\nwindow_s: 5\n"
                       "workloads:\n  - {kind: prefill, contexts: [8k]}\n"
@@ -189,6 +251,8 @@ def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) 
 
 
 def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A matrix with nothing replayable, a profile that is not the simulator's and an unknown --clock are
+    each one `Error:` line before anything starts."""
     matrix = tmp_path.parent / f"{tmp_path.name}-rate.yaml"
     matrix.write_text("name: r\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\n"
                       "workloads:\n  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n")
@@ -204,10 +268,13 @@ def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path
 
 
 def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
-    _, run = virtual_run("h200-memory-quick", tmp_path)
+    """`campaign run --resume RUN --repeats 2` on a virtual run replays the new repeats in simulated time too
+    (the manifest's clock, not a flag given again), and leaves the shipped matrix as it was."""
+    run = night(*load_matrix("h200-memory-quick")[:2], tmp_path)
     cells = len(run.cells())
     more = campaign("run", "--resume", str(run.root), "--repeats", "2", "--plain")
     assert more.returncode == 0, more.stderr[-2000:]
+    assert "SIMULATED in simulated time" in more.stdout and "\n== Verdict ==\n" in more.stdout, more.stdout[-2000:]
     repeats: dict[tuple[str, str], set[int]] = {}
     for c in run.cells():
         repeats.setdefault((c.variant, c.result.spec.key), set()).add(c.repeat)
@@ -220,18 +287,39 @@ def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
 
 def test_speculative_decoding_on_text_in_simulated_time_reads_as_seed_000_and_004_found(tmp_path: Path) -> None:
     """Text and chat prompts are the tool's own (prompts.Prompts, on the simulator's tokenizer in-process):
-    a5000-spec's drafter model cuts the cache about 5x and no longer serves 64 streams (seed 000 reverted it);
-    h200-mtp's MTP heads, judged on code and prose, are kept (seed 004 serves with two). Agent sessions are
-    left out and said."""
-    spec_result, spec_run = virtual_run("a5000-spec", tmp_path)
+    a5000-spec's drafter model cuts the cache about 5x (-78%) and no longer serves 64 streams, so it is reverted
+    (seed 000 reverted it), while the n-gram drafter's KV cache is the baseline's (no extra weights);
+    h200-mtp's MTP heads (two tokens against none, at 8K), judged on code and prose, are kept (seed 004 serves
+    with two), every chat cell Valid with a plausible acceptance rate. Agent sessions are
+    left out and said. (The same a5000-spec campaign over HTTP on the simulator took 5 minutes and read the
+    same; test_text_prompts keeps speculative decoding over HTTP in `campaign probe`.)"""
+    # Both nights draw their text from one tokenized corpus per source (_texts), in this order.
+    # Two repeats (`--repeats 2`): the drafter is reverted for what its launches state (its KV cache, a cell
+    # it can no longer serve), and the n-gram drafter judged, on six launches instead of ten.
+    spec_matrix, spec_path, _, _ = orchestrate.load_night("a5000-spec", None, None, 2)
+    spec_run = night(spec_matrix, spec_path, tmp_path)
     assert spec_run.manifest().not_replayed == ["workloads[2] agents: this experiment is measured over HTTP only"]
     outcomes = {d.variant: d for d in diff_run(spec_run)}
-    assert outcomes["drafter"].outcome == "revert", outcomes["drafter"].recommendation
-    assert "it can no longer serve what the baseline served" in outcomes["drafter"].recommendation
+    drafter = outcomes["drafter"].recommendation
+    assert outcomes["drafter"].outcome == "revert", drafter
+    assert "it can no longer serve what the baseline served" in drafter
+    assert "KV cache -78." in drafter and "over capacity now in decode-fixed-L2048-C64" in drafter, drafter
+    assert re.search(r": revert( \([^)]*\))?$", drafter), drafter
+    assert "KV cache" not in outcomes["ngram"].recommendation, outcomes["ngram"].recommendation
     cells = [c.result for c in spec_run.cells() if c.variant == "ngram" and c.result.spec.prompts == "code"]
     assert cells and all("spec_random_prompts" not in [r.value for r in c.reason_codes] for c in cells)
     assert all(c.spec_acceptance_rate is not None for c in cells)
-    mtp_result, mtp_run = virtual_run("h200-mtp", tmp_path)
+    # h200-mtp as shipped, but only what is judged here: MTP with two tokens against none (each variant is
+    # judged against the baseline alone, and a launch's engine seed is its repeat, whatever else runs), on
+    # prose through chat and on code, at its first context, 8K (the 32K cells would double the night: each of
+    # their chat prompts is tokenized whole, 32K tokens, to hand the engine its ids).
+    mtp_matrix, mtp_path, _ = load_matrix("h200-mtp")
+    mtp_matrix = mtp_matrix.model_copy(update={
+        "variants": [v for v in mtp_matrix.variants if v.name in {"none", "mtp2"}],
+        "workloads": [w.model_copy(update={"contexts": w.contexts[:1]}) if isinstance(w, DecodeWorkload) else w
+                      for w in mtp_matrix.workloads]})
+    assert {c.context_tokens for c in mtp_matrix.cells()} == {8192}
+    mtp_run = night(mtp_matrix, mtp_path, tmp_path)
     mtp = {d.variant: d for d in diff_run(mtp_run)}
     assert mtp["mtp2"].outcome == "keep", mtp["mtp2"].recommendation
     chat = [c.result for c in mtp_run.cells() if c.variant == "mtp2" and c.result.spec.endpoint == "chat"]

@@ -14,7 +14,7 @@ import asyncio
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from campaign.http.endpoint import Endpoint
@@ -102,11 +102,17 @@ class RequestRecord:
         return int(match.group(1)) if match else None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # A shallow copy with the two lists copied: what asdict gives for these fields, without its deep copy
+        # of every float (a fifth of a simulated-time night's run time went to asdict).
+        return {name: list(value) if isinstance(value, list) else value
+                for name, value in ((f, getattr(self, f)) for f in _RECORD_FIELDS)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
         return cls(**data)  # records stored before token_count/error_kind existed take the defaults
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 
 
 def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ L tokens is L tokens for the model being measured, whatever its vocabulary.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import sysconfig
 from pathlib import Path
@@ -33,6 +34,7 @@ def _stdlib_files() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
+@functools.cache   # the standard library does not change under a running process: read it once
 def code(chars: int = DEFAULT_CHARS) -> str:
     parts: list[str] = []
     size = 0
@@ -48,6 +50,7 @@ def code(chars: int = DEFAULT_CHARS) -> str:
     return "\n\n".join(parts)
 
 
+@functools.cache
 def prose(chars: int = DEFAULT_CHARS) -> str:
     parts: list[str] = []
     size = 0
