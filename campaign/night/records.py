@@ -484,7 +484,8 @@ def document() -> str:
         "## Format history",
         "",
     ]
-    history = (sys.modules[__name__].__doc__ or "").split("Format history:\n", 1)[1].strip().splitlines()
+    doc = (sys.modules[__name__].__doc__ or "").split("\n\nLong (", 1)[0]   # the note to readers of the code
+    history = doc.split("Format history:\n", 1)[1].strip().splitlines()
     lines += [f"- {line.strip()}" if line[:1].isdigit() else f"  {line.strip()}" for line in history]
     lines.append("")
     for kind, record in RECORDS.items():
