@@ -3,20 +3,19 @@ SSE line ends rewritten to CRLF or CR, replies re-framed as HTTP/1.0 (body delim
 TLS. Every cell must stay Valid and read the same throughput as the direct run.
 
 First the proxy itself is checked against a scripted upstream (does it really change what it claims, and does it
-stream?); then the end-to-end runs against the simulator.
+stream?); then the end-to-end runs against the simulator, `campaign probe` invoked in this process (its own
+HTTP client, the proxy and the simulator are the real ones; only the interpreter start is saved).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
 import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,12 +25,14 @@ from typing import Any
 
 import pytest
 from fakes.raw_http import LAST_CHUNK, SSE_CHUNKED, RawHTTPServer, Script, chunk, head, sse, sse_script, vllm_events
+from typer.testing import CliRunner
 
+from campaign.cli import app
 from campaign.core.aio import run as aio_run
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import TLS, Endpoint
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.server.profiles import load_profile
 
 PROXY = Path(__file__).parent / "fakes" / "sse_proxy.py"
 TIME_SCALE = "5"  # as tests/test_sim.py: the simulator's numbers hold at 5x
@@ -132,12 +133,18 @@ def post_request(path: str) -> bytes:
     return POST.replace(b"{path}", path.encode()).replace(b"{{}}", b"{}")
 
 
-def paced_upstream(count: int = 2) -> list[Script]:
-    """Replies whose token events are written 0.15 s apart, LF line ends, chunked."""
+def paced(gap_s: float) -> Script:
+    """A reply whose token events are written `gap_s` apart, LF line ends, chunked."""
     events = vllm_events(4)
-    paced = Script([(0.0, head(200, SSE_CHUNKED))] + [(0.15, chunk(sse([e]))) for e in events[:4]]
-                   + [(0.0, chunk(sse(events[4:])) + LAST_CHUNK)])
-    return [paced] * count
+    return Script([(0.0, head(200, SSE_CHUNKED))] + [(gap_s, chunk(sse([e]))) for e in events[:4]]
+                  + [(0.0, chunk(sse(events[4:])) + LAST_CHUNK)])
+
+
+def paced_upstream() -> list[Script]:
+    """Two replies: the first (read raw, its arrival times checked) with token events 0.15 s apart, so a stream
+    held back until its end shows; the second (read by the tool's client) 0.02 s apart, still one read per
+    event, so the client parses each rewritten line end where a read ends."""
+    return [paced(0.15), paced(0.02)]
 
 
 def event_times(reads: list[tuple[float, bytes]], marker: bytes) -> list[float]:
@@ -151,6 +158,8 @@ def event_times(reads: list[tuple[float, bytes]], marker: bytes) -> list[float]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode, eol", [("crlf", b"\r\n"), ("cr", b"\r")])
 def test_proxy_rewrites_line_endings_as_it_streams(mode: str, eol: bytes) -> None:
+    """--line-ending crlf|cr: every SSE line end is rewritten, event by event as the upstream writes (not held
+    back to the end), and the tool's client reads every token through it."""
     with RawHTTPServer(paced_upstream()) as upstream, sse_proxy(upstream.url, "--line-ending", mode) as proxy:
         url = proxy.url
         reads, closed = raw_exchange(url, post_request("/v1/completions"))
@@ -165,6 +174,8 @@ def test_proxy_rewrites_line_endings_as_it_streams(mode: str, eol: bytes) -> Non
 
 @pytest.mark.timeout(60)
 def test_proxy_http10_delimits_the_body_by_closing() -> None:
+    """--http10: an HTTP/1.0 reply with neither Content-Length nor chunking, ended by closing, still streamed;
+    the tool's client reads every token."""
     with RawHTTPServer(paced_upstream()) as upstream, sse_proxy(upstream.url, "--http10") as proxy:
         url = proxy.url
         reads, closed = raw_exchange(url, post_request("/v1/completions"))
@@ -180,6 +191,8 @@ def test_proxy_http10_delimits_the_body_by_closing() -> None:
 
 @pytest.mark.timeout(60)
 def test_proxy_prefix() -> None:
+    """--prefix: served only under the prefix (404 outside it), forwarded without it; the tool's client given
+    the prefixed base URL reads every token."""
     with RawHTTPServer([sse_script(vllm_events(3))] * 2) as upstream, \
             sse_proxy(upstream.url, "--prefix", "/gateway/team-a") as proxy:
         url = proxy.url
@@ -195,6 +208,8 @@ def test_proxy_prefix() -> None:
 
 @pytest.mark.timeout(60)
 def test_proxy_tls(pki: dict[str, Path]) -> None:
+    """--tls-cert/--tls-key: https with a certificate of a test CA; the tool's client trusts it through
+    TLS(ca_bundle=...) and reads every token."""
     with RawHTTPServer(paced_upstream()) as upstream, \
             sse_proxy(upstream.url, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])) as proxy:
         url = proxy.url
@@ -207,6 +222,8 @@ def test_proxy_tls(pki: dict[str, Path]) -> None:
 
 @pytest.mark.timeout(60)
 def test_proxy_keeps_client_connections_alive() -> None:
+    """Three requests over one client connection and one upstream connection (keep-alive both sides), and the
+    proxy's own count of what it proxied."""
     with RawHTTPServer([sse_script(vllm_events(n)) for n in (2, 3, 4)]) as upstream, \
             sse_proxy(upstream.url, "--line-ending", "crlf") as proxy:
         records, opened = aio_run(complete_many(Endpoint.parse(proxy.url), 3))
@@ -247,24 +264,19 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
 
 
 def probe(url: str, *extra: str) -> dict[str, Any]:
-    # max-tokens 2048: no stream ends inside the window (30 s of the hardware's time, 6 s of wall time at 5x;
-    # about 1,400 tokens each at 4 streams), so no
-    # replacement prefill lands in it and the direct and proxied runs measure the same steady state.
-    command = [sys.executable, "-m", "campaign", "probe", url, "--contexts", "1k", "--concurrency", "4",
-               "--window", "30", "--max-tokens", "2048", "--json", *extra]
-    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": TIME_SCALE}
-    # The JSON (about 250 KB with every request record) goes to a file, not a pipe: one full run of the suite
-    # read back exactly 64 KiB of it from a pipe with exit code 0, which no direct or loaded rerun repeated.
-    with tempfile.TemporaryFile("w+") as stdout:
-        out = subprocess.run(command, cwd=PROJECT_ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True,
-                             timeout=180)
-        stdout.seek(0)
-        text = stdout.read()
-    assert out.returncode == 0, f"{' '.join(command[3:])}: {out.stderr[-3000:]}"
+    # A 6 s window of the hardware's time (1.2 s of wall time at 5x) after the 2 s warm-up, with replies of 480
+    # tokens: the first stream holds about 400 when the window closes (4 streams at 512 read about 47 tok/s
+    # each), so no stream ends inside the window, no replacement prefill lands in it, and the direct and
+    # proxied runs measure the same steady state; the drain after it is under 2 s of the hardware's time.
+    command = ["probe", url, "--contexts", "512", "--concurrency", "4", "--window", "6", "--max-tokens", "480",
+               "--json", *extra]
+    # In this process: the JSON (with every request record) comes back whole, never through a pipe.
+    out = CliRunner().invoke(app, command)
+    assert out.exit_code == 0, f"{' '.join(command[2:])}: {out.stderr[-3000:]} {out.exception!r}"
     try:
-        cells = json.loads(text)["cells"]
+        cells = json.loads(out.stdout)["cells"]
     except ValueError as exc:
-        raise AssertionError(f"{len(text)} characters of JSON that do not parse ({exc}); stderr: "
+        raise AssertionError(f"{len(out.stdout)} characters of JSON that do not parse ({exc}); stderr: "
                              f"{out.stderr[-2000:]}") from None
     assert len(cells) == 1
     cell: dict[str, Any] = cells[0]
@@ -272,8 +284,11 @@ def probe(url: str, *extra: str) -> dict[str, Any]:
     return cell
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(300)
 def test_probe_through_the_proxy_in_every_mode(sim: LaunchedServer, pki: dict[str, Path]) -> None:
+    """`campaign probe` against the simulator directly, then through the proxy with a path prefix and CRLF line
+    ends, as HTTP/1.0 (bodies delimited by close), with CR line ends, and over TLS: every cell Valid, every
+    measured stream through the proxy, and the same throughput as the direct run within 15%."""
     upstream = sim.spec.base_url
     direct = probe(upstream)
     assert direct["total_tok_s"] and direct["total_tok_s"] > 0
@@ -289,9 +304,25 @@ def test_probe_through_the_proxy_in_every_mode(sim: LaunchedServer, pki: dict[st
             results[name] = probe(proxy.url + suffix, *probe_args)
         # Every measured stream went through the proxy (the probe's own requests: at least 4 streams).
         assert proxy.event_streams is not None and proxy.event_streams >= 4, (name, proxy)
-    summary = {name: round(cell["total_tok_s"]) for name, cell in results.items()}
-    summary["direct"] = round(direct["total_tok_s"])
-    print("total_tok_s:", summary)
+    summary = {name: (round(cell["total_tok_s"]), behind_share(cell)) for name, cell in results.items()}
+    summary["direct"] = (round(direct["total_tok_s"]), behind_share(direct))
+    print("total_tok_s, share of the window the simulator fell behind:", summary)
     for name, cell in results.items():
-        assert cell["total_tok_s"] == pytest.approx(direct["total_tok_s"], rel=0.15), (name, summary)
+        assert kept_up_tok_s(cell) == pytest.approx(kept_up_tok_s(direct), rel=0.15), (name, summary)
         assert cell["completed"] is not None and cell["output_tokens"] > 0, name
+
+
+def behind_share(cell: dict[str, Any]) -> float:
+    """The share of the cell's window (or, where the window held under two samples, its step) the simulator fell
+    behind its clock, as its note says; 0 without one."""
+    found = [re.search(r"the simulator fell behind its clock for ([\d.]+)% of the (window|step)", n)
+             for n in cell["notes"]]
+    return next((float(m[1]) / 100 for m in found if m), 0.0)
+
+
+def kept_up_tok_s(cell: dict[str, Any]) -> float:
+    """The cell's throughput had the simulator kept its clock. A simulator starved of the CPU (a busy machine)
+    emits nothing meanwhile: a third of a wall second lost in a window of 1.2 reads over 25% low, by the
+    simulator's own truth as much as by the client. The cell says by how much ("its rates read up to that much
+    low for the hardware it imitates"), and no proxy mode has a part in it, so the comparison puts it back."""
+    return float(cell["total_tok_s"]) / (1.0 - behind_share(cell))
