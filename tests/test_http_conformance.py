@@ -507,7 +507,9 @@ def test_first_byte_timeout(arun: Runner[Any]) -> None:
         waited = time.perf_counter() - began
     error = info.value
     assert error.kind == "timeout" and error.which == "first_byte"
-    assert 0.3 <= waited <= 0.6 and 0.3 <= error.after_s <= 0.6
+    # It fires at its value, never before; how much later depends on the host's load, so the bound above is
+    # the other timeout (5 s), the one that must not be the one that fired.
+    assert 0.3 <= error.after_s <= waited < 5
     assert "first byte" in words(str(error)) and "0.3" in str(error), str(error)
 
 
@@ -520,7 +522,9 @@ def test_idle_timeout(arun: Runner[Any]) -> None:
         failed = time.perf_counter()
     error = info.value
     assert error.kind == "timeout" and error.which == "idle"
-    assert len(events) == 1 and 0.3 <= failed - events[0][0] <= 0.6 and 0.3 <= error.after_s <= 0.6
+    # It fires at its value, never before; how much later depends on the host's load, so the bound above is
+    # the other timeout (5 s), the one that must not be the one that fired.
+    assert len(events) == 1 and 0.3 <= error.after_s < 5 and 0.3 <= failed - events[0][0] < 5
     assert "idle" in words(str(error)) and "0.3" in str(error), str(error)
 
 
@@ -569,7 +573,9 @@ def test_connect_timeout(arun: Runner[Any]) -> None:
             filler.close()
         listener.close()
     error = info.value
-    assert error.which == "connect" and 0.3 <= waited <= 0.6 and 0.3 <= error.after_s <= 0.6
+    # It fires at its value, never before; how much later depends on the host's load (no other timeout is
+    # set here: a connect that hung would have gone on for the default 10 s).
+    assert error.which == "connect" and 0.3 <= error.after_s <= waited < 5
     assert "connect" in words(str(error)) and "0.3" in str(error), str(error)
 
 
