@@ -70,12 +70,17 @@ def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path,
 
 
 def _sims() -> list[object]:
+    """The simulated servers of this test's cluster: the cluster's processes are this process's descendants
+    (another test's servers, running beside this one under xdist, are not)."""
     import psutil
 
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if "campaign.sim" in " ".join(p.info["cmdline"] or []):
-            found.append(p)
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "campaign.sim" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:
+            continue
     return found
 
 
