@@ -1,9 +1,12 @@
 """A whole campaign against the real CPU build: a variant that cannot start, Ctrl-C mid-campaign, resume,
 the diff at the end, and no API key or token (passed through by reference) in any file, log line or console
-output."""
+output. The campaign's verdicts (an Invalid cell above max-num-seqs, the recommendation, the drift line) are
+also checked in simulated time, on the same campaign with a third variant, in seconds."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
@@ -11,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import psutil
@@ -19,22 +24,29 @@ import pytest
 
 from campaign.server.profiles import PROJECT_ROOT
 
-pytestmark = pytest.mark.vllm
-
 SECRET = "sk-e2e-" + secrets.token_hex(12)
 # Issue 37: a Hugging Face token passed through the profile's env and vLLM's --hf-token, both by reference.
 HF_TOKENS = {"CAMPAIGN_E2E_HF_TOKEN": "hf_e2eEnv" + secrets.token_hex(12),
              "CAMPAIGN_E2E_HF_FLAG": "hf_e2eFlag" + secrets.token_hex(12)}
 MARKERS = [SECRET, *HF_TOKENS.values()]
-MATRIX = "tests/fixtures/matrices/e2e.yaml"
+FIXTURES = Path(__file__).parent / "fixtures" / "matrices"
+MATRIX = FIXTURES / "vllmtest-e2e.yaml"
+SIM_MATRIX = FIXTURES / "vllmtest-e2e-sim.yaml"
+
+T = TypeVar("T")
 
 
-def wait_for(predicate, timeout_s: float, what: str, every_s: float = 0.5):  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], T | None], timeout_s: float, what: str, every_s: float = 0.5,
+             alive: subprocess.Popen[str] | None = None) -> T:
+    """Poll until `predicate` gives something true (a deadline, never a fixed sleep); fail at once if the
+    process `alive` names has ended meanwhile."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        if alive is not None and alive.poll() is not None:
+            raise AssertionError(f"the campaign ended (exit {alive.returncode}) before {what}")
         time.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -44,20 +56,47 @@ def port_of(server_json: Path) -> int:
     return int(command[command.index("--port") + 1])
 
 
+def campaign(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "campaign", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`campaign ARGS` through the command line's own entry point (`run_cli`), in this process."""
+    from campaign.cli import run_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_cli(list(args))
+    return subprocess.CompletedProcess(["campaign", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.mark.vllm
 def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) -> None:
+    """`campaign run` on the real build (plain http, behind an API key): Ctrl-C while the baseline's server is
+    measuring (its warm check) stops that server cleanly, keeps every finished cell and drops the measurement
+    in flight; the resume launches only what is unfinished: the variant vLLM refuses, which is recorded as a
+    bad_argument failure while the night goes on, and the drift sentinel. The exit code, the console, the
+    export and the diff read the run, and no key or token reaches a file or the console. Three launches (two
+    of them served) where the demo matrix has six: tests/fixtures/matrices/vllmtest-e2e.yaml."""
     env = os.environ | {"CAMPAIGN_E2E_KEY": SECRET, "PYTHONUNBUFFERED": "1", **HF_TOKENS}
     out = tmp_path / "runs"
     first = subprocess.Popen(
-        [sys.executable, "-m", "campaign", "run", MATRIX, "--out", str(out), "--plain"], cwd=PROJECT_ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "campaign", "run", str(MATRIX), "--out", str(out), "--plain"], cwd=PROJECT_ROOT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_dir = wait_for(lambda: next(iter((out / "e2e").glob("*")), None), 60, "the run directory")
-        server_json = run_dir / "variants/two-seqs/launch-1/server.json"
-        wait_for(server_json.exists, 600, "the third variant's server to be ready", every_s=0.02)
-        # Its cells take about 3 s: freeze the controller (not the server) so that the checks below cannot
-        # outlast them on a loaded machine, and Ctrl-C lands while the variant is being measured.
+        run_dir = wait_for(lambda: next(iter((out / "vllmtest-e2e").glob("*")), None), 60, "the run directory",
+                           alive=first)
+        launch = run_dir / "variants/baseline/launch-1"
+        cells = run_dir / "variants/baseline/cells"
+        # Both cells stored: the launch is now measuring its first cell again (the warm check: at least 2 s
+        # of replies). Freeze the controller (not the server) so that the checks below cannot outlast it on a
+        # loaded machine, and Ctrl-C lands while the server is being measured.
+        wait_for(lambda: len(list(cells.glob("*/rep-0.json"))) == 2, 600, "the baseline's two cells",
+                 every_s=0.02, alive=first)
         first.send_signal(signal.SIGSTOP)
-        port = port_of(server_json)
+        assert not (launch / "stop.json").exists(), "the launch ended before Ctrl-C could land in it"
+        port = port_of(launch / "server.json")
         # The server runs behind the key: /v1 refuses without it, /metrics stays open.
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
@@ -68,53 +107,51 @@ def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) ->
         if first.poll() is None:
             first.send_signal(signal.SIGCONT)
             first.kill()
+            first.communicate(timeout=30)
     assert first.returncode == 130, stderr1
     assert "campaign run --resume" in stderr1
-    # Ctrl-C stopped the server cleanly: nothing listens on its port, nothing of it runs.
+    # Ctrl-C stopped the server cleanly, and recorded it: nothing listens on its port, nothing of it runs.
     assert not any(c.laddr and c.laddr.port == port for c in psutil.net_connections("tcp") if c.status == "LISTEN")
-    assert (run_dir / "variants/two-seqs/launch-1/stop.json").exists()
-
+    stop = json.loads((launch / "stop.json").read_text())
+    assert stop["port_free"] and stop["mode"] in {"sigint", "sigterm"}, stop
+    # Every finished cell is kept; the warm check in flight at Ctrl-C is not stored; nothing later started.
     stored = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
-    assert len([p for p in stored if "/baseline/" in str(p)]) == 2
+    assert len(stored) == 2 and all("/baseline/" in str(p) for p in stored)
+    assert not list(cells.glob("*/guard-*.json"))
+    assert not (run_dir / "variants/broken").exists()
+
+    second = campaign("run", "--resume", str(run_dir), "--plain", env=env, timeout=900)
+    assert second.returncode == 6, second.stderr  # finished, but a launch failed: the exit code says so
+    assert "finished, but not everything: broken r1 (bad_argument)" in second.stderr
     failure = json.loads((run_dir / "variants/broken/launch-1/failure.json").read_text())
     assert failure["failure_kind"] == "bad_argument"
     assert "no-such-dtype" in failure["message"] + failure["log_tail"]
-
-    second = subprocess.run(
-        [sys.executable, "-m", "campaign", "run", "--resume", str(run_dir), "--plain"], cwd=PROJECT_ROOT, env=env,
-        capture_output=True, text=True, timeout=900)
-    assert second.returncode == 6, second.stderr  # finished, but a launch failed: the exit code says so
-    assert "finished, but not everything: broken r1 (bad_argument)" in second.stderr
     after = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
     assert all(after[p] == inode for p, inode in stored.items())  # nothing measured was redone or rewritten
-    # Only servers with unfinished cells were launched again: not the baseline's first round.
+    # Only servers with unfinished cells were launched again: not the baseline's first round, whose cells
+    # were all stored; its second launch is the drift sentinel, after the failed variant (the night went on).
     assert sorted(p.name for p in (run_dir / "variants/baseline").glob("launch-*")) == ["launch-1", "launch-2"]
     assert json.loads((run_dir / "variants/baseline/launch-2/server.json").read_text())["repeat"] == 1  # sentinel
-    assert len(list(run_dir.glob("variants/two-seqs/launch-*"))) == 2
+    assert len(after) == 4  # 2 cells x 2 baseline launches
 
-    two_seqs = [json.loads(p.read_text())["result"]
-                for p in run_dir.glob("variants/two-seqs/cells/decode-*/rep-0.json")]
-    assert two_seqs[0]["status"] == "Invalid"
-    assert any("exceed max-num-seqs 2" in r for r in two_seqs[0]["reasons"])
     # Every launch that measured was warmed up first (recorded with the launch, never as a cell), and its
-    # first cell was measured again at its end (the warm check).
+    # first cell was measured again at its end (the warm check): the sentinel's, since the first one's was cut.
     warmups = [json.loads(p.read_text()) for p in run_dir.glob("variants/*/launch-*/warmup.json")]
-    assert len(warmups) >= 3 and all(w["requests"] >= 2 and w["seconds"] > 0 for w in warmups)
+    assert len(warmups) == 2 and all(w["requests"] >= 2 and w["seconds"] > 0 for w in warmups)
     guards = [json.loads(p.read_text()) for p in run_dir.glob("variants/baseline/cells/*/guard-*.json")]
-    assert {g["repeat"] for g in guards} == {0, 1}
+    assert {g["repeat"] for g in guards} == {1}
     assert (run_dir / "summary.json").exists()
-    assert "recommendation: max-num-seqs 64 -> 2" in second.stdout
     assert "FAILED TO START (bad_argument)" in second.stdout
     assert "drift:" in second.stdout
 
-    export = subprocess.run([sys.executable, "-m", "campaign", "export", str(run_dir), "--format", "csv"],
-                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=True)
-    assert len(export.stdout.splitlines()) == 1 + 2 * 3  # header + 2 cells x (baseline x2, two-seqs)
-    diff = subprocess.run([sys.executable, "-m", "campaign", "diff", str(run_dir)], cwd=PROJECT_ROOT, env=env,
-                          capture_output=True, text=True, check=True)
+    export = campaign("export", str(run_dir), "--format", "csv", env=env)
+    assert export.returncode == 0, export.stderr
+    assert len(export.stdout.splitlines()) == 1 + 2 * 2  # header + 2 cells x 2 baseline launches
+    diff = campaign("diff", str(run_dir), env=env)
+    assert diff.returncode == 0, diff.stderr
 
     # The tokens went in (vLLM's own line names its flag, value hidden) and are stored as references.
-    assert "'hf_token': '***'" in (run_dir / "variants/baseline/launch-1/server.log").read_text()
+    assert "'hf_token': '***'" in (launch / "server.log").read_text()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["profile"]["raw"]["env"]["HF_TOKEN"] == "${CAMPAIGN_E2E_HF_TOKEN}"
     # The key and the tokens never reached a file, a log or the console.
@@ -125,3 +162,31 @@ def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) ->
     for text in (stdout1, stderr1, second.stdout, second.stderr, export.stdout, export.stderr, diff.stdout,
                  diff.stderr):
         assert not [m for m in MARKERS if m in text]
+
+
+def test_the_e2e_campaigns_verdicts_in_simulated_time(tmp_path: Path) -> None:
+    """The end-to-end campaign with a third variant, replayed in simulated time (no server, seconds): the
+    variant that cannot start is recorded and the night goes on (exit 6, FAILED TO START); a variant whose
+    max-num-seqs (2) is below the cell's concurrency (4) has that cell Invalid, saying so, and the
+    recommendation names its flag change; the drift sentinel gives the drift line; export and diff read it.
+    In this process, through the command line's own entry point (no server, no signal to handle)."""
+    result = cli("run", str(SIM_MATRIX), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path), "--plain")
+    assert result.returncode == 6, result.stderr[-3000:]
+    assert "finished, but not everything: broken r1 (bad_argument)" in result.stderr
+    run_dir = next((tmp_path / "vllmtest-e2e-sim").iterdir())
+    failure = json.loads((run_dir / "variants/broken/launch-1/failure.json").read_text())
+    assert failure["failure_kind"] == "bad_argument" and "no-such-size" in failure["message"]
+    two_seqs = [json.loads(p.read_text())["result"]
+                for p in run_dir.glob("variants/two-seqs/cells/decode-*/rep-0.json")]
+    assert len(two_seqs) == 1 and two_seqs[0]["status"] == "Invalid"
+    assert any("exceed max-num-seqs 2" in r for r in two_seqs[0]["reasons"])
+    assert "recommendation: max-num-seqs 256 -> 2" in result.stdout
+    assert "FAILED TO START (bad_argument)" in result.stdout
+    assert "drift:" in result.stdout
+    assert sorted(p.name for p in (run_dir / "variants/baseline").glob("launch-*")) == ["launch-1", "launch-2"]
+    export = cli("export", str(run_dir), "--format", "csv")
+    assert export.returncode == 0, export.stderr
+    assert len(export.stdout.splitlines()) == 1 + 2 * 3  # header + 2 cells x (baseline x2, two-seqs)
+    diff = cli("diff", str(run_dir))
+    assert diff.returncode == 0, diff.stderr
+    assert "max-num-seqs: 256 -> 2" in diff.stdout

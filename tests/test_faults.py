@@ -1,31 +1,40 @@
 """The fault matrix (docs/faults.md): every mistake a new user makes and every fault a night
 meets ends in one `Error:` line with a hint and a documented exit code, or is survived with nothing measured
-lost. Through the real command line (a subprocess), on the simulator where it suffices."""
+lost. Through the real command line: a subprocess (`python -m campaign`) wherever a signal or a second process
+is the point, else the same entry point in this process (`run_cli`, without an interpreter's start-up for
+each command); on the simulator (at 20x) where it suffices."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from campaign.cli import run_cli
 from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
 from campaign.night import launch, orchestrate, store
 from campaign.server import flag_list
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 
-SIM_ENV = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
+SIM_SCALE = "20"   # the simulator 20x faster than its hardware: it keeps up on 2 cores (docs/simulator.md)
+SIM_ENV = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": SIM_SCALE}
 
 # A short campaign on the simulator: one variant, one cell, and a sustained `repeat` experiment measured over
-# a 5 s window of the hardware's time (1 s of wall time at 5x), whose key once differed between the plan and
-# the stored result.
+# a 5 s window of the hardware's time (a quarter second of wall time at 20x), whose key once differed between
+# the plan and the stored result.
 REPEAT_MATRIX = """\
 schema_version: 1
 name: faults
@@ -51,9 +60,24 @@ warmup: false
 """
 
 
+# The same campaign without its experiment: one launch is one cell.
+ONE_CELL = REPEAT_MATRIX.split("  - kind: repeat\n")[0] + "repeats: 1\nwindow_s: 5\nwarmup: false\n"
+
+
 def campaign(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "campaign", *args], cwd=PROJECT_ROOT, env=env or SIM_ENV,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command line in this process: `run_cli`, what `python -m campaign` runs after it has set up its
+    streams and signal handlers (with SIM_ENV's time scale, as `campaign` runs it); for everything but a
+    signal or a second process (those are `campaign`'s)."""
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.setenv("CAMPAIGN_SIM_TIME_SCALE", SIM_SCALE)
+        code = run_cli(list(args))
+    return subprocess.CompletedProcess(["campaign", *args], code, out.getvalue(), err.getvalue())
 
 
 def one_error(result: subprocess.CompletedProcess[str]) -> str:
@@ -68,8 +92,9 @@ def one_error(result: subprocess.CompletedProcess[str]) -> str:
 
 # --- mistakes: one line, fast --------------------------------------------------------------------------
 def test_probe_of_a_closed_port_is_one_line_in_seconds() -> None:
+    """`campaign probe` where nothing listens: one error line, exit 1, within seconds."""
     began = time.monotonic()
-    result = campaign("probe", "http://127.0.0.1:9")
+    result = cli("probe", "http://127.0.0.1:9")
     assert time.monotonic() - began < 15
     assert result.returncode == 1
     assert "cannot reach http://127.0.0.1:9" in one_error(result)
@@ -85,16 +110,18 @@ def test_probe_of_a_closed_port_is_one_line_in_seconds() -> None:
     (["run", "--resume", "/nonexistent/run"], "not a run directory"),
 ])
 def test_usage_mistakes_are_one_error_line(args: list[str], says: str) -> None:
-    result = campaign(*args)
+    """A bad option, value, command, matrix or run directory: one `Error:` line naming it, a usage exit code."""
+    result = cli(*args)
     assert result.returncode in {1, EXIT_USAGE}
     assert says in one_error(result)
 
 
 def test_version_and_help_without_type_labels() -> None:
-    version = campaign("--version")
+    """--version prints the version; every command's --help is plain usage, without typer's type labels."""
+    version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("vllm-campaign ")
     for command in ("plan", "run", "launch", "probe", "parse-log", "diff", "report", "export"):
-        text = campaign(command, "--help").stdout
+        text = cli(command, "--help").stdout
         assert "Usage: campaign" in text and "<bool>" not in text and "<list" not in text, command
 
 
@@ -108,28 +135,32 @@ def no_vllm_profile(tmp_path: Path) -> Path:
 
 def test_a_missing_vllm_executable_is_a_launch_error_before_the_night(no_vllm_profile: Path,
                                                                       tmp_path: Path) -> None:
-    launch = campaign("launch", str(no_vllm_profile), "--once")
+    """No vLLM on the PATH: `launch` and `run` stop before starting anything (no run directory), and `plan`
+    still works against the shipped flag list."""
+    launch = cli("launch", str(no_vllm_profile), "--once")
     assert launch.returncode == LaunchError.exit_code
     assert "'no-such-vllm-binary' is not on the PATH [executable_not_found]" in one_error(launch)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(REPEAT_MATRIX.replace("profile: a5000-tp2", f"profile: {no_vllm_profile.name}"))
-    run = campaign("run", str(matrix), "--out", str(tmp_path / "runs"), "--plain")
+    run = cli("run", str(matrix), "--out", str(tmp_path / "runs"), "--plain")
     assert run.returncode == LaunchError.exit_code
     assert "executable_not_found" in one_error(run)
     assert not (tmp_path / "runs").exists()  # refused before a run directory was made
     # Planning the night elsewhere (a laptop without vLLM) is allowed, against the shipped flag list.
-    plan = campaign("plan", str(matrix))
+    plan = cli("plan", str(matrix))
     assert plan.returncode == 0, plan.stderr
     assert "on profile novllm" in plan.stdout and "the list shipped with vllm-campaign" in plan.stdout
 
 
 def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any other exception inside one launch is recorded as its failure (internal_error) and the night goes on
+    to the next; a resume once the cause is gone measures everything, and nothing is said to have failed."""
     from campaign.night.matrix import load_matrix
     from campaign.night.progress import Progress
 
     path = tmp_path / "m.yaml"
-    path.write_text(REPEAT_MATRIX.replace("  - name: only\n", "  - name: only\n  - name: other\n"))
+    path.write_text(ONE_CELL.replace("  - name: only\n", "  - name: only\n  - name: other\n"))
     matrix, _, _ = load_matrix(str(path))
     profile, _ = load_profile("a5000-tp2")
     run = store.RunDir.create(tmp_path, "faults")
@@ -149,7 +180,7 @@ def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
                for f in failures)
     # Resumed once the cause is gone: everything is measured, and nothing is said to have failed any more.
     monkeypatch.undo()
-    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", SIM_SCALE)
     with orchestrate.resumed(run.root, engine=None, more_repeats=None) as night:
         assert night.unfinished() == ["only r1 (internal_error)", "other r1 (internal_error)",
                                       "only r2 (internal_error)"]  # the last is the drift sentinel
@@ -175,7 +206,7 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
     run = store.RunDir.create(tmp_path, "faults")
     store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
                                                             launch.Options(engine="sim")))
-    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", SIM_SCALE)
     measure = Measurer.run_cell
 
     async def interrupted(self: Measurer, spec: object) -> object:
@@ -193,13 +224,14 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
 
 # --- flags: checked before the night, every occurrence --------------------------------------------------
 def test_unknown_flags_are_all_reported_before_the_night(tmp_path: Path) -> None:
+    """Every unknown flag of a matrix, with its place and a did-you-mean, in one line, before anything starts."""
     matrix = tmp_path / "m.yaml"
     matrix.write_text(REPEAT_MATRIX.replace("  - name: only\n", (
         "  - name: only\n    flags: {mem-fraction: 0.95}\n"
         "  - name: two\n    flags: {mem-fraction: 0.9, max-num-seq: 8}\n")))
     for args in (["plan", str(matrix), "--engine", "sim"],
                  ["run", str(matrix), "--engine", "sim", "--out", str(tmp_path / "runs")]):
-        result = campaign(*args)
+        result = cli(*args)
         assert result.returncode == EXIT_USAGE
         line = one_error(result)
         assert line.startswith("Error: 3 unknown flags: "), line
@@ -210,10 +242,12 @@ def test_unknown_flags_are_all_reported_before_the_night(tmp_path: Path) -> None
 
 
 def test_launch_set_is_checked_against_the_server_before_it_starts() -> None:
-    result = campaign("launch", "a5000-tp2", "--engine", "sim", "--once", "--set", "gpu-memory-utilisation=0.95")
+    """`launch --set` is checked against the server's flags (with a did-you-mean), and a flag the runner owns
+    is refused, both before the server starts."""
+    result = cli("launch", "a5000-tp2", "--engine", "sim", "--once", "--set", "gpu-memory-utilisation=0.95")
     assert result.returncode == EXIT_USAGE
     assert "--set.gpu-memory-utilisation (did you mean gpu-memory-utilization?)" in one_error(result)
-    owned = campaign("launch", "a5000-tp2", "--engine", "sim", "--once", "--set", "port=9000")
+    owned = cli("launch", "a5000-tp2", "--engine", "sim", "--once", "--set", "port=9000")
     assert "this flag is owned by the runner" in one_error(owned)
 
 
@@ -228,6 +262,8 @@ options:
 
 
 def test_the_flag_list_is_read_from_the_servers_own_help_once_per_version(tmp_path: Path) -> None:
+    """The flag list is parsed from the server's own `--help=all` (aliases and --no- forms included, names in
+    prose not), and asked once per executable and version (cached)."""
     exe = tmp_path / "vllm"
     exe.write_text("#!/usr/bin/python3\n")
     exe.chmod(0o755)
@@ -252,6 +288,8 @@ def test_the_flag_list_is_read_from_the_servers_own_help_once_per_version(tmp_pa
 
 @pytest.mark.vllm
 def test_the_real_cpu_builds_flag_list(tmp_path: Path) -> None:
+    """The real CPU build's own flag list, read fresh from its --help=all: authoritative, naming its version,
+    with what the shipped list lacks (an alias) and everything the shipped list has."""
     profile, _ = load_profile("cpu-tiny")
     flags = flag_list.for_profile(profile, cache=tmp_path)
     assert flags.authoritative and "vLLM 0.32.0" in flags.source
@@ -265,7 +303,7 @@ def test_the_real_cpu_builds_flag_list(tmp_path: Path) -> None:
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("faults")
     (folder / "m.yaml").write_text(REPEAT_MATRIX)
-    result = campaign("run", str(folder / "m.yaml"), "--engine", "sim", "--out", str(folder / "runs"), "--plain")
+    result = cli("run", str(folder / "m.yaml"), "--engine", "sim", "--out", str(folder / "runs"), "--plain")
     assert result.returncode == 0, result.stderr[-3000:]
     return next((folder / "runs" / "faults").glob("*"))
 
@@ -279,10 +317,12 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 
 def test_resuming_a_finished_run_is_a_no_op(finished_run: Path, tmp_path: Path) -> None:
+    """Resuming a finished run says it is complete and launches and rewrites nothing (the sustained repeat
+    experiment is found under the key it was planned with)."""
     run = _copy(finished_run, tmp_path)
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*.json"))
     assert "variants/only/experiments/repeat-decode-sustained-L64-C2-N16-W5/rep-0.json" in before
-    result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
+    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr
     assert "is complete: nothing left to measure" in result.stderr
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*.json")) == before
@@ -290,13 +330,15 @@ def test_resuming_a_finished_run_is_a_no_op(finished_run: Path, tmp_path: Path) 
 
 
 def test_a_damaged_result_is_kept_aside_and_measured_again(finished_run: Path, tmp_path: Path) -> None:
+    """A truncated result file: reading commands skip it with a warning; a resume keeps it aside, renamed, and
+    measures the cell again."""
     run = _copy(finished_run, tmp_path)
     cell = next(run.glob("variants/only/cells/*/rep-0.json"))
     cell.write_text(cell.read_text()[:200])  # truncated, as by a crash or a full disk
-    export = campaign("export", str(run), "--format", "csv")
+    export = cli("export", str(run), "--format", "csv")
     assert export.returncode == 0, export.stderr
     assert f"warning: skipped {cell}: damaged, not valid JSON" in export.stderr
-    result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
+    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr
     assert f"{cell} was damaged (not valid JSON): kept as rep-0.json.damaged" in result.stderr
     assert json.loads(cell.read_text())["result"]["status"] == "Valid"  # measured again
@@ -305,28 +347,31 @@ def test_a_damaged_result_is_kept_aside_and_measured_again(finished_run: Path, t
 
 
 def test_a_newer_format_is_refused_with_a_hint(finished_run: Path, tmp_path: Path) -> None:
+    """A result file from a newer vllm-campaign is refused with one error line and a hint to upgrade."""
     run = _copy(finished_run, tmp_path)
     cell = next(run.glob("variants/only/cells/*/rep-0.json"))
     data = json.loads(cell.read_text())
     cell.write_text(json.dumps(data | {"schema_version": store.SCHEMA_VERSION + 1}))
-    result = campaign("export", str(run))
+    result = cli("export", str(run))
     assert result.returncode == ResultFormatError.exit_code
     assert "newer than this vllm-campaign understands" in one_error(result)
     assert "hint: upgrade vllm-campaign" in result.stderr
 
 
 def test_two_writers_of_one_run_are_refused(finished_run: Path, tmp_path: Path) -> None:
+    """A second writer of a run directory is refused, naming the holder's pid; the lock goes with its holder."""
     run = _copy(finished_run, tmp_path)
     with store.RunDir(run).writer():
         result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 1
     assert f"{run} is being written by another campaign process (pid {os.getpid()})" in one_error(result)
     # The lock is gone with its holder: the next resume runs.
-    assert campaign("run", "--resume", str(run), "--engine", "sim", "--plain").returncode == 0
+    assert cli("run", "--resume", str(run), "--engine", "sim", "--plain").returncode == 0
 
 
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing_half_written(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while writing: a clear error with the resume hint, and no partial or temporary file."""
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -340,7 +385,8 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_half_written(tmp_path: 
 
 # --- plan ----------------------------------------------------------------------------------------------
 def test_plan_names_the_profile_and_what_every_experiment_costs(finished_run: Path) -> None:
-    result = campaign("plan", "a5000-tuning")
+    """`plan` names the profile and estimates every experiment (the context-window probe: minutes)."""
+    result = cli("plan", "a5000-tuning")
     assert result.returncode == 0, result.stderr
     assert "on profile a5000-tp2 (vllm, serving qwen)" in result.stdout
     # The context-window probe sends two prompts of the 131,072-token window: at a guessed 1,000 tok/s, minutes.
@@ -349,42 +395,52 @@ def test_plan_names_the_profile_and_what_every_experiment_costs(finished_run: Pa
 
 
 def test_plan_after_a_run_sets_each_launch_beside_its_estimate(finished_run: Path) -> None:
-    result = campaign("plan", str(finished_run.parent.parent.parent / "m.yaml"), "--engine", "sim",
-                      "--out", str(finished_run.parent.parent))
+    """`plan` after a run takes its rates from that run and sets each launch's estimate beside its actual time."""
+    result = cli("plan", str(finished_run.parent.parent.parent / "m.yaml"), "--engine", "sim",
+                 "--out", str(finished_run.parent.parent))
     assert result.returncode == 0, result.stderr
     assert "rates: " in result.stdout and f"measured in {finished_run}" in result.stdout
     assert f"The last run ({finished_run.name}): each launch, estimated and actual" in result.stdout
 
 
 def test_exit_codes_are_distinct() -> None:
+    """Every documented exit code is distinct."""
     assert len({1, EXIT_USAGE, LaunchError.exit_code, ResultFormatError.exit_code, EXIT_SOME_FAILED,
                 EXIT_INTERNAL}) == 6
 
 
 @contextmanager
-def controller_with_a_stored_cell(matrix: Path, out: Path, log: Path, *args: str,
-                                  env: dict[str, str] | None = None, within_s: float = 120
-                                  ) -> Iterator[subprocess.Popen[bytes]]:
-    """`campaign run MATRIX` in the background, handed over once its first cell is stored (mid-campaign);
+def controller_until(matrix: Path, out: Path, log: Path, until: Callable[[], object], *args: str,
+                     env: dict[str, str] | None = None, within_s: float = 120, what: str = "a stored cell"
+                     ) -> Iterator[subprocess.Popen[bytes]]:
+    """`campaign run MATRIX` in the background, handed over once `until()` holds (polled, with a deadline);
     never left running. Its stderr goes to `log` (a pipe nobody reads could stall it)."""
     with log.open("wb") as err:
         controller = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), *args, "--out", str(out),
                                        "--plain"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + within_s
-        while not list(out.glob("*/*/variants/only/cells/*/rep-0.json")):
-            assert controller.poll() is None and time.monotonic() < deadline, "no cell was stored"
-            time.sleep(0.05)
+        while not until():
+            assert controller.poll() is None, f"the campaign ended before {what}: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {within_s:g} s"
+            time.sleep(0.02)
         yield controller
     finally:
         if controller.poll() is None:
             controller.kill()
+            controller.wait(timeout=30)
+
+
+def a_stored_cell(out: Path) -> Callable[[], bool]:
+    return lambda: bool(list(out.glob("*/*/variants/only/cells/*/rep-0.json")))
 
 
 def sigkill_takes_the_tree(controller: subprocess.Popen[bytes], *, at_least: int) -> None:
-    """SIGKILL: no handler runs, no teardown; every process under the controller must still be gone in 5 s."""
+    """SIGKILL: no handler runs, no teardown; every process under the controller must still be gone in 5 s.
+    The controller is frozen first (SIGSTOP), so the tree read is the tree killed, mid-campaign."""
     import psutil
 
+    controller.send_signal(signal.SIGSTOP)
     tree = psutil.Process(controller.pid).children(recursive=True)
     assert len(tree) >= at_least, tree
     controller.kill()
@@ -393,18 +449,23 @@ def sigkill_takes_the_tree(controller: subprocess.Popen[bytes], *, at_least: int
     assert not alive, f"server processes outlived the controller: {alive}"
 
 
-LONGER = REPEAT_MATRIX.replace("concurrency: [1]\n    max_tokens: 8", "concurrency: [1, 2, 4, 8]\n    max_tokens: 256")
+# Four cells and the experiment: a campaign still running when its first cell is stored.
+LONGER = REPEAT_MATRIX.replace("concurrency: [1]\n    max_tokens: 8", "concurrency: [1, 2, 4, 8]\n    max_tokens: 128")
 
 
 def test_sigkill_of_the_controller_takes_the_server_with_it_and_resume_loses_nothing(tmp_path: Path) -> None:
+    """The controller killed outright (SIGKILL, no handler) mid-campaign: the simulated server, its child,
+    dies with it (the parent-death signal); `--resume` measures the rest without redoing a stored result."""
     matrix = tmp_path / "m.yaml"
     matrix.write_text(LONGER)
     out = tmp_path / "runs"
-    with controller_with_a_stored_cell(matrix, out, tmp_path / "err.log", "--engine", "sim", env=SIM_ENV) as controller:
+    with controller_until(matrix, out, tmp_path / "err.log", a_stored_cell(out), "--engine", "sim",
+                          env=SIM_ENV) as controller:
         sigkill_takes_the_tree(controller, at_least=1)  # the simulated server is the controller's child
     run = next(out.glob("faults/*"))
     stored = {p: p.stat().st_ino for p in run.glob("variants/*/cells/*/rep-*.json")}
-    result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
+    assert stored
+    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr[-3000:]
     assert all(p.stat().st_ino == inode for p, inode in stored.items())  # nothing finished was redone
     assert len(list(run.glob("variants/*/cells/*/rep-0.json"))) == 4
@@ -412,15 +473,15 @@ def test_sigkill_of_the_controller_takes_the_server_with_it_and_resume_loses_not
 
 
 def test_sigterm_to_the_controller_stops_the_server_cleanly_and_keeps_every_cell(tmp_path: Path) -> None:
-    import signal
-
+    """SIGTERM (a job scheduler's stop) mid-campaign unwinds like Ctrl-C: exit 130 with the resume hint, the
+    server stopped and its stop recorded, every finished cell kept."""
     import psutil
 
     matrix = tmp_path / "m.yaml"
     matrix.write_text(LONGER)
     out = tmp_path / "runs"
     log = tmp_path / "err.log"
-    with controller_with_a_stored_cell(matrix, out, log, "--engine", "sim", env=SIM_ENV) as controller:
+    with controller_until(matrix, out, log, a_stored_cell(out), "--engine", "sim", env=SIM_ENV) as controller:
         servers = psutil.Process(controller.pid).children(recursive=True)
         controller.send_signal(signal.SIGTERM)  # a job scheduler's stop: unwinds like Ctrl-C
         controller.wait(timeout=60)
@@ -434,23 +495,53 @@ def test_sigterm_to_the_controller_stops_the_server_cleanly_and_keeps_every_cell
     assert list(run.glob("variants/only/cells/*/rep-0.json"))
 
 
+KILLED = """\
+schema_version: 1
+name: killed
+profile: cpu-tiny
+baseline: only
+variants:
+  - name: only
+    flags: {enforce-eager: true}   # no torch.compile at start (about 10 s): the same process tree
+workloads:
+  - kind: decode
+    mode: fixed
+    contexts: [128]
+    concurrency: [1]
+    max_tokens: 1536
+repeats: 1
+warmup: false
+"""
+
+
 @pytest.mark.vllm
 def test_sigkill_of_the_controller_takes_the_real_vllm_tree_with_it(tmp_path: Path) -> None:
     """vLLM's own processes (API server, engine core, worker), not only the simulator's one, die with a
-    controller killed outright; the resume then finishes without redoing a stored cell."""
+    controller killed outright once the server is up and its first cell is being generated (vLLM's own
+    counter says so). What a resume does after a SIGKILL is the simulator's test above."""
+    import httpx
+
+    from campaign.server import metrics
+
     matrix = tmp_path / "m.yaml"
-    matrix.write_text("schema_version: 1\nname: killed\nprofile: cpu-tiny\nbaseline: only\nvariants:\n"
-                      "  - name: only\nworkloads:\n  - kind: decode\n    mode: fixed\n    contexts: [128]\n"
-                      "    concurrency: [1, 2, 4]\n    max_tokens: 64\nrepeats: 1\nwarmup: false\n")
+    matrix.write_text(KILLED)
     out = tmp_path / "runs"
-    with controller_with_a_stored_cell(matrix, out, tmp_path / "err.log", within_s=600) as controller:
-        sigkill_takes_the_tree(controller, at_least=2)  # the API server and its engine core at least
-    run = next(out.glob("killed/*"))
-    stored = {p: p.stat().st_ino for p in run.glob("variants/*/cells/*/rep-*.json")}
-    result = campaign("run", "--resume", str(run), "--plain", env=dict(os.environ), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert all(p.stat().st_ino == inode for p, inode in stored.items())
-    assert len(list(run.glob("variants/only/cells/*/rep-0.json"))) == 3
+
+    def generating() -> bool:
+        server = next(iter(out.glob("killed/*/variants/only/launch-1/server.json")), None)
+        if server is None:
+            return False
+        command = json.loads(server.read_text())["command"]
+        try:
+            text = httpx.get(f"http://127.0.0.1:{command[command.index('--port') + 1]}/metrics", timeout=5).text
+        except httpx.TransportError:
+            return False
+        return metrics.parse(text).value(metrics.GENERATION_TOKENS) > 0
+
+    with controller_until(matrix, out, tmp_path / "err.log", generating, env=dict(os.environ), within_s=600,
+                          what="the first cell's tokens") as controller:
+        sigkill_takes_the_tree(controller, at_least=3)  # the API server, its engine core, the core's worker
+    assert not list(out.glob("killed/*/variants/only/cells/*/rep-0.json"))  # killed mid-cell: nothing stored
 
 
 def test_a_long_answer_reaches_a_pipe_read_late_whole_even_unbuffered(tmp_path: Path) -> None:
@@ -462,7 +553,21 @@ def test_a_long_answer_reaches_a_pipe_read_late_whole_even_unbuffered(tmp_path: 
               "aio.run(asyncio.sleep(0.05))\nsys.stdout.write('x' * 300_000 + '\\n')\n")
     child = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    time.sleep(1.5)   # the reader is late: the pipe fills and the writer waits, as under a loaded CI box
+    # The reader is late: nothing is read until the pipe is full and the writer waits on it, as under a loaded
+    # CI box (the pipe's own count says when, rather than a guessed sleep).
+    assert child.stdout is not None
+    capacity = fcntl.fcntl(child.stdout.fileno(), 1032)   # F_GETPIPE_SZ: 64 KiB unless the system says otherwise
+    deadline = time.monotonic() + 60
+    while unread(child.stdout.fileno()) < capacity:
+        assert child.poll() is None and time.monotonic() < deadline, "the writer never filled the pipe"
+        time.sleep(0.01)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 0, err
     assert len(out) == 300_001
+
+
+def unread(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD)."""
+    count = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return int.from_bytes(count, sys.byteorder)
