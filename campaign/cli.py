@@ -49,7 +49,7 @@ from campaign.report.tables import to_markdown, to_text
 from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
 from campaign.server.control import ControlClient
-from campaign.server.profiles import load_profile, parse_gpus
+from campaign.server.profiles import FlagValue, LaunchProfile, load_profile, parse_gpus
 
 app = typer.Typer(
     add_completion=False,
@@ -136,11 +136,11 @@ FindMaxRateOpt = Annotated[bool, typer.Option(
     "--find-max-rate", help="search the highest rate (and concurrency) that holds --slo, at one context")]
 
 
-def _timeouts(connect: float, first_byte: float, idle: float) -> Any:
+def _timeouts(connect: float, first_byte: float, idle: float) -> Timeouts:
     return Timeouts(connect_s=connect, first_byte_s=first_byte, idle_s=idle)
 
 
-def _note_proxy(endpoint: Any) -> None:
+def _note_proxy(endpoint: Endpoint) -> None:
     notice = proxy_notice(endpoint)
     if notice:
         _err(f"note: {notice}")
@@ -248,8 +248,9 @@ def launch(
         raise typer.Exit(130) from None
 
 
-def _launch_and_serve(loaded: Any, log_path: Path, overrides: dict[str, Any], *, engine: str | None, once: bool,
-                      specs: list[Any], as_json: bool, timeouts: Any, search: Any = None) -> None:
+def _launch_and_serve(loaded: LaunchProfile, log_path: Path, overrides: dict[str, FlagValue], *, engine: str | None,
+                      once: bool, specs: list[CellSpec], as_json: bool, timeouts: Timeouts,
+                      search: CellSpec | None = None) -> None:
     with launched(loaded, log_path, overrides, engine=engine) as server:
         _err("command: " + " ".join(server.spec.redacted_argv()))
         _err(f"ready in {server.ready.ready_s:.1f} s at {server.spec.base_url} (pid {server.ready.pid})")
@@ -444,7 +445,7 @@ def run(
         raise typer.Exit(EXIT_SOME_FAILED)
 
 
-def _say_damaged(run_dir: Any) -> None:
+def _say_damaged(run_dir: store.RunDir) -> None:
     for message in run_dir.damaged:
         _err(f"warning: skipped {message}")
 
