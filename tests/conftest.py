@@ -21,15 +21,9 @@ from campaign.server.profiles import PROJECT_ROOT, TLSConfig, load_profile
 SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
 
 
-@pytest.hookimpl(tryfirst=True)   # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The test that stops the shared server runs after every other test that uses it.
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
-    # Under `pytest -n 2 --dist loadgroup` (make test) a file runs on one worker, so its module's server or
-    # cluster starts once; every test on the real vLLM build runs on one worker, beside the one shared server.
-    for item in items:
-        group = "vllm" if item.get_closest_marker("vllm") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 # Environment a test may not leave changed for the next one (a leaked CAMPAIGN_* setting or Ray address once

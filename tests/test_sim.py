@@ -27,7 +27,6 @@ from campaign.night import store
 from campaign.night import virtual as sim_night
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.night.matrix import RepeatExperiment
-from campaign.server import startup_log
 from campaign.server.profiles import load_profile
 from campaign.sim import model as sim_model
 
@@ -265,28 +264,6 @@ async def _experiments_under_foreign_traffic(target: Target) -> list[study.Exper
             await study.overload(target, max_num_seqs=2, prompt_tokens=32, reply_tokens=16),
             await study.prefix_order(target, block_size=800, agents=2, shared_tokens=800, task_tokens=32,
                                      reply_tokens=8)]
-
-
-@pytest.mark.vllm
-def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: LaunchedServer) -> None:
-    """Where both have them, the simulator's metric names and log facts match the real server's."""
-    import httpx
-
-    from campaign.server import metrics
-
-    with vllm_server.target().endpoint.control() as control:
-        real = metrics.parse(control.get("/metrics").text)
-    sim = metrics.parse(httpx.get(f"{a5000.spec.base_url}/metrics").text)
-    for name in (*metrics.MEASUREMENT_METRICS, "vllm:kv_cache_usage_perc", "vllm:cache_config_info"):
-        assert real.has(name) and sim.has(name), name
-    for label in ("block_size", "kv_cache_size_tokens", "num_gpu_blocks", "gpu_memory_utilization"):
-        assert label in (real.info(metrics.CACHE_CONFIG_INFO) or {}) and label in (sim.info(metrics.CACHE_CONFIG_INFO)
-                                                                                    or {})
-    real_facts = startup_log.parse(vllm_server.process.log_path.read_text())
-    sim_facts = startup_log.parse(a5000.process.log_path.read_text())
-    for key in ("vllm_version", "kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_batched_tokens",
-                "engine_init_s", "tensor_parallel_size"):
-        assert getattr(real_facts, key) is not None and getattr(sim_facts, key) is not None, key
 
 
 @pytest.mark.usefixtures("dead_server_found_fast")

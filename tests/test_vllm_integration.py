@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -24,9 +25,10 @@ from campaign.measure import corpus
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import Measurer, Target
-from campaign.night.launcher import LaunchedServer
+from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
+from campaign.server.profiles import load_profile
 
 pytestmark = pytest.mark.vllm
 
@@ -279,6 +281,32 @@ def test_probe_cli_json(vllm_server: LaunchedServer) -> None:
             assert key in cell, key
         assert cell["status"] == "Valid", cell["reasons"]
     assert cells[1]["label"] == "single-stream" and cells[2]["label"] == "aggregate"
+
+
+@pytest.fixture()
+def a5000(tmp_path: Path) -> Iterator[LaunchedServer]:
+    """A simulated A5000 pair (test_sim.py measures on one): the contract's other side."""
+    profile, _ = load_profile("a5000-tp2")
+    with launched(profile, tmp_path / "server.log", engine="sim") as server:
+        yield server
+
+
+def test_contract_with_the_real_cpu_build(vllm_server: LaunchedServer, a5000: LaunchedServer) -> None:
+    """Where both have them, the simulator's metric names and log facts match the real server's. Here, in the
+    shared server's file, so that one worker of `make test` starts it."""
+    with vllm_server.target().endpoint.control() as control:
+        real = metrics.parse(control.get("/metrics").text)
+    sim = metrics.parse(httpx.get(f"{a5000.spec.base_url}/metrics").text)
+    for name in (*metrics.MEASUREMENT_METRICS, "vllm:kv_cache_usage_perc", "vllm:cache_config_info"):
+        assert real.has(name) and sim.has(name), name
+    for label in ("block_size", "kv_cache_size_tokens", "num_gpu_blocks", "gpu_memory_utilization"):
+        assert label in (real.info(metrics.CACHE_CONFIG_INFO) or {}) and label in (sim.info(metrics.CACHE_CONFIG_INFO)
+                                                                                    or {})
+    real_facts = startup_log.parse(vllm_server.process.log_path.read_text())
+    sim_facts = startup_log.parse(a5000.process.log_path.read_text())
+    for key in ("vllm_version", "kv_cache_tokens", "max_concurrency", "max_model_len", "max_num_batched_tokens",
+                "engine_init_s", "tensor_parallel_size"):
+        assert getattr(real_facts, key) is not None and getattr(sim_facts, key) is not None, key
 
 
 @pytest.mark.stops_shared_server
