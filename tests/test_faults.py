@@ -25,7 +25,7 @@ import pytest
 
 from campaign.cli import run_cli
 from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
-from campaign.night import launch, orchestrate, store
+from campaign.night import launch, orchestrate, records, store
 from campaign.server import flag_list
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 
@@ -351,7 +351,7 @@ def test_a_newer_format_is_refused_with_a_hint(finished_run: Path, tmp_path: Pat
     run = _copy(finished_run, tmp_path)
     cell = next(run.glob("variants/only/cells/*/rep-0.json"))
     data = json.loads(cell.read_text())
-    cell.write_text(json.dumps(data | {"schema_version": store.SCHEMA_VERSION + 1}))
+    cell.write_text(json.dumps(data | {"schema_version": records.SCHEMA_VERSION + 1}))
     result = cli("export", str(run))
     assert result.returncode == ResultFormatError.exit_code
     assert "newer than this vllm-campaign understands" in one_error(result)
@@ -493,55 +493,6 @@ def test_sigterm_to_the_controller_stops_the_server_cleanly_and_keeps_every_cell
     stop = store.RunDir(run).stop("variants/only/launch-1")
     assert stop is not None and stop.mode in {"sigint", "sigterm", "already_exited"}  # stopped, and recorded
     assert list(run.glob("variants/only/cells/*/rep-0.json"))
-
-
-KILLED = """\
-schema_version: 1
-name: killed
-profile: cpu-tiny
-baseline: only
-variants:
-  - name: only
-    flags: {enforce-eager: true}   # no torch.compile at start (about 10 s): the same process tree
-workloads:
-  - kind: decode
-    mode: fixed
-    contexts: [128]
-    concurrency: [1]
-    max_tokens: 1536
-repeats: 1
-warmup: false
-"""
-
-
-@pytest.mark.vllm
-def test_sigkill_of_the_controller_takes_the_real_vllm_tree_with_it(tmp_path: Path) -> None:
-    """vLLM's own processes (API server, engine core, worker), not only the simulator's one, die with a
-    controller killed outright once the server is up and its first cell is being generated (vLLM's own
-    counter says so). What a resume does after a SIGKILL is the simulator's test above."""
-    import httpx
-
-    from campaign.server import metrics
-
-    matrix = tmp_path / "m.yaml"
-    matrix.write_text(KILLED)
-    out = tmp_path / "runs"
-
-    def generating() -> bool:
-        server = next(iter(out.glob("killed/*/variants/only/launch-1/server.json")), None)
-        if server is None:
-            return False
-        command = json.loads(server.read_text())["command"]
-        try:
-            text = httpx.get(f"http://127.0.0.1:{command[command.index('--port') + 1]}/metrics", timeout=5).text
-        except httpx.TransportError:
-            return False
-        return metrics.parse(text).value(metrics.GENERATION_TOKENS) > 0
-
-    with controller_until(matrix, out, tmp_path / "err.log", generating, env=dict(os.environ), within_s=600,
-                          what="the first cell's tokens") as controller:
-        sigkill_takes_the_tree(controller, at_least=3)  # the API server, its engine core, the core's worker
-    assert not list(out.glob("killed/*/variants/only/cells/*/rep-0.json"))  # killed mid-cell: nothing stored
 
 
 def test_a_long_answer_reaches_a_pipe_read_late_whole_even_unbuffered(tmp_path: Path) -> None:
