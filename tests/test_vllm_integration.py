@@ -1,7 +1,8 @@
-"""Against the real CPU build of vLLM with the tiny model (one shared server for the whole session; the n-gram
-drafter test starts one of its own). What the real build adds to the simulator's tests: vLLM's own scheduler,
-counters, tokenizer, chat template and TLS. Cells are as short as what each test proves allows (fixed-count
-cells where a window is not the point), and the text corpora are built once for the module."""
+"""Against the real CPU build of vLLM with the tiny model: one shared server for the whole session, and one
+campaign of its own whose server runs the n-gram drafter and whose controller is then SIGKILLed (two tests,
+one launch). What the real build adds to the simulator's tests: vLLM's own scheduler, counters, tokenizer,
+chat template, process tree and TLS. Cells are as short as what each test proves allows (fixed-count cells
+where a window is not the point), and the text corpora are built once for the module."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import asyncio
 import contextlib
 import io
 import json
+import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +33,9 @@ from campaign.measure.runner import Measurer, Target
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
-from campaign.server.profiles import load_profile
+from campaign.server.profiles import PROJECT_ROOT, load_profile
 
 pytestmark = pytest.mark.vllm
-
-# A profile of the CPU build that starts in about half the time (no torch.compile, the engine core's model in
-# its own process rather than a worker's): for the tests that need a server of their own.
-LEAN_PROFILE = Path(__file__).parent / "fixtures" / "vllmtest-cpu-tiny-lean.yaml"
 
 
 # The first 300,000 characters of each corpus (about 75,000 tokens): windows for any prompt up to the tiny
@@ -99,7 +100,7 @@ def test_decode_matrix_and_prefill_row(target: Target) -> None:
     specs += [CellSpec(phase="decode", context_tokens=256, concurrency=c, max_tokens=64, window_s=1.0, warmup_s=0.2)
               for c in (1, 2)]
 
-    async def run() -> list:
+    async def run() -> list[Any]:
         return [await measurer.run_cell(s) for s in specs]
 
     results = asyncio.run(run())
@@ -410,7 +411,7 @@ def test_text_prompts_are_exactly_l_tokens_by_the_servers_own_count(target: Targ
     as a message through the tiny model's ChatML template; the server's usage counts every prompt at exactly
     L tokens, the bracket's prompt counter agrees, and the cell is Valid with fixed-length replies."""
     spec = CellSpec(phase="decode", context_tokens=300, concurrency=2, mode="fixed", max_tokens=24,
-                    prompts=prompts, endpoint=endpoint)  # type: ignore[arg-type]
+                    prompts=prompts, endpoint=endpoint)
     cell = asyncio.run(Measurer(target).run_cell(spec))
     assert cell.status == "Valid", cell.reasons
     counted = [r.usage_prompt_tokens or 0 for r in cell.records]
@@ -528,31 +529,102 @@ def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(targe
     assert found.values["max_rate_rps"] == search["last_pass_rps"]
 
 
-def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(tmp_path: Path) -> None:
-    """Issue 15: the CPU build (0.32) runs n-gram speculative decoding (prompt lookup, no extra weights). A
-    server of its own: the startup log names the method and its draft tokens; a code cell's acceptance comes
-    from vllm:spec_decode_* over the bracketed step, and a random-id cell on the same server is Valid with
-    the reason that its acceptance is not what text gets. (With dummy weights the tiny model's greedy reply
-    repeats itself, which prompt lookup predicts well whatever the prompt: the figures are the counters', the
-    comparison between prompts means nothing on this model, so it is not asserted.) One fixed-count request a
-    cell is a bracketed step like a window's; the lean profile starts the server in about half the time."""
+# One real launch for two tests: a campaign whose server runs vLLM's n-gram drafter measures a code cell and a
+# random-id cell, then, while it measures a third cell, its controller is killed outright.
+NGRAM_NIGHT = """\
+schema_version: 1
+name: ngram
+profile: cpu-tiny
+baseline: only
+variants:
+  - name: only
+    flags:
+      enforce-eager: true   # no torch.compile at start (about 10 s here): the same process tree
+      kv-cache-memory-bytes: 16M
+      speculative-config: {method: ngram, num_speculative_tokens: 2, prompt_lookup_max: 3, prompt_lookup_min: 1}
+workloads:
+  - kind: decode
+    mode: fixed
+    contexts: [512]
+    concurrency: [1]
+    max_tokens: 64
+    prompts: code
+  - kind: decode
+    mode: fixed
+    contexts: [512]
+    concurrency: [1]
+    max_tokens: 64
+  # Rounds of short replies for ten minutes: still being measured whenever the kill comes, however loaded
+  # the machine.
+  - kind: decode
+    mode: fixed
+    contexts: [128]
+    concurrency: [1]
+    max_tokens: 32
+    min_seconds: 600
+repeats: 1
+warmup: false
+"""
+
+
+@dataclass(frozen=True)
+class KilledNight:
+    run: Path
+    tree: list[psutil.Process]       # every process under the controller when it was killed
+    survivors: list[psutil.Process]  # those still running 5 s after
+
+
+@pytest.fixture(scope="module")
+def ngram_night_killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilledNight]:
+    """`campaign run` of NGRAM_NIGHT in a subprocess (the cpu-tiny profile as shipped: API server, engine core
+    and its worker), SIGKILLed once its two n-gram cells are stored and the third is being measured."""
+    folder = tmp_path_factory.mktemp("ngram")
+    (folder / "m.yaml").write_text(NGRAM_NIGHT)
+    out = folder / "runs"
+    with (folder / "err.log").open("wb") as err:
+        controller = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(folder / "m.yaml"), "--out",
+                                       str(out), "--plain"], cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 600
+        while len(list(out.glob("ngram/*/variants/only/cells/*/rep-0.json"))) < 2:
+            assert controller.poll() is None, (folder / "err.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the n-gram cells were not measured in 10 minutes"
+            time.sleep(0.05)
+        # SIGKILL: no handler runs, no teardown. Frozen first, so the tree read is the tree killed.
+        controller.send_signal(signal.SIGSTOP)
+        tree = psutil.Process(controller.pid).children(recursive=True)
+        controller.kill()
+        controller.wait(timeout=10)
+        _, survivors = psutil.wait_procs(tree, timeout=5)
+        yield KilledNight(run=next(out.glob("ngram/*")), tree=tree, survivors=survivors)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait(timeout=30)
+        for proc in tree:  # a survivor (the test then fails) is not left running for the rest of the session
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
+        ngram_night_killed: KilledNight) -> None:
+    """Issue 15: the CPU build (0.32) runs n-gram speculative decoding (prompt lookup, no extra weights),
+    launched by a campaign: the startup log names the method and its draft tokens; a code cell's acceptance
+    comes from vllm:spec_decode_* over the bracketed step, and a random-id cell on the same server is Valid
+    with the reason that its acceptance is not what text gets. (With dummy weights the tiny model's greedy
+    reply repeats itself, which prompt lookup predicts well whatever the prompt: the figures are the
+    counters', the comparison between prompts means nothing on this model, so it is not asserted.) One
+    fixed-count request a cell is a bracketed step like a window's."""
     from campaign.measure.cells import Reason
-    from campaign.night.launcher import launched
-    from campaign.server.profiles import load_profile
+    from campaign.night import store
 
-    profile, _ = load_profile(str(LEAN_PROFILE))
-    flags = {"kv-cache-memory-bytes": "16M", "speculative-config": {
-        "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3, "prompt_lookup_min": 1}}
-    with launched(profile, tmp_path / "server.log", flags) as server:
-        assert server.facts.speculative_method == "ngram" and server.facts.num_speculative_tokens == 2
-        measurer = Measurer(server.target())
-
-        async def cells() -> list[Any]:
-            return [await measurer.run_cell(CellSpec(phase="decode", context_tokens=512, concurrency=1, mode="fixed",
-                                                     max_tokens=64, prompts=prompts))
-                    for prompts in ("code", "random")]
-
-        code, noise = asyncio.run(cells())
+    run = store.RunDir(ngram_night_killed.run)
+    (server,) = run.ready_servers()
+    assert server.facts.speculative_method == "ngram" and server.facts.num_speculative_tokens == 2
+    cells = {c.result.spec.prompts: c.result for c in run.cells()}
+    assert set(cells) == {"code", "random"}  # the third cell was cut by the kill: not stored
+    code, noise = cells["code"], cells["random"]
     for cell in (code, noise):
         assert cell.status == "Valid", cell.reasons
         assert cell.output_tokens == 64 and cell.attempts[-1].accepted  # one whole reply, bracketed
@@ -560,3 +632,12 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
         assert cell.spec_mean_accepted is not None and 0 < cell.spec_mean_accepted <= 2
         assert cell.spec_mean_acceptance_length == pytest.approx(1 + cell.spec_mean_accepted)
     assert code.reason_codes == [] and noise.reason_codes == [Reason.SPEC_RANDOM_PROMPTS]
+
+
+def test_sigkill_of_the_controller_takes_the_real_vllm_tree_with_it(ngram_night_killed: KilledNight) -> None:
+    """vLLM's own processes (API server, engine core, the core's worker), not only the simulator's one, die
+    within 5 s with a campaign controller killed outright (SIGKILL: no handler, no teardown) while it measures
+    a cell: the parent-death signal reaches the API server, which takes its tree down. What a resume does
+    after a SIGKILL is tests/test_faults.py's simulator test."""
+    assert len(ngram_night_killed.tree) >= 3, ngram_night_killed.tree
+    assert not ngram_night_killed.survivors, f"server processes outlived the controller: {ngram_night_killed.survivors}"
