@@ -108,6 +108,7 @@ def test_probe_of_a_closed_port_is_one_line_in_seconds() -> None:
     (["nosuch"], "No such command 'nosuch'"),
     (["plan", "no-such-matrix"], "no matrix named 'no-such-matrix'"),
     (["run", "--resume", "/nonexistent/run"], "not a run directory"),
+    (["probe", "http://127.0.0.1:9", "--concurrency", "1,x"], "Invalid value for '--concurrency': 'x' is not a whole"),
 ])
 def test_usage_mistakes_are_one_error_line(args: list[str], says: str) -> None:
     """A bad option, value, command, matrix or run directory: one `Error:` line naming it, a usage exit code."""

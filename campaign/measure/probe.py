@@ -37,7 +37,10 @@ def parse_list(text: str | None, *, tokens: bool = False) -> list[int]:
     out = []
     for part in text.split(","):
         if part.strip():
-            out.append(parse_tokens(part) if tokens else int(part))
+            try:
+                out.append(parse_tokens(part) if tokens else int(part))
+            except ValueError:
+                raise OptionError("--concurrency", f"{part.strip()!r} is not a whole number (e.g. 1,4,16)") from None
     return out
 
 
