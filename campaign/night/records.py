@@ -45,7 +45,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,10 +56,6 @@ from campaign.measure.study import ExperimentResult
 from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
-
-if TYPE_CHECKING:
-    from campaign.night.matrix import Matrix
-    from campaign.server.profiles import LaunchProfile
 
 SCHEMA_VERSION = 10
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")

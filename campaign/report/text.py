@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from campaign.measure.cells import CellResult, CellSpec, Reason
-from campaign.night.planning import cell_s
+from campaign.night.planning import Plan, cell_s
 from campaign.night.progress import fmt_duration
+from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
+from campaign.night.replay import VirtualCell
 from campaign.report.tables import Cell, Item, Table, to_text
 from campaign.report.tables import cell as as_cell
-
-if TYPE_CHECKING:
-    from campaign.night.planning import Plan
-    from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
-    from campaign.night.replay import VirtualCell
 
 DASH = "—"
 
