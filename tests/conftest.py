@@ -6,7 +6,11 @@ demo campaign and the e2e campaign test cover plain http on the same build."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import inspect
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +28,21 @@ SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The test that stops the shared server runs after every other test that uses it.
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
+    unmarked = [item.nodeid for item in items if heavy_without_its_mark(item)]
+    if unmarked:
+        raise pytest.UsageError("these start the real vLLM build or a Ray cluster without @pytest.mark.cpu_heavy, "
+                                "so a wall-timed test could be measured beside their start: " + ", ".join(unmarked))
+
+
+def heavy_without_its_mark(item: pytest.Item) -> bool:
+    """A test that starts the real build (marked `vllm`) or a Ray cluster (`Cluster(` in its code) but is not
+    marked `cpu_heavy` (see cpu_share below)."""
+    if item.get_closest_marker("cpu_heavy") is not None:
+        return False
+    if item.get_closest_marker("vllm") is not None:
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and "Cluster(" in inspect.getsource(function)
 
 
 # Environment a test may not leave changed for the next one (a leaked CAMPAIGN_* setting or Ray address once
@@ -70,8 +89,57 @@ def _forget_secrets() -> Iterator[None]:
     secret.forget()
 
 
-@pytest.fixture(scope="session")
+# --- the machine's two cores, shared by the two xdist workers ---------------------------------------------------
+# A test that measures over HTTP on the wall clock needs its client to get the CPU when it asks: a rate cell keeps
+# its schedule to within 100 ms, and a window at 20x lasts one wall second. Two spinning processes beside it leave
+# it enough (its event loop's lag p99 stayed near 5 ms); a real vLLM starting beside it (imports, then
+# torch.compile, in three busy processes) did not: the loop stalled for up to 0.5 s, requests left 0.6-1.5 s late,
+# and the tool rightly called the cell Invalid. Ray clusters start as many processes. So the two never overlap:
+# a test marked `cpu_heavy` (and the shared vLLM server's whole life) holds an exclusive lock on one file per run,
+# a test marked `wall_timed` a shared one. flock: the kernel drops a dead worker's lock.
+_held: str | None = None   # "exclusive" or "shared" while this worker holds the lock
+
+
+def _lock_path() -> Path | None:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")   # the same in every worker of one run; unset without xdist
+    return None if run is None else Path(tempfile.gettempdir()) / f"vllm-campaign-tests-{run}.lock"
+
+
+@contextlib.contextmanager
+def cpu_share(kind: str, path: Path | None = None) -> Iterator[None]:
+    """Hold the run's CPU lock ("exclusive" or "shared") for the block; nothing without xdist, and nothing more
+    while this worker already holds it (a heavy module's test needs no second lock)."""
+    global _held
+    path = path or _lock_path()
+    if path is None or _held is not None:
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if kind == "exclusive" else fcntl.LOCK_SH)
+        _held = kind
+        try:
+            yield
+        finally:
+            _held = None
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    node = request.node
+    kind = "exclusive" if node.get_closest_marker("cpu_heavy") else "shared" if node.get_closest_marker(
+        "wall_timed") else None
+    if kind is None:
+        yield
+        return
+    with cpu_share(kind):
+        yield
+
+
+@pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    """The real CPU build, started once for test_vllm_integration (the only module that uses it, so it stops
+    with that module) while it holds the machine: its start and its measured cells load both cores."""
     missing = [p for p in (".venv-vllm/bin/python", "models/tiny-qwen3/config.json") if not (PROJECT_ROOT / p).exists()]
     if missing:
         pytest.fail(f"the real vLLM CPU build is not installed ({', '.join(missing)} missing): "
@@ -88,7 +156,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedSe
     profile = profile.model_copy(update={"tls": TLSConfig(
         certfile=folder / "server.pem", keyfile=folder / "server.key", ca_bundle=folder / "ca.pem")})
     log = folder / "server.log"
-    with launched(profile, log, SHARED_SERVER_FLAGS) as server:
+    with cpu_share("exclusive"), launched(profile, log, SHARED_SERVER_FLAGS) as server:
         yield server
 
 

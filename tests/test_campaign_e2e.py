@@ -72,6 +72,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.vllm
+@pytest.mark.vllm
+@pytest.mark.cpu_heavy
 def test_campaign_survives_a_broken_variant_ctrl_c_and_resume(tmp_path: Path) -> None:
     """`campaign run` on the real build (plain http, behind an API key): Ctrl-C while the baseline's server is
     measuring (its warm check) stops that server cleanly, keeps every finished cell and drops the measurement

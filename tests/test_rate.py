@@ -544,6 +544,7 @@ def _probe(server: LaunchedServer, *args: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.wall_timed
 def test_done_when_two_rates_report_their_achieved_rate_and_goodput(h200: tuple[LaunchedServer, Path]) -> None:
     """Done when: `campaign probe URL --rate 0.5,2 --duration 20 --slo ttft_p99_ms=3000,tpot_p99_ms=60 --json`
     on the simulated H200 reports both rate cells with achieved rates within 15% of the requested ones and
@@ -567,6 +568,7 @@ def test_done_when_two_rates_report_their_achieved_rate_and_goodput(h200: tuple[
         assert all(r["scheduled_t"] is not None and r["released_t"] is not None for r in cell["requests"])
 
 
+@pytest.mark.wall_timed
 def test_goodput_falls_past_the_knee_as_the_truth_says(h200: tuple[LaunchedServer, Path]) -> None:
     """At 4K-token prompts the simulated H200 prefills about 2.5 requests a second: below that every request
     meets a p90 TTFT of 1.5 s, above it the queue grows and goodput collapses; every rate figure of both
@@ -596,6 +598,7 @@ def test_goodput_falls_past_the_knee_as_the_truth_says(h200: tuple[LaunchedServe
         assert not wrong, wrong
 
 
+@pytest.mark.wall_timed
 def test_find_max_rate_brackets_the_capacity_with_the_concurrency_beside_it(
         h200: tuple[LaunchedServer, Path]) -> None:
     """`campaign probe --find-max-rate` returns the rate search's bracket (the highest rate that held, below
@@ -614,6 +617,7 @@ def test_find_max_rate_brackets_the_capacity_with_the_concurrency_beside_it(
     assert streams["max"] is not None and streams["max"] <= 2
 
 
+@pytest.mark.wall_timed
 def test_agent_sessions_at_a_rate_are_served_from_the_prefix_cache_as_the_truth_says(
         h200: tuple[LaunchedServer, Path]) -> None:
     """Four live sessions of three turns on a shared 2K system prompt, at 2 requests a second: the step's
@@ -638,6 +642,7 @@ def test_agent_sessions_at_a_rate_are_served_from_the_prefix_cache_as_the_truth_
                for n in cell.notes)
 
 
+@pytest.mark.wall_timed
 def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(tmp_path: Path) -> None:
     """The whole path through `campaign run` on the simulator: a rate cell and a capacity search per launch,
     stored, exported with their fields, in the short answers, and in the recommendation's capacity line.
@@ -676,6 +681,7 @@ def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(t
         assert found["max_rate_rps"] is not None and found["searches"] >= 1, found
 
 
+@pytest.mark.wall_timed
 def test_launch_measures_rates_on_the_server_it_started(tmp_path: Path) -> None:
     """`campaign launch PROFILE --rate ...` takes the same options as probe: here on the simulated H200, one
     rate cell, then the server is stopped."""
@@ -691,6 +697,7 @@ def test_launch_measures_rates_on_the_server_it_started(tmp_path: Path) -> None:
     assert "stopped:" in out.stderr
 
 
+@pytest.mark.wall_timed
 def test_a_rate_cells_tail_is_weighed_against_the_clients_lag_in_the_same_time(tmp_path: Path) -> None:
     """A rate cell's latencies are in the hardware's ms (wall x the simulator's time scale), the client's
     event-loop lag in wall ms: a 2 ms lag under a 100 ms TTFT p99 at 5x is 10 ms of the hardware's, 10% of

@@ -25,6 +25,7 @@ _POOL, _, _ = load_matrix(MATRIX)
 CELLS_AT_ONE_REPEAT = len(schedule(_POOL.model_copy(update={"repeats": 1}))) * len(_POOL.cells())
 
 
+@pytest.mark.cpu_heavy
 def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from ray.cluster_utils import Cluster
@@ -87,6 +88,7 @@ def _sims() -> list[object]:
     return found
 
 
+@pytest.mark.cpu_heavy
 def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster(tmp_path: Path) -> None:
     import signal
 
@@ -133,6 +135,7 @@ def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster
     assert len(keys) == len(set(keys)) == CELLS_AT_ONE_REPEAT
 
 
+@pytest.mark.cpu_heavy
 def test_a_launch_wider_than_the_largest_node_is_refused_before_the_night(tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 

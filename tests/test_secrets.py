@@ -220,6 +220,7 @@ def test_an_unset_reference_is_an_error_before_the_night(tmp_path: Path, capsys:
 
 
 # --- the canary night ------------------------------------------------------------------------------------------
+@pytest.mark.cpu_heavy
 def test_canary_night_on_ray_with_a_failed_launch_leaves_no_marker_anywhere(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     values = {"CANARY_KEY": marker("Key") + "\n",    # a key file read with $(cat ...): its line end too

@@ -112,6 +112,7 @@ def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
     assert a5000.warnings == []  # the log and /metrics agree
 
 
+@pytest.mark.wall_timed
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Seed 000's A/B (three flag sets, two interleaved launches each) measured over HTTP at 5x is the same
     campaign as replayed in simulated time: the same keep and revert, every cell's figures (the hardware's on
@@ -313,6 +314,7 @@ def test_reply_timeouts_follow_the_simulated_clock_and_connecting_does_not() -> 
     assert Timeouts(idle_s=2).at_speed(100.0).idle_s == 2   # a limit below the floor is kept as it was
 
 
+@pytest.mark.wall_timed
 def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_the_real_ones_dynamics(
         a5000: LaunchedServer) -> None:
     """Issue 21: a 10 s window and a 1 s warm-up at 5x are 2 and 0.2 wall seconds, so the cell sees the
@@ -340,6 +342,7 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
     assert cell.completed is not None and abs(cell.completed - replayed.completed) <= 1
 
 
+@pytest.mark.wall_timed
 def test_experiments_replayed_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
     """The peer of a virtual night's experiments: the same study functions over HTTP on the simulator at 5x
     (their figures the hardware's, format 10) and fed by the engine's own records (sim_night)."""

@@ -98,6 +98,7 @@ def _place(where: str) -> str:
     return parts[1].split("-L")[0]
 
 
+@pytest.mark.wall_timed
 def test_every_published_figure_matches_the_simulators_truth(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """`make truth` at the suite's size: every kind of cell (prefill, sustained, fixed, open-loop rate) and
@@ -146,6 +147,7 @@ def test_every_published_figure_matches_the_simulators_truth(
     assert first_fail.tool is not None and capacity_found.tool < first_fail.tool <= 1.5 * capacity_found.tool
 
 
+@pytest.mark.wall_timed
 def test_at_twenty_times_throughput_holds_or_the_cell_says_the_simulator_fell_behind(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 004's 64-wide 8K cell, the one that read 1,731 tok/s at 20x against the seed's 3,104: at 20x its

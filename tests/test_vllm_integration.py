@@ -35,7 +35,7 @@ from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_heavy]
 
 
 # The first 300,000 characters of each corpus (about 75,000 tokens): windows for any prompt up to the tiny
