@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from campaign.analysis.statistics import MAX_ADVISED_REPEATS, MIN_EFFECT
+from campaign.analysis.statistics import MAX_ADVISED_REPEATS
 from campaign.analysis.verdicts import (
-    TAIL_METRICS,
     Outcome,
     VariantDiff,
     _cell_diffs,
@@ -23,6 +22,7 @@ from campaign.core.errors import CampaignError
 from campaign.measure import answers
 from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import REASON_HINTS, Reason
+from campaign.measure.judged import MIN_EFFECT, TAIL_METRICS
 from campaign.night.records import Manifest
 from campaign.night.store import RunDir, StoredCell
 

@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from campaign.core import stats
+from campaign.measure.judged import MIN_EFFECT
 
 Verdict = Literal["better", "worse", "inside noise", "not judged", "not comparable", "no data"]
 
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
-MIN_EFFECT = 0.03        # changes smaller than 3% are inside noise even when the interval excludes zero
-FAMILY_ALPHA = 0.05      # the family-wise error rate of one variant's tests (Holm)
 
 
 def _spread(values: list[float], floor: float) -> float:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from campaign.analysis import recommend, summary, verdicts
-from campaign.analysis.statistics import MIN_EFFECT
 from campaign.core.errors import CampaignError
 from campaign.measure.cells import CellResult
+from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
 from campaign.night.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.night.store import RunDir, replace_text
