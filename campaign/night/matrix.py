@@ -26,6 +26,7 @@ from campaign.measure import corpus
 from campaign.measure import slo as slos
 from campaign.measure.capacity import search_key  # the experiment names its own results
 from campaign.measure.cells import SESSIONS_CHAT, CellSpec, Sessions
+from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.openloop import Arrival, rate_value
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
@@ -394,8 +395,22 @@ class TimeoutsConfig(BaseModel):
         return Timeouts(connect_s=self.connect_s, first_byte_s=self.first_byte_s, idle_s=self.idle_s)
 
 
+AUTO_FIRST_ROUNDS = 2    # `repeats: auto` starts with two launches a side: the fewest that show the noise
+AUTO_MAX_REPEATS = 10    # ... and stops at this many unless `max_repeats` says otherwise
+
+
+def duration_s(value: Any) -> float:
+    """A wall-clock span as written: seconds, or a number with s, m or h (`8h`, `90m`). ValueError otherwise."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(value))
+    if match is None:
+        raise ValueError(f"{value!r} is not a duration: write seconds, or a number with s, m or h (8h, 90m)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
 class Matrix(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     schema_version: int = MATRIX_SCHEMA_VERSION
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -406,7 +421,15 @@ class Matrix(BaseModel):
     # A grid expands into one variant per combination, named by its values (e.g. max-num-seqs=8).
     grid: dict[str, list[FlagValue]] = Field(default_factory=dict)
     workloads: list[Workload] = Field(min_length=1)
+    # Launches a side, in interleaved rounds. `repeats: auto` runs rounds until every variant's verdict is
+    # settled (docs/verdicts.md): from AUTO_FIRST_ROUNDS, at most `max_repeats`, within `budget` of wall time.
     repeats: int = Field(default=1, ge=1)
+    until_settled: bool = False
+    max_repeats: int | None = Field(default=None, ge=2)
+    budget_s: float | None = Field(default=None, gt=0, alias="budget")
+    # The smallest change worth acting on, as a fraction (0.03: 3%): "no difference" promises every deciding
+    # figure is shown within it, and a change inside it is never better or worse.
+    min_effect: float = Field(default=MIN_EFFECT, gt=0, lt=1)
     window_s: float = Field(default=30.0, gt=0)
     # Speed floors (tok/s per request) for "how many agents are useful"; the first is the headline one.
     floors: list[float] = Field(default_factory=lambda: [40.0, 30.0, 20.0], min_length=1)
@@ -421,6 +444,29 @@ class Matrix(BaseModel):
     slo: Slo | None = None
 
     _slo = field_validator("slo", mode="before")(_slo_input)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_repeats(cls, data: Any) -> Any:
+        """`repeats: auto` is rounds until settled; `budget: 8h` a wall-clock budget (s, m or h)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("repeats"), str) and data["repeats"].strip().lower() == "auto":
+            data["repeats"], data["until_settled"] = AUTO_FIRST_ROUNDS, True
+            data.setdefault("max_repeats", AUTO_MAX_REPEATS)
+        if "budget" in data:
+            data["budget"] = duration_s(data["budget"])
+        return data
+
+    @model_validator(mode="after")
+    def _settling(self) -> Matrix:
+        if (self.max_repeats is not None or self.budget_s is not None) and not self.until_settled:
+            raise ValueError("max_repeats and budget apply to `repeats: auto` (rounds until settled); "
+                             "with a fixed number of repeats, remove them")
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats {self.max_repeats} is below repeats {self.repeats}")
+        return self
 
     @model_validator(mode="after")
     def _baseline_exists(self) -> Matrix:
