@@ -65,6 +65,12 @@ from campaign.server.lifecycle import log_tail
 from campaign.server.profiles import FlagValue, LaunchProfile, normalize_flag
 
 
+def launch_identity(variant: str, repeat: int) -> str:
+    """A launch's identity in its night, the same on every run of it (and its relaunches): what the simulator's
+    launch noise is drawn from, over HTTP and in simulated time alike."""
+    return f"{variant}/{repeat}"
+
+
 @dataclass(frozen=True)
 class LaunchWork:
     variant: str
@@ -185,8 +191,8 @@ class Campaign:
             began = datetime.now(UTC).isoformat()
             try:
                 flags, resolution = self._resolve_flags(variant)
-                with launched(profile, launch_dir / "server.log", flags, engine=self.options.engine) as server, \
-                        self._client_pinned():
+                with launched(profile, launch_dir / "server.log", flags, engine=self.options.engine,
+                              launch=launch_identity(variant.name, repeat)) as server, self._client_pinned():
                     self._record_server(launch_dir, variant, repeat, flags, server, resolution)
                     died = self._measure(server, variant, repeat, queue, retried, launch_dir)
                     if not died:
@@ -232,7 +238,7 @@ class Campaign:
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): replaying in simulated time")
         try:
             flags, resolution = self._resolve_flags(variant)
-            launch = sim_night.start(self.profile, flags, seed=repeat)
+            launch = sim_night.start(self.profile, flags, seed=repeat, launch=launch_identity(variant.name, repeat))
         except LaunchError as exc:
             self._record_failure(launch_dir, variant, repeat, exc)
             self.progress.note(f"{variant.name} (repeat {repeat + 1}): FAILED TO START ({exc.kind}): {exc.message}")

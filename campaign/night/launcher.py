@@ -56,8 +56,10 @@ def launched(
     *,
     engine: str | None = None,
     startup_timeout_s: float | None = None,
+    launch: str | None = None,
 ) -> Iterator[LaunchedServer]:
-    spec = argv.build(profile, overrides, engine=engine)
+    """`launch`: the launch's identity in its night (`variant/repeat`), for the simulator (argv.build)."""
+    spec = argv.build(profile, overrides, engine=engine, launch=launch)
     process = ServerProcess(spec, log_path, startup_timeout_s=startup_timeout_s or profile.startup_timeout_s)
     with process:
         ready = process.wait_ready()

@@ -14,8 +14,9 @@ process instead of over /tokenize), and seed 000's experiments (context window, 
 prefix order, repeat), each step as study.py sends it and judged by study.py's own functions. What is not,
 and is left out of the run with its name on the console and in the manifest (`not_replayed`): open-loop rate
 cells, agent sessions and capacity searches; measure them over HTTP (`campaign run MATRIX --engine sim`).
-Repeats differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell); everything else
-an engine does is deterministic, so a virtual A/A reads no difference.
+Repeats differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell) and, with the
+`launch-noise` fault, by the speed each launch draws; everything else an engine does is deterministic, so a
+virtual A/A reads no difference.
 """
 
 from __future__ import annotations
@@ -142,15 +143,17 @@ class VirtualLaunch:
         raise ValueError(f"{experiment.kind}: not replayed in simulated time")  # replayable() kept it out
 
 
-def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int) -> VirtualLaunch:
+def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, launch: str = "") -> VirtualLaunch:
     """The launch's command line as the launcher builds it, parsed by the simulator, and its startup log; a
-    start that fails is a LaunchError as the launcher raises it (bad argument, OOM, no room for the KV cache)."""
+    start that fails is a LaunchError as the launcher raises it (bad argument, OOM, no room for the KV cache).
+    `launch`: its identity in the night (`variant/repeat`): with the profile's `--seed` (not `seed`, the
+    engine's), it draws the launch's noise as the same launch over HTTP draws it."""
     spec = argv.build(profile, flags, engine="sim", port=8000)
     command = spec.argv[spec.argv.index("campaign.sim") + 1:]
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            config = sim_config.parse(command)
+            config = sim_config.parse(command, launch=launch)
     except SystemExit:
         raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
                           log_tail=errors.getvalue(), hint="see the simulator's usage line") from None

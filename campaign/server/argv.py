@@ -15,6 +15,7 @@ from campaign.core import secret
 from campaign.core.errors import CampaignError
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
 from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
+from campaign.sim.config import LAUNCH_ENV
 
 # Plain, uncoloured, logo-free logs are what the parser reads best; a profile's own env still wins.
 _LOG_ENV = {"VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1", "VLLM_DISABLE_LOG_LOGO": "1", "PYTHONUNBUFFERED": "1"}
@@ -148,7 +149,10 @@ def build(
     *,
     port: int | None = None,
     engine: str | None = None,
+    launch: str | None = None,
 ) -> LaunchSpec:
+    """`launch`: the launch's identity in its night (`variant/repeat`), which the simulator's launch noise is
+    drawn from; passed to the simulator only, in its environment (LAUNCH_ENV)."""
     flags = merge_flags(profile.flags, overrides or {})
     host = profile.host
     chosen_port = port if port is not None else (
@@ -178,6 +182,8 @@ def build(
     api_key = api_key_from(profile.api_key_env)
     env = dict(_LOG_ENV)
     env.update(profile.env)
+    if engine == "sim" and launch is not None:
+        env[LAUNCH_ENV] = launch
     return LaunchSpec(
         argv=argv, env_overrides=env, host=host, port=chosen_port, served_model_name=profile.served_name,
         flags=flags, api_key=api_key, tls=tls,

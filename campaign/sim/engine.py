@@ -87,7 +87,7 @@ class Step:
     decode_tokens: int               # scheduled positions, speculative ones included
     prefill_tokens: int
     prefill_seqs: int
-    duration: float                  # simulated seconds, from the roofline (and the bimodal fault)
+    duration: float                  # simulated seconds, from the roofline (and the speed and bimodal faults)
     # Speculative decoding, counted as the step completes (the server's counters add the same numbers).
     drafts: int = 0
     draft_tokens: int = 0
@@ -176,7 +176,10 @@ class Engine:
             decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
             prefill_context=prefill_weight // max(1, prefill_tokens),
             context_tokens_read=sum(r.context for r in decoding), drafter=cfg.drafter,
-            draft_passes=cfg.num_speculative_tokens if cfg.drafter is not None else 0, drafting_seqs=len(decoding))
+            draft_passes=cfg.num_speculative_tokens if cfg.drafter is not None else 0, drafting_seqs=len(decoding),
+            prefill_speed=cfg.faults.prefill_speed, decode_speed=cfg.faults.decode_speed)
+        # This launch's speed (launch-noise): the engine's physics, so the truth records it as what happened.
+        duration *= cfg.speed_factor
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
         return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,

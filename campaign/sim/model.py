@@ -128,11 +128,15 @@ def block_size(hardware: str, model: str, kv_cache_dtype: str = "auto") -> int:
 
 def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,
                  prefill_context: int, context_tokens_read: int, drafter: ModelShape | None = None,
-                 draft_passes: int = 0, drafting_seqs: int = 0) -> float:
+                 draft_passes: int = 0, drafting_seqs: int = 0, prefill_speed: float = 1.0,
+                 decode_speed: float = 1.0) -> float:
     """Time of one engine step: `decode_tokens` (all sequences, speculative positions included),
     `prefill_tokens` scheduled from prompts whose attention spans `prefill_context` on average, and the KV
     cache read for `context_tokens_read` tokens of decoding context; with a drafter model, its `draft_passes`
-    sequential forward passes over `drafting_seqs` sequences (each reads its weights and its own KV)."""
+    sequential forward passes over `drafting_seqs` sequences (each reads its weights and its own KV).
+    `prefill_speed` / `decode_speed` (the faults of a known true effect) divide the prefill tokens' time and
+    the decode tokens' (drafting included); the step's fixed cost and weight read are shared between the two
+    by scheduled tokens, so a step of prefill alone, or of decode alone, takes exactly 1/speed as long."""
     cal = calibration_for(hardware, model)
     resolved = resolve_hardware(hardware)
     assert resolved is not None
@@ -155,7 +159,12 @@ def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, pref
         draft_flops = drafting_seqs * 2 * drafter.params_b * 1e9
         t_draft = draft_passes * (draft_bytes / bandwidth + draft_flops / (peak * cal.decode_mfu)
                                   + cal.fixed_step_s / 2)
-    return cal.fixed_step_s + t_mem + t_decode + t_prefill + t_draft
+    if prefill_speed == 1.0 and decode_speed == 1.0:
+        return cal.fixed_step_s + t_mem + t_decode + t_prefill + t_draft  # summed as ever: figures unchanged
+    shared = cal.fixed_step_s + t_mem
+    prefill_share = prefill_tokens / (prefill_tokens + decode_tokens)
+    return ((t_prefill + prefill_share * shared) / prefill_speed
+            + (t_decode + t_draft + (1 - prefill_share) * shared) / decode_speed)
 
 
 def blocks_for(tokens: int, block: int) -> int:

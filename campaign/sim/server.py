@@ -9,7 +9,7 @@ engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); her
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
 times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
 
-Long (about 510 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
+Long (about 520 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
 startup log it prints, on one event loop with the engine; a request's path is read in one place.
 """
 
@@ -412,6 +412,12 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
              f"model='{args.model}', speculative_config={spec_text}, max_seq_len={args.max_model_len}, "
              f"tensor_parallel_size={tp}, pipeline_parallel_size=1, device_config=cuda, "
              f"enable_prefix_caching={args.enable_prefix_caching}, enable_chunked_prefill=True")
+    if args.faults.launch_noise:  # the speed this launch drew, for a person reading its log (vLLM has no such line)
+        log.line("EngineCore", "INFO", "sim.py:1", f"launch noise: speed factor {args.speed_factor:.4f} (sigma "
+                 f"{args.faults.launch_noise:g}, launch {args.launch or '-'})")
+    if (args.faults.prefill_speed, args.faults.decode_speed) != (1.0, 1.0):  # a known true effect, said as such
+        log.line("EngineCore", "INFO", "sim.py:1", f"speed faults: prefill at {args.faults.prefill_speed:g}x, "
+                 f"decode at {args.faults.decode_speed:g}x the calibrated speed")
     # The GPUs it was given, declared as its own line (vLLM prints no such line): a GPU pool's launches are
     # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible_devices is None else visible_devices
@@ -471,7 +477,8 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         "time_scale": config.time_scale, "anchor": clock.anchor, "hardware": config.hardware,
         "model_shape": config.model_shape, "block_size": block, "num_blocks": mem.num_blocks,
         "num_speculative_tokens": config.num_speculative_tokens, "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens})
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        **({"speed_factor": config.speed_factor} if config.faults.launch_noise else {})})
 
     def close_truth() -> None:
         if truth is not None:

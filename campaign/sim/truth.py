@@ -18,6 +18,7 @@ client's clock onto the simulated one: a `time.perf_counter()` reading p (CLOCK_
 by every process of the machine) is the simulated time (p - anchor) x time_scale. Requests are written
 (and flushed) when they end, once the tokens of the step they ended in have gone out; a request still
 running when the server stops, or when it crashes on purpose, is written then, without `finish`.
+With the `launch-noise` fault the start record carries the launch's `speed_factor`, already in every `model_s`.
 Prefix-cache `queried` and `hits` are the engine's own bookkeeping, the same that feeds its counters: they
 check that the tool attributes the counter to the right requests, not the counter itself.
 
