@@ -5,6 +5,10 @@ context-window probe on a 131K-token window sends two prompts of about 131K toke
 decode rates and the start-up time the last run of the same campaign measured, or at stated guesses when
 there is none. After a run, each launch's actual time (start to stopped, from server.json and stop.json)
 stands beside its estimate, and the next plan scales its estimate by how far off the last one was.
+
+A plan also says, per variant, the smallest change its launches can tell apart from the rig's noise (how much
+a cell's headline figure moves between launches: measured by the last run, else stated in the profile), given
+how many tests the variant's verdicts will rest on, and warns when that is above the matrix's minimum effect.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from campaign.core import stats
 from campaign.core.errors import CampaignError
-from campaign.measure.cells import CellSpec, over_capacity
+from campaign.measure.cells import CellSpec, over_capacity, primary_metric
+from campaign.measure.judged import FAMILY_ALPHA, PHASE_METRICS, TAIL_METRICS, TAIL_MIN_REPEATS, TELEMETRY_METRICS
 from campaign.night.matrix import (
+    AUTO_MAX_REPEATS,
     AgentsExperiment,
     ContextWindowExperiment,
     Experiment,
@@ -44,16 +51,101 @@ STEP_OVERHEAD_S = 2.0  # per bracketed step: the /metrics scrapes before and aft
 
 
 @dataclass(frozen=True)
+class Noise:
+    """How much a cell's headline figure (cells.primary_metric) moves between launches of the same server: the
+    relative sample spread of one launch's value (0.13: 13%), and where that figure comes from, a phrase read
+    after "13% between launches, " ("from run ...", "stated in the profile: ..."). None: unknown."""
+
+    cv: float | None = None
+    source: str | None = None
+
+
+UNKNOWN_NOISE = Noise()
+
+
+@dataclass(frozen=True)
 class Rates:
     prefill_tok_s: float
     decode_tok_s: float  # one stream's generation rate
     launch_s: float  # from starting the process to ready
     source: str  # said with every estimate: measured where, or guessed
     correction: float = 1.0  # the last run's actual / estimated time per launch (its median)
+    noise: Noise = UNKNOWN_NOISE  # between launches, from the same run (or profile) as the rates
 
 
 GUESSED = Rates(GUESS_PREFILL_TOK_S, GUESS_DECODE_TOK_S, GUESS_LAUNCH_S,
                 "guessed: there is no earlier run of this campaign to measure them from")
+
+
+@dataclass(frozen=True)
+class Power:
+    """The smallest change one variant's verdicts can tell from the rig's noise: `launches_a_side` launches a
+    side (with `repeats: auto`, the most it will run), `tests` judged together at family-wise FAMILY_ALPHA."""
+
+    variant: str
+    launches_a_side: int
+    until_settled: bool  # `repeats: auto`: launches_a_side is its max_repeats, the most it runs
+    tests: int
+    noise: Noise
+    min_effect: float
+
+    @property
+    def detectable_change(self) -> float | None:
+        """A fraction of the baseline (0.05: +-5%); None where the noise is unknown or there is no interval."""
+        if self.noise.cv is None:
+            return None
+        return stats.detectable_change(self.launches_a_side, self.noise.cv, tests=self.tests, alpha=FAMILY_ALPHA)
+
+    def launches_needed(self, cells: list[CellSpec], most: int = 50) -> int | None:
+        """The fewest launches a side that tell the minimum effect at this noise (None: not within `most`)."""
+        if self.noise.cv is None:
+            return None
+        for n in range(2, most + 1):
+            change = stats.detectable_change(n, self.noise.cv, tests=judged_tests(cells, n), alpha=FAMILY_ALPHA)
+            if change is not None and change <= self.min_effect:
+                return n
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        change = self.detectable_change
+        return {"variant": self.variant, "launches_a_side": self.launches_a_side,
+                "until_settled": self.until_settled, "tests": self.tests,
+                "noise_cv": None if self.noise.cv is None else round(self.noise.cv, 4),
+                "noise_source": self.noise.source,
+                "detectable_change": None if change is None else round(change, 4), "min_effect": self.min_effect}
+
+
+SLO_METRICS = {"goodput_rps", "slo_met_fraction"}  # a rate cell has them only against a service level
+
+
+def judged_tests(cells: list[CellSpec], launches_a_side: int) -> int:
+    """How many (cell, deciding metric) pairs a variant's verdicts will rest on, as analysis/verdicts.py judges
+    them: a p99 only with TAIL_MIN_REPEATS launches a side (counted then, though its sample count may still
+    leave it out), no GPU telemetry (it exists only where NVML does), a rate cell's SLO figures only where it has
+    an SLO. Every cell counts, even one a variant will skip as over capacity: fewer tests would only narrow the
+    change told. Experiments are left out: their headline values are named by their results (and directed by
+    analysis/recommend.py, above this layer), so the count is a floor for a matrix with experiments."""
+    count = 0
+    for cell in cells:
+        for metric, _ in PHASE_METRICS[cell.phase]:
+            if metric in TELEMETRY_METRICS or (metric in TAIL_METRICS and launches_a_side < TAIL_MIN_REPEATS):
+                continue
+            if metric in SLO_METRICS and cell.slo is None:
+                continue
+            count += 1
+    return count
+
+
+
+def power(matrix: Matrix, noise: Noise) -> list[Power]:
+    """Each variant judged against another (every one but the baseline): its launches a side, tests, noise."""
+    if matrix.until_settled:
+        launches = matrix.max_repeats or AUTO_MAX_REPEATS
+    else:
+        launches = matrix.repeats
+    tests = judged_tests(matrix.cells(), launches)
+    return [Power(v.name, launches, matrix.until_settled, tests, noise, matrix.min_effect)
+            for v in matrix.ordered_variants() if v.name != matrix.baseline]
 
 
 @dataclass(frozen=True)
@@ -63,6 +155,7 @@ class Estimate:
     cells_s: float  # the cells of one launch, warm-up and warm check included
     experiments_s: dict[str, float] = field(default_factory=dict)  # per experiment key, one launch
     rates: Rates = GUESSED
+    power: list[Power] = field(default_factory=list)  # per variant judged: the smallest change it can tell
 
     @property
     def per_launch_s(self) -> float:
@@ -76,7 +169,8 @@ class Estimate:
         return {"launches": self.launches, "per_launch_s": round(self.per_launch_s, 1),
                 "launch_s": round(self.launch_s, 1), "cells_s": round(self.cells_s, 1),
                 "experiments_s": {k: round(v, 1) for k, v in self.experiments_s.items()},
-                "correction": round(self.rates.correction, 3), "rates_source": self.rates.source}
+                "correction": round(self.rates.correction, 3), "rates_source": self.rates.source,
+                "power": [p.to_json() for p in self.power]}
 
 
 def cell_s(spec: CellSpec, rates: Rates) -> float:
@@ -155,7 +249,7 @@ def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates
         per_cells += 2 * longest / rates.prefill_tok_s + cell_s(cells[0], rates)
     return Estimate(launches=launches, launch_s=rates.launch_s, cells_s=per_cells,
                     experiments_s={e.key: experiment_s(e, matrix, profile, rates) for e in matrix.experiments()},
-                    rates=rates)
+                    rates=rates, power=power(matrix, rates.noise))
 
 
 def _int_flag(flags: dict[str, Any], name: str) -> int | None:
@@ -196,7 +290,48 @@ def launch_times(run: RunDir) -> list[LaunchTime]:
 
 def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rates:
     """The rates the last run measured (its median prefill rate, single-stream decode rate, start-up time) and
-    how far its own estimate was off; before any run, the profile's stated rates, or the guesses."""
+    how far its own estimate was off; before any run, the profile's stated rates, or the guesses. With them,
+    the noise between launches (launch_noise)."""
+    return replace(_speeds_from(run, profile), noise=launch_noise(run, profile))
+
+
+def launch_noise(run: RunDir | None, profile: LaunchProfile | None = None) -> Noise:
+    """The rig's noise between launches as the last run measured it (run_noise), else as the profile states it
+    (`rates: launch_noise`), else unknown."""
+    measured = None
+    if run is not None:
+        try:
+            measured = run_noise(run)
+        except (CampaignError, ValidationError):
+            measured = None  # a last run this version cannot read measures nothing
+    if measured is not None:
+        return measured
+    hints = profile.rates if profile is not None else None
+    if hints is not None and hints.launch_noise is not None:
+        return Noise(hints.launch_noise, f"stated in the profile: {hints.launch_noise_measured or hints.measured}")
+    return UNKNOWN_NOISE
+
+
+def run_noise(run: RunDir) -> Noise | None:
+    """Per cell and variant measured Valid on two or more launches, the relative sample spread of its headline
+    figure across them; the rig's noise is their median (robust to one cell that drifted). None where no cell
+    was measured twice, or where the launches read alike (a simulator without its launch-noise fault: the
+    same launch every time, which says nothing of a rig's noise, so the profile's stated one stands)."""
+    values: dict[tuple[str, str], list[float]] = {}
+    for cell in run.cells():
+        result = cell.result
+        value = getattr(result, primary_metric(result.phase))
+        if result.status == "Valid" and isinstance(value, int | float) and value > 0:
+            values.setdefault((cell.variant, result.spec.key), []).append(float(value))
+    spreads = [statistics.stdev(v) / statistics.fmean(v) for v in values.values() if len(v) >= 2]
+    if not spreads or statistics.median(spreads) == 0:
+        return None
+    return Noise(statistics.median(spreads),
+                 f"from run {run.root} (the median over {len(spreads)} cell{'s' if len(spreads) != 1 else ''} "
+                 "measured on two or more launches)")
+
+
+def _speeds_from(run: RunDir | None, profile: LaunchProfile | None) -> Rates:
     try:
         cells = [c.result for c in run.cells() if c.result.status == "Valid"] if run is not None else []
         ready = [s.ready_s for s in run.ready_servers()] if run is not None else []
@@ -209,10 +344,12 @@ def rates_from(run: RunDir | None, profile: LaunchProfile | None = None) -> Rate
         run = None  # a last run this version cannot read (a newer format): as if there were none
     if run is None:
         hints = profile.rates if profile is not None else None
-        if hints is None:
-            return GUESSED
-        return Rates(hints.prefill_tok_s, hints.decode_tok_s, hints.launch_s,
-                     f"stated in the profile: {hints.measured}")
+        stated = (hints.prefill_tok_s, hints.decode_tok_s, hints.launch_s) if hints is not None else (None,) * 3
+        if hints is None or stated == (None,) * 3:
+            return GUESSED  # a profile may state its noise alone
+        return Rates(hints.prefill_tok_s or GUESS_PREFILL_TOK_S, hints.decode_tok_s or GUESS_DECODE_TOK_S,
+                     hints.launch_s or GUESS_LAUNCH_S, f"stated in the profile: {hints.measured}"
+                     + ("" if None not in stated else " (partly guessed)"))
     prefill = [c.prompt_tok_s for c in cells if c.phase == "prefill" and c.prompt_tok_s]
     decode = [c.per_request_tok_s for c in cells
               if c.phase == "decode" and c.concurrency == 1 and c.per_request_tok_s]

@@ -114,8 +114,10 @@ class Manifest(_Record):
     schedule: list[ScheduleEntry] = Field(description="every launch, in order")
     cells: list[dict[str, Any]] = Field(description="every cell of a launch (CellSpec fields and its key)")
     estimate: dict[str, Any] | None = Field(
-        default=None, description="what the plan said the run would take (planning.Estimate.to_json); None "
-                                  "before format 5")
+        default=None, description="what the plan said the run would take (planning.Estimate.to_json), and its "
+                                  "`power`: per variant judged, launches_a_side, tests, noise_cv, noise_source and "
+                                  "detectable_change, the smallest change those launches tell at that noise (a "
+                                  "fraction; None where the noise is unknown); None before format 5")
     executor: Literal["serial", "pool", "ray"] = Field(
         default="serial", description="serial: one launch at a time; pool: launches side by side on a GPU pool; "
                                       "ray: launches as Ray tasks on a cluster's nodes")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
@@ -53,14 +53,28 @@ class TLSConfig(BaseModel):
 
 
 class RateHints(BaseModel):
-    """What `campaign plan` assumes of this server before any run of a campaign has measured it."""
+    """What `campaign plan` assumes of this server before any run of a campaign has measured it. Each figure may
+    be left out (the plan guesses it); a profile may state its noise alone."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prefill_tok_s: float = Field(gt=0, description="prompt tokens per second of one long prefill")
-    decode_tok_s: float = Field(gt=0, description="generated tokens per second of one stream")
-    launch_s: float = Field(gt=0, description="seconds from starting the server to ready")
+    prefill_tok_s: float | None = Field(default=None, gt=0, description="prompt tokens per second of one long "
+                                                                        "prefill")
+    decode_tok_s: float | None = Field(default=None, gt=0, description="generated tokens per second of one stream")
+    launch_s: float | None = Field(default=None, gt=0, description="seconds from starting the server to ready")
+    launch_noise: float | None = Field(
+        default=None, gt=0, lt=1, description="how much a cell's headline figure moves between launches of the same "
+        "server, as a fraction (0.02: 2%, the relative spread of one launch's value): the plan's smallest change a "
+        "night can tell rests on it")
     measured: str = Field(description="where and how these were measured, said with every estimate")
+    launch_noise_measured: str | None = Field(
+        default=None, description="where launch_noise comes from, where not as `measured` says")
+
+    @model_validator(mode="after")
+    def _states_something(self) -> RateHints:
+        if (self.prefill_tok_s, self.decode_tok_s, self.launch_s, self.launch_noise) == (None,) * 4:
+            raise ValueError("rates: state at least one of prefill_tok_s, decode_tok_s, launch_s, launch_noise")
+        return self
 
 
 def parse_gpus(text: str | Sequence[int], *, where: str = "--gpus") -> list[int]:
