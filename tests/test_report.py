@@ -267,8 +267,10 @@ def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path:
     path = run_dir.root / "report" / "vs-last-week" / "report.md"
     assert str(path) in out.out.splitlines()
     verdict = path.read_text().split("## Verdict\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert verdict[0] == ("- baseline@B: no difference: no flag change (A/A): no difference: nothing beyond noise "
-                          "in 16 tests at family-wise 5% [streams at the floor: 4 -> 4 at 40 tok/s]")
+    # The same launches copied: nothing differs, but at this fixture's launch-to-launch spread (up to 96%)
+    # nothing is shown within 3% either.
+    assert verdict[0].startswith("- baseline@B: not settled: no flag change (A/A): not settled: ")
+    assert verdict[0].endswith("[streams at the floor: 4 -> 4 at 40 tok/s]")
     assert any(line.startswith("- small-cache@B: revert: kv-cache-memory-bytes 1G -> 64M") for line in verdict)
     assert any("last-week (@B): baseline moved" in line for line in verdict)
     data = html_report.gather(run_dir, store.RunDir(other))

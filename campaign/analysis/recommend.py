@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from campaign.analysis.statistics import MAX_ADVISED_REPEATS
+from campaign.analysis.statistics import MAX_ADVISED_REPEATS, Look, MetricVerdict, sequential_alpha, settle_advice
 from campaign.analysis.verdicts import (
+    CellDiff,
     Outcome,
     VariantDiff,
     _cell_diffs,
@@ -23,6 +24,7 @@ from campaign.measure import answers
 from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import REASON_HINTS, Reason
 from campaign.measure.judged import MIN_EFFECT, TAIL_METRICS
+from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
 from campaign.night.records import Manifest
 from campaign.night.store import RunDir, StoredCell
 
@@ -103,6 +105,13 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                                other.manifest() if other is not None and variant.endswith("@B") else manifest)
         reason = reason or _gpu_models_differ(models.get(base_name), models.get(variant))
         comparable = force or not reason
+        look = _look(planned, by_variant.get(variant, []))
+        base_cells = by_variant.get(base_name, [])
+        if planned.until_settled and not variant.endswith("@B"):
+            # Rounds: the variant is judged against the baseline launches of the rounds it ran in, as it was
+            # when the night judged it (the baseline runs on in rounds after a variant is retired).
+            rounds = {c.repeat for c in by_variant.get(variant, [])}
+            base_cells = [c for c in base_cells if c.repeat in rounds]
         diff = VariantDiff(
             variant=variant, baseline=base_name,
             flag_changes=_flag_changes(flags.get(base_name, {}), flags.get(variant, {})),
@@ -110,17 +119,28 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                            _pct((facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f)))
                           for f in FACT_FIELDS
                           if (facts.get(base_name) or {}).get(f) != (facts.get(variant) or {}).get(f)],
-            cells=_cell_diffs(by_variant.get(base_name, []), by_variant.get(variant, []), comparable)
+            cells=_cell_diffs(base_cells, by_variant.get(variant, []), comparable)
             + _experiment_diffs(experiments.get(base_name, []), experiments.get(variant, []), comparable),
-            comparable=comparable, not_comparable_reason=reason,
+            comparable=comparable, not_comparable_reason=reason, look=look,
         )
         diff.suggested = _suggested(other if other is not None and variant.endswith("@B") else run,
                                     variant.removesuffix("@B"))
-        diff.tests = family_wise(diff.cells) if comparable else 0
+        diff.tests = family_wise(diff.cells, look) if comparable else 0
         diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
                                                                         facts.get(variant))
         diffs.append(diff)
     return diffs
+
+
+def _look(matrix: Matrix, cells: list[StoredCell]) -> Look:
+    """The level a variant is judged at: the whole family alpha after a night of fixed repeats; after a night
+    run until settled, the share its last look (the rounds it was measured in) may spend."""
+    if not matrix.until_settled:
+        return Look(min_effect=matrix.min_effect)
+    rounds = len({c.repeat for c in cells})
+    most = max(matrix.max_repeats or AUTO_MAX_REPEATS, rounds)
+    return Look(alpha=sequential_alpha(rounds, most, first=AUTO_FIRST_ROUNDS), min_effect=matrix.min_effect,
+                rounds=rounds, max_rounds=most)
 
 
 def _incomparable(base: dict[str, Any] | None, other: dict[str, Any] | None, manifest_a: Manifest,
@@ -231,7 +251,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     benefit and no harm; harm and benefit together are a trade-off, unless the only benefit is a latency tail
     and the harm is not (a tail does not buy back throughput or capacity: revert); a speculative-decoding
     change is not judged on the speed of random-id cells at all; cells that could not be measured leave it
-    not settled; an A/A can only come out "no difference". With one measurement a side nothing measured is
+    not settled; an A/A comes out "no difference" (shown) or "not settled", never keep or revert; a variant
+    is "no difference" only where every deciding figure is shown within +-the minimum effect, and "not
+    settled" (with what would settle it) where any is neither. With one measurement a side nothing measured is
     judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
     changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
         "no flag change (A/A)")
@@ -335,19 +357,62 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return "not settled", False, sentence("not settled until those cells are measured")
     if benefit:
         return "keep", False, sentence("keep")
-    if cost:
-        return "revert", False, sentence("revert (a cost with no benefit)")
     if not judged:
         return "not settled", False, sentence("not settled: no comparable measurements")
-    noise = f"no difference: nothing beyond noise in {diff.tests} tests at family-wise {100 * diff.alpha:g}%"
+    within = f"+-{100 * diff.look.min_effect:g}%"
+    unsettled = [(c, m) for c, m in decisive if m.verdict == "not settled"]
+    if unsettled:
+        return "not settled", False, sentence(unsettled_text(unsettled, diff))
+    if cost:
+        return "revert", False, sentence(f"revert (a cost with no benefit: every deciding figure is shown within "
+                                         f"{within})")
+    noise = (f"no difference: every deciding figure shown within {within} ({diff.tests} tests at "
+             f"{diff.look.describe()})")
     # Values that describe the server but do not decide (DIAGNOSTIC_METRICS) may still have moved: saying
-    # "nothing beyond noise" over a 250% longer queue at overload would be a plausible wrong sentence.
+    # "no difference" over a 250% longer queue at overload without naming it would be a plausible wrong sentence.
     moved = [f"{m.metric} at {c.key} {m.verdict}" for c in diff.cells for m in c.metrics
              if m.metric in DIAGNOSTIC_METRICS and m.verdict in {"better", "worse"}]
     if moved:
-        noise = (f"no difference: no deciding metric beyond noise in {diff.tests} tests at family-wise "
-                 f"{100 * diff.alpha:g}%; moved, but describing the server rather than deciding: {_listed(moved)}")
+        noise += f"; moved, but describing the server rather than deciding: {_listed(moved)}"
     return "no difference", False, sentence(noise)
+
+
+def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
+    """Why a variant is not settled and what would settle it: the widest interval, where it is and which side
+    is noisy; then, for the largest changes seen, the launches a side that would confirm each if it is real and
+    that would show no difference if it is not."""
+    look = diff.look
+
+    def width(item: tuple[CellDiff, MetricVerdict]) -> float:
+        ci = item[1].verdict_ci_pct
+        return ci[1] - ci[0] if ci is not None else 0.0
+
+    cell, widest = max(unsettled, key=width)
+    text = (f"not settled: {len(unsettled)} deciding figure(s) neither shown different nor within "
+            f"+-{100 * look.min_effect:g}%")
+    if widest.verdict_ci_pct is not None and widest.change_pct is not None:
+        lo, hi = widest.verdict_ci_pct
+        text += (f"; the widest, {widest.metric} at {cell.key}, {widest.change_pct:+.1f}% in [{lo:+.1f}%, "
+                 f"{hi:+.1f}%]")
+        if widest.spread_pct is not None:
+            text += f" ({_noisy_side(widest.spread_pct)})"
+    # The advice: first the changes fewest launches would confirm, then the largest.
+    closest = sorted(unsettled, key=lambda item: (item[1].confirm_repeats is None, item[1].confirm_repeats or 0,
+                                                  -abs(item[1].change_pct or 0.0)))[:2]
+    for cell, m in closest:
+        have = min(m.n_baseline, m.n_variant)
+        text += (f"; {m.metric} at {cell.key} {m.change_pct or 0.0:+.1f}%: "
+                 + settle_advice((m.change_pct or 0.0) / 100, m.confirm_repeats, m.equivalence_repeats, have,
+                                 look.min_effect))
+    return text
+
+
+def _noisy_side(spread_pct: tuple[float, float]) -> str:
+    base, variant = spread_pct
+    text = f"one launch varies {variant:.1f}% on the variant's side, {base:.1f}% on the baseline's"
+    if max(base, variant) > 2 * max(min(base, variant), 1e-9):
+        text += f": the {'variant' if variant > base else 'baseline'} is the noisy side"
+    return text
 
 
 def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:

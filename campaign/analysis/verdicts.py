@@ -13,12 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from campaign.analysis.statistics import MetricVerdict, holm, verdict_for
+from campaign.analysis.statistics import Look, MetricVerdict, holm, judge, verdict_for
 from campaign.core import stats
 from campaign.http.client import RequestRecord
 from campaign.measure.cells import Reason
 from campaign.measure.judged import (
-    FAMILY_ALPHA,
     MIN_EFFECT,
     PHASE_METRICS,
     TAIL_METRICS,
@@ -34,21 +33,16 @@ Outcome = Literal["keep", "revert", "no difference", "not settled"]
 
 
 
-def family_wise(cells: list[CellDiff], *, alpha: float = FAMILY_ALPHA) -> int:
-    """Holm over every tested cell and metric of one variant, in place: a better/worse verdict stands only where
-    the adjusted p-value is below alpha; the rest read inside noise, saying why. Returns the family's size."""
+def family_wise(cells: list[CellDiff], look: Look | None = None) -> int:
+    """Judge every tested cell and metric of one variant as one family, in place: Holm over their p-values at
+    the look's alpha for better/worse, and each equivalence test at alpha/m. Returns the family's size m."""
+    look = look or Look()
     tested = [(c, i) for c in cells for i, m in enumerate(c.metrics) if m.p_value is not None]
     adjusted = holm([c.metrics[i].p_value or 0.0 for c, i in tested])
+    family = replace(look, tests=len(tested))
     for (cell, index), p_holm in zip(tested, adjusted, strict=True):
-        m = cell.metrics[index]
-        m = replace(m, p_holm=p_holm)
-        if m.verdict in {"better", "worse"} and p_holm >= alpha:
-            note = (f"{m.verdict} on its own (p={m.p_value:.3f}), inside noise across the variant's {len(tested)} "
-                    f"tests (Holm p={p_holm:.2f})")
-            m = replace(m, verdict="inside noise", note=note)
-        cell.metrics[index] = m
+        cell.metrics[index] = judge(cell.metrics[index], family, p_holm)
     return len(tested)
-
 
 
 @dataclass
@@ -82,7 +76,11 @@ class VariantDiff:
     outcome: Outcome = "not settled"
     provisional: bool = False     # rests on launch facts alone: one measurement a side
     tests: int = 0                # the family: cells and metrics tested, Holm-adjusted together
-    alpha: float = FAMILY_ALPHA
+    look: Look = field(default_factory=Look)   # the level it was judged at (a look of a night run until settled)
+
+    @property
+    def alpha(self) -> float:
+        return self.look.alpha
 
     @property
     def aa(self) -> bool:
@@ -103,8 +101,9 @@ class VariantDiff:
         if not self.tests:
             return ("no test: no cell and metric has two or more Valid measurements on both sides, so no better or "
                     "worse verdict is possible")
-        line = (f"{self.tests} tests (cells x metrics), better/worse only where Holm's adjusted p < "
-                f"{self.alpha:g} (family-wise error {100 * self.alpha:g}%)")
+        line = (f"{self.tests} tests (cells x metrics) at {self.look.describe()}: better/worse only where Holm's "
+                f"adjusted p < {self.alpha:.2g} and the change reaches {100 * self.look.min_effect:g}%; no "
+                f"difference only where the interval at that level lies within +-{100 * self.look.min_effect:g}%")
         if self.aa:
             judged = sum(1 for c in self.cells for m in c.metrics if m.verdict in {"better", "worse"})
             line += (f"; A/A (the baseline's own flags): {judged} of {self.tests} beyond noise after Holm, "
@@ -255,9 +254,9 @@ def _within_resolution(verdict: MetricVerdict, results: list[dict[str, Any]]) ->
     """A capacity search answers to within its bracket (the last passing and first failing values): two
     searches that land one bisection step apart in every repeat differ by no more than that step, so a change
     no larger than the widest bracket on either side is inside the search's resolution, never better or
-    worse."""
+    worse (statistics.judge reads it)."""
     axis = {"max_rate_rps": "slo_search", "max_concurrency": "concurrency_search"}.get(verdict.metric)
-    if axis is None or verdict.verdict not in {"better", "worse"} or verdict.change_pct is None:
+    if axis is None:
         return verdict
     widths = []
     for result in results:
@@ -266,11 +265,9 @@ def _within_resolution(verdict: MetricVerdict, results: list[dict[str, Any]]) ->
         high = found.get("first_fail_rps", found.get("first_fail"))
         if low and high:
             widths.append(100.0 * (high - low) / low)
-    width = max(widths, default=0.0)
-    if abs(verdict.change_pct) > width:
+    if not widths:
         return verdict
-    return replace(verdict, verdict="inside noise",
-                   note=f"within the search's resolution (its brackets are up to {width:.0f}% wide)")
+    return judge(replace(verdict, resolution_pct=max(widths)), Look())
 
 
 def _experiment_values(results: list[dict[str, Any]], key: str, name: str) -> list[float]:

@@ -116,13 +116,13 @@ def agents_that_fit(all_fits: dict[str, dict[str, int | None]], path: Path) -> P
     return _save(fig, path)
 
 
-VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "inside noise": "dimgrey"}
+VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "no difference": "tab:blue", "not settled": "dimgrey"}
 
 
 def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
     """The A/B at a glance (verdicts.VariantDiff): every cell and metric's change against the baseline as a point
-    with its 95% interval on one % axis, the band inside which a change is noise shaded, better green, worse
-    red, inside noise grey; a change without an interval (one measurement a side) a hollow point, a cell or
+    with its 95% interval on one % axis, the band of the minimum effect shaded, better green, worse red, no
+    difference blue, not settled grey; a change without an interval (one measurement a side) a hollow point, a cell or
     metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""
     rows: list[tuple[str, Any]] = [(f"{c.key}  {m.metric}", m) for c in diff.cells for m in c.metrics]
     rows += [(f"{c.key}  (not valid)", None) for c in diff.cells if not c.metrics and c.status_note]

@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from campaign.measure.cells import CellResult, CellSpec, Reason
-from campaign.night.planning import Plan, cell_s
+from campaign.measure.judged import FAMILY_ALPHA
+from campaign.night.planning import Plan, Power, cell_s
 from campaign.night.progress import fmt_duration
 from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
 from campaign.night.replay import VirtualCell
@@ -236,7 +237,8 @@ def _fmt_fact(value: object) -> str:
 
 
 DIFF_HEADERS = ["Cell", "Label", "Metric", "Baseline", "Variant", "Change", "95% CI", "n", "Verdict"]
-VERDICT_CLASS = {"better": "better", "worse": "worse", "inside noise": "noise", "not judged": "noise"}
+VERDICT_CLASS = {"better": "better", "worse": "worse", "no difference": "noise", "not settled": "warn",
+                 "not judged": "noise"}
 NOTHING_TO_COMPARE = "nothing to compare: the run has only the baseline"
 
 
@@ -591,6 +593,58 @@ ONE_REPEAT_WARNING = (
     "speed and latency.")
 
 
+def _pct(fraction: float) -> str:
+    """13% and 35%, but 2.4% and 3% (a figure near the minimum effect needs its tenths, where it has any)."""
+    if fraction >= 0.095:
+        return f"{100 * fraction:.0f}%"
+    return f"{100 * fraction:.1f}".removesuffix(".0") + "%"
+
+
+MOST_LAUNCHES = 50  # a plan looks this far for the launches a side that would tell the minimum effect
+
+
+def power_notes(power: Sequence[Power], cells: list[CellSpec]) -> list[Cell]:
+    """Per variant judged, the smallest change its launches can tell at this rig's noise (variants with the same
+    figures share a line), a warning where that is above the minimum effect, and what would tell it. Nothing
+    for one launch a side: ONE_REPEAT_WARNING says what that judges."""
+    groups: dict[tuple[int, bool, int, float | None, str | None, float], list[str]] = {}
+    for p in power:
+        # Without a cell there is nothing counted to tell (experiments' values are judged, not counted here).
+        if p.launches_a_side >= 2 and p.tests:
+            key = (p.launches_a_side, p.until_settled, p.tests, p.noise.cv, p.noise.source, p.min_effect)
+            groups.setdefault(key, []).append(p.variant)
+    out = []
+    for names in groups.values():
+        p = next(q for q in power if q.variant == names[0])
+        who = ", ".join(names)
+        launches = (f"up to {p.launches_a_side} launches a side (`repeats: auto`)" if p.until_settled
+                    else f"{p.launches_a_side} launches a side")
+        change = p.detectable_change
+        if p.noise.cv is None or change is None:
+            out.append(Cell(f"{who}: the smallest change {launches} can tell is unknown: this rig's noise between "
+                            "launches is unknown (no earlier run of this campaign measured a cell on two launches, "
+                            "and the profile's `rates:` state no `launch_noise`); 2 launches a side are needed to "
+                            "learn it, and this night's will measure it"))
+            continue
+        noise = (f"its noise: {_pct(p.noise.cv)} between launches, {p.noise.source}; {p.tests} tests at "
+                 f"family-wise {100 * FAMILY_ALPHA:g}%")
+        if change <= p.min_effect:
+            out.append(Cell(f"{who}: with {launches} this rig tells changes beyond ±{_pct(change)} ({noise}), "
+                            f"within the minimum effect of {_pct(p.min_effect)}"))
+            continue
+        needed = p.launches_needed(cells, MOST_LAUNCHES)
+        if needed is None:
+            advice = (f"no number of launches up to {MOST_LAUNCHES} a side would tell it: the rig's noise is the "
+                      "limit (a quieter machine, or a larger minimum effect)")
+        elif p.until_settled:
+            advice = f"max_repeats: {needed} would tell it"
+        else:
+            advice = f"more repeats ({needed} a side would tell it), or `repeats: auto`"
+        out.append(Cell(f"warning: {who}: with {launches} this rig tells only changes beyond ±{_pct(change)} "
+                        f"({noise}); the minimum effect is {_pct(p.min_effect)}: {advice}", cls="warn"))
+    return out
+
+
 def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     """What `campaign plan` says a campaign will run: launches in order (a repeat past `repeats` is the drift
     sentinel), each variant's flags, KV cache (as the last run found it) and the cells it will skip as over
@@ -607,7 +661,8 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
                         align="llll", rows=[
                             [v.name, ", ".join(f"{k}={x}" for k, x in v.flags.items()) or DASH,
                              f"{v.kv_cache_tokens:,} tokens (from {known_from})" if v.kv_cache_tokens and known_from
-                             else "unknown until launched", ", ".join(v.skipped) or DASH] for v in plan.variants])
+                             else "unknown until launched", ", ".join(v.skipped) or DASH] for v in plan.variants],
+                        notes=power_notes(est.power, plan.cells))
     if repeats == 1 and len(plan.variants) > 1:
         order = replace(order, notes=[Cell(ONE_REPEAT_WARNING, cls="warn")])
     rows = [[c.key, c.label, f"{cell_s(c, est.rates):,.0f} s"] for c in plan.cells]
