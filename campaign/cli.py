@@ -403,6 +403,10 @@ def run(
         "--clock", metavar="wall|virtual",
         help="wall (default): servers measured over HTTP; virtual (with --engine sim): the simulator's engine "
              "replayed in simulated time, in seconds, figures in the hardware's units")] = "wall",
+    until_settled: Annotated[bool, typer.Option(
+        "--until-settled",
+        help="rounds until every variant's verdict is settled, as `repeats: auto` (the matrix's max_repeats, "
+             "default 10, and budget)")] = False,
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
 
@@ -419,7 +423,8 @@ def run(
     elif matrix is None:
         raise CampaignError("name a matrix, or --resume a run directory", hint="e.g. campaign run demo")
     else:
-        loaded, matrix_path, prof, profile_path = orchestrate.load_night(matrix, profile, window, repeats)
+        loaded, matrix_path, prof, profile_path = orchestrate.load_night(matrix, profile, window, repeats,
+                                                                         until_settled=until_settled)
         night = orchestrate.started(loaded, matrix_path, prof, profile_path, engine=engine, out=out,
                                     gpus=pool_gpus, mixed_gpus=mixed_gpus, ray=bool(on_ray),
                                     ray_address=ray_address, clock="virtual" if clock == "virtual" else "wall")
@@ -432,7 +437,7 @@ def run(
         with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
                       live=live) as progress:
             try:
-                tonight.execute(progress)
+                tonight.execute(progress, judge=recommend.judged)
             except KeyboardInterrupt:
                 progress.note(f"interrupted: every finished cell is stored in {tonight.run.root}; continue with\n"
                               f"  campaign run --resume {tonight.run.root}")

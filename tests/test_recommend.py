@@ -300,3 +300,18 @@ def test_no_difference_names_the_diagnostic_values_that_moved() -> None:
                         cells=[decode], comparable=True, tests=1)
     assert recommend(quiet, facts, facts)[2].endswith("every deciding figure shown within +-3% (1 tests at "
                                                       "family-wise 5%)")
+
+
+def test_the_demos_small_chunk_on_its_stored_run_is_not_settled_with_what_would_settle_it() -> None:
+    """Done when (issue 32): the demo's stored run (tests/fixtures/runs/cpu-demo: the real CPU build, two
+    launches a side) read small-chunk as "no difference" with its prefill 67.5% slower on [-91%, -44%] at 95%;
+    it is not settled, naming the widest interval and the noisy side, and one more launch a side would confirm
+    the prefill change; small-cache still reverts on its KV cache."""
+    diffs = {d.variant: d for d in diff_run(store.RunDir(Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"))}
+    chunk = diffs["small-chunk"]
+    assert chunk.outcome == "not settled" and ": no difference" not in chunk.recommendation
+    assert "the widest, " in chunk.recommendation and "the variant is the noisy side" in chunk.recommendation
+    assert ("prompt_tok_s at prefill-L1536 -67.5%: if the -67.5% is real, 1 more launch(es) a side would confirm "
+            "it") in chunk.recommendation
+    assert "find its cause" not in chunk.recommendation
+    assert diffs["small-cache"].outcome == "revert"

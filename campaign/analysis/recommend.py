@@ -25,6 +25,7 @@ from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import REASON_HINTS, Reason
 from campaign.measure.judged import MIN_EFFECT, TAIL_METRICS
 from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
+from campaign.night.orchestrate import Judged
 from campaign.night.records import Manifest
 from campaign.night.store import RunDir, StoredCell
 
@@ -91,6 +92,7 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         raise CampaignError(f"baseline {base_name!r} has no measurements in {run.root}",
                             hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
     diffs = []
+    settled = run.settled()
     default_base = base_name
     models = _gpu_models(run) | ({f"{k}@B": v for k, v in _gpu_models(other).items()} if other is not None else {})
     # A variant that never became ready has failure records only: its start-up failure is a result too.
@@ -126,6 +128,10 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         diff.suggested = _suggested(other if other is not None and variant.endswith("@B") else run,
                                     variant.removesuffix("@B"))
         diff.tests = family_wise(diff.cells, look) if comparable else 0
+        if planned.until_settled and not variant.endswith("@B"):
+            record = settled.get(variant)
+            diff.rounds_note = (f"settled after {record.rounds} round(s): {record.outcome}" if record is not None
+                                else f"still open after {look.rounds} round(s) of at most {look.max_rounds}")
         diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
                                                                         facts.get(variant))
         diffs.append(diff)
@@ -413,6 +419,14 @@ def _noisy_side(spread_pct: tuple[float, float]) -> str:
     if max(base, variant) > 2 * max(min(base, variant), 1e-9):
         text += f": the {'variant' if variant > base else 'baseline'} is the noisy side"
     return text
+
+
+def judged(run: RunDir) -> dict[str, Judged]:
+    """Every variant's outcome at this look, for a night run until settled (orchestrate.Night.execute): more
+    rounds cannot settle a variant that is not comparable or never started."""
+    return {d.variant: Judged(d.outcome, d.recommendation,
+                              settleable=d.comparable and "never became ready" not in d.recommendation)
+            for d in diff_run(run)}
 
 
 def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:

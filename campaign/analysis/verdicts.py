@@ -77,6 +77,7 @@ class VariantDiff:
     provisional: bool = False     # rests on launch facts alone: one measurement a side
     tests: int = 0                # the family: cells and metrics tested, Holm-adjusted together
     look: Look = field(default_factory=Look)   # the level it was judged at (a look of a night run until settled)
+    rounds_note: str = ""         # a night run until settled: when it settled, or that it is still open
 
     @property
     def alpha(self) -> float:
@@ -96,6 +97,8 @@ class VariantDiff:
     @property
     def family_line(self) -> str:
         """How many tests the verdicts rest on, and at what family-wise level."""
+        if self.rounds_note:
+            return f"{self.rounds_note}; {replace(self, rounds_note='').family_line}"
         if not self.comparable:
             return f"no test: not comparable ({self.not_comparable_reason})"
         if not self.tests:

@@ -9,7 +9,8 @@ import math
 import os
 import shutil
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,8 +24,10 @@ from campaign.core.errors import (
 )
 from campaign.night import planning, pool, ray_executor, store
 from campaign.night import virtual as sim_night
-from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches
+from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches, retired_rounds
 from campaign.night.matrix import (
+    AUTO_FIRST_ROUNDS,
+    AUTO_MAX_REPEATS,
     Matrix,
     definition_hash,
     load_matrix,
@@ -32,7 +35,7 @@ from campaign.night.matrix import (
     schedule,
     suggested_margin,
 )
-from campaign.night.progress import Progress
+from campaign.night.progress import Progress, fmt_duration
 from campaign.night.records import (
     Definition,
     FailureRecord,
@@ -126,6 +129,25 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
+@dataclass(frozen=True)
+class Judged:
+    """One variant's verdict at a look, as the diff (the analysis layer, above this one) gives it."""
+
+    outcome: str             # keep, revert, no difference or not settled
+    sentence: str            # the recommendation
+    settleable: bool = True  # False: more rounds cannot settle it (not comparable, nothing to compare)
+
+
+Judge = Callable[[store.RunDir], dict[str, Judged]]
+
+
+def _why(sentence: str) -> str:
+    """A not-settled sentence's reason, short enough for a progress line."""
+    tail = sentence[sentence.rfind(": not settled") + 2:] if ": not settled" in sentence else sentence
+    short = "; ".join(tail.split("; ")[:2])
+    return short if len(short) <= 220 else short[:217] + "..."
+
+
 @dataclass
 class Night:
     """A run directory being written, what it runs, and what to tell the user before it starts."""
@@ -164,7 +186,61 @@ class Night:
             return float(per_launch) * math.ceil(len(work) / slots)
         return float(per_launch) * len(work)
 
-    def execute(self, progress: Progress) -> None:
+    def execute(self, progress: Progress, judge: Judge | None = None,
+                clock: Callable[[], float] = time.monotonic) -> None:
+        """Measure what the schedule still holds. A night run until settled (`repeats: auto`) then judges its
+        variants after every round (`judge`: the diff, from the layer above), retires each once settled, and
+        runs another round of the baseline and the variants still open, until none is open, `max_repeats`
+        rounds are run, or the next round would overrun the `budget` (this invocation's wall clock)."""
+        began = clock()
+        self._execute_round(progress)
+        if not self.matrix.until_settled or judge is None:
+            return
+        round_s = clock() - began
+        cap = max(self.matrix.max_repeats or AUTO_MAX_REPEATS, self.matrix.repeats)
+        while True:
+            rounds = self.matrix.repeats
+            still = "; ".join(f"{name} ({why})" for name, why in self._retire(judge(self.run), rounds, progress))
+            if not still:
+                progress.note(f"every variant settled after {rounds} round(s)")
+                return
+            if rounds >= cap:
+                progress.note(f"max_repeats ({cap}) reached, still not settled: {still}")
+                return
+            spent = clock() - began
+            if self.matrix.budget_s is not None and spent + round_s > self.matrix.budget_s:
+                progress.note(f"budget spent ({fmt_duration(spent)} of {fmt_duration(self.matrix.budget_s)}; a round "
+                              f"takes about {fmt_duration(round_s)}), still not settled: {still}")
+                return
+            progress.note(f"round {rounds + 1} of at most {cap}: still open: {still}")
+            self.matrix = self.matrix.model_copy(update={"repeats": self.run.repeats(rounds, more=rounds + 1)})
+            work = self.pending()
+            progress.total += sum(len(w.cells) for w in work)
+            started = clock()
+            self._execute_round(progress)
+            round_s = clock() - started
+
+    def _retire(self, judged: dict[str, Judged], rounds: int, progress: Progress) -> list[tuple[str, str]]:
+        """Store every newly settled variant as retired; the ones still open, each with why."""
+        retired = self.run.settled()
+        still = []
+        for variant in self.matrix.ordered_variants():
+            name = variant.name
+            if name == self.matrix.baseline or name in retired:
+                continue
+            verdict = judged.get(name)
+            if verdict is None:
+                still.append((name, "nothing measured on both sides yet"))
+            elif verdict.outcome != "not settled" or not verdict.settleable:
+                self.run.write_settled(name, rounds, verdict.outcome, verdict.sentence)
+                progress.note(f"{name}: settled after {rounds} round(s): {verdict.outcome}"
+                              + ("" if verdict.settleable else f" ({_why(verdict.sentence)}; more rounds "
+                                                                 "cannot settle it)"))
+            else:
+                still.append((name, _why(verdict.sentence)))
+        return still
+
+    def _execute_round(self, progress: Progress) -> None:
         if self.ray:
             self._execute_ray(progress)
         elif self.pool is None:
@@ -233,7 +309,7 @@ class Night:
             last[(record.variant, record.repeat)] = record
         pending = {(w.variant, w.repeat) for w in self.pending()}
         out = []
-        for variant, repeat in schedule(self.matrix):
+        for variant, repeat in schedule(self.matrix, retired_rounds(self.run)):
             latest = last.get((variant, repeat))
             failed = latest.failure_kind if isinstance(latest, FailureRecord) else None
             if (variant, repeat) in pending or failed:
@@ -377,8 +453,9 @@ def _unlocked(locked: bool) -> list[str]:
 
 
 def load_night(matrix_name: str, profile_name: str | None, window: float | None,
-               repeats: int | None) -> tuple[Matrix, Path, LaunchProfile, Path]:
-    """The matrix and its profile for a night, with the command line's --window and --repeats applied."""
+               repeats: int | None, *, until_settled: bool = False) -> tuple[Matrix, Path, LaunchProfile, Path]:
+    """The matrix and its profile for a night, with the command line's --window, --repeats and --until-settled
+    applied (--until-settled is `repeats: auto`: from --repeats, else 2, up to the matrix's max_repeats)."""
     matrix, matrix_path, _ = load_matrix(matrix_name)
     updates: dict[str, Any] = {}
     if window is not None:
@@ -387,6 +464,9 @@ def load_night(matrix_name: str, profile_name: str | None, window: float | None,
                                 for w in matrix.workloads]
     if repeats is not None:
         updates["repeats"] = repeats
+    if until_settled and not matrix.until_settled:
+        first = repeats if repeats is not None else AUTO_FIRST_ROUNDS
+        updates |= {"until_settled": True, "repeats": first, "max_repeats": max(AUTO_MAX_REPEATS, first)}
     if updates:
         matrix = matrix.model_copy(update=updates)
     profile, profile_path = load_profile(profile_name or matrix.profile)

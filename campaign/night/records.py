@@ -35,8 +35,10 @@ Format history:
     from format 6); long-context, overload, prefix-order and repeat experiments likewise (their details carry
     `time_scale`). Older files of a time-scaled run are converted on read by the manifest's time scale; their
     verdict sentences keep the numbers they were written with.
+11 - a night run until settled (`repeats: auto`) stores, per variant it retired, variants/<variant>/settled.json:
+    after how many rounds, its outcome and sentence at that look; older runs have none (fixed repeats).
 
-Long (about 510 lines): every stored record's model with a description per field, and the generator of
+Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
 """
 
@@ -57,7 +59,7 @@ from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -276,6 +278,18 @@ class RepeatsRecord(_Record):
     written_utc: str = Field(description="when, ISO 8601 UTC")
 
 
+class SettledRecord(_Record):
+    """variants/<variant>/settled.json: a night run until settled retired this variant (format 11)."""
+
+    schema_version: int = _VERSION
+    kind: Literal["settled"] = Field(default="settled", description="this file's kind")
+    variant: str = Field(description="the variant retired")
+    rounds: int = Field(description="the rounds it was measured in when its verdict settled")
+    outcome: str = Field(description="keep, revert or no difference, as the diff judged it at that look")
+    recommendation: str = Field(description="the diff's sentence at that look")
+    written_utc: str = Field(description="when, ISO 8601 UTC")
+
+
 class Roofline(_Record):
     hardware: str | None = Field(description="the profile's `hardware`")
     model: str | None = Field(description="the profile's `model_shape`")
@@ -368,7 +382,7 @@ class SummaryRecord(_Record):
 RECORDS: dict[str, type[_Record]] = {
     "manifest": Manifest, "server": ServerRecord, "stop": StopRecord, "failure": FailureRecord,
     "warmup": WarmupRecord, "cell": CellRecord, "guard": GuardRecord, "experiment": ExperimentRecord,
-    "repeats": RepeatsRecord, "summary": SummaryRecord, "placement": PlacementRecord,
+    "repeats": RepeatsRecord, "summary": SummaryRecord, "placement": PlacementRecord, "settled": SettledRecord,
 }
 FILES: dict[str, str] = {
     "manifest": "manifest.json", "server": "variants/<variant>/launch-<k>/server.json",
@@ -378,6 +392,7 @@ FILES: dict[str, str] = {
     "guard": "variants/<variant>/cells/<cell-key>/guard-<n>.json",
     "experiment": "variants/<variant>/experiments/<key>/rep-<n>.json", "repeats": "repeats-<n>.json",
     "summary": "summary.json", "placement": "variants/<variant>/launch-<k>/placement.json",
+    "settled": "variants/<variant>/settled.json",
 }
 
 
@@ -441,6 +456,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     7: _defaults_suffice,  # 7 -> 8: a rate cell's sessions (None: independent prompts)
     8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
     9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
+    10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
 }
 
 

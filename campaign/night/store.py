@@ -44,6 +44,7 @@ from campaign.night.records import (
     PlacementRecord,
     RepeatsRecord,
     ServerRecord,
+    SettledRecord,
     StopRecord,
     SummaryRecord,
 )
@@ -389,6 +390,17 @@ class RunDir:
         return [(str(path.parent.relative_to(self.root)), record) for path, record in self.read_each(
             [launch / "placement.json" for launch in self.launches() if (launch / "placement.json").exists()],
             PlacementRecord)]
+
+    def write_settled(self, variant: str, rounds: int, outcome: str, recommendation: str) -> Path:
+        """A night run until settled retires `variant` after `rounds` rounds (it is not launched again)."""
+        return write_new(self.variant_dir(variant) / "settled.json", SettledRecord(
+            variant=variant, rounds=rounds, outcome=outcome, recommendation=recommendation,
+            written_utc=datetime.now(UTC).isoformat()))
+
+    def settled(self) -> dict[str, SettledRecord]:
+        """The variants a night run until settled has retired, by name."""
+        paths = sorted(self.root.glob("variants/*/settled.json"))
+        return {record.variant: record for _, record in self.read_each(paths, SettledRecord)}
 
     def failures(self) -> list[FailureRecord]:
         return [s for s in self.servers() if isinstance(s, FailureRecord)]
