@@ -391,6 +391,10 @@ class Plan:
     estimate: Estimate
     previous: RunDir | None
     previous_times: list[LaunchTime]
+    # `repeats: auto`: the first rounds are `launches`; if no variant settles: (rounds, launches, seconds), and
+    # the budget that may stop it sooner (s).
+    at_most: tuple[int, int, float] | None = None
+    budget_s: float | None = None
 
 
 def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -> Plan:
@@ -412,6 +416,11 @@ def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -
             context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
             kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size)]
         variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens, skipped))
-    return Plan(launches=order, variants=variants, cells=cells,
-                estimate=estimate(matrix, profile, len(order), rates_from(previous, profile)), previous=previous,
-                previous_times=previous_times)
+    planned = estimate(matrix, profile, len(order), rates_from(previous, profile))
+    at_most = None
+    if matrix.until_settled:
+        rounds = max(matrix.max_repeats or matrix.repeats, matrix.repeats)
+        longest = schedule(matrix.model_copy(update={"repeats": rounds}))
+        at_most = (rounds, len(longest), planned.per_launch_s * len(longest))
+    return Plan(launches=order, variants=variants, cells=cells, estimate=planned, previous=previous,
+                previous_times=previous_times, at_most=at_most, budget_s=matrix.budget_s)

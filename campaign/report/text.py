@@ -603,6 +603,18 @@ def _pct(fraction: float) -> str:
 MOST_LAUNCHES = 50  # a plan looks this far for the launches a side that would tell the minimum effect
 
 
+def _at_most(plan: Plan) -> list[str]:
+    """`repeats: auto`: what the night takes if no variant settles early."""
+    if plan.at_most is None:
+        return []
+    rounds, launches, seconds = plan.at_most
+    line = (f"repeats: auto: that is the first rounds; while a variant is open the night runs more, up to {rounds} "
+            f"rounds: {launches} launches, {fmt_duration(seconds)} if none settles early")
+    if plan.budget_s is not None:
+        line += f" (the budget, {fmt_duration(plan.budget_s)}, stops it sooner)"
+    return [line]
+
+
 def power_notes(power: Sequence[Power], cells: list[CellSpec]) -> list[Cell]:
     """Per variant judged, the smallest change its launches can tell at this rig's noise (variants with the same
     figures share a line), a warning where that is above the minimum effect, and what would tell it. Nothing
@@ -677,7 +689,7 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
                f"{fmt_duration(est.per_launch_s)} (start {est.launch_s:,.0f} s, cells with warm-up and warm check "
                f"{est.cells_s:,.0f} s, experiments {sum(est.experiments_s.values()):,.0f} s{correction})",
                f"rates: {est.rates.prefill_tok_s:,.0f} prompt tok/s, {est.rates.decode_tok_s:,.1f} tok/s per "
-               f"stream, {est.rates.launch_s:,.0f} s to start: {est.rates.source}"])
+               f"stream, {est.rates.launch_s:,.0f} s to start: {est.rates.source}"] + _at_most(plan))
     tables = [order, per_variant, per_launch]
     if plan.previous_times:
         tables.append(Table(
