@@ -3,15 +3,19 @@ with launch-to-launch noise (the `launch-noise` fault) and a true effect a varia
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
 import pytest
 from test_sim_night import campaign
 
+from campaign.analysis import recommend
 from campaign.analysis.recommend import diff_run
-from campaign.night import store
+from campaign.night import orchestrate, store
 from campaign.night.matrix import load_matrix
+from campaign.night.progress import Progress
+from campaign.server.profiles import load_profile
 
 MATRIX = """\
 name: settle
@@ -109,3 +113,26 @@ def test_repeats_auto_is_validated_with_the_file_and_key(tmp_path: Path) -> None
     path.write_text(MATRIX.replace("repeats: auto\n", "").format(max_repeats=4))
     with pytest.raises(Exception, match="max_repeats and budget apply to `repeats: auto`"):
         load_matrix(str(path))
+
+
+def test_a_night_stopped_by_its_budget_is_continued_by_a_resume(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget is this invocation's wall clock (a clock the test owns here: every reading an hour later):
+    the first night stops after its first look; `--resume` continues the rounds with the budget afresh and
+    settles the -20% variant, leaving what it stored before as it was."""
+    path = tmp_path / "budget.yaml"
+    path.write_text(MATRIX.format(max_repeats=10) + "budget: 2h\n")
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "launch-noise:0.1")
+    matrix, matrix_path, _ = load_matrix(str(path))
+    profile, profile_path = load_profile(matrix.profile)
+    hours = itertools.count(step=3600.0)
+    with orchestrate.started(matrix, matrix_path, profile, profile_path, engine="sim", out=tmp_path / "runs",
+                             clock="virtual") as tonight, Progress(total_cells=0, estimate_s=0, live=False) as p:
+        tonight.execute(p, judge=recommend.judged, clock=lambda: next(hours))
+    run = tonight.run
+    assert not list(run.root.glob("repeats-*.json")) and not run.settled()
+    before = {c.path: c.path.read_bytes() for c in run.cells()}
+    ran = campaign("run", "--resume", str(run.root), "--plain")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert run.settled()["slow-prefill"].outcome == "revert"
+    assert all(path.read_bytes() == data for path, data in before.items())
