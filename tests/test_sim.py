@@ -114,9 +114,10 @@ def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
 
 @pytest.mark.wall_timed
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Seed 000's A/B (three flag sets, two interleaved launches each) measured over HTTP at 5x is the same
-    campaign as replayed in simulated time: the same keep and revert, every cell's figures (the hardware's on
-    both sides, format 10, no division by the scale anywhere) within 10%, each cell storing the client's own
+    """Seed 000's A/B (three flag sets, interleaved rounds until settled: two launches each, at most three)
+    measured over HTTP at 5x is the same campaign as replayed in simulated time: the same keep and revert,
+    every cell's figures (the hardware's on both sides, format 10, no division by the scale anywhere) within
+    10%, each cell storing the client's own
     timing noise. Neither pair differs in the engine's speed by anything a verdict calls a change (the memory
     flag only grows the cache; the bigger chunk speeds the prefill by 0.5%), so a better or worse in either
     line would be the host's jitter read as a difference: the HTTP side of the A/A that
@@ -129,7 +130,12 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
     memory = next(line for line in lines if "gpu-memory-utilization 0.9 -> 0.95" in line)
     assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
     batch = next(line for line in lines if "max-num-batched-tokens 2,048 -> 8,192" in line)
-    assert "KV cache -0.8%" in batch and batch.endswith(": revert (a cost with no benefit)")
+    # In simulated time every launch is the same and the batch's figures are shown within 3%: revert for the
+    # KV cost, as seed 000 did. Over HTTP at 5x the host's jitter may leave them unshown in three rounds: then
+    # not settled, saying what would settle it, never "no difference" and never better or worse.
+    assert "KV cache -0.8%" in batch and (
+        batch.endswith(": revert (a cost with no benefit: every deciding figure is shown within +-3%)")
+        or (": not settled: " in batch and "to show no difference within +-3%: " in batch)), batch
     for line in (memory, batch):
         assert "better" not in line and "worse" not in line, line
     # Every cell stores the client's own timing noise, which decides whether its ITL p99 can be judged: at a
@@ -140,8 +146,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
                             "--out", str(tmp_path / "virtual"), "--plain")
     assert code == 0, err[-3000:]
     replayed = store.RunDir(next((tmp_path / "virtual").glob("simtest-ab/*")))
-    assert {d.variant: d.outcome for d in diff_run(replayed)} == \
-        {d.variant: d.outcome for d in diff_run(run)} == {"memory": "keep", "batch": "revert"}
+    assert {d.variant: d.outcome for d in diff_run(replayed)} == {"memory": "keep", "batch": "revert"}
+    assert {d.variant: d.outcome for d in diff_run(run)}["memory"] == "keep"
 
     def means(of: store.RunDir) -> dict[tuple[str, str, str], float]:
         out: dict[tuple[str, str, str], list[float]] = {}
@@ -171,15 +177,20 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     assert code == 0, err[-3000:]
     lines = out.splitlines()
     recommendation = next(line for line in lines if line.startswith("recommendation:"))
+    # Every throughput figure is shown within 3%; a TTFT median whose launches land in either of two modes
+    # (the streams' lockstep, by seed) cannot be in three launches: no verdict either way.
     assert recommendation.startswith("recommendation: no flag change (A/A): no difference: every deciding figure "
-                                     "shown within +-3% (")
+                                     "shown within +-3% (") or (
+        "recommendation: no flag change (A/A): not settled: " in recommendation), recommendation
     assert "at family-wise 5%" in out and "A/A (the baseline's own flags): 0 of" in out
     run = store.RunDir(next(tmp_path.glob("a5000-aa-sim/*")))
     assert run.manifest().clock == "virtual"
     (diff,) = diff_run(run)
     verdicts = [(c.key, m.metric, m.verdict) for c in diff.cells for m in c.metrics]
-    assert diff.aa and diff.tests >= 6 and diff.outcome == "no difference"
+    assert diff.aa and diff.tests >= 6 and diff.outcome in {"no difference", "not settled"}
     assert not [v for v in verdicts if v[2] in {"better", "worse"}], verdicts
+    assert all(v[2] == "no difference" for v in verdicts if v[1] in {"total_tok_s", "per_request_tok_s",
+                                                                      "prompt_tok_s"}), verdicts
     queued = [c.result for c in run.cells() if c.result.spec.key == "decode-sustained-L2048-C16-N128-W30"]
     # Three launches a side and the drift sentinel.
     assert len(queued) == 7 and all(c.status == "Valid" for c in queued), [c.reasons for c in queued]

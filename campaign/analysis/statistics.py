@@ -200,6 +200,11 @@ class Estimate:
     df: float            # Welch-Satterthwaite degrees of freedom
     pooled_sd: float     # one measurement's standard deviation, pooled over both sides
     spread: tuple[float, float]   # each side's relative standard deviation of one measurement (baseline, variant)
+    paired: bool = False  # from the rounds' differences (one launch a side per round), not the two sides apart
+
+    @property
+    def method(self) -> str:
+        return "paired over rounds" if self.paired else "Welch"
 
     def interval(self, two_sided_alpha: float) -> tuple[float, float]:
         half = float(special.stdtrit(self.df, 1 - two_sided_alpha / 2)) * self.se if self.se > 0 else 0.0
@@ -233,8 +238,26 @@ def _t(p: float, df: int) -> float:
     return float(special.stdtrit(df, p))
 
 
+def paired_estimate(pairs: list[tuple[float, float]], floors: tuple[float, float] = (0.0, 0.0)) -> Estimate | None:
+    """The change from rounds that measured both sides once each (baseline, variant): the mean of the rounds'
+    differences, its standard error from their spread (never below the two measurements' own errors), n - 1
+    degrees of freedom. A round's drift (the whole rig slower that round) is in both of its launches and
+    cancels in its difference, which Welch over the two sides apart counts as noise. None under 3 rounds."""
+    if len(pairs) < 3:
+        return None
+    base, other = [b for b, _ in pairs], [o for _, o in pairs]
+    differences = [o - b for b, o in pairs]
+    variance = max(statistics.variance(differences), floors[0] + floors[1])
+    n = len(pairs)
+    mb, mo = statistics.fmean(base), statistics.fmean(other)
+    spread = (statistics.stdev(base) / abs(mb) if mb else math.inf,
+              statistics.stdev(other) / abs(mo) if mo else math.inf)
+    return Estimate(statistics.fmean(differences), math.sqrt(variance / n), float(n - 1),
+                    math.sqrt(variance / 2), spread, paired=True)
+
+
 def launches_to(target: float, sd: float, *, alpha: float, power: float = 0.8, one_sided: bool = False,
-                have: int = 0) -> int | None:
+                have: int = 0, paired: bool = False) -> int | None:
     """The fewest launches a side n for which a t-test of `alpha` (per test; two-sided unless one_sided) reaches
     `target` (an absolute difference) with `power` at one measurement's standard deviation `sd`:
     2 (t_a + t_b)^2 sd^2 / target^2 <= n, the quantiles at 2n - 2 degrees of freedom. None: more than
@@ -246,10 +269,10 @@ def launches_to(target: float, sd: float, *, alpha: float, power: float = 0.8, o
     a = alpha if one_sided else alpha / 2
 
     def enough(n: int) -> bool:
-        df = 2 * n - 2
+        df = n - 1 if paired else 2 * n - 2   # paired: sd is a round's difference over sqrt(2)
         return 2 * (_t(1 - a, df) + _t(power, df)) ** 2 * sd**2 / target**2 <= n
 
-    low, high = 2, max(2, have) + MAX_ADVISED_REPEATS
+    low, high = (3 if paired else 2), max(2, have) + MAX_ADVISED_REPEATS
     if not enough(high):
         return None
     while low < high:   # the left side falls and the right rises with n: the first n that is enough
@@ -327,15 +350,18 @@ def judge(verdict: MetricVerdict, look: Look, p_holm: float | None = None) -> Me
             f"within the search's resolution (its brackets are up to {verdict.resolution_pct:.0f}% wide): a finer "
             "search (a smaller `resolution`) would settle it"))
     if abs(change) >= look.min_effect and p < look.alpha:
-        return replace(base, verdict="better" if change * direction > 0 else "worse", note="")
+        return replace(base, verdict="better" if change * direction > 0 else "worse",
+                       note="paired over rounds" if est.paired else "")
     if -delta < lo and hi < delta:
         return replace(base, verdict="no difference",
-                       note=f"shown within +-{100 * look.min_effect:g}% ({_pct_range(family_ci)} at {look.describe()})")
+                       note=f"shown within +-{100 * look.min_effect:g}% ({_pct_range(family_ci)} at {look.describe()}, "
+                            f"{est.method})")
     have = min(verdict.n_baseline, verdict.n_variant)
-    confirm = launches_to(abs(est.diff), est.pooled_sd, alpha=look.per_test, have=have) \
+    confirm = launches_to(abs(est.diff), est.pooled_sd, alpha=look.per_test, have=have, paired=est.paired) \
         if abs(change) >= look.min_effect else None
-    equal = launches_to(delta, est.pooled_sd, alpha=look.per_test, power=0.9, one_sided=True, have=have)
-    parts = [f"not settled at {look.describe()}: {_pct_range(family_ci)}"]
+    equal = launches_to(delta, est.pooled_sd, alpha=look.per_test, power=0.9, one_sided=True, have=have,
+                        paired=est.paired)
+    parts = [f"not settled at {look.describe()}: {_pct_range(family_ci)} ({est.method})"]
     if p_holm is not None and verdict.p_value < look.alpha <= p_holm and abs(change) >= look.min_effect:
         parts.append(f"{'better' if change * direction > 0 else 'worse'} on its own (p={verdict.p_value:.3f}), "
                      f"not across the variant's {look.tests} tests (Holm p={p_holm:.2f})")
@@ -364,10 +390,14 @@ def _pct_range(ci: tuple[float, float]) -> str:
 
 
 def verdict_for(base: list[float], other: list[float], direction: int, metric: str = "",
-                floors: tuple[float, float] = (0.0, 0.0), look: Look | None = None) -> MetricVerdict:
+                floors: tuple[float, float] = (0.0, 0.0), look: Look | None = None,
+                pairs: list[tuple[float, float]] | None = None) -> MetricVerdict:
     """Baseline vs variant samples of one metric -> change, 95% interval and a verdict judged alone (a family
     of one; family_wise re-judges it within the variant's family). `floors`: the least variance of one
-    measurement on each side (its own error, where the metric has one; see `_spread`)."""
+    measurement on each side (its own error, where the metric has one; see `_spread`). `pairs`: the same
+    values by round (baseline, variant), where the night interleaved them: from three rounds the paired
+    estimate is used where its 95% interval is the narrower (the verdict says which; the constructed nights of
+    tests/test_verdict_promises.py check that choosing keeps the false-verdict rate)."""
     look = look or Look()
     if not base or not other:
         return MetricVerdict(metric, statistics.fmean(base) if base else None,
@@ -385,11 +415,19 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
             repeats_advice(needed, 1) + " (from the other side's spread)" if needed is not None else
             "at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)")
         return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note, needed)
+    paired = paired_estimate(pairs or [], floors)
+    if paired is not None and _width(paired) < _width(est):
+        est = paired
     lo, hi = est.interval(0.05)
     ci_pct = (100 * lo / mb, 100 * hi / mb) if mb > 0 else (100 * hi / mb, 100 * lo / mb)
     tested = MetricVerdict(metric, mb, mo, 100 * change, ci_pct, len(base), len(other), "not settled",
                            p_value=est.p_value, estimate=est, direction=direction)
     return judge(tested, look)
+
+
+def _width(est: Estimate) -> float:
+    lo, hi = est.interval(0.05)
+    return hi - lo
 
 
 def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT,

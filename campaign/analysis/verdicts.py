@@ -122,6 +122,16 @@ def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
     return values
 
 
+def _pairs(base: list[StoredCell], other: list[StoredCell], key: str, metric: str) -> list[tuple[float, float]]:
+    """The metric's Valid values by round (repeat), where both sides measured it in that round."""
+    def by_round(cells: list[StoredCell]) -> dict[int, float]:
+        return {c.repeat: float(getattr(c.result, metric)) for c in cells if c.result.spec.key == key
+                and c.result.status == "Valid" and getattr(c.result, metric) is not None}
+
+    mine, theirs = by_round(base), by_round(other)
+    return [(mine[r], theirs[r]) for r in sorted(mine.keys() & theirs.keys())]
+
+
 # Medians over a measurement's requests (phase, metric -> each request's value), whose own error is the
 # least variance a measurement of them carries (`_spread`). In a decode cell of streams in lockstep, each
 # wave's replacements reach the server within a step of each other; whether they are prefilled in one step
@@ -227,7 +237,7 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                     continue
             floors = (_median_floor(base, key, metric), _median_floor(other, key, metric))
             diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
-                                            metric, floors))
+                                            metric, floors, pairs=_pairs(base, other, key, metric)))
         out.append(diff)
     return out
 

@@ -6,7 +6,8 @@ Each campaign: a baseline and one variant, three decode cells, each judged on to
 and TTFT (lower is better). Every launch carries one speed factor for all its cells (launch-to-launch noise,
 lognormal), every measurement its own 1% error, and the night drifts (the whole rig slows a little each
 round, the same for both sides, as the interleaved rounds assume). After every round from the second the
-variant is judged at that look (statistics.sequential_alpha: O'Brien-Fleming spending of the family's 5%);
+variant is judged at that look (statistics.sequential_alpha: O'Brien-Fleming spending of the family's 5%),
+each metric by Welch or, from three rounds, by the rounds' paired differences where that interval is narrower;
 the night stops it once its outcome is keep, revert or no difference, or at `max_rounds`.
 
 Printed, per scenario: how often each outcome was reached, and the rounds it took. The promises, checked by
@@ -81,8 +82,10 @@ def judge(base: list[list[tuple[float, float]]], other: list[list[tuple[float, f
         diff = CellDiff(key=f"decode-{index}", phase="decode", context_tokens=1024, concurrency=index + 1,
                         label="aggregate")
         for position, (metric, direction) in enumerate((("total_tok_s", 1), ("ttft_ms", -1))):
-            diff.metrics.append(verdict_for([launch[index][position] for launch in base],
-                                            [launch[index][position] for launch in other], direction, metric))
+            mine = [launch[index][position] for launch in base]
+            theirs = [launch[index][position] for launch in other]
+            pairs = list(zip(mine, theirs, strict=True))   # one launch a side per round
+            diff.metrics.append(verdict_for(mine, theirs, direction, metric, pairs=pairs))
         cells.append(diff)
     variant = VariantDiff(variant="v", baseline="b", flag_changes=[("x", 1, 2)], fact_changes=[], cells=cells,
                           comparable=True, look=look)
@@ -124,8 +127,10 @@ def run(scenario: Scenario, nights: int, seed: int = 0) -> Tally:
 SCENARIOS = (
     Scenario("A/A, 2% launch noise", 0.0, 0.02),
     Scenario("A/A, 10% launch noise", 0.0, 0.10),
+    Scenario("A/A, 2% noise, drift 3%/round", 0.0, 0.02, drift=0.03),
     Scenario("true -9% (3x the minimum), 2% noise", -0.09, 0.02),
     Scenario("true -9% (3x the minimum), 10% noise", -0.09, 0.10),
+    Scenario("true -9%, 2% noise, drift 3%/round", -0.09, 0.02, drift=0.03),
     Scenario("true -20%, 10% launch noise", -0.20, 0.10),
 )
 

@@ -79,17 +79,19 @@ class LaunchWork:
     experiments: list[Experiment]
 
 
-def retired_rounds(run: store.RunDir) -> dict[str, int]:
+def retired_rounds(run: store.RunDir, matrix: Matrix) -> dict[str, int]:
     """The variants a night run until settled retired, with the rounds they ran (schedule leaves them out of
-    later rounds)."""
-    return {name: record.rounds for name, record in run.settled().items()}
+    later rounds); one that an open variant is compared to (`compare_to`) runs on while that one is open."""
+    settled = {name: record.rounds for name, record in run.settled().items()}
+    needed = {v.compare_to for v in matrix.all_variants() if v.compare_to and v.name not in settled}
+    return {name: rounds for name, rounds in settled.items() if name not in needed}
 
 
 def pending_launches(run: store.RunDir, matrix: Matrix) -> list[LaunchWork]:
     """The launches of the schedule that still have something to measure. Each key (cell or experiment) is
     the matrix's, the one it is stored under, so a resumed run skips exactly what is stored."""
     out = []
-    for variant, repeat in schedule(matrix, retired_rounds(run)):
+    for variant, repeat in schedule(matrix, retired_rounds(run, matrix)):
         cells = [c for c in matrix.cells() if not run.done(variant, c.key, repeat)]
         experiments = [e for e in matrix.experiments() if not run.experiment_path(variant, e.key, repeat).exists()]
         if cells or experiments:

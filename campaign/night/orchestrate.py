@@ -309,7 +309,7 @@ class Night:
             last[(record.variant, record.repeat)] = record
         pending = {(w.variant, w.repeat) for w in self.pending()}
         out = []
-        for variant, repeat in schedule(self.matrix, retired_rounds(self.run)):
+        for variant, repeat in schedule(self.matrix, retired_rounds(self.run, self.matrix)):
             latest = last.get((variant, repeat))
             failed = latest.failure_kind if isinstance(latest, FailureRecord) else None
             if (variant, repeat) in pending or failed:
