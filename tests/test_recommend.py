@@ -167,8 +167,8 @@ def test_one_measurement_with_a_kv_gain_and_a_ttft_change_keeps_provisionally(tm
     assert verdicts == {"not judged"} and diff.tests == 0
     assert diff.outcome == "keep" and diff.provisional
     assert "KV cache +9.1%" in diff.recommendation and "keep, provisionally (one measurement:" in diff.recommendation
-    assert "run 6 repeats (campaign run --resume RUN --repeats 6; at this noise 6 a side resolve a 3% change)" \
-        in diff.recommendation
+    assert ("run 7 repeats (campaign run --resume RUN --repeats 7, or `repeats: auto`; at this noise 7 a side "
+            "settle the typical figure)") in diff.recommendation
     assert "no test: no cell and metric has two or more Valid measurements" in diff.family_line
 
 

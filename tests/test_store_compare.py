@@ -69,10 +69,13 @@ def test_single_measurements_are_not_judged_however_large_the_change() -> None:
         assert result.verdict == "not judged" and "one measurement: not judged" in result.note
         assert result.ci95_pct is None and result.p_value is None
         assert result.change_pct == pytest.approx(variant - 100.0)
-    # The baseline launched twice (the drift sentinel) gives the spread for the repeats advice.
+    # The baseline launched twice (the drift sentinel) gives the spread for the advice: for the change that is
+    # there (an 18% change at a 2.8 sd: one more launch a side would confirm it) and for none.
     advised = verdict_for([100.0, 104.0], [120.4], direction=1)
-    assert advised.verdict == "not judged" and advised.repeats_needed is not None
-    assert "repeat(s) a side would resolve a 3% change" in advised.note
+    assert advised.verdict == "not judged" and advised.confirm_repeats == 2 and advised.equivalence_repeats
+    assert advised.note == ("one measurement: not judged; if the +18.0% is real, 1 more launch(es) a side would "
+                            "confirm it; to show no difference within +-3%: 15 more launch(es) a side (from the "
+                            "other side's spread)")
 
 
 def test_seed_000_memory_keep(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from campaign.core.errors import CampaignError
 from campaign.measure import answers
 from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import REASON_HINTS, Reason
-from campaign.measure.judged import MIN_EFFECT, TAIL_METRICS
+from campaign.measure.judged import TAIL_METRICS
 from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
 from campaign.night.orchestrate import Judged
 from campaign.night.records import Manifest
@@ -218,16 +218,19 @@ def _listed(items: list[str], limit: int = 3) -> str:
 
 
 def _settle_advice(diff: VariantDiff) -> str:
-    """How many repeats would settle it, from the noise seen on the cells' primary metrics: "run N repeats"."""
+    """How many launches a side would settle it, from the noise seen on the cells' primary metrics: the
+    fewest that would either confirm the change seen or show none (each metric's own advice is in its row)."""
     needed = sorted(m.repeats_needed for c in diff.cells for m in c.metrics
                     if m.repeats_needed is not None and m.metric in {"total_tok_s", "prompt_tok_s"})
     if not needed:
+        if any(m.metric in {"total_tok_s", "prompt_tok_s"} and "not reachable at this noise" in m.note
+               for c in diff.cells for m in c.metrics):
+            return (f"more launches would not settle it at this noise (over {MAX_ADVISED_REPEATS} a side for "
+                    "either answer): a quieter rig, or a larger min_effect")
         return "run at least 2 repeats a side to know the noise (campaign run --resume RUN --repeats 2)"
     typical = needed[len(needed) // 2]
-    if typical > MAX_ADVISED_REPEATS:
-        return f"find the noise's cause: over {MAX_ADVISED_REPEATS} repeats a side would be needed to resolve 3%"
-    return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}; at this noise {typical} a side "
-            f"resolve a {100 * MIN_EFFECT:g}% change)")
+    return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}, or `repeats: auto`; at this "
+            f"noise {typical} a side settle the typical figure)")
 
 
 CAPACITY_UNITS = {"max_rate_rps": "req/s", "max_concurrency": "streams"}

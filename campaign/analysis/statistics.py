@@ -23,7 +23,6 @@ from typing import Literal
 
 from scipy import special
 
-from campaign.core import stats
 from campaign.measure.judged import FAMILY_ALPHA, MIN_EFFECT
 
 Verdict = Literal["better", "worse", "no difference", "not settled", "not judged", "not comparable", "no data"]
@@ -409,12 +408,20 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     change = (mo - mb) / mb
     est = estimate(base, other, floors)
     if est is None:
-        # One measurement is not evidence: a fixed noise floor is not an interval (issue 20).
-        needed = repeats_to_resolve(base, other, floors=floors)
-        note = "one measurement: not judged; " + (
-            repeats_advice(needed, 1) + " (from the other side's spread)" if needed is not None else
-            "at least 2 repeats a side are needed to know the noise (campaign run --resume RUN --repeats 2)")
-        return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note, needed)
+        # One measurement is not evidence: a fixed noise floor is not an interval (issue 20). What would settle
+        # it is judged from the other side's spread, for the change that is there and for none.
+        sd = _one_side_sd(base, other, floors)
+        if sd is None:
+            note = ("one measurement: not judged; at least 2 repeats a side are needed to know the noise (campaign "
+                    "run --resume RUN --repeats 2)")
+            return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note)
+        confirm = launches_to(abs(mo - mb), sd, alpha=look.per_test, have=1) if abs(change) >= look.min_effect \
+            else None
+        equal = launches_to(look.min_effect * abs(mb), sd, alpha=look.per_test, power=0.9, one_sided=True, have=1)
+        note = ("one measurement: not judged; " + settle_advice(change, confirm, equal, 1, look.min_effect)
+                + " (from the other side's spread)")
+        return MetricVerdict(metric, mb, mo, 100 * change, None, len(base), len(other), "not judged", note,
+                             min((n for n in (confirm, equal) if n is not None), default=None), confirm, equal)
     paired = paired_estimate(pairs or [], floors)
     if paired is not None and _width(paired) < _width(est):
         est = paired
@@ -425,35 +432,14 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     return judge(tested, look)
 
 
+def _one_side_sd(base: list[float], other: list[float], floors: tuple[float, float]) -> float | None:
+    """One measurement's standard deviation from the sides that have two or more (None: neither has)."""
+    sides = [(values, floor) for values, floor in zip((base, other), floors, strict=True) if len(values) >= 2]
+    if not sides:
+        return None
+    return math.sqrt(sum((len(v) - 1) * _spread(v, f) for v, f in sides) / sum(len(v) - 1 for v, _ in sides))
+
+
 def _width(est: Estimate) -> float:
     lo, hi = est.interval(0.05)
     return hi - lo
-
-
-def repeats_to_resolve(base: list[float], other: list[float], *, effect: float = MIN_EFFECT,
-                       floors: tuple[float, float] = (0.0, 0.0)) -> int | None:
-    """Measurements a side for a change of `effect` (a fraction of the baseline mean) to come out of the noise
-    with 80% power at the 95% level, from the pooled spread of what was measured (normal approximation:
-    n = 2 (z_0.975 + z_0.8)^2 s^2 / d^2). With one measurement on a side, the other side's spread stands for
-    both; None where neither side has two (no spread yet)."""
-    sides = [(values, floor) for values, floor in zip((base, other), floors, strict=True) if len(values) >= 2]
-    if not sides or not base:
-        return None
-    mean = statistics.fmean(base)
-    pooled = sum((len(v) - 1) * _spread(v, f) for v, f in sides) / sum(len(v) - 1 for v, _ in sides)
-    d = abs(effect * mean)
-    if d == 0:
-        return None
-    if pooled == 0:
-        return 2
-    return max(2, math.ceil(2 * (stats.Z95 + 0.841621) ** 2 * pooled / d**2))
-
-
-def repeats_advice(needed: int, have: int) -> str:
-    more = needed - have
-    if more > MAX_ADVISED_REPEATS:
-        return (f"over {MAX_ADVISED_REPEATS} more repeats a side would be needed to resolve a {100 * MIN_EFFECT:g}% "
-                "change: this noise is too large for repeats to settle; find its cause")
-    if more > 0:
-        return f"about {more} more repeat(s) a side would resolve a {100 * MIN_EFFECT:g}% change at this noise"
-    return f"enough repeats to resolve a {100 * MIN_EFFECT:g}% change: none is there"
