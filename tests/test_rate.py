@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -620,6 +621,38 @@ def test_find_max_rate_brackets_the_capacity_with_the_concurrency_beside_it(
     assert set(cli) >= {"max_rate_rps", "last_pass_rps", "first_fail_rps", "requests"}
     streams = data["concurrency_search"]
     assert streams["max"] is not None and streams["max"] <= 2
+
+
+@pytest.mark.wall_timed
+def test_an_attempt_the_client_fell_behind_on_is_measured_again_and_says_so(
+        h200: tuple[LaunchedServer, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that stalls the client (here: its event loop blocked for 1.5 s before the second request of the
+    first attempt, as a busy machine does) sends a load other than the one asked for. The attempt is
+    discarded with the client's lateness as its reason, and the cell measured again; the cell stands on the
+    attempt that kept the schedule (a loaded test machine once failed a whole capacity search on one stall)."""
+    server, _ = h200
+    drives: list[int] = []
+    real_drive = openloop.drive
+
+    async def stalled_once(offsets: list[float], send: openloop.Send, **kwargs: Any) -> float:
+        drives.append(len(offsets))
+
+        async def late(sent: openloop.Sent) -> None:
+            if len(drives) == 1 and sent.index == 1:
+                time.sleep(1.5)  # noqa: ASYNC251 -- the loop blocked on purpose: every later request leaves late
+            await send(sent)
+
+        return await real_drive(offsets, late if len(drives) == 1 else send, **kwargs)
+
+    monkeypatch.setattr(openloop, "drive", stalled_once)
+    spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=16, request_rate=0.5, duration_s=8)
+    cell = asyncio.run(Measurer(server.target()).run_cell(spec))
+    assert len(drives) == 2
+    first, second = cell.attempts
+    assert not first.accepted and first.reason is not None
+    assert first.reason.startswith("the client fell behind its schedule: requests left a p99 ")
+    assert second.accepted and cell.status == "Valid" and cell.discarded_steps == 1, cell.reasons
+    assert len(cell.records) == 4 and max(figures.send_lags(cell.records)) < 0.4   # the schedule kept
 
 
 @pytest.mark.wall_timed

@@ -291,7 +291,10 @@ class Measurer:
 
     async def _attempts(self, spec: CellSpec, base: dict[str, Any], max_tokens: int, client: StreamClient,
                         control: httpx.AsyncClient) -> CellResult:
-        """Measure the cell until an attempt's bracket shows no foreign traffic, at most max_attempts times."""
+        """Measure the cell until an attempt's bracket shows no foreign traffic and, on a schedule, the client
+        kept it, at most max_attempts times. A client that fell behind (its host stalled it) offered another
+        load than the one asked for: that attempt is discarded, saying so, as foreign traffic's is; the last
+        one stands as measured (Invalid, with why)."""
         attempts: list[Attempt] = []
         source = self._source(spec, control)
         if source is not None:
@@ -302,8 +305,14 @@ class Measurer:
             after, attempt = await self.bracket(control, before, step.records + step.priming)
             attempts.append(attempt)
             if attempt.accepted:
-                return self._result(base, spec, step, m.Delta(before, after), attempts)
-            self.on_event(f"{spec.key}: attempt {number} discarded ({attempt.reason}); "
+                result = self._result(base, spec, step, m.Delta(before, after), attempts)
+                if Reason.SCHEDULE_BEHIND not in result.reason_codes or number == self.max_attempts:
+                    return result
+                behind = next(r for r, c in zip(result.reasons, result.reason_codes, strict=True)
+                              if c == Reason.SCHEDULE_BEHIND)
+                attempts[-1] = attempt.model_copy(update={"accepted": False,
+                                                          "reason": f"the client fell behind its schedule: {behind}"})
+            self.on_event(f"{spec.key}: attempt {number} discarded ({attempts[-1].reason}); "
                           "rerunning with fresh prompts")
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
