@@ -538,15 +538,17 @@ def aa_name(baseline: str) -> str:
 def schedule(matrix: Matrix, retired: Mapping[str, int] | None = None) -> list[tuple[str, int]]:
     """Launch order (variant, repeat): rounds alternate direction (A B C, C B A, ...) so slow drift through
     the night does not read as a difference; a final baseline launch is the drift sentinel where the last
-    round does not already end on the baseline. `retired`: variants a night run until settled has retired,
-    with the rounds they ran; they are in no later round."""
+    round does not already end on the baseline (except in a night run until settled, whose every round has
+    the baseline). `retired`: variants a night run until settled has retired, with the rounds they ran; they
+    are in no later round."""
     names = [v.name for v in matrix.ordered_variants()]
     retired = retired or {}
     order: list[tuple[str, int]] = []
     for repeat in range(matrix.repeats):
         round_names = names if repeat % 2 == 0 else list(reversed(names))
         order.extend((name, repeat) for name in round_names if repeat < retired.get(name, matrix.repeats))
-    if len(names) > 1 and order[-1][0] != matrix.baseline:
+    # A night run until settled has the baseline in every round it runs: no sentinel after it.
+    if len(names) > 1 and order[-1][0] != matrix.baseline and not matrix.until_settled:
         order.append((matrix.baseline, matrix.repeats))
     return order
 
