@@ -67,7 +67,7 @@ def test_a_night_until_settled_calls_a_true_20_percent_prefill_drop_worse_and_le
     assert f"round {rounds} of at most 10 (O'Brien-Fleming boundary" in slow.family_line
     aa = diffs["base-aa"]
     assert aa.outcome in {"not settled", "no difference"} and "base-aa" not in settled
-    assert aa.family_line.startswith("still open after 10 round(s) of at most 10")
+    assert aa.family_line.startswith("max_repeats reached after 10 round(s): not settled; ")
     assert not [m for c in aa.cells for m in c.metrics if m.verdict in {"better", "worse"}]
 
 
@@ -82,7 +82,7 @@ def test_the_night_says_what_is_open_and_why_and_a_resume_continues_it(
     assert sorted(p.name for p in run.root.glob("repeats-*.json")) == ["repeats-3.json"]
     diffs = {d.variant: d for d in diff_run(run)}
     for diff in diffs.values():
-        assert re.match(r"(settled after \d round\(s\)|still open after \d round\(s\) of at most 3)",
+        assert re.match(r"(settled after \d round\(s\)|max_repeats reached after 3 round\(s\): not settled)",
                         diff.family_line), diff.family_line
 
 
@@ -132,6 +132,9 @@ def test_a_night_stopped_by_its_budget_is_continued_by_a_resume(tmp_path: Path,
     run = tonight.run
     assert not list(run.root.glob("repeats-*.json")) and not run.settled()
     before = {c.path: c.path.read_bytes() for c in run.cells()}
+    (stopped,) = [d for d in diff_run(run) if d.variant == "slow-prefill"]
+    assert stopped.family_line.startswith("still open after 2 round(s) of at most 10 (the budget or an "
+                                          "interruption stopped the night; campaign run --resume RUN continues it)")
     ran = campaign("run", "--resume", str(run.root), "--plain")
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert run.settled()["slow-prefill"].outcome == "revert"

@@ -130,12 +130,22 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         diff.tests = family_wise(diff.cells, look) if comparable else 0
         if planned.until_settled and not variant.endswith("@B"):
             record = settled.get(variant)
-            diff.rounds_note = (f"settled after {record.rounds} round(s): {record.outcome}" if record is not None
-                                else f"still open after {look.rounds} round(s) of at most {look.max_rounds}")
+            diff.rounds_note = _rounds_note(record.rounds if record else None, record.outcome if record else None,
+                                            look)
         diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
                                                                         facts.get(variant))
         diffs.append(diff)
     return diffs
+
+
+def _rounds_note(settled_after: int | None, outcome: str | None, look: Look) -> str:
+    """When a night run until settled settled this variant, or why it is still open."""
+    if settled_after is not None:
+        return f"settled after {settled_after} round(s): {outcome}"
+    if look.rounds is not None and look.max_rounds is not None and look.rounds >= look.max_rounds:
+        return f"max_repeats reached after {look.rounds} round(s): not settled"
+    return (f"still open after {look.rounds} round(s) of at most {look.max_rounds} (the budget or an interruption "
+            "stopped the night; campaign run --resume RUN continues it)")
 
 
 def _look(matrix: Matrix, cells: list[StoredCell]) -> Look:
