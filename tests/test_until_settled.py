@@ -139,3 +139,18 @@ def test_a_night_stopped_by_its_budget_is_continued_by_a_resume(tmp_path: Path,
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert run.settled()["slow-prefill"].outcome == "revert"
     assert all(path.read_bytes() == data for path, data in before.items())
+
+
+def test_a_night_whose_baseline_never_starts_stops_its_rounds_and_says_why(tmp_path: Path) -> None:
+    """Nothing can be judged without the baseline: the night says so after its first look and runs no more
+    rounds; the launch failures are recorded and the exit code says a launch failed."""
+    path = tmp_path / "broken.yaml"
+    broken = "{name: base, flags: {max-model-len: 16384, fault: start-oom}}"
+    path.write_text(MATRIX.format(max_repeats=10).replace("{name: base, flags: {max-model-len: 16384}}", broken))
+    ran = campaign("run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+                   "--plain")
+    assert ran.returncode != 0
+    assert "round 2: the variants cannot be judged (baseline 'base' has no measurements in " in ran.stderr
+    assert "; no more rounds" in ran.stderr
+    (root,) = (tmp_path / "runs" / "settle").iterdir()
+    assert not list(root.glob("repeats-*.json"))

@@ -200,7 +200,12 @@ class Night:
         cap = max(self.matrix.max_repeats or AUTO_MAX_REPEATS, self.matrix.repeats)
         while True:
             rounds = self.matrix.repeats
-            still = "; ".join(f"{name} ({why})" for name, why in self._retire(judge(self.run), rounds, progress))
+            try:
+                judged = judge(self.run)
+            except CampaignError as exc:   # e.g. a baseline that never started: nothing to judge against
+                progress.note(f"round {rounds}: the variants cannot be judged ({exc}); no more rounds")
+                return
+            still = "; ".join(f"{name} ({why})" for name, why in self._retire(judged, rounds, progress))
             if not still:
                 progress.note(f"every variant settled after {rounds} round(s)")
                 return
