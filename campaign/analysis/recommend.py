@@ -150,7 +150,7 @@ def _rounds_note(settled_after: int | None, outcome: str | None, look: Look) -> 
 
 def _look(matrix: Matrix, cells: list[StoredCell]) -> Look:
     """The level a variant is judged at: the whole family alpha after a night of fixed repeats; after a night
-    run until settled, the share its last look (the rounds it was measured in) may spend."""
+    run until settled, the nominal level of its last look (after the rounds it was measured in)."""
     if not matrix.until_settled:
         return Look(min_effect=matrix.min_effect)
     rounds = len({c.repeat for c in cells})
