@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,27 +36,6 @@ def _spread(values: list[float], floor: float) -> float:
     return max(statistics.variance(values), floor)
 
 
-def welch_p(base: list[float], other: list[float], floors: tuple[float, float] = (0.0, 0.0)) -> float | None:
-    """Two-sided p-value of Welch's t-test for equal means; None with fewer than two values a side. `floors`:
-    the least variance of one measurement on each side (see `_spread`)."""
-    if len(base) < 2 or len(other) < 2:
-        return None
-    from scipy import stats as sps
-
-    diff = statistics.fmean(other) - statistics.fmean(base)
-    vb, vo = _spread(base, floors[0]), _spread(other, floors[1])
-    if vb == 0 and vo == 0:
-        return 1.0 if diff == 0 else 0.0
-    with warnings.catch_warnings():
-        # Nearly identical values (a capacity search landing on the same rate every repeat) make scipy warn of
-        # precision loss on the console; the p-value it returns is still the test's, and NaN is handled below.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(sps.ttest_ind_from_stats(statistics.fmean(other), math.sqrt(vo), len(other),
-                                           statistics.fmean(base), math.sqrt(vb), len(base),
-                                           equal_var=False).pvalue)
-    return (1.0 if diff == 0 else 0.0) if math.isnan(p) else p
-
-
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: reject where adjusted < alpha, and the chance of
     any false rejection in the family stays below alpha under any dependence between the tests (a variant's
@@ -71,24 +49,6 @@ def holm(p_values: list[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[index]))
         adjusted[index] = running
     return adjusted
-
-
-def welch_ci95(base: list[float], other: list[float],
-               floors: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float] | None:
-    """95% interval of mean(other) - mean(base) (Welch); None with fewer than two values a side. `floors`:
-    the least variance of one measurement on each side (see `_spread`)."""
-    if len(base) < 2 or len(other) < 2:
-        return None
-    from scipy import stats as sps
-
-    vb, vo = _spread(base, floors[0]) / len(base), _spread(other, floors[1]) / len(other)
-    diff = statistics.fmean(other) - statistics.fmean(base)
-    se = math.sqrt(vb + vo)
-    if se == 0:
-        return diff, diff
-    df = (vb + vo) ** 2 / ((vb**2) / (len(base) - 1) + (vo**2) / (len(other) - 1))
-    half = float(sps.t.ppf(0.975, df)) * se
-    return diff - half, diff + half
 
 
 @dataclass(frozen=True)
@@ -136,8 +96,7 @@ def sequential_alpha(rounds: int, max_rounds: int, first: int = 2, alpha: float 
     as group-sequential t-tests usually are, and tests/test_verdict_promises.py checks the rate it gives."""
     if rounds < first or max_rounds < first:
         return 0.0
-    return _boundaries(max(rounds, max_rounds) if rounds > max_rounds else max_rounds, first, alpha)[
-        min(rounds, max_rounds) - first]
+    return _boundaries(max_rounds, first, alpha)[min(rounds, max_rounds) - first]
 
 
 GRID = 801   # points of the numerical integration over a look's continuation region
@@ -226,7 +185,8 @@ def estimate(base: list[float], other: list[float], floors: tuple[float, float] 
     se = math.sqrt(vb + vo)
     df = ((vb + vo) ** 2 / ((vb**2) / (len(base) - 1) + (vo**2) / (len(other) - 1))) if se > 0 else float(
         len(base) + len(other) - 2)
-    pooled = math.sqrt(((len(base) - 1) * sb + (len(other) - 1) * so) / (len(base) + len(other) - 2))
+    pooled = _pooled_sd(base, other, floors)
+    assert pooled is not None   # both sides have two
     mb, mo = statistics.fmean(base), statistics.fmean(other)
     spread = (math.sqrt(sb) / abs(mb) if mb else math.inf, math.sqrt(so) / abs(mo) if mo else math.inf)
     return Estimate(mo - mb, se, df, pooled, spread)
@@ -410,7 +370,7 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     if est is None:
         # One measurement is not evidence: a fixed noise floor is not an interval (issue 20). What would settle
         # it is judged from the other side's spread, for the change that is there and for none.
-        sd = _one_side_sd(base, other, floors)
+        sd = _pooled_sd(base, other, floors)
         if sd is None:
             note = ("one measurement: not judged; at least 2 repeats a side are needed to know the noise (campaign "
                     "run --resume RUN --repeats 2)")
@@ -432,8 +392,8 @@ def verdict_for(base: list[float], other: list[float], direction: int, metric: s
     return judge(tested, look)
 
 
-def _one_side_sd(base: list[float], other: list[float], floors: tuple[float, float]) -> float | None:
-    """One measurement's standard deviation from the sides that have two or more (None: neither has)."""
+def _pooled_sd(base: list[float], other: list[float], floors: tuple[float, float]) -> float | None:
+    """One measurement's standard deviation, pooled over the sides that have two or more (None: neither has)."""
     sides = [(values, floor) for values, floor in zip((base, other), floors, strict=True) if len(values) >= 2]
     if not sides:
         return None
