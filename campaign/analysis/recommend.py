@@ -284,11 +284,8 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return "revert", False, f"{changes}: the server never became ready with these flags: revert"
     # A change of speculative decoding measured on random token ids: their speed says nothing of text, so those
     # cells decide nothing (other changes on a speculative server are measured like any other).
-    spec_changed = any(k.replace("_", "-").lstrip("-") == "speculative-config" for k, _, _ in diff.flag_changes)
-    random_spec = [c.key for c in diff.cells if spec_changed
-                   and Reason.SPEC_RANDOM_PROMPTS in c.variant_reasons + c.baseline_reasons]
-    decisive = [(c, m) for c in diff.cells for m in c.metrics
-                if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
+    random_spec = _random_spec_cells(diff)
+    decisive = _deciding(diff, random_spec)
     text_judged = any(m.p_value is not None for c, m in decisive if c.phase == "decode")
     # A cell whose throughput is worse is not better because one of its latency tails is: a faster p99 gap
     # where tokens per second fell is the same change seen through a percentile, not a second benefit.
@@ -396,12 +393,22 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     return "no difference", False, sentence(noise)
 
 
-def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
-    """Why a variant is not settled and what would settle it: the widest interval, where it is and which side
-    is noisy; then, for the largest changes seen, the launches a side that would confirm each if it is real and
-    that would show no difference if it is not."""
-    look = diff.look
+def _random_spec_cells(diff: VariantDiff) -> list[str]:
+    """A change of speculative decoding measured on random token ids: their speed says nothing of text, so
+    those cells decide nothing (other changes on a speculative server are measured like any other)."""
+    spec_changed = any(k.replace("_", "-").lstrip("-") == "speculative-config" for k, _, _ in diff.flag_changes)
+    return [c.key for c in diff.cells if spec_changed
+            and Reason.SPEC_RANDOM_PROMPTS in c.variant_reasons + c.baseline_reasons]
 
+
+def _deciding(diff: VariantDiff, random_spec: list[str]) -> list[tuple[CellDiff, MetricVerdict]]:
+    """The cells' metrics that decide the variant: not the diagnostic values, not random-id speculative cells."""
+    return [(c, m) for c in diff.cells for m in c.metrics
+            if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
+
+
+def _unsettled_head(unsettled: list[tuple[CellDiff, MetricVerdict]], look: Look) -> str:
+    """How many deciding figures are open, and the widest interval: where it is and which side is noisy."""
     def width(item: tuple[CellDiff, MetricVerdict]) -> float:
         ci = item[1].verdict_ci_pct
         return ci[1] - ci[0] if ci is not None else 0.0
@@ -415,6 +422,15 @@ def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: Varian
                  f"{hi:+.1f}%]")
         if widest.spread_pct is not None:
             text += f" ({_noisy_side(widest.spread_pct)})"
+    return text
+
+
+def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
+    """Why a variant is not settled and what would settle it: the widest interval, where it is and which side
+    is noisy; then, for the largest changes seen, the launches a side that would confirm each if it is real and
+    that would show no difference if it is not."""
+    look = diff.look
+    text = _unsettled_head(unsettled, look)
     # The advice: first the changes fewest launches would confirm, then the largest.
     closest = sorted(unsettled, key=lambda item: (item[1].confirm_repeats is None, item[1].confirm_repeats or 0,
                                                   -abs(item[1].change_pct or 0.0)))[:2]
@@ -435,11 +451,17 @@ def _noisy_side(spread_pct: tuple[float, float]) -> str:
 
 
 def judged(run: RunDir) -> dict[str, Judged]:
-    """Every variant's outcome at this look, for a night run until settled (orchestrate.Night.execute): more
-    rounds cannot settle a variant that is not comparable or never started."""
-    return {d.variant: Judged(d.outcome, d.recommendation,
-                              settleable=d.comparable and "never became ready" not in d.recommendation)
-            for d in diff_run(run)}
+    """Every variant's outcome at this look, for a night run until settled (orchestrate.Night.execute), with
+    why an open one is open; more rounds cannot settle a variant that is not comparable. (A baseline that
+    never started leaves nothing to judge: diff_run refuses it.)"""
+    out = {}
+    for d in diff_run(run):
+        unsettled = [(c, m) for c, m in _deciding(d, _random_spec_cells(d)) if m.verdict == "not settled"]
+        # Otherwise the sentence's end says why (cells not valid, a trade-off, an A/A's false positive).
+        tail = d.recommendation if len(d.recommendation) <= 200 else "..." + d.recommendation[-200:]
+        why = _unsettled_head(unsettled, d.look) if unsettled else tail
+        out[d.variant] = Judged(d.outcome, d.recommendation, why=why, settleable=d.comparable)
+    return out
 
 
 def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:

@@ -135,17 +135,16 @@ class Judged:
 
     outcome: str             # keep, revert, no difference or not settled
     sentence: str            # the recommendation
-    settleable: bool = True  # False: more rounds cannot settle it (not comparable, nothing to compare)
+    why: str = ""            # not settled: why, in a few words (the progress line's)
+    settleable: bool = True  # False: more rounds cannot settle it (not comparable)
 
 
 Judge = Callable[[store.RunDir], dict[str, Judged]]
 
 
-def _why(sentence: str) -> str:
-    """A not-settled sentence's reason, short enough for a progress line."""
-    tail = sentence[sentence.rfind(": not settled") + 2:] if ": not settled" in sentence else sentence
-    short = "; ".join(tail.split("; ")[:2])
-    return short if len(short) <= 220 else short[:217] + "..."
+def _short(text: str) -> str:
+    """A reason short enough for a progress line."""
+    return text if len(text) <= 220 else text[:217] + "..."
 
 
 @dataclass
@@ -239,10 +238,10 @@ class Night:
             elif verdict.outcome != "not settled" or not verdict.settleable:
                 self.run.write_settled(name, rounds, verdict.outcome, verdict.sentence)
                 progress.note(f"{name}: settled after {rounds} round(s): {verdict.outcome}"
-                              + ("" if verdict.settleable else f" ({_why(verdict.sentence)}; more rounds "
+                              + ("" if verdict.settleable else f" ({_short(verdict.why)}; more rounds "
                                                                  "cannot settle it)"))
             else:
-                still.append((name, _why(verdict.sentence)))
+                still.append((name, _short(verdict.why)))
         return still
 
     def _execute_round(self, progress: Progress) -> None:
