@@ -285,7 +285,8 @@ class SettledRecord(_Record):
     kind: Literal["settled"] = Field(default="settled", description="this file's kind")
     variant: str = Field(description="the variant retired")
     rounds: int = Field(description="the rounds it was measured in when its verdict settled")
-    outcome: str = Field(description="keep, revert or no difference, as the diff judged it at that look")
+    outcome: str = Field(description="keep, revert or no difference, as the diff judged it at that look; not "
+                                     "settled where more rounds cannot settle it (not comparable)")
     recommendation: str = Field(description="the diff's sentence at that look")
     written_utc: str = Field(description="when, ISO 8601 UTC")
 

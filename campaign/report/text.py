@@ -1,7 +1,7 @@
 """Presentation only: cell results and facts -> labelled tables (campaign.report.tables), rendered as text here and
 as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it.
 
-Long (about 700 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
+Long (about 760 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
 virtual replays, export rows); each is short and they share the column vocabulary defined here."""
 
 from __future__ import annotations
