@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from campaign.core import stats
 from campaign.core.errors import MetricMissingError
 from campaign.http.client import RequestRecord
 from campaign.measure.cells import over_capacity
@@ -58,6 +59,22 @@ def test_window_counts_only_tokens_inside_it() -> None:
     # The second stream was sent at 1.2 and had its first token at 1.4: 0.2 s without a token in 2 s.
     assert values["avg_before_first_token"] == pytest.approx(0.2 / 2.0)
     assert values["itl_ms"] == pytest.approx(1000 * 0.8)  # gaps 1.0, 0.6, 0.8 -> median 0.8 s
+
+
+def test_a_request_streaming_across_an_edge_is_timed_from_or_to_that_edge() -> None:
+    """Per-request rates by hand: a request already streaming when the window opens is timed from its start
+    (all its tokens inside count), one still streaming at its end up to the end; one that starts inside is
+    timed from its first token there, whose tokens were made before it and do not count."""
+    across = [(0.5, 1), (1.5, 1), (2.5, 2), (3.5, 1)]          # before, inside (1 + 2), after [1, 3]
+    assert stats.streaming_rate(across, 1.0, 3.0) == pytest.approx(3 / 2.0)
+    starts = [(1.5, 5), (2.0, 1), (2.5, 1), (3.5, 1)]         # first inside at 1.5 (its 5 uncounted), runs on
+    assert stats.streaming_rate(starts, 1.0, 3.0) == pytest.approx(2 / 1.5)
+    ends = [(0.5, 1), (1.5, 1), (2.0, 1)]                      # streams across the start, ends inside at 2.0
+    assert stats.streaming_rate(ends, 1.0, 3.0) == pytest.approx(2 / 1.0)
+    assert stats.streaming_rate([(1.5, 3)], 1.0, 3.0) is None  # one chunk, no time between its ends
+    assert stats.streaming_rate([(0.5, 1), (3.5, 1)], 1.0, 3.0) is None   # nothing inside
+    records = [rec(0.0, across), rec(1.2, starts), rec(0.0, ends)]
+    assert window_metrics(records, 1.0, 3.0)["per_request_tok_s"] == pytest.approx(3 / 2.0)   # the median
 
 
 def test_fixed_metrics_use_the_whole_step() -> None:

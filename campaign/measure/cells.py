@@ -510,6 +510,8 @@ class CellResult(BaseModel):
     # What a reader should know that does not make the cell Invalid (e.g. tokens counted per chunk).
     notes: list[str] = Field(default_factory=list)
     total_tok_s: float | None = None
+    # Median over requests of each one's tokens per second while it streamed: in a sustained window, one that
+    # streams across an edge is timed from or to that edge, else from its first token inside (format 12).
     per_request_tok_s: float | None = None
     prompt_tok_s: float | None = None
     # Latency distributions (ms): the unsuffixed field is the median, then p90 and p99. TTFT per request;

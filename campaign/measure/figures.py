@@ -92,11 +92,11 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
     before_first = 0.0
     completed = 0
     for rec in records:
-        times = [t for t in rec.chunk_t if start <= t <= end]
-        tokens = [n for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True) if start <= t <= end]
-        in_window += sum(tokens)
-        if len(times) >= 2 and times[-1] > times[0]:
-            per_request.append((sum(tokens) - tokens[0]) / (times[-1] - times[0]))
+        chunks = list(zip(rec.chunk_t, rec.chunk_tokens, strict=True))
+        in_window += sum(n for t, n in chunks if start <= t <= end)
+        rate = stats.streaming_rate(chunks, start, end)
+        if rate is not None:
+            per_request.append(rate)
         finish = rec.end_t if rec.end_t is not None else end
         active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
         first = rec.chunk_t[0] if rec.chunk_t else finish

@@ -255,10 +255,10 @@ def window_figures(requests: list[RequestTruth], start: float, end: float) -> di
     completed = 0
     held = waiting = 0.0
     for r in requests:
-        inside = [(t, n) for t, n in r.emits if start <= t <= end]
-        tokens += sum(n for _, n in inside)
-        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
-            rates.append(sum(n for _, n in inside[1:]) / (inside[-1][0] - inside[0][0]))
+        tokens += sum(n for t, n in r.emits if start <= t <= end)
+        rate = stats.streaming_rate(r.emits, start, end)   # as the client times each request (measure.figures)
+        if rate is not None:
+            rates.append(rate)
         if r.reason == "length" and r.finish is not None and start <= r.finish <= end:
             completed += 1
         finish = r.finish if r.finish is not None else end
