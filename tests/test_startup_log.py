@@ -18,7 +18,7 @@ EXPECTED_KEYS = [
     "block_size", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "gpu_memory_utilization",
     "gpu_memory_utilization_equivalent", "gpu_memory_utilization_suggested", "model_weights_gib",
     "available_kv_cache_gib", "engine_init_s", "speculative_method", "num_speculative_tokens", "gpu_blocks",
-    "max_num_seqs", "max_num_seqs_set", "failure",
+    "max_num_seqs", "max_num_seqs_set", "assumed", "failure",
 ]
 
 CASES = {
@@ -118,3 +118,91 @@ def test_parse_log_human_summary_gives_the_memory_advice() -> None:
     assert result.exit_code == 0
     assert "0.90 here is effectively 0.812; vLLM suggests 0.988" in result.stdout
     assert "493,447 tokens" in result.stdout
+
+
+# V0's does-not-fit error, as vllm/worker/worker.py raise_if_cache_size_invalid words it (0.2 to 0.10), and as
+# users paste it: behind a log prefix, wrapped, without the backticks, with the V1-style "models's" typo.
+V0_DOES_NOT_FIT = [
+    "ERROR 04-17 15:10:09 [engine.py:448] ValueError: The model's max seq len (8192) is larger than the maximum "
+    "number of tokens that can be stored in KV cache (2400). Try increasing `gpu_memory_utilization` or "
+    "decreasing `max_model_len` when initializing the engine.\n",
+    "ValueError: The model's max seq len (8192) is larger than the maximum number\nof tokens that can be stored "
+    "in KV cache (2400). Try increasing gpu_memory_utilization or decreasing max_model_len when initializing "
+    "the engine.\n",
+    "[rank0]: ValueError: The models's max seq len (8192) is larger than the maximum number of tokens that can be "
+    "stored in KV cache (2,400).\n",
+]
+
+
+@pytest.mark.parametrize("text", V0_DOES_NOT_FIT)
+def test_v0_does_not_fit_error_gives_the_kv_cache_size(text: str) -> None:
+    facts = startup_log.parse(text)
+    assert facts.kv_cache_tokens == 2400 and facts.max_model_len == 8192
+    assert facts.failure is not None and facts.failure.kind == "kv_cache_insufficient"
+    assert "KV cache (2" in facts.failure.message
+    assert facts.assumed is None and facts.block_size is None  # M is stated; nothing rests on a default
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 01-11 15:51:18 llm_engine.py:275] # GPU blocks: 1478, # CPU blocks: 2048",
+    "INFO 02-26 09:54:05 executor_base.py:111] # cuda blocks: 1478, # CPU blocks: 4681",
+    "(VllmWorkerProcess pid=3) INFO 04-02 10:20:55 executor_base.py:108] # CUDA blocks: 1478, # CPU blocks: 2048",
+])
+def test_v0_gpu_blocks_without_block_size_assume_16(line: str) -> None:
+    facts = startup_log.parse(line + "\n")
+    assert facts.gpu_blocks == 1478 and facts.device == "GPU"
+    assert facts.kv_cache_tokens == 23_648 and facts.block_size == 16
+    assert facts.assumed == ["block size 16 tokens (vLLM's CUDA default; the log prints none): "
+                             "KV cache = 1,478 blocks x 16 = 23,648 tokens"]
+
+
+def test_the_concurrency_line_must_agree_with_the_assumed_block_size() -> None:
+    blocks = "INFO x executor_base.py:111] # cuda blocks: 1478, # CPU blocks: 2048\n"
+    agrees = blocks + "INFO x executor_base.py:116] Maximum concurrency for 29000 tokens per request: 0.82x\n"
+    refutes = blocks + "INFO x executor_base.py:116] Maximum concurrency for 29000 tokens per request: 1.63x\n"
+    assert startup_log.parse(agrees).kv_cache_tokens == 23_648  # 1478 x 16 / 29000 = 0.815
+    facts = startup_log.parse(refutes)  # 1478 x 32 / 29000: the block size was not 16
+    assert facts.kv_cache_tokens is None and facts.block_size is None and facts.assumed is None
+
+
+@pytest.mark.parametrize("line, block", [
+    ("INFO 03-01 10:00:00 [cuda.py:160] Forcing kv cache block size to 64 for FlashMLA backend.", 64),
+    ("INFO 10-24 15:18:24 api_server.py:529] args: Namespace(model='m', max_model_len=None, block_size=32, "
+     "seed=0, swap_space=4)", 32),
+    ("INFO 01-01 00:00:00 [cli_args.py:261] non-default args: {'model': 'm', 'block_size': 8}", 8),
+])
+def test_a_printed_block_size_wins_and_nothing_is_assumed(line: str, block: int) -> None:
+    facts = startup_log.parse(line + "\nINFO 01-01 00:00:01 [executor_base.py:113] # cuda blocks: 1000, # CPU "
+                                     "blocks: 512\n")
+    assert facts.block_size == block and facts.kv_cache_tokens == 1000 * block
+    assert facts.assumed is None
+
+
+@pytest.mark.parametrize("stated", [
+    "INFO 01-01 00:00:00 [kv_cache_utils.py:1] GPU KV cache size: 12,345 tokens\n",
+    "ValueError: The model's max seq len (20000) is larger than the maximum number of tokens that can be stored "
+    "in KV cache (12345). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+    "initializing the engine.\n",
+])
+def test_a_directly_printed_kv_size_is_never_overridden(stated: str) -> None:
+    blocks = "INFO 01-01 00:00:00 llm_engine.py:275] # GPU blocks: 1000, # CPU blocks: 512\n"
+    for text in (blocks + stated, stated + blocks):
+        facts = startup_log.parse(text)
+        assert facts.kv_cache_tokens == 12_345 and facts.gpu_blocks == 1000
+        assert facts.assumed is None and facts.block_size is None
+
+
+@pytest.mark.parametrize("text", [
+    "INFO x executor_base.py:111] # cuda blocks: 0, # CPU blocks: 4681\n",  # no cache, whatever the block size
+    "INFO x __init__.py:1] Automatically detected platform cpu.\nINFO x llm_engine.py:1] # GPU blocks: 10\n",
+])
+def test_no_assumption_without_gpu_blocks_to_multiply(text: str) -> None:
+    facts = startup_log.parse(text)
+    assert facts.kv_cache_tokens is None and facts.block_size is None and facts.assumed is None
+
+
+def test_summary_shows_the_assumption() -> None:
+    lines = startup_log.summary(startup_log.parse("INFO x llm_engine.py:275] # GPU blocks: 229, # CPU blocks: 512\n"))
+    assert any(line.startswith("KV cache") and line.endswith("3,664 tokens (assumed: see below)") for line in lines)
+    assert ("assumed: block size 16 tokens (vLLM's CUDA default; the log prints none): KV cache = 229 blocks x 16 "
+            "= 3,664 tokens") in lines

@@ -37,10 +37,12 @@ Format history:
     verdict sentences keep the numbers they were written with.
 11 - a night run until settled (`repeats: auto`) stores, per variant it retired, variants/<variant>/settled.json:
     after how many rounds, its outcome and sentence at that look; older runs have none (fixed repeats).
-12 - no new field; a sustained cell's `per_request_tok_s` times a request that streams across an edge of the
-    window from or to that edge (before: from its own first token inside, or to its last), so that a stall
-    at an edge moves it no more than the total rate. Without a stall the two agree within a token gap over
-    the window; older files keep the figures they were computed with.
+12 - a sustained cell's `per_request_tok_s` times a request that streams across an edge of the window from or
+    to that edge (before: from its own first token inside, or to its last), so that a stall at an edge moves
+    it no more than the total rate; without a stall the two agree within a token gap over the window, and
+    older files keep the figures they were computed with. Startup facts may carry `assumed`: what a fact
+    rests on that the log does not print (V0's "# GPU blocks: N" read with vLLM's default block size of 16);
+    older files have none (None).
 
 Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -462,7 +464,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
     9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
     10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
-    11: _defaults_suffice,  # 11 -> 12: the same fields; a sustained window's edges and spans are computed anew
+    11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); per-request spans are computed anew
 }
 
 

@@ -6,7 +6,8 @@ the V0 memory-profiling lines, thousands separators, negative sizes, the ASCII l
 (`(EngineCore_DP0 pid=N)`, `(Worker_PP6 pid=N)`, `(VllmWorkerProcess pid=N)`), docker-compose and CI
 prefixes and timestamps, uvicorn lines. Every pattern is matched with `re.search`, never anchored, because
 the prefix varies by version and by whoever captured the log. A fact the log does not state stays None;
-it is never a default and never 0.
+it is never a default and never 0. The one exception is V0's KV cache when the log prints only `# GPU blocks: N`:
+N x 16 (vLLM's default block size), with the assumption stated in words in `assumed`.
 """
 
 from __future__ import annotations
@@ -58,11 +59,19 @@ class StartupFacts(BaseModel):
     # True: the non-default args carry it (yours); False: they do not, so vLLM chose it by card size (256 on
     # cards under 70 GiB, 1024 on H100/H200-class ones, 128 per CPU worker); None: the log has no such line.
     max_num_seqs_set: bool | None = None
+    # What a fact above rests on that the log does not print, in words (V0's "# GPU blocks: N" without a block
+    # size: the KV cache is N x 16, vLLM's default); None: nothing was assumed, every fact is as printed.
+    assumed: list[str] | None = None
     failure: Failure | None = None
 
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
+
+
+def _phrase(words: str) -> str:
+    """A fixed phrase whose spaces may be any whitespace: pasted error messages are often wrapped."""
+    return r"\s+".join(re.escape(word) for word in words.split())
 
 
 # --- single-value patterns: (field, regex, converter); the first match in the log wins -----------------
@@ -73,6 +82,11 @@ _SIGNED = r"(-?\d+(?:\.\d+)?)"  # memory left for the KV cache can be printed ne
 _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
     # "GPU KV cache size: 1,234 tokens" (all versions since 0.9, one or two lines); "CPU", "XPU", "GPU + host".
     ("kv_cache_tokens", re.compile(r"\b[A-Z]{3}(?: \+ host)? KV cache size: " + _NUM + r" tokens"), _int),
+    # V0 (0.2 to 0.10, every worker: GPU, CPU, TPU, HPU, XPU, OpenVINO) states it only when it does not fit:
+    # "The model's max seq len (N) is larger than the maximum number of tokens that can be stored in KV
+    # cache (M)." M = block_size x num_gpu_blocks (vllm/worker/worker.py raise_if_cache_size_invalid).
+    ("kv_cache_tokens", re.compile(_phrase("maximum number of tokens that can be stored in KV cache")
+                                   + r"\s*\(" + _NUM + r"\)"), _int),
     ("max_concurrency_tokens_per_request",
      re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: "), _int),
     ("max_concurrency", re.compile(r"Maximum concurrency for [\d,]+ tokens per request: " + _FLOAT + r"x"),
@@ -101,11 +115,17 @@ _FIRST_MATCH: list[tuple[str, re.Pattern[str], Callable[[str], Any]]] = [
     # Hybrid models override the user's block size; so do backends that prefer another size.
     ("block_size", re.compile(r"Setting attention block size to " + _NUM + r" tokens"), _int),
     ("block_size", re.compile(r"Setting kv cache block size to " + _NUM + r" for"), _int),
+    # MLA backends (V0 0.7.3+ and V1): "Forcing kv cache block size to 64 for FlashMLA backend."
+    ("block_size", re.compile(r"Forcing kv cache block size to " + _NUM + r" for"), _int),
+    # As configured, where a line prints it: the api server's "args: Namespace(..., block_size=16, ...)" (older
+    # versions print the default 16 there, later ones None until the platform picks it), or an engine config
+    # line (upstream V0's, vllm/engine/llm_engine.py, has no block_size; forks' may).
+    ("block_size", re.compile(r"(?:with config: |args: Namespace\().*?\bblock_size=(\d+)"), int),
     ("max_model_len", re.compile(r"Using max model len " + _NUM), _int),
     ("max_model_len", re.compile(r"\bmax_seq_len=" + _NUM), _int),
     # The does-not-fit errors name it: V0 "The model's max seq len (N) is larger than ...", V1 "with the
     # model's max seq len (N)" (printed "models's" in some versions).
-    ("max_model_len", re.compile(r"\bmodels?'s max seq len \(" + _NUM + r"\)"), _int),
+    ("max_model_len", re.compile(r"\bmodels?'s\s+max\s+seq\s+len\s+\(" + _NUM + r"\)"), _int),
     ("max_num_batched_tokens",
      re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=" + _NUM), _int),
     ("tensor_parallel_size", re.compile(r"\btensor_parallel_size=(\d+)"), int),
@@ -150,9 +170,9 @@ _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
     ("kv_cache_insufficient",  # without the estimate (older V1 wording, or a cut line)
      re.compile(r"(To serve at least one request with the models?'s max seq len \(\d+\)[^\n]*)"),
      "Lower --max-model-len, or raise --gpu-memory-utilization."),
-    ("kv_cache_insufficient",  # V0 (0.3 to 0.10)
-     re.compile(r"(The model's max seq len \(\d+\) is larger than the maximum number of tokens that can be "
-                r"stored in KV cache \(\d+\)[^\n]*)"),
+    ("kv_cache_insufficient",  # V0 (0.2 to 0.10), on one line or wrapped
+     re.compile(r"(The models?'s\s+max\s+seq\s+len\s+\(\d+\)\s+" + _phrase(
+         "is larger than the maximum number of tokens that can be stored in KV cache") + r"\s*\([\d,]+\)[^\n]*)"),
      "Lower --max-model-len to the KV cache's token count above, or raise --gpu-memory-utilization."),
     ("kv_cache_insufficient", re.compile(r"(No available memory for the cache blocks\.[^\n]*)"),
      "Raise --gpu-memory-utilization, or free GPU memory held by other processes."),
@@ -280,6 +300,8 @@ def parse(text: str) -> StartupFacts:
         if field not in values and isinstance(args.get(key), int | float):
             values[field] = convert(args[key])
 
+    _kv_from_v0_blocks(text, values)
+
     spec = _SPEC_CONFIG.search(text)
     spec_text = spec.group(1) if spec else None
     if spec_text is None and isinstance(args.get("speculative_config"), dict):
@@ -303,6 +325,31 @@ def parse(text: str) -> StartupFacts:
         failure = None  # another program's argparse error or traceback is not a vLLM failure
     values["failure"] = failure
     return StartupFacts(**values)
+
+
+# V0's --block-size default on CUDA and ROCm (and early V1's); the KV cache is num_gpu_blocks x block size.
+_DEFAULT_BLOCK_SIZE = 16
+
+
+def _kv_from_v0_blocks(text: str, values: dict[str, Any]) -> None:
+    """V0 prints "# GPU blocks: N" and, unless it does not fit, no KV size in tokens: N x the block size, which
+    is the printed one, or else vLLM's default 16, stated in `assumed`. A printed KV size is never replaced."""
+    blocks = values.get("gpu_blocks")
+    if values.get("kv_cache_tokens") is not None or not blocks or not _V0_BLOCKS.search(text):
+        return  # stated already, or no V0 block count; 0 blocks is no cache whatever the block size
+    if values.get("block_size") is not None:
+        values["kv_cache_tokens"] = blocks * values["block_size"]
+        return
+    if values.get("device") != "GPU":
+        return  # the default of 16 is CUDA's and ROCm's; other platforms chose their own
+    tokens = blocks * _DEFAULT_BLOCK_SIZE
+    # V0 also prints N x block size / max_model_len to two places; a line that disagrees with 16 refutes it.
+    concurrency, per_request = values.get("max_concurrency"), values.get("max_concurrency_tokens_per_request")
+    if concurrency is not None and per_request and abs(tokens / per_request - concurrency) > 0.005 + 1e-9:
+        return
+    values["kv_cache_tokens"], values["block_size"] = tokens, _DEFAULT_BLOCK_SIZE
+    values["assumed"] = [f"block size {_DEFAULT_BLOCK_SIZE} tokens (vLLM's CUDA default; the log prints none): "
+                         f"KV cache = {blocks:,} blocks x {_DEFAULT_BLOCK_SIZE} = {tokens:,} tokens"]
 
 
 def _no_room(values: dict[str, Any]) -> str:
@@ -338,13 +385,15 @@ def summary(facts: StartupFacts) -> list[str]:
 
     add("vLLM version", facts.vllm_version)
     add("device", facts.device)
-    add("KV cache", None if facts.kv_cache_tokens is None else f"{facts.kv_cache_tokens:,} tokens")
+    add("KV cache", None if facts.kv_cache_tokens is None
+        else f"{facts.kv_cache_tokens:,} tokens{' (assumed: see below)' if facts.assumed else ''}")
     if facts.max_concurrency is not None and facts.max_concurrency_tokens_per_request is not None:
         add("max concurrency at full context",
             f"{facts.max_concurrency:.2f}x at {facts.max_concurrency_tokens_per_request:,} tokens")
     else:
         add("max concurrency at full context", None)
     add("KV block size", None if facts.block_size is None else f"{facts.block_size} tokens")
+    lines += [f"assumed: {assumption}" for assumption in facts.assumed or []]
     add("max model len", None if facts.max_model_len is None else f"{facts.max_model_len:,}")
     add("chunk size (max_num_batched_tokens)", facts.max_num_batched_tokens)
     add("tensor parallel size", facts.tensor_parallel_size)
