@@ -89,14 +89,17 @@ def _err(message: str) -> None:
 
 
 # --- shared measurement options ------------------------------------------------------------------------
-ContextsOpt = Annotated[str | None, typer.Option("--contexts", help="decode contexts, e.g. 8k,16k,512")]
-ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", help="simultaneous requests, e.g. 1,2,4")]
+ContextsOpt = Annotated[str | None, typer.Option("--contexts", metavar="L,L,...",
+    help="decode contexts, e.g. 8k,16k,512")]
+ConcurrencyOpt = Annotated[str | None, typer.Option("--concurrency", metavar="C,C,...",
+    help="simultaneous requests, e.g. 1,2,4")]
 WindowOpt = Annotated[float, typer.Option(
     "--window", help="sustained-decode window in seconds (the hardware's, on a time-scaled simulator)",
     callback=_positive)]
 PrefillOpt = Annotated[bool, typer.Option("--prefill", help="also measure prefill at each context")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", help="reply length of every decode request")]
-ModeOpt = Annotated[str, typer.Option("--mode", help="sustained (fixed window) or fixed (N tokens each)")]
+ModeOpt = Annotated[str, typer.Option("--mode", metavar="sustained|fixed",
+    help="sustained (fixed window) or fixed (N tokens each)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 PromptsOpt = Annotated[str, typer.Option(
     "--prompts", metavar="random|code|prose|FILE.jsonl",
@@ -196,7 +199,8 @@ def launch(
     set_: Annotated[list[str] | None, typer.Option("--set", metavar="FLAG=VALUE",
                                                    help="override a flag (repeatable)")] = None,
     once: Annotated[bool, typer.Option("--once", help="launch, print the facts, stop")] = False,
-    engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="vllm|sim",
+        help="vllm or sim (default: the profile's)")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="server log file")] = None,
     contexts: ContextsOpt = None,
     concurrency: ConcurrencyOpt = None,
@@ -232,7 +236,8 @@ def launch(
             "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
     timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
-    preflight(loaded, profile_path, engine, overrides=overrides)
+    for warning in preflight(loaded, profile_path, engine, overrides=overrides).warnings:
+        _err(warning.line())
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
     ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
@@ -279,8 +284,10 @@ def _launch_and_serve(loaded: LaunchProfile, log_path: Path, overrides: dict[str
 @app.command()
 def probe(
     url: Annotated[str, typer.Argument(metavar="URL", help="base URL of a running server, e.g. http://127.0.0.1:8000")],
-    model: Annotated[str | None, typer.Option("--model", help="served model (default: from /v1/models)")] = None,
-    api_key_env: Annotated[str | None, typer.Option("--api-key-env", help="env var holding the API key")] = None,
+    model: Annotated[str | None, typer.Option("--model", metavar="NAME",
+        help="served model (default: from /v1/models)")] = None,
+    api_key_env: Annotated[str | None, typer.Option("--api-key-env", metavar="NAME",
+        help="env var holding the API key")] = None,
     contexts: ContextsOpt = "1k",
     concurrency: ConcurrencyOpt = None,
     window: WindowOpt = 30.0,
@@ -331,20 +338,24 @@ def _check_engine(engine: str | None) -> None:
 @app.command()
 def plan(
     matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")],
-    profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", metavar="NAME|FILE",
+        help="launch profile (default: the matrix's)")] = None,
     window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)",
                                                  callback=_positive)] = None,
     repeats: Annotated[int | None, typer.Option("--repeats", help="override the repeats", min=1)] = None,
     out: Annotated[Path, typer.Option("--out", help="where runs are stored")] = Path("runs"),
-    engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
+    engine: Annotated[str | None, typer.Option("--engine", metavar="vllm|sim",
+        help="vllm or sim (default: the profile's engine)")
                       ] = None,
 ) -> None:
     """Print what a campaign will run: launches, cells per server, known over-capacity cells, duration."""
     loaded, matrix_path, prof, profile_path = orchestrate.load_night(matrix, profile, window, repeats)
     _check_engine(engine)
-    flags_from = preflight(prof, profile_path, engine, loaded, matrix_path, will_launch=False)
+    checked = preflight(prof, profile_path, engine, loaded, matrix_path, will_launch=False)
     typer.echo(f"campaign {loaded.name} ({matrix_path}) on profile {profile_path.stem} "
-               f"({engine or prof.engine}, serving {prof.served_name}); flags checked against {flags_from}")
+               f"({engine or prof.engine}, serving {prof.served_name}); flags checked against {checked.source}")
+    for warning in checked.warnings:
+        typer.echo(warning.line())
     typer.echo(report.text(report.plan_tables(make_plan(loaded, prof, latest_run(out, loaded.name)),
                                               repeats=loaded.repeats)))
 
@@ -352,7 +363,8 @@ def plan(
 @app.command()
 def simulate(
     matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")],
-    variant: Annotated[str | None, typer.Option("--variant", help="whose flags (default: the baseline)")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", metavar="VARIANT",
+        help="whose flags (default: the baseline)")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Markdown tables")] = False,
 ) -> None:
     """Replay the matrix's prefill and decode cells on the simulator in simulated time (seconds, the same
@@ -374,8 +386,10 @@ def simulate(
 def run(
     matrix: Annotated[str | None, typer.Argument(
         metavar="MATRIX", help="matrix name (matrices/NAME.yaml) or path")] = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="launch profile (default: the matrix's)")] = None,
-    engine: Annotated[str | None, typer.Option("--engine", help="vllm or sim (default: the profile's engine)")
+    profile: Annotated[str | None, typer.Option("--profile", metavar="NAME|FILE",
+        help="launch profile (default: the matrix's)")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="vllm|sim",
+        help="vllm or sim (default: the profile's engine)")
                       ] = None,
     window: Annotated[float | None, typer.Option("--window", help="override the decode window (s)",
                                                  callback=_positive)] = None,
@@ -460,7 +474,8 @@ def diff(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
     other: Annotated[Path | None, typer.Argument(
         metavar="OTHER_RUN", help="a second run directory to compare against the first")] = None,
-    baseline: Annotated[str | None, typer.Option("--baseline", help="baseline variant (default: the matrix's)")
+    baseline: Annotated[str | None, typer.Option("--baseline", metavar="VARIANT",
+        help="baseline variant (default: the matrix's)")
                         ] = None,
     force: Annotated[bool, typer.Option("--force", help="compare cells that are not comparable")] = False,
 ) -> None:
@@ -481,7 +496,7 @@ def report_cmd(
     other: Annotated[Path | None, typer.Argument(
         metavar="OTHER_RUN", help="an earlier run of the same matrix: its variants beside these as <name>@B, "
                                   "each diffed against this run's baseline")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="html (default), md or png")] = "html",
+    fmt: Annotated[str, typer.Option("--format", metavar="html|md|png", help="html (default), md or png")] = "html",
     out: Annotated[Path | None, typer.Option("--out", help="report file (png: a folder)")] = None,
 ) -> None:
     """One self-contained HTML report (or Markdown, or the PNG charts) from a stored run, or from two."""
@@ -500,7 +515,7 @@ def report_cmd(
 @app.command()
 def export(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
-    fmt: Annotated[str, typer.Option("--format", help="json or csv")] = "json",
+    fmt: Annotated[str, typer.Option("--format", metavar="json|csv", help="json or csv")] = "json",
     out: Annotated[Path | None, typer.Option("--out", help="file to write (default: stdout)")] = None,
 ) -> None:
     """One row per cell, variant and repeat."""

@@ -30,12 +30,13 @@ from campaign.core.errors import (
     ResultFormatError,
     check_stop,
 )
+from campaign.core.vllm_bounds import out_of_bounds
 from campaign.http.endpoint import Timeouts
 from campaign.measure import capacity, study
 from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
 from campaign.measure.runner import Measurer
+from campaign.night import limits, store
 from campaign.night import replay as sim_virtual
-from campaign.night import store
 from campaign.night import virtual as sim_night
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.night.matrix import (
@@ -62,7 +63,8 @@ from campaign.night.records import (
 )
 from campaign.server import gpu
 from campaign.server.lifecycle import log_tail
-from campaign.server.profiles import FlagValue, LaunchProfile, normalize_flag
+from campaign.server.profiles import FlagValue, LaunchProfile
+from campaign.server.vllm_flags import normalize_flag
 
 
 def launch_identity(variant: str, repeat: int) -> str:
@@ -173,6 +175,10 @@ class Campaign:
                         kind="unresolved_flag",
                         hint="vLLM prints the advice on CUDA GPUs from 0.21 on; set a number instead")
                 value = round(suggested - margin, 4)
+                refused = out_of_bounds("gpu-memory-utilization", value)
+                if refused is not None:   # vLLM's advice less the margin must still be a share vLLM takes
+                    raise LaunchError(f"{key}: suggested {suggested:g} less the margin {margin:g} is {refused[0]}",
+                                      kind="unresolved_flag", hint="set a number, or a margin that keeps it in (0, 1]")
                 resolution = {"flag": normalize_flag(key), "suggested": suggested, "margin": margin,
                               "resolved": value}
             flags[normalize_flag(key)] = value
@@ -199,6 +205,7 @@ class Campaign:
             began = datetime.now(UTC).isoformat()
             try:
                 flags, resolution = self._resolve_flags(variant)
+                limits.check_on_host(profile, flags, self.options.engine)
                 with launched(profile, launch_dir / "server.log", flags, engine=self.options.engine,
                               launch=launch_identity(variant.name, repeat)) as server, self._client_pinned():
                     self._record_server(launch_dir, variant, repeat, flags, server, resolution)

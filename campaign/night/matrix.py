@@ -38,10 +38,10 @@ from campaign.server.profiles import (
     LaunchProfile,
     flag_problems,
     load_yaml,
-    normalize_flag,
     raise_flag_problems,
     resolve_named,
 )
+from campaign.server.vllm_flags import normalize_flag
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -581,7 +581,7 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
     raise_flag_problems(str(path), [
         *(problem for index, variant in enumerate(matrix.variants)
           for problem in flag_problems(f"variants[{index}].flags", variant.flags)),
-        *flag_problems("grid", matrix.grid)])
+        *flag_problems("grid", matrix.grid, grid=True)])
     for index, variant in enumerate(matrix.variants):
         for key, value in variant.flags.items():
             margin = suggested_margin(value)

@@ -22,7 +22,8 @@ from campaign.core.errors import (
     CampaignError,
     ConfigError,
 )
-from campaign.night import planning, pool, ray_executor, store
+from campaign.core.hardware import resolve_hardware
+from campaign.night import limits, planning, pool, ray_executor, store
 from campaign.night import virtual as sim_night
 from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches, retired_rounds
 from campaign.night.matrix import (
@@ -59,14 +60,22 @@ from campaign.server.profiles import (
 )
 
 
+@dataclass(frozen=True)
+class Checked:
+    source: str                 # where the flag list came from
+    warnings: list[limits.Notice]
+
+
 def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, matrix: Matrix | None = None,
               matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
-              will_launch: bool = True) -> str:
+              will_launch: bool = True) -> Checked:
     """What can be known before the night, checked before it: the server's executable is here (when this
-    machine is to launch it; a plan may be made elsewhere), and every flag is one it accepts (all unknown ones
-    in one error). Returns where the flag list came from."""
+    machine is to launch it; a plan may be made elsewhere), every flag is one it accepts (all unknown ones
+    in one error) with a value it takes, no launch is wider than the profile's GPUs and no cell than the
+    client can open. Returns where the flag list came from, and what is let through but said."""
 
     raise_flag_problems("launch --set", flag_problems("--set", dict(overrides or {})))
+    limits.check_widths(profile, profile_path, matrix, matrix_path, overrides)
     declare_secrets(profile, matrix, overrides)
     if will_launch:
         check_references(profile, profile_path, matrix, matrix_path, overrides)
@@ -74,8 +83,9 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
     if will_launch and (engine or profile.engine) == "vllm" and found is None:
         raise executable_missing(profile.executable, where=f"{profile_path}: executable: ")
     flags = flag_list.for_profile(profile, engine)
-    flag_list.check(night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
-    return flags.source
+    unlisted = flag_list.check(night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
+    seats = [] if matrix is None else limits.check_concurrency(matrix, matrix_path, profile, overrides)
+    return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats])
 
 
 def declare_secrets(profile: LaunchProfile, matrix: Matrix | None = None,
@@ -336,13 +346,15 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     if clock == "virtual":
         _check_virtual(profile, profile_path, engine, gpus=gpus, ray=ray)
         matrix, not_replayed = sim_night.replayable(matrix, matrix_path)
-    source = preflight(profile, profile_path, engine, matrix, matrix_path)
+    checked = preflight(profile, profile_path, engine, matrix, matrix_path)
     gpus = gpus if gpus is not None or ray or clock == "virtual" else _profile_pool(profile, profile_path)
     _check_ray_options(ray, gpus, ray_address)
     if ray:
-
-        variants = matrix.all_variants()
-        ray_executor.connect(_ray_address(ray_address), max(pool.width(profile, dict(v.flags)) for v in variants))
+        widest = max(pool.width(profile, dict(v.flags)) for v in matrix.all_variants())
+        # The simulator on a local Ray: the simulated cards (the profile's hardware), at least the widest launch.
+        cards = resolve_hardware(profile.hardware)
+        simulated = max(widest, cards[1] if cards else 1) if (engine or profile.engine) == "sim" else None
+        ray_executor.connect(_ray_address(ray_address), widest, simulated_gpus=simulated)
     if gpus is not None:
         check_pool(gpus, engine or profile.engine, mixed_gpus=mixed_gpus)
         pool_jobs(matrix, profile, [(v, r) for v, r in schedule(matrix)], gpus)  # each launch fits the pool
@@ -353,7 +365,8 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     with run.writer() as locked:
         store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
                                                     estimated.to_json(), gpus, ray=ray, not_replayed=not_replayed))
-        notices = [f"flags checked against {source}", f"run directory: {run.root}", *_unlocked(locked)]
+        notices = [f"flags checked against {checked.source}", *(w.line() for w in checked.warnings),
+                   f"run directory: {run.root}", *_unlocked(locked)]
         if clock == "virtual":
             notices.append("in simulated time: the engine replays each launch in this process, figures in the "
                            "hardware's units")

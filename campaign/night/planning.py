@@ -39,8 +39,9 @@ from campaign.night.matrix import (
     schedule,
 )
 from campaign.night.store import RunDir
-from campaign.server.profiles import LaunchProfile, normalize_flag
+from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
+from campaign.server.vllm_flags import normalize_flag
 
 # Stated guesses where no earlier run measured the server: about the A5000 pair's prefill (seed 000's ~1,000
 # prompt tokens/s) and a slow single stream; a GPU server's start-up (weights, compile, CUDA graphs).

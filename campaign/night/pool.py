@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from campaign.core.errors import CampaignError, check_stop
-from campaign.server.profiles import FlagValue, LaunchProfile, normalize_flag
+from campaign.server.profiles import FlagValue, LaunchProfile
+from campaign.server.vllm_flags import normalize_flag
 
 # A worker asked to stop (Ctrl-C) stops its server first; past this it is killed (its server's group too,
 # by the server's own die-with-parent signal).

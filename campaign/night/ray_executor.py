@@ -53,13 +53,16 @@ def require_ray() -> Any:
     return ray
 
 
-def connect(address: str | None, widest: int) -> None:
+def connect(address: str | None, widest: int, *, simulated_gpus: int | None = None) -> None:
     """Join the cluster (or start a local Ray) before the night, and check that the widest launch fits on
-    it: Ray would otherwise hold an infeasible task waiting for GPUs that never come."""
+    it: Ray would otherwise hold an infeasible task waiting for GPUs that never come. `simulated_gpus`: a
+    local Ray for the simulator declares that many GPUs (the simulated cards), so a what-if runs on a machine
+    without any; Ray then hands each task CUDA_VISIBLE_DEVICES as it would real ones."""
     ray = require_ray()
+    local = {"num_gpus": simulated_gpus} if address is None and simulated_gpus is not None else {}
     try:
         ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, include_dashboard=False,
-                 configure_logging=False)
+                 configure_logging=False, **local)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, TimeoutError, RuntimeError, ...
         raise CampaignError(f"cannot join the Ray cluster at {address or 'a local Ray'}: {exc}",
                             hint="check --ray-address (or RAY_ADDRESS); `ray status` on the head node") from None

@@ -14,7 +14,8 @@ from pathlib import Path
 from campaign.core import secret
 from campaign.core.errors import CampaignError
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
-from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, normalize_flag
+from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile
+from campaign.server.vllm_flags import normalize_flag
 from campaign.sim.config import LAUNCH_ENV
 
 # Plain, uncoloured, logo-free logs are what the parser reads best; a profile's own env still wins.

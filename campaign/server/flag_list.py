@@ -23,8 +23,8 @@ from typing import Any
 
 from campaign.core.errors import EXIT_USAGE, CampaignError, did_you_mean
 from campaign.server.argv import resolve_path
-from campaign.server.profiles import LaunchProfile, normalize_flag
-from campaign.server.vllm_flags import KNOWN_FLAGS
+from campaign.server.profiles import LaunchProfile
+from campaign.server.vllm_flags import KNOWN_FLAGS, normalize_flag
 from campaign.sim.config import SIM_ONLY_FLAGS, option_names
 
 HELP_TIMEOUT_S = 300.0
@@ -165,10 +165,12 @@ def uses(where: str, key_prefix: str, flags: Iterable[str]) -> list[FlagUse]:
     return [FlagUse(where, f"{key_prefix}.{raw}" if key_prefix else raw, normalize_flag(raw)) for raw in flags]
 
 
-def check(uses_: Iterable[FlagUse], flags: FlagList) -> None:
+def check(uses_: Iterable[FlagUse], flags: FlagList) -> list[FlagUse]:
     """Every flag the night will pass, against the list; all unknown ones in one error, each with where it is
-    written and, where a known flag is close, what was probably meant."""
+    written and, where a known flag is close, what was probably meant. Returns those let through: far from
+    every name of a stand-in list (a newer vLLM may have them), which the caller says by name."""
     problems: list[str] = []
+    let_through: list[FlagUse] = []
     for use in uses_:
         name = use.name
         if name in flags.names or name.removeprefix("no-") in flags.names:
@@ -178,8 +180,10 @@ def check(uses_: Iterable[FlagUse], flags: FlagList) -> None:
             continue
         suggestion = did_you_mean(name, flags.names)
         if suggestion is None and not flags.authoritative:
-            continue  # far from every flag of an older list: a newer vLLM may have it
+            let_through.append(use)  # far from every flag of an older list: a newer vLLM may have it
+            continue
         problems.append(f"{use.where}: {use.key}" + (f" (did you mean {suggestion}?)" if suggestion else ""))
     if problems:
         raise FlagError(f"{len(problems)} unknown flag{'s' if len(problems) > 1 else ''}: {'; '.join(problems)}",
                         hint=f"checked against {flags.source}")
+    return let_through

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
+from campaign.server.flag_values import value_problems
+from campaign.server.vllm_flags import normalize_flag
 
 PROFILE_SCHEMA_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -33,11 +35,6 @@ RUNNER_OWNED_FLAGS = {
     "ssl-keyfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
 }
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def normalize_flag(name: str) -> str:
-    """`max_num_seqs`, `--max-num-seqs` and `max-num-seqs` are one flag."""
-    return name.strip().lstrip("-").replace("_", "-")
 
 
 class TLSConfig(BaseModel):
@@ -232,14 +229,15 @@ def resolve_profile_path(name_or_path: str) -> Path:
     return resolve_named(name_or_path, PROFILES_DIR, "launch profile")
 
 
-def flag_problems(key_prefix: str, flags: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:
-    """(key, problem, hint) for flags the runner owns and for secrets written inline. Whether a flag exists is
-    for the flag list of the server the profile launches to say, all unknown ones at once (flag_list.check,
-    before the night)."""
+def flag_problems(key_prefix: str, flags: Mapping[str, Any], *,
+                  grid: bool = False) -> list[tuple[str, str, str | None]]:
+    """(key, problem, hint) for flags the runner owns, for secrets written inline, and for values vLLM would
+    refuse (flag_values; `grid`: each value is a list of them). Whether a flag exists is for the flag list of
+    the server the profile launches to say, all unknown ones at once (flag_list.check, before the night)."""
     owned = [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
              for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]
-    return owned + secret_problems(key_prefix, {raw: value for raw, value in flags.items()
-                                                if normalize_flag(raw) not in RUNNER_OWNED_FLAGS})
+    rest = {raw: value for raw, value in flags.items() if normalize_flag(raw) not in RUNNER_OWNED_FLAGS}
+    return owned + secret_problems(key_prefix, rest) + value_problems(key_prefix, rest, grid=grid)
 
 
 def secret_problems(key_prefix: str, values: Mapping[str, Any]) -> list[tuple[str, str, str | None]]:

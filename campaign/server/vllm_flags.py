@@ -4,6 +4,11 @@ Read from the help of vLLM 0.32.0 (`python -m vllm.entrypoints.openai.api_server
 not here and not close to one that is passes: a newer vLLM may have it, and its own argparse decides.
 """
 
+def normalize_flag(name: str) -> str:
+    """`max_num_seqs`, `--max-num-seqs` and `max-num-seqs` are one flag."""
+    return name.strip().lstrip("-").replace("_", "-")
+
+
 KNOWN_FLAGS: frozenset[str] = frozenset(
     """
     additional-config aggregate-engine-logging all2all-backend allow-credentials allow-deprecated-quantization
@@ -72,3 +77,20 @@ KNOWN_FLAGS: frozenset[str] = frozenset(
     use-tqdm-on-load uvicorn-log-level video-pruning-method video-pruning-rate watermark watermark-config
     weight-transfer-config worker-cls worker-extension-cls    """.split()
 )
+
+# Flags whose value vLLM 0.32 parses as JSON: their `--help=all` text says "Should either be a valid JSON string
+# or JSON keys passed individually" (config dataclasses and dicts), and speculative-config, watermark-config and
+# diffusion-config, which vLLM reads with json.loads to validate later. A value that is not JSON ends the server.
+JSON_FLAGS: frozenset[str] = frozenset(
+    """
+    attention-config aux-output-config compilation-config custom-histogram-buckets default-chat-template-kwargs
+    default-mm-loras diffusion-config ec-manager-config ec-transfer-config engram-config eplb-config
+    fault-tolerance-config ir-op-priority kernel-config kv-events-config kv-transfer-config limit-mm-per-prompt
+    logging-config media-io-kwargs mm-processor-kwargs model-class-overrides override-generation-config
+    pooler-config profiler-config quantization-config reasoning-config speculative-config
+    structured-outputs-config watermark-config weight-transfer-config
+    """.split()
+)
+# Flags that take a JSON object or text (vLLM's union_dict_and_str): a value written as an object, `{...}`,
+# must be valid JSON; anything else is passed on as text.
+JSON_OR_TEXT_FLAGS: frozenset[str] = frozenset({"hf-overrides", "model-loader-extra-config", "additional-config"})

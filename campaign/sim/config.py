@@ -21,6 +21,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from campaign.core.hardware import MODELS, ModelShape, drafter_shape
+from campaign.core.vllm_bounds import out_of_bounds
 from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
@@ -225,6 +226,13 @@ def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
         p.error(f"argument --version-style: not a version: {args.version_style!r}")
     if args.time_scale <= 0:
         p.error("argument --time-scale: must be above 0")
+    # vLLM's own bounds (its config's pydantic fields): a value it refuses ends the server before it serves.
+    for flag in ("gpu-memory-utilization", "max-num-seqs", "max-num-batched-tokens", "block-size",
+                 "tensor-parallel-size"):
+        value = getattr(args, flag.replace("-", "_"))
+        refused = None if value is None else out_of_bounds(flag, value)
+        if refused is not None:
+            p.error(f"argument --{flag}: {refused[0]}")
     truth: Path | None = args.truth
     if truth is not None and truth.is_dir():
         truth = truth / f"truth-{os.getpid()}.jsonl"  # a directory: one file per launch

@@ -97,6 +97,8 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
     """A drafter model costs twice, as on the real card: its weights, and its own KV for every token of every
     sequence (vLLM pages the drafter's layers from the same budget), which is what cut seed 000's usable
     cache "by nearly 5x" on 24 GB cards. An MTP head costs one more layer's weights; n-gram costs nothing."""
+    if not 0 < utilization <= 1:   # vLLM refuses it; a share above 1 would hand out memory the card lacks
+        raise ValueError(f"gpu-memory-utilization {utilization:g} is outside (0, 1]")
     cal = calibration_for(hardware, model)
     shape = MODELS[model.lower()]
     total = cal.reported_memory_gib

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from campaign.core.hardware import resolve_hardware
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
@@ -422,11 +423,14 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible_devices is None else visible_devices
     visible = [g for g in devices.split(",") if g.strip()]
+    # Without a device list the node has the cards the hardware names (a5000x2: two): no more to spread over.
+    cards = resolve_hardware(args.hardware)
+    available = len(visible) if visible else cards[1] if cards is not None else tp
+    if available < tp:
+        log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "
+                 f"number of available GPUs ({available}) in this node.")
+        return None
     if visible:
-        if len(visible) < tp:
-            log.line("EngineCore", "ERROR", "core.py:1120", f"ValueError: World size ({tp}) is larger than the "
-                     f"number of available GPUs ({len(visible)}) in this node.")
-            return None
         for rank in range(tp):
             log.line(f"Worker_TP{rank}", "INFO", "sim.py:1", f"simulated GPU: rank {rank} on CUDA_VISIBLE_DEVICES "
                      f"index {visible[rank]}")

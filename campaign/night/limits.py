@@ -1,0 +1,153 @@
+"""What the machines of a night can hold, checked before it: no launch wider than the GPUs the profile names,
+and no cell wider than the client can open or the server can seat.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from campaign.core.errors import ConfigError, LaunchError
+from campaign.core.hardware import resolve_hardware
+from campaign.core.vllm_bounds import BOUNDS, number_of
+from campaign.measure import shard
+from campaign.night.matrix import DecodeWorkload, Matrix
+from campaign.server import flag_list
+from campaign.server.flag_values import parallel_width
+from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
+from campaign.server.vllm_flags import normalize_flag
+
+# Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
+FD_RESERVE = 64
+# vLLM 0.32's max-num-seqs when not set (vllm/engine/arg_utils.py): 1024 on cards of 70 GiB or more but the
+# A100, else 256.
+BIG_CARD_GIB = 70.0
+
+
+class PlanWarning(StrEnum):
+    """What the plan lets through but says, each with its hint (a closed set, as cells' reasons are)."""
+
+    UNLISTED_FLAG = "unlisted_flag"
+    ABOVE_SEATS = "above_seats"
+
+
+HINTS: dict[PlanWarning, str] = {
+    PlanWarning.UNLISTED_FLAG: "a newer vLLM may have it: the launch host asks its own vLLM (--help=all) before the "
+                               "first launch, and a flag it does not know fails that launch as a bad argument",
+    PlanWarning.ABOVE_SEATS: "streams beyond max-num-seqs wait in the server's queue, and such a decode cell is "
+                             "Invalid (above_max_num_seqs): raise max-num-seqs, or measure fewer streams",
+}
+
+
+@dataclass(frozen=True)
+class Notice:
+    code: PlanWarning
+    message: str
+
+    @property
+    def hint(self) -> str:
+        return HINTS[self.code]
+
+    def line(self) -> str:
+        return f"warning: {self.message} ({self.hint})"
+
+
+def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
+    """No launch is wider than the GPUs the profile names (its pool, else its hardware's cards): vLLM would end
+    it with "World size (N) is larger than the number of available GPUs". Where the profile names neither,
+    the launch host's own count decides (the pool's plan checks a --gpus pool)."""
+    if profile.gpus is not None:
+        count, what = len(parse_gpus(profile.gpus, where="gpus")), f"the profile's GPU pool (gpus: {profile.gpus})"
+    else:
+        cards = resolve_hardware(profile.hardware)
+        if cards is None:
+            return
+        count, what = cards[1], f"the profile's hardware {profile.hardware}"
+    places: list[tuple[str, str, str, dict[str, FlagValue]]] = [(str(profile_path), "flags", "the profile", {})]
+    if matrix is not None:
+        named = {v.name: i for i, v in enumerate(matrix.variants)}
+        places = [(str(matrix_path or matrix.name),
+                   f"variants[{named[v.name]}].flags" if v.name in named else "grid", v.name, dict(v.flags))
+                  for v in matrix.all_variants()]
+    for where, key, name, flags in places:
+        width = parallel_width({**profile.flags, **flags, **(overrides or {})})
+        if width is not None and width > count:
+            raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
+                              f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
+
+
+def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notice]:
+    """A flag far from every name of a stand-in list, let through: said by name."""
+    return [Notice(PlanWarning.UNLISTED_FLAG, f"{use.where}: {use.key} is not in {source}") for use in unlisted]
+
+
+def _concurrencies(matrix: Matrix) -> list[tuple[str, int, bool]]:
+    """(key, streams, is a decode cell's) for every number of concurrent streams the matrix asks for."""
+    found: list[tuple[str, int, bool]] = []
+    for index, workload in enumerate([*matrix.workloads]):
+        for attr in ("concurrency", "max_concurrency", "sessions"):
+            value = getattr(workload, attr, None)
+            numbers = value if isinstance(value, list) else [value]
+            found += [(f"workloads[{index}].{attr}" + (f"[{k}]" if isinstance(value, list) else ""), n,
+                       isinstance(workload, DecodeWorkload))
+                      for k, n in enumerate(numbers) if isinstance(n, int) and not isinstance(n, bool)]
+    return found
+
+
+def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchProfile,
+                      overrides: dict[str, FlagValue] | None = None, *, open_files: int | None = None) -> list[Notice]:
+    """Every number of streams the client can open here (one socket each, a sustained cell's split over its
+    client processes), else an error naming the limit; and a warning for each decode cell beyond what a
+    variant's server seats (max-num-seqs, as set or vLLM's default for the profile's card)."""
+    where = str(matrix_path or matrix.name)
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if open_files is None else open_files
+    notices: list[Notice] = []
+    for key, streams, decode in _concurrencies(matrix):
+        per_process = math.ceil(streams / shard.client_processes(streams)) if decode else streams
+        if soft != resource.RLIM_INFINITY and per_process + FD_RESERVE > soft:
+            raise ConfigError(where, key, f"{streams:,} streams need {per_process + FD_RESERVE:,} open files in one "
+                              f"client process ({per_process:,} sockets and {FD_RESERVE} more); this machine lets a "
+                              f"process open {soft:,} (ulimit -n)", hint="measure fewer streams, or raise the limit "
+                              "(ulimit -n, up to the hard limit ulimit -Hn)")
+        if not decode:
+            continue   # an open loop's queue is what it measures
+        for variant in matrix.all_variants():
+            seats, why = _seats({**profile.flags, **variant.flags, **(overrides or {})}, profile)
+            if seats is not None and streams > seats:
+                notices.append(Notice(PlanWarning.ABOVE_SEATS, f"{where}: {key}: {streams:,} streams, and variant "
+                                      f"{variant.name} seats {seats:,} ({why})"))
+    return notices
+
+
+def _seats(flags: dict[str, FlagValue], profile: LaunchProfile) -> tuple[int | None, str]:
+    value = next((v for k, v in flags.items() if normalize_flag(k) == "max-num-seqs"), None)
+    if value is not None:
+        read = number_of(BOUNDS["max-num-seqs"], value)
+        return (None if read is None else int(read)), "its max-num-seqs"
+    cards = resolve_hardware(profile.hardware)
+    if cards is None:
+        return None, ""   # not known here: the launch's log says it
+    gib = cards[0].memory_gb * 1e9 / 2**30
+    big = gib >= BIG_CARD_GIB and "a100" not in cards[0].name
+    return (1024 if big else 256), f"vLLM's default max-num-seqs on a {gib:.0f} GiB card"
+
+
+def check_on_host(profile: LaunchProfile, flags: dict[str, FlagValue], engine: str | None) -> None:
+    """A flag the plan let through (far from every name of the list shipped with this tool) is checked on the
+    launch host, against its own server's --help=all (asked once per version, cached), before a launch is
+    spent on it: one it does not know fails the launch as a bad argument."""
+    shipped = flag_list.shipped()
+    names = [name for name in {**profile.flags, **flags}
+             if normalize_flag(name) not in shipped and normalize_flag(name).removeprefix("no-") not in shipped]
+    if not names:
+        return
+    listed = flag_list.for_profile(profile, engine)
+    unknown = [name for name in names if listed.authoritative and normalize_flag(name) not in listed.names
+               and normalize_flag(name).removeprefix("no-") not in listed.names]
+    if unknown:
+        raise LaunchError(f"{', '.join(unknown)}: not a flag of {listed.source}", kind="bad_argument",
+                          hint="correct or remove it in the matrix or the profile")
