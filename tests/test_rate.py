@@ -251,6 +251,41 @@ def test_the_concurrency_search_stops_at_neighbours_or_the_ceiling() -> None:
     assert held.max == 64 and held.first_fail is None and "held at the ceiling" in held.stopped and held.resolved
 
 
+@pytest.mark.parametrize("limit", [3, 30, 47, 200])
+def test_the_concurrency_search_from_littles_law_finds_the_bracket_it_finds_from_one(limit: int) -> None:
+    """Started where the rate search says the answer lies, the concurrency search ends with the same answer as
+    from one stream (neighbours around the limit, or within 5%), and never probes the slow single-digit
+    concurrencies far below it. From one, a limit of 200 spends the whole probe budget before it resolves."""
+    seen: list[float] = []
+    from_one = asyncio.run(capacity.search(_threshold(limit), axis="concurrency", start=1, floor=1, ceiling=256))
+    near = asyncio.run(capacity.search(_threshold(limit, seen), axis="concurrency", start=round(limit * 0.8),
+                                       floor=1, ceiling=256))
+    for found in (from_one, near):
+        assert found.last_pass is not None and found.first_fail is not None
+        assert found.last_pass <= limit < found.first_fail
+    assert near.resolved and near.last_pass is not None and from_one.last_pass is not None
+    assert from_one.resolved == (limit != 200), from_one.stopped
+    assert abs(near.last_pass - from_one.last_pass) <= 0.05 * limit
+    assert min(seen) >= round(limit * 0.8) // 2   # nothing far below the start
+
+
+def test_littles_law_starts_the_concurrency_search_at_the_rate_times_the_mean_latency() -> None:
+    """L = lambda x W on the rate probe that held: 4 req/s at a mean latency of 2.5 hardware seconds is 10 in
+    flight; with the wall's records at time scale 5 the latency is five times the wall's. It says what the
+    search will cost before it starts; without a passing rate it starts at one stream."""
+    spec = CellSpec(phase="rate", context_tokens=64, request_rate=4.0)
+    records = [_record(i, send=i * 0.05, ttft=0.1, tokens=10, gap=0.04) for i in range(8)]   # ends at 0.461 s
+    cell = CellResult(spec=spec, phase="rate", context_tokens=64, concurrency=1, label=spec.label, status="Valid",
+                      requests=[r.to_dict() for r in records])
+    start = capacity.little_start(4.0, cell, time_scale=5.0, ceiling=256)
+    assert start.latency_s == pytest.approx(5 * 0.461) and start.streams == round(4.0 * 5 * 0.461) == 9
+    line = start.line(need=100, resolution=0.05, time_scale=5.0)
+    assert line.startswith("concurrency search: starting at 9 streams (Little's law: 4 req/s x 2.30 s mean ")
+    assert "about 7 probes of 100 requests, ~3.0 min, 0.6 min of wall time" in line
+    assert capacity.little_start(4.0, cell, time_scale=5.0, ceiling=4).streams == 4   # never past the ceiling
+    assert capacity.little_start(None, None, time_scale=1.0, ceiling=256).streams == 1
+
+
 def test_a_search_that_never_passes_or_cannot_tell_says_so() -> None:
     """A search that fails down to its floor has no capacity and says so; a probe that cannot tell ends the
     search there, never guessed past."""

@@ -152,6 +152,21 @@ def test_a_launch_wider_than_the_largest_node_is_refused_before_the_night(tmp_pa
     assert not list(tmp_path.glob("*/*/manifest.json"))
 
 
+@pytest.mark.cpu_heavy
+def test_the_simulator_runs_on_a_local_ray_with_no_address_on_a_machine_without_gpus(tmp_path: Path) -> None:
+    """Issue 33's case: without an address Ray starts a local instance, which declared no GPUs, and the night
+    stopped at once ("the largest node of the Ray cluster has 0 GPUs"). For the simulator the local Ray
+    declares the simulated cards, so a what-if on Ray runs on one machine."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
+    out = subprocess.run([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(tmp_path),
+                          "--plain", "--executor", "ray", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
+    assert len(run.cells()) == CELLS_AT_ONE_REPEAT
+    assert {p.parent.name for p in run.root.glob("variants/*/launch-*/placement.json")}   # placed by Ray
+
+
 def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(tmp_path: Path) -> None:
     """The files of a task arrive sorted, a cell record (cells/...) before its launch's first file
     (launch-1/...): its `launch` must still be the controller's folder, not the task's own name."""

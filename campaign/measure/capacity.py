@@ -170,11 +170,14 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
         return ExperimentResult(kind="slo-search", key=key, status="Invalid",
                                 reasons=["no SLO: give the bounds to search against (slo: ...)"])
     cells: list[CellResult] = []
+    rate_cells: dict[float, CellResult] = {}
     need = max(spec.min_requests, service.min_requests)
 
     async def measured(axis: str, value: float, shape: dict[str, Any]) -> Probe:
         cell = await measurer.run_cell(spec.model_copy(update={"min_requests": need, **shape}))
         cells.append(cell)
+        if axis == "rate":
+            rate_cells[value] = cell
         outcome = probe_outcome(value, cell)
         if on_probe is not None:
             on_probe(_probe_line(axis, value, outcome, cell))
@@ -195,9 +198,46 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
     if concurrency:
         ceiling = (concurrency_ceiling or spec.max_concurrency or measurer.target.max_num_seqs
                    or CONCURRENCY_CEILING)
-        by_concurrency = await search(concurrency_probe, axis="concurrency", start=1, floor=1, ceiling=ceiling,
-                                      max_probes=max_probes)
+        held = rate_cells.get(by_rate.max) if by_rate.max is not None else None
+        start = little_start(by_rate.max, held, measurer.target.time_scale, ceiling)
+        if on_probe is not None:
+            on_probe(start.line(need=need, resolution=resolution, time_scale=measurer.target.time_scale))
+        by_concurrency = await search(concurrency_probe, axis="concurrency", start=start.streams, floor=1,
+                                      ceiling=ceiling, max_probes=max_probes)
     return _result(key, spec, by_rate, by_concurrency, cells, need)
+
+
+@dataclass(frozen=True)
+class ConcurrencyStart:
+    """Where the concurrency search starts: Little's law on the rate search's answer, L = lambda x W (the
+    capacity rate times its requests' mean latency) is how many were in flight at once while the SLO held.
+    Starting at one stream instead cost the probes below it, the slowest of all (100 requests one at a time
+    took minutes on the simulated H200 at 2K prompts)."""
+
+    streams: int
+    rate_rps: float | None = None       # the capacity rate (hardware seconds)
+    latency_s: float | None = None      # the mean end-to-end latency of its probe's requests (hardware seconds)
+
+    def line(self, *, need: int, resolution: float, time_scale: float) -> str:
+        """What the search will cost, said before it starts (hardware time, and wall time if scaled)."""
+        if self.rate_rps is None or self.latency_s is None:
+            return f"concurrency search: starting at {self.streams} stream(s) (no rate held the SLO to start from)"
+        probes = 2 + math.ceil(math.log2(max(2.0, 1 / resolution)))   # bracket, then bisect to the resolution
+        seconds = probes * need * self.latency_s / self.streams       # a closed loop at C: C / W requests a second
+        wall = "" if time_scale == 1 else f", {seconds / time_scale / 60:.1f} min of wall time"
+        return (f"concurrency search: starting at {self.streams} streams (Little's law: {self.rate_rps:g} req/s x "
+                f"{self.latency_s:.2f} s mean latency); about {probes} probes of {need} requests, "
+                f"~{seconds / 60:.1f} min{wall}")
+
+
+def little_start(rate_rps: float | None, cell: CellResult | None, time_scale: float, ceiling: int) -> ConcurrencyStart:
+    """The concurrency search's first probe (see ConcurrencyStart); one stream where no rate held."""
+    latencies = [r.end_t - r.send_t for r in (cell.records if cell is not None else [])
+                 if r.ok and r.end_t is not None]
+    if rate_rps is None or not latencies:
+        return ConcurrencyStart(1)
+    mean_s = sum(latencies) / len(latencies) * time_scale
+    return ConcurrencyStart(max(1, min(ceiling, round(rate_rps * mean_s))), rate_rps, mean_s)
 
 
 def _probe_line(axis: str, value: float, outcome: Probe, cell: CellResult) -> str:
