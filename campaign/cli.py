@@ -309,6 +309,14 @@ def probe(
     connect_timeout: ConnectTimeoutOpt = DEFAULT_TIMEOUTS.connect_s,
     first_byte_timeout: FirstByteTimeoutOpt = DEFAULT_TIMEOUTS.first_byte_s,
     idle_timeout: IdleTimeoutOpt = DEFAULT_TIMEOUTS.idle_s,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        "--max-num-batched-tokens", min=1, metavar="N",
+        help="the server's chunk, where it does not tell it (vLLM 0.32 tells it only in dev mode): explains a queue of "
+             "replacements waiting for it; a value the server contradicts is an error")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(
+        "--max-num-seqs", min=1, metavar="N",
+        help="the server's scheduler cap, where it does not tell it; a value the server contradicts is an error")
+    ] = None,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
     ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
@@ -322,11 +330,16 @@ def probe(
         with ControlClient(endpoint, retry_s=2.0) as control:
             served, max_len = control.served_model()
             version = control.version()
+            told = measuring.server_config(control)
     except httpx.TransportError as exc:
         hint = ("give the server's CA with --ca-bundle FILE (or SSL_CERT_FILE), or --insecure"
                 if "CERTIFICATE" in str(exc).upper() else "is the server running at that address?")
         raise CampaignError(f"cannot reach {endpoint.root}: {exc}", hint=hint) from None
-    target = Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version)
+    target, lines = measuring.configured(
+        Target(endpoint=endpoint, model=model or served, max_model_len=max_len, server_version=version), told,
+        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+    for line in lines:
+        _err(line)
     _measure(target, specs, as_json=as_json, search=search)
 
 

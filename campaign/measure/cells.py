@@ -76,7 +76,8 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
     Reason.QUEUED_SCHEDULER_CAP: "raise max-num-seqs, or measure at most as many streams as it runs",
     Reason.QUEUED_KV_CACHE: "fewer streams, a shorter context, or more KV cache (gpu-memory-utilization)",
-    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile, and check for other clients",
+    Reason.QUEUED: "pass max-num-batched-tokens and max-num-seqs in the profile (to `campaign probe`: its options "
+                   "of those names), and check for other clients",
     Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
     Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
     Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",

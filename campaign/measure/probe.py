@@ -5,7 +5,10 @@ command line only parses the options and prints what comes back."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
 
 from campaign.core.errors import CampaignError, OptionError
 from campaign.measure import capacity, slo
@@ -15,6 +18,8 @@ from campaign.measure.prompts import ENDPOINTS, prompt_source
 from campaign.measure.runner import Measurer, Target
 from campaign.measure.slo import Slo
 from campaign.measure.study import ExperimentResult
+from campaign.server.control import ControlClient
+from campaign.server.metrics import Told, config_told, positive_int
 
 
 def parse_tokens(text: str) -> int:
@@ -150,3 +155,102 @@ async def measure(target: Target, specs: list[CellSpec], search: CellSpec | None
         say(f"capacity at SLO ({search.slo.text}): searching")
         found = await capacity.slo_search(measurer, search, on_probe=say)
     return results, found
+
+
+# --- what a server it did not launch tells of its configuration -------------------------------------------
+# A launch learns the chunk from its startup log; a probe asks the server. Where each Target field is told:
+#   /metrics vllm:cache_config_info{block_size, kv_cache_size_tokens}: every vLLM V1 (and the simulator);
+#   /metrics campaign_sim:scheduler_config_info{max_num_batched_tokens, max_num_seqs}: the simulator only;
+#   GET /inference/v1/config {scheduler: {...}}: vLLM main after 0.32, not 0.32 itself (vllm/entrypoints/serve/
+#     config/api_router.py; its path and shape still moving, so it is read where it answers, never required);
+#   GET /server_info?config_format=json {vllm_config: {scheduler_config, cache_config}}: vLLM with
+#     VLLM_SERVER_DEV_MODE=1 only (vllm/entrypoints/serve/dev/server_info/api_router.py).
+# vLLM 0.32 without dev mode tells neither the chunk nor the scheduler cap: --max-num-batched-tokens and
+# --max-num-seqs say them.
+SCHEDULER_FIELDS = ("max_num_batched_tokens", "max_num_seqs")
+CONFIG_ENDPOINTS: tuple[tuple[str, dict[str, tuple[str, ...]]], ...] = (
+    ("/inference/v1/config", {"max_num_batched_tokens": ("scheduler", "max_num_batched_tokens"),
+                              "max_num_seqs": ("scheduler", "max_num_seqs")}),
+    ("/server_info?config_format=json", {
+        "max_num_batched_tokens": ("vllm_config", "scheduler_config", "max_num_batched_tokens"),
+        "max_num_seqs": ("vllm_config", "scheduler_config", "max_num_seqs"),
+        "block_size": ("vllm_config", "cache_config", "block_size")}),
+)
+# The option that says each field where the server does not.
+CONFIG_OPTIONS = {"max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs"}
+CONFIG_WORDS = {"max_num_batched_tokens": "chunk (max-num-batched-tokens)", "max_num_seqs": "max-num-seqs",
+                "block_size": "block size", "kv_cache_tokens": "KV cache tokens"}
+# What an untold scheduler field costs the verdicts, for the line that asks for its option.
+UNTOLD = {"max_num_batched_tokens": "a sustained cell whose requests queue is Invalid, its cause not told",
+          "max_num_seqs": "a queue cannot be put down to the scheduler cap"}
+
+
+def config_from_json(body: Any, paths: dict[str, tuple[str, ...]], source: str) -> dict[str, Told]:
+    """The fields a config endpoint's JSON body holds at `paths`; one missing or not a positive whole number is
+    not told (a proxy's HTML page, another server's JSON)."""
+    told: dict[str, Told] = {}
+    for field_name, path in paths.items():
+        value: Any = body
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        number = positive_int(value) if isinstance(value, int) else None   # JSON numbers only, not "8192"
+        if number is not None:
+            told[field_name] = Told(number, source)
+    return told
+
+
+def _get_json(client: httpx.Client, path: str) -> Any:
+    """One GET, never retried (a 404 is the common answer: the endpoint is newer, or dev mode is off); None on
+    any failure."""
+    try:
+        response = client.get(path)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def server_config(control: ControlClient) -> dict[str, Told]:
+    """What the server tells of its configuration (Target field -> value and where): its /metrics first, then
+    the config endpoints, asked only while a scheduler field is still untold."""
+    try:
+        told = config_told(control.metrics())
+    except httpx.HTTPStatusError:
+        told = {}   # no /metrics: the first cell says so, where a missing family is an error (never 0)
+    with control.endpoint.control() as client:
+        for path, paths in CONFIG_ENDPOINTS:
+            if all(f in told for f in SCHEDULER_FIELDS):
+                break
+            body = _get_json(client, path)
+            if body is not None:
+                told = config_from_json(body, paths, f"GET {path}") | told   # an earlier source wins
+    return told
+
+
+def configured(target: Target, told: dict[str, Told], *, max_num_batched_tokens: int | None,
+               max_num_seqs: int | None) -> tuple[Target, list[str]]:
+    """The target with what the server told and the options said, and a line on each for the user.
+
+    An option the server contradicts is an error, not a warning: the verdicts would be judged on a chunk or a
+    cap the server does not have (a queue called the chunk's, or a cap that seats nobody), and the fix costs
+    nothing (drop the option, the server's word is used)."""
+    given = {"max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs}
+    values: dict[str, Any] = {}   # Target fields (replace() takes them as keywords)
+    lines: list[str] = []
+    for field_name, said in told.items():
+        option, mine = CONFIG_OPTIONS.get(field_name), given.get(field_name)
+        if option is not None and mine is not None and mine != said.value:
+            raise OptionError(option, f"{mine}, but the server says {said.value} ({said.source}); drop "
+                                      f"{option} (the server's value is used) or give {said.value}")
+        values[field_name] = said.value
+        lines.append(f"{CONFIG_WORDS[field_name]}: {said.value:,} (from {said.source})")
+    for field_name, option in CONFIG_OPTIONS.items():
+        mine = given[field_name]
+        if field_name in told:
+            continue
+        if mine is not None:
+            values[field_name] = mine
+            lines.append(f"{CONFIG_WORDS[field_name]}: {mine:,} (from {option}; the server does not tell it)")
+        else:
+            lines.append(f"{CONFIG_WORDS[field_name]}: not known, the server does not tell it ({UNTOLD[field_name]}); "
+                         f"give {option} N")
+    return replace(target, **values), lines

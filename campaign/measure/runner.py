@@ -78,7 +78,8 @@ class Target:
     block_size: int | None = None
     max_model_len: int | None = None
     server_version: str | None = None
-    # The scheduler cap, when the launch passed it (vLLM logs it only then): exact, unlike a sampled gauge.
+    # The scheduler cap, when the launch passed it (vLLM logs it only then) or a probed server told it (or its
+    # option said it): exact, unlike a sampled gauge.
     max_num_seqs: int | None = None
     # The chunk (prompt tokens plus decodes per engine step): tells replacements queueing for it from the rest.
     max_num_batched_tokens: int | None = None

@@ -29,6 +29,9 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 SIM_BUSY = "campaign_sim:busy_seconds_total"
 SIM_BEHIND = "campaign_sim:behind_seconds_total"
 SIM_TIME_SCALE = "campaign_sim:time_scale"  # simulated seconds per wall second (the simulator only)
+# The simulator's own info gauge of its scheduler (labels max_num_batched_tokens, max_num_seqs, named as vLLM's
+# SchedulerConfig fields): vLLM exports no scheduler config in /metrics, only vllm:cache_config_info.
+SIM_SCHEDULER_INFO = "campaign_sim:scheduler_config_info"
 
 # What every measured step relies on (the bracket, the prefix-cache check, preemptions, concurrency).
 MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, RUNNING,
@@ -70,6 +73,45 @@ class MetricsSnapshot:
         """Labels of an info gauge such as vllm:cache_config_info (first engine), or None if absent."""
         rows = self.labels.get(name)
         return rows[0] if rows else None
+
+
+@dataclass(frozen=True)
+class Told:
+    """A configuration value a server told about itself, and where it said it (a metric, an endpoint)."""
+
+    value: int
+    source: str
+
+
+# Info gauge -> (label, the Target field it fills), first source first.
+CONFIG_LABELS = {
+    SIM_SCHEDULER_INFO: (("max_num_batched_tokens", "max_num_batched_tokens"), ("max_num_seqs", "max_num_seqs")),
+    CACHE_CONFIG_INFO: (("block_size", "block_size"), ("kv_cache_size_tokens", "kv_cache_tokens")),
+}
+
+
+def config_told(snapshot: MetricsSnapshot) -> dict[str, Told]:
+    """What the info gauges of one scrape tell of the server's configuration: Target field -> value. A label
+    that is absent, "None" or not a positive number (vLLM writes "None" for a value not resolved) is not told."""
+    told: dict[str, Told] = {}
+    for name, labels in CONFIG_LABELS.items():
+        info = snapshot.info(name)
+        for label, field_name in labels:
+            value = positive_int((info or {}).get(label))
+            if value is not None and field_name not in told:
+                told[field_name] = Told(value, f"{name}{{{label}}}")
+    return told
+
+
+def positive_int(text: object) -> int | None:
+    """`"8192"`, `"8192.0"` or 8192 -> 8192; anything else (None, "None", 0, a bool, a fraction) -> None."""
+    if isinstance(text, bool) or text is None:
+        return None
+    try:
+        number = float(str(text))
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() and number > 0 else None
 
 
 def missing_error(names: list[str], snapshot: MetricsSnapshot) -> MetricMissingError:

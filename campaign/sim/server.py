@@ -352,6 +352,15 @@ class _Metrics(Collector):
                                    labels=[*labels, *info])
         family.add_metric([*values, *info.values()], 1.0)
         yield family
+        # Not vLLM's: vLLM exports no scheduler config in /metrics (only vllm:cache_config_info; the chunk is in
+        # its startup log and, in dev mode, /server_info). The simulator's own info gauge, its labels named as
+        # vLLM's SchedulerConfig fields, so a client that did not launch it (campaign probe) learns the chunk.
+        scheduler = {"max_num_batched_tokens": str(s.config.max_num_batched_tokens),
+                     "max_num_seqs": str(s.config.max_num_seqs)}
+        family = GaugeMetricFamily("campaign_sim:scheduler_config_info", "The simulator's SchedulerConfig",
+                                   labels=[*labels, *scheduler])
+        family.add_metric([*values, *scheduler.values()], 1.0)
+        yield family
 
 
 def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int) -> tuple[tuple[str, str | None] | None, int]:
