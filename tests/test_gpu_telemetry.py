@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,11 +239,24 @@ def test_sample_and_facts_read_through_the_injected_module(install: Callable[...
 
 
 def test_the_sampling_thread_samples_during_the_step(install: Callable[..., FakeNvml]) -> None:
+    """The thread samples between start and stop. The test waits for its samples, not for a time: sleeping
+    0.2 s for ten 20 ms samples, a run of the suite under two CPU hogs slept a whole second and the thread woke
+    once (3 samples, not 4)."""
     nvml(install, time.monotonic)
     monitor = gpu.monitor(every_s=0.02)
     assert monitor is not None
+    sampled, count = threading.Event(), [0]
+    real = monitor.sample_now
+
+    def counted() -> None:
+        real()
+        count[0] += 1
+        if count[0] >= 3:   # start's, and two of the thread's
+            sampled.set()
+
+    monitor.sample_now = counted  # type: ignore[method-assign]
     monitor.start()
-    time.sleep(0.2)
+    assert sampled.wait(60), "the thread took no samples"
     telemetry = monitor.stop()
     assert telemetry is not None and len(telemetry.samples) >= 4  # start, stop and the thread's
     assert monitor.take() is telemetry and monitor.take() is None
