@@ -37,6 +37,7 @@ from campaign.measure.runner import Target
 from campaign.night import orchestrate, store
 from campaign.night import replay as sim_virtual
 from campaign.night.launcher import launched
+from campaign.night.limits import raise_open_files
 from campaign.night.matrix import load_matrix
 from campaign.night.orchestrate import preflight
 from campaign.night.planning import make_plan
@@ -607,4 +608,5 @@ def main() -> None:
     # also set a flag the runner checks between cells, in case the first raise lands where it is swallowed.
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    raise_open_files()   # a socket a stream: the soft limit up to the hard one (the plan checks against that)
     sys.exit(run_cli())

@@ -177,7 +177,7 @@ def test_the_e2e_campaigns_verdicts_in_simulated_time(tmp_path: Path) -> None:
     assert "finished, but not everything: broken r1 (bad_argument)" in result.stderr
     run_dir = next((tmp_path / "vllmtest-e2e-sim").iterdir())
     failure = json.loads((run_dir / "variants/broken/launch-1/failure.json").read_text())
-    assert failure["failure_kind"] == "bad_argument" and "no-such-size" in failure["message"]
+    assert failure["failure_kind"] == "bad_argument" and "no-such-dtype" in failure["message"]
     two_seqs = [json.loads(p.read_text())["result"]
                 for p in run_dir.glob("variants/two-seqs/cells/decode-*/rep-0.json")]
     assert len(two_seqs) == 1 and two_seqs[0]["status"] == "Invalid"

@@ -64,7 +64,7 @@ def test_cut_json_in_a_json_valued_flag_names_the_key_and_where_it_broke(tmp_pat
     "{speculative-config: {method: ngram, num_speculative_tokens: 3}}",           # a YAML mapping
     """{speculative-config: '{"method": "ngram", "num_speculative_tokens": 3}'}""",  # JSON text
     "{hf-overrides: some-text}",                 # an object-or-text flag takes text
-    "{kv-transfer-config: '${KV_CONFIG}'}",       # a reference: checked once expanded
+    "{kv-transfer-config: '${KV_CONFIG}'}",       # a reference: left to vLLM (it names a secret)
     "{gpu-memory-utilization: 'suggested-0.02'}",
     "{max-num-batched-tokens: 8k}", "{max-model-len: auto}", "{max-model-len: 32K}",
 ])
@@ -73,7 +73,15 @@ def test_what_vllm_accepts_passes(tmp_path: Path, flags: str) -> None:
 
 
 def test_an_object_or_text_flag_written_as_an_object_must_be_json(tmp_path: Path) -> None:
-    assert "variants[1].flags.hf-overrides: not valid JSON" in error_of(tmp_path, "{hf-overrides: '{rope: 2'}")
+    """vLLM reads such a value as JSON only when the whole of it is an object (`{...}`); anything else is text."""
+    assert "variants[1].flags.hf-overrides: not valid JSON" in error_of(tmp_path, "{hf-overrides: '{rope: 2}'}")
+    load_matrix(matrix_with(tmp_path, "{hf-overrides: '{rope'}"))   # not a whole object: passed on as text
+
+
+def test_json_values_are_read_as_vllm_reads_them(tmp_path: Path) -> None:
+    """vLLM expands bare 1k / 80m / 8K in a config flag's JSON before parsing it (outside strings only)."""
+    load_matrix(matrix_with(tmp_path, """{compilation-config: '{"max_cudagraph_capture_size": 1k}'}"""))
+    load_matrix(matrix_with(tmp_path, """{kv-transfer-config: '{"cpu_bytes_to_use": 80m, "name": "8K"}'}"""))
 
 
 @pytest.mark.parametrize(("flags", "expected"), [
@@ -87,6 +95,8 @@ def test_an_object_or_text_flag_written_as_an_object_must_be_json(tmp_path: Path
     ("{tp: 0}", "0 is out of range"),
     ("{block-size: 0}", "0 is out of range: vLLM requires at least 1"),
     ("{max-model-len: -5}", "-5 is out of range: vLLM requires at least -1"),
+    ("{tensor-parallel-size: 2.0}", "2.0 is not a whole number"),          # argv writes 2.0; vLLM's int() refuses
+    ("{max-num-batched-tokens: 1.5K}", "'1.5K' is not a whole number"),    # no decimals with binary suffixes
 ])
 def test_numbers_vllm_range_checks_are_refused_with_its_bounds(tmp_path: Path, flags: str, expected: str) -> None:
     message = error_of(tmp_path, flags)
@@ -114,13 +124,17 @@ def test_the_json_flag_lists_are_flags_vllm_knows() -> None:
 def test_human_readable_integers_read_as_vllm_reads_them() -> None:
     assert vllm_bounds.human_int("8k") == 8000 and vllm_bounds.human_int("8K") == 8192
     assert vllm_bounds.human_int("25.6k") == 25_600 and vllm_bounds.human_int("2048") == 2048
-    assert vllm_bounds.human_int("8 tokens") is None
+    assert vllm_bounds.human_int("8 tokens") is None and vllm_bounds.human_int("1.5K") is None
+    assert vllm_bounds.human_int("1.5k") == 1500
 
 
 def test_parallel_width_multiplies_the_three_sizes() -> None:
-    assert flag_values.parallel_width({"tensor-parallel-size": 2, "pp": "2"}) == 4
+    assert flag_values.parallel_width(flag_values.canonical({"tensor-parallel-size": 2, "pp": "2"})) == 4
     assert flag_values.parallel_width({}) == 1
-    assert flag_values.parallel_width({"tp": "${TP}"}) is None
+    assert flag_values.parallel_width(flag_values.canonical({"tp": "${TP}"})) is None
+    # Later layers win whatever the spelling: the profile's 2, the variant's 4.
+    assert flag_values.canonical({"tensor-parallel-size": 2}, {"tensor_parallel_size": 4}) == {
+        "tensor-parallel-size": 4}
 
 
 # --- the simulator refuses what vLLM refuses ----------------------------------------------------------------
@@ -129,10 +143,12 @@ SIM = ["m", "--hardware", "h200-nvl", "--model-shape", "qwen3.5-27b-gptq-int4"]
 
 @pytest.mark.parametrize(("extra", "expected"), [
     (["--gpu-memory-utilization", "1.7"], "argument --gpu-memory-utilization: 1.7 is out of range"),
-    (["--gpu-memory-utilization", "0"], "argument --gpu-memory-utilization: 0 is out of range"),
+    (["--gpu-memory-utilization", "0"], "argument --gpu-memory-utilization: 0.0 is out of range"),
     (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 is out of range"),
     (["--block-size", "0"], "argument --block-size: 0 is out of range"),
     (["--tensor-parallel-size", "0"], "argument --tensor-parallel-size: 0 is out of range"),
+    (["--kv-cache-dtype", "no-such-dtype"], "argument --kv-cache-dtype: invalid choice: 'no-such-dtype'"),
+    (["--max-num-batched-tokens", "8q"], "argument --max-num-batched-tokens: '8q' is not a whole number"),
 ])
 def test_the_simulator_refuses_what_vllm_refuses(extra: list[str], expected: str,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -140,6 +156,12 @@ def test_the_simulator_refuses_what_vllm_refuses(extra: list[str], expected: str
         sim_config.parse([*SIM, *extra])
     assert stopped.value.code == 2
     assert expected in capsys.readouterr().err
+
+
+def test_the_simulator_reads_numbers_as_vllm_reads_them() -> None:
+    config = sim_config.parse([*SIM, "--max-num-batched-tokens", "8K", "--max-model-len", "auto"])
+    assert config.max_num_batched_tokens == 8192 and config.max_model_len == sim_config.DEFAULT_MODEL_LEN
+    assert sim_config.parse([*SIM, "--max-model-len", "16k"]).max_model_len == 16_000
 
 
 def test_the_simulator_refuses_more_parallel_ranks_than_its_hardware_has_cards() -> None:
@@ -178,6 +200,12 @@ def test_a_launch_wider_than_the_profiles_hardware_is_refused_before_the_night(t
     with pytest.raises(CampaignError, match=r"variants\[1\].flags: b needs 4 GPUs \(tensor x pipeline x data "
                                             r"parallel size\); the profile's hardware a5000x2 has 2"):
         limits.check_widths(profile, profile_path, matrix, matrix_path)
+    limits.check_widths(profile, profile_path, matrix, matrix_path, placed=True)   # a --gpus pool or Ray decides
+    # Whatever the spelling, the variant's value wins over the profile's (tensor-parallel-size: 2).
+    path.write_text(BASE.replace("cpu-tiny", "a5000-tp2").replace("{FLAGS}", "{tensor_parallel_size: 4}"))
+    matrix, matrix_path, _ = load_matrix(str(path))
+    with pytest.raises(CampaignError, match="b needs 4 GPUs"):
+        limits.check_widths(profile, profile_path, matrix, matrix_path)
 
 
 # --- what the machines can hold, and flags let through said by name ----------------------------------------
@@ -192,9 +220,13 @@ def test_a_concurrency_the_client_cannot_open_is_an_error_naming_the_limit(tmp_p
         limits.check_concurrency(matrix, path, profile, open_files=1024)
     message = str(caught.value)
     assert message.startswith(f"{path}: workloads[0].concurrency[1]: 1,000,000,000 streams need ")
-    assert "this machine lets a process open 1,024 (ulimit -n)" in message
+    assert "a process here may open 1,024 (ulimit -Hn)" in message
     assert limits.check_concurrency(matrix.model_copy(update={"workloads": []}), path, profile,
                                     open_files=1024) == []
+    # A plan may be made on another machine than the one that measures: there it is a warning naming the limit.
+    planned = limits.check_concurrency(matrix, path, profile, open_files=1024, here=False)
+    assert [n.code for n in planned if n.code == limits.PlanWarning.OPEN_FILES] == [limits.PlanWarning.OPEN_FILES]
+    assert "a process here may open 1,024" in planned[0].line()
 
 
 def test_decode_cells_beyond_the_servers_seats_are_a_stated_warning(tmp_path: Path) -> None:

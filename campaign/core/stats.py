@@ -43,9 +43,10 @@ def streaming_rate(chunks: Sequence[tuple[float, int]], start: float, end: float
     last chunk there instead made every such request's rate move with how late those few chunks came: a host
     stall just after the window opened delayed every stream's first chunk inside alike, and on the simulated
     H200's 64-stream cell at 20x (a 1 s window) under two CPU hogs, 3 cells in 36 read per-request rates 1-4%
-    off the simulator's truth while their total rates stayed within 0.5%. Timed this way, 14 such cells read
-    per-request rates within 0.32% of it: an edge's stall now moves a request's rate no more than the
-    window's total. None with nothing inside or no time between its ends."""
+    off the simulator's truth while their total rates stayed within 0.5% (one session's check, not stored);
+    timed this way, an edge's stall moves a request's rate no more than the window's total, which
+    tests/test_truth.py shows on a stall replayed by hand. None with nothing inside or no time between its
+    ends."""
     inside = [(t, n) for t, n in chunks if start <= t <= end]
     if not inside:
         return None

@@ -54,21 +54,25 @@ def human_int(text: str) -> int | None:
     if match is None:
         return None
     number, suffix = match.groups()
-    return int(float(number) * (_DECIMAL.get(suffix) or _BINARY[suffix]))
+    if suffix in _BINARY:
+        return int(number) * _BINARY[suffix] if number.isdigit() else None   # vLLM refuses "1.5K"
+    return int(float(number) * _DECIMAL[suffix])
 
 
 def number_of(spec: Bound, value: object) -> float | None:
     """A flag's value as the number vLLM reads from it; None where vLLM would not read one."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
         return float(value)
+    if isinstance(value, float):
+        return value if spec.kind is float else None   # argv writes 2.0, and vLLM's int() refuses it
     if isinstance(value, str):
         if spec.human:
             parsed = human_int(value)
             return None if parsed is None else float(parsed)
         try:
-            return float(value.strip())
+            return float(int(value.strip()) if spec.kind is int else float(value.strip()))
         except ValueError:
             return None
     return None
@@ -77,7 +81,7 @@ def number_of(spec: Bound, value: object) -> float | None:
 def out_of_bounds(name: str, value: object) -> tuple[str, str | None] | None:
     """(problem, hint) where vLLM refuses `value` for flag `name` (normalized, one of BOUNDS); None: it takes it."""
     spec = BOUNDS[name]
-    shown = f"{value:g}" if isinstance(value, float) else repr(value)
+    shown = repr(value) if isinstance(value, str) else str(value)
     if isinstance(value, str) and value.strip().lower() in spec.auto:
         return None
     read = number_of(spec, value)

@@ -16,7 +16,7 @@ from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
 from campaign.night.matrix import DecodeWorkload, Matrix
 from campaign.server import flag_list
-from campaign.server.flag_values import parallel_width
+from campaign.server.flag_values import canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
 from campaign.server.vllm_flags import normalize_flag
 
@@ -32,13 +32,17 @@ class PlanWarning(StrEnum):
 
     UNLISTED_FLAG = "unlisted_flag"
     ABOVE_SEATS = "above_seats"
+    OPEN_FILES = "open_files"
 
 
 HINTS: dict[PlanWarning, str] = {
     PlanWarning.UNLISTED_FLAG: "a newer vLLM may have it: the launch host asks its own vLLM (--help=all) before the "
                                "first launch, and a flag it does not know fails that launch as a bad argument",
-    PlanWarning.ABOVE_SEATS: "streams beyond max-num-seqs wait in the server's queue, and such a decode cell is "
-                             "Invalid (above_max_num_seqs): raise max-num-seqs, or measure fewer streams",
+    PlanWarning.ABOVE_SEATS: "streams beyond max-num-seqs wait in the server's queue, so the cell does not run as "
+                             "many at once as it asks (a sustained one is Invalid for it): raise max-num-seqs, or "
+                             "measure fewer streams",
+    PlanWarning.OPEN_FILES: "measure fewer streams, or raise the hard limit (ulimit -Hn) of the machine that "
+                            "measures",
 }
 
 
@@ -56,10 +60,14 @@ class Notice:
 
 
 def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
-                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
+                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
+                 placed: bool = False) -> None:
     """No launch is wider than the GPUs the profile names (its pool, else its hardware's cards): vLLM would end
     it with "World size (N) is larger than the number of available GPUs". Where the profile names neither,
-    the launch host's own count decides (the pool's plan checks a --gpus pool)."""
+    the launch host's own count decides; `placed`: a --gpus pool or Ray places the launches, and checks them
+    against its own GPUs (pool.plan, ray_executor.connect)."""
+    if placed:
+        return
     if profile.gpus is not None:
         count, what = len(parse_gpus(profile.gpus, where="gpus")), f"the profile's GPU pool (gpus: {profile.gpus})"
     else:
@@ -74,7 +82,7 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
                    f"variants[{named[v.name]}].flags" if v.name in named else "grid", v.name, dict(v.flags))
                   for v in matrix.all_variants()]
     for where, key, name, flags in places:
-        width = parallel_width({**profile.flags, **flags, **(overrides or {})})
+        width = parallel_width(canonical(profile.flags, flags, overrides or {}))
         if width is not None and width > count:
             raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
                               f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
@@ -85,38 +93,65 @@ def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notic
     return [Notice(PlanWarning.UNLISTED_FLAG, f"{use.where}: {use.key} is not in {source}") for use in unlisted]
 
 
-def _concurrencies(matrix: Matrix) -> list[tuple[str, int, bool]]:
-    """(key, streams, is a decode cell's) for every number of concurrent streams the matrix asks for."""
-    found: list[tuple[str, int, bool]] = []
+def _concurrencies(matrix: Matrix) -> list[tuple[str, int, bool, bool]]:
+    """(key, streams, is a decode cell's, is split over client processes) for every number of concurrent
+    streams the matrix asks for. Only a sustained cold-TTFT cell of random prompts is split (runner._run_step);
+    a fixed, warm or text cell runs every stream in one process."""
+    found: list[tuple[str, int, bool, bool]] = []
     for index, workload in enumerate([*matrix.workloads]):
+        decode = isinstance(workload, DecodeWorkload)
+        split = isinstance(workload, DecodeWorkload) and workload.mode == "sustained" and workload.ttft == "cold" \
+            and workload.prompts == "random"
         for attr in ("concurrency", "max_concurrency", "sessions"):
             value = getattr(workload, attr, None)
             numbers = value if isinstance(value, list) else [value]
-            found += [(f"workloads[{index}].{attr}" + (f"[{k}]" if isinstance(value, list) else ""), n,
-                       isinstance(workload, DecodeWorkload))
+            found += [(f"workloads[{index}].{attr}" + (f"[{k}]" if isinstance(value, list) else ""), n, decode, split)
                       for k, n in enumerate(numbers) if isinstance(n, int) and not isinstance(n, bool)]
     return found
 
 
+def open_files_limit() -> int | None:
+    """What a client process here may open: the hard limit, to which the command raises its own soft limit
+    (raise_open_files); None: unlimited."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def raise_open_files() -> None:
+    """A client of a thousand streams needs a socket each: the soft limit (often 1,024) is raised to the hard
+    one, as a process may, and its worker processes inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass   # a platform that refuses: the plan's check names the limit it has
+
+
 def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchProfile,
-                      overrides: dict[str, FlagValue] | None = None, *, open_files: int | None = None) -> list[Notice]:
-    """Every number of streams the client can open here (one socket each, a sustained cell's split over its
-    client processes), else an error naming the limit; and a warning for each decode cell beyond what a
-    variant's server seats (max-num-seqs, as set or vLLM's default for the profile's card)."""
+                      overrides: dict[str, FlagValue] | None = None, *, open_files: int | None = None,
+                      here: bool = True) -> list[Notice]:
+    """Every number of streams the client can open (one socket each, a sustained cell's split over its client
+    processes) against what a process here may open, and a warning for each decode cell beyond what a
+    variant's server seats (max-num-seqs, as set or vLLM's default for the profile's card). `here`: this
+    machine measures (run, launch), so too many streams is an error; a plan may be made elsewhere, so there
+    it is a warning naming this machine's limit."""
     where = str(matrix_path or matrix.name)
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0] if open_files is None else open_files
+    limit = open_files_limit() if open_files is None else open_files
     notices: list[Notice] = []
-    for key, streams, decode in _concurrencies(matrix):
-        per_process = math.ceil(streams / shard.client_processes(streams)) if decode else streams
-        if soft != resource.RLIM_INFINITY and per_process + FD_RESERVE > soft:
-            raise ConfigError(where, key, f"{streams:,} streams need {per_process + FD_RESERVE:,} open files in one "
-                              f"client process ({per_process:,} sockets and {FD_RESERVE} more); this machine lets a "
-                              f"process open {soft:,} (ulimit -n)", hint="measure fewer streams, or raise the limit "
-                              "(ulimit -n, up to the hard limit ulimit -Hn)")
+    for key, streams, decode, split in _concurrencies(matrix):
+        per_process = math.ceil(streams / shard.client_processes(streams)) if split else streams
+        if limit is not None and per_process + FD_RESERVE > limit:
+            problem = (f"{streams:,} streams need {per_process + FD_RESERVE:,} open files in one client process "
+                       f"({per_process:,} sockets and {FD_RESERVE} more); a process here may open {limit:,} "
+                       "(ulimit -Hn)")
+            if here:
+                raise ConfigError(where, key, problem, hint=HINTS[PlanWarning.OPEN_FILES])
+            notices.append(Notice(PlanWarning.OPEN_FILES, f"{where}: {key}: {problem}"))
         if not decode:
             continue   # an open loop's queue is what it measures
         for variant in matrix.all_variants():
-            seats, why = _seats({**profile.flags, **variant.flags, **(overrides or {})}, profile)
+            seats, why = _seats(canonical(profile.flags, variant.flags, overrides or {}), profile)
             if seats is not None and streams > seats:
                 notices.append(Notice(PlanWarning.ABOVE_SEATS, f"{where}: {key}: {streams:,} streams, and variant "
                                       f"{variant.name} seats {seats:,} ({why})"))
@@ -124,7 +159,7 @@ def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchP
 
 
 def _seats(flags: dict[str, FlagValue], profile: LaunchProfile) -> tuple[int | None, str]:
-    value = next((v for k, v in flags.items() if normalize_flag(k) == "max-num-seqs"), None)
+    value = flags.get("max-num-seqs")
     if value is not None:
         read = number_of(BOUNDS["max-num-seqs"], value)
         return (None if read is None else int(read)), "its max-num-seqs"

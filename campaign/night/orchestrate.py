@@ -68,14 +68,14 @@ class Checked:
 
 def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, matrix: Matrix | None = None,
               matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
-              will_launch: bool = True) -> Checked:
+              will_launch: bool = True, placed: bool = False) -> Checked:
     """What can be known before the night, checked before it: the server's executable is here (when this
     machine is to launch it; a plan may be made elsewhere), every flag is one it accepts (all unknown ones
     in one error) with a value it takes, no launch is wider than the profile's GPUs and no cell than the
     client can open. Returns where the flag list came from, and what is let through but said."""
 
     raise_flag_problems("launch --set", flag_problems("--set", dict(overrides or {})))
-    limits.check_widths(profile, profile_path, matrix, matrix_path, overrides)
+    limits.check_widths(profile, profile_path, matrix, matrix_path, overrides, placed=placed)
     declare_secrets(profile, matrix, overrides)
     if will_launch:
         check_references(profile, profile_path, matrix, matrix_path, overrides)
@@ -84,7 +84,8 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
         raise executable_missing(profile.executable, where=f"{profile_path}: executable: ")
     flags = flag_list.for_profile(profile, engine)
     unlisted = flag_list.check(night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
-    seats = [] if matrix is None else limits.check_concurrency(matrix, matrix_path, profile, overrides)
+    seats = [] if matrix is None else limits.check_concurrency(matrix, matrix_path, profile, overrides,
+                                                               here=will_launch)
     return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats])
 
 
@@ -346,7 +347,7 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     if clock == "virtual":
         _check_virtual(profile, profile_path, engine, gpus=gpus, ray=ray)
         matrix, not_replayed = sim_night.replayable(matrix, matrix_path)
-    checked = preflight(profile, profile_path, engine, matrix, matrix_path)
+    checked = preflight(profile, profile_path, engine, matrix, matrix_path, placed=gpus is not None or ray)
     gpus = gpus if gpus is not None or ray or clock == "virtual" else _profile_pool(profile, profile_path)
     _check_ray_options(ray, gpus, ray_address)
     if ray:

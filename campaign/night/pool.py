@@ -29,30 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from campaign.core.errors import CampaignError, check_stop
+from campaign.server.flag_values import canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile
-from campaign.server.vllm_flags import normalize_flag
 
 # A worker asked to stop (Ctrl-C) stops its server first; past this it is killed (its server's group too,
 # by the server's own die-with-parent signal).
 STOP_GRACE_S = 90.0
 
 
-def _int_flag(flags: dict[str, FlagValue], *names: str) -> int:
-    for name in names:
-        value = flags.get(normalize_flag(name))
-        if value is not None:
-            try:
-                return max(1, int(str(value)))
-            except ValueError:
-                return 1
-    return 1
-
-
 def width(profile: LaunchProfile, variant_flags: dict[str, FlagValue]) -> int:
-    """GPUs one launch of the variant needs: tensor x pipeline parallel size (the variant's over the profile's)."""
-    flags = {normalize_flag(k): v for k, v in {**profile.flags, **variant_flags}.items()}
-    return (_int_flag(flags, "tensor-parallel-size", "tp") * _int_flag(flags, "pipeline-parallel-size", "pp")
-            * _int_flag(flags, "data-parallel-size", "dp"))
+    """GPUs one launch of the variant needs: tensor x pipeline x data parallel size (the variant's over the
+    profile's, whatever the spelling); 1 where a size is not a number yet (the plan refuses a bad one)."""
+    return parallel_width(canonical(profile.flags, variant_flags)) or 1
 
 
 @dataclass(frozen=True)

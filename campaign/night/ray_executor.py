@@ -59,10 +59,12 @@ def connect(address: str | None, widest: int, *, simulated_gpus: int | None = No
     local Ray for the simulator declares that many GPUs (the simulated cards), so a what-if runs on a machine
     without any; Ray then hands each task CUDA_VISIBLE_DEVICES as it would real ones."""
     ray = require_ray()
-    local = {"num_gpus": simulated_gpus} if address is None and simulated_gpus is not None else {}
+    # "local": a new instance of its own even where one runs already (joining one, Ray refuses num_gpus).
+    local = {"address": "local", "num_gpus": simulated_gpus} if address is None and simulated_gpus is not None \
+        else {"address": address}
     try:
-        ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, include_dashboard=False,
-                 configure_logging=False, **local)
+        ray.init(log_to_driver=False, ignore_reinit_error=True, include_dashboard=False, configure_logging=False,
+                 **local)
     except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, TimeoutError, RuntimeError, ...
         raise CampaignError(f"cannot join the Ray cluster at {address or 'a local Ray'}: {exc}",
                             hint="check --ray-address (or RAY_ADDRESS); `ray status` on the head node") from None

@@ -464,7 +464,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
     9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
     10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
-    11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); per-request spans are computed anew
+    11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored per-request rates kept as written
 }
 
 

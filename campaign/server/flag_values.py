@@ -10,10 +10,11 @@ is checked once vLLM has suggested (night.launch).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from campaign.core.vllm_bounds import BOUNDS, SHORT, number_of, out_of_bounds
+from campaign.core.vllm_bounds import BOUNDS, SHORT, human_int, number_of, out_of_bounds
 from campaign.server.vllm_flags import JSON_FLAGS, JSON_OR_TEXT_FLAGS, normalize_flag
 
 Problem = tuple[str, str, str | None]   # (key, problem, hint), as profiles.flag_problems gives them
@@ -21,9 +22,25 @@ _JSON_HINT = ("write it as a YAML mapping (e.g. speculative-config: {method: ngr
               "or as complete JSON inside quotes")
 
 
-def _deferred(value: object) -> bool:
-    """A value only the launch can check: a `${NAME}` reference, or vLLM's own suggestion."""
-    return isinstance(value, str) and ("${" in value or value.strip().startswith("suggested"))
+# vLLM's reading of a JSON flag's text (vllm/engine/arg_utils.py): bare numbers written "80m" or "1k" outside
+# strings are expanded first (_expand_json_human_readable_numbers), and an object-or-text flag is JSON only
+# when the whole value is an object (union_dict_and_str).
+_QUOTED = re.compile(r'("(?:[^"\\]|\\.)*")')
+_BARE_HUMAN = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
+_OBJECT = re.compile(r"(?s)^\s*{.*}\s*$")
+
+
+def _expanded(text: str) -> str:
+    parts = _QUOTED.split(text)
+    for i in range(0, len(parts), 2):   # even parts lie outside strings
+        parts[i] = _BARE_HUMAN.sub(lambda m: str(human_int(m.group()) or m.group()), parts[i])
+    return "".join(parts)
+
+
+def _deferred(name: str, value: object) -> bool:
+    """A value only the launch can check: a `${NAME}` reference, or vLLM's own suggestion (memory only)."""
+    return isinstance(value, str) and ("${" in value or (
+        name == "gpu-memory-utilization" and value.strip().startswith("suggested")))
 
 
 def _json_problem(name: str, value: object) -> tuple[str, str | None] | None:
@@ -32,10 +49,10 @@ def _json_problem(name: str, value: object) -> tuple[str, str | None] | None:
     if not isinstance(value, str):
         return (f"expects a JSON object, not {value!r}", _JSON_HINT) if name in JSON_FLAGS else None
     text = value.strip()
-    if name in JSON_OR_TEXT_FLAGS and not text.startswith("{"):
-        return None   # vLLM takes anything but an object as text
+    if name in JSON_OR_TEXT_FLAGS and not _OBJECT.match(value):
+        return None   # vLLM takes anything but a whole object as text
     try:
-        json.loads(text)
+        json.loads(_expanded(text))
     except json.JSONDecodeError as exc:
         before = text[max(0, exc.pos - 24):exc.pos]
         at = "at its end (cut short?)" if exc.pos >= len(text) else f"at character {exc.pos + 1} of {len(text)}"
@@ -53,7 +70,10 @@ def value_problems(key_prefix: str, flags: Mapping[str, Any], *, grid: bool = Fa
         values = given if grid and isinstance(given, list) else [given]
         for index, value in enumerate(values):
             key = f"{key_prefix}.{raw}" + (f"[{index}]" if grid and isinstance(given, list) else "")
-            if _deferred(value) or value is None:
+            if isinstance(value, str) and value.strip().startswith("suggested") and name != "gpu-memory-utilization":
+                problems.append((key, "only gpu-memory-utilization can be `suggested`", None))
+                continue
+            if _deferred(name, value) or value is None:
                 continue
             found: tuple[str, str | None] | None = None
             if name in JSON_FLAGS or name in JSON_OR_TEXT_FLAGS:
@@ -65,12 +85,23 @@ def value_problems(key_prefix: str, flags: Mapping[str, Any], *, grid: bool = Fa
     return problems
 
 
+def canonical(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags merged as a launch passes them, later layers winning whatever their spelling (`max_num_seqs`,
+    `max-num-seqs`; `tp`, `tensor-parallel-size`)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            name = normalize_flag(key)
+            merged[SHORT.get(name, name)] = value
+    return merged
+
+
 def parallel_width(flags: Mapping[str, Any]) -> int | None:
-    """GPUs one launch with these (normalized) flags needs, tensor x pipeline x data parallel size; None where
-    one of them is not yet a number (a reference, or a value value_problems refuses)."""
+    """GPUs one launch with these flags (canonical()) needs, tensor x pipeline x data parallel size; None
+    where one of them is not yet a number (a reference, or a value value_problems refuses)."""
     width = 1
     for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
-        value = next((v for k, v in flags.items() if SHORT.get(normalize_flag(k), normalize_flag(k)) == name), 1)
+        value = flags.get(name, 1)
         read = number_of(BOUNDS[name], value)
         if read is None or read < 1 or read != int(read):
             return None

@@ -93,4 +93,5 @@ JSON_FLAGS: frozenset[str] = frozenset(
 )
 # Flags that take a JSON object or text (vLLM's union_dict_and_str): a value written as an object, `{...}`,
 # must be valid JSON; anything else is passed on as text.
-JSON_OR_TEXT_FLAGS: frozenset[str] = frozenset({"hf-overrides", "model-loader-extra-config", "additional-config"})
+JSON_OR_TEXT_FLAGS: frozenset[str] = frozenset({"hf-overrides", "model-loader-extra-config", "additional-config",
+                                                  "pt-load-map-location"})

@@ -21,7 +21,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from campaign.core.hardware import MODELS, ModelShape, drafter_shape
-from campaign.core.vllm_bounds import out_of_bounds
+from campaign.core.vllm_bounds import human_int, out_of_bounds
 from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
@@ -155,6 +155,26 @@ class SimConfig:
         return self.version_style >= Version("0.29")
 
 
+DEFAULT_MODEL_LEN = 32768
+# vLLM 0.32's --kv-cache-dtype choices (its --help=all): another value ends the server at its argument parser.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+                   "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
+                   "nvfp4_ds_mla", "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                   "turboquant_k8v4", "ultraquant_4bit")
+
+
+def _human_int(text: str) -> int:
+    """vLLM's human_readable_int: 8192, 8k (8,000) or 8K (8,192)."""
+    value = human_int(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (8k is 8,000; 8K is 8,192)")
+    return value
+
+
+def _model_len(text: str) -> int:
+    return DEFAULT_MODEL_LEN if text.strip().lower() in {"auto", "-1"} else _human_int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", description="vllm-campaign's vLLM simulator")
     p.add_argument("model_tag", nargs="?")
@@ -168,14 +188,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-keyfile")
     p.add_argument("--served-model-name")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
-    p.add_argument("--max-num-batched-tokens", type=int)
+    p.add_argument("--max-num-batched-tokens", type=_human_int)
     p.add_argument("--max-num-seqs", type=int)
-    p.add_argument("--max-model-len", type=int, default=32768)
+    # vLLM's auto (or -1) is the model's own window; the simulator's shapes state none, so it is 32K.
+    p.add_argument("--max-model-len", type=_model_len, default=DEFAULT_MODEL_LEN)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--block-size", type=int)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--speculative-config", type=json.loads)
-    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     # Accepted and without effect on the simulation.
     p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
     for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization", "--hf-token"):
