@@ -5,10 +5,14 @@ what it found (`make verdict-check` prints every scenario)."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from campaign.analysis.statistics import FAMILY_ALPHA, Look, sequential_alpha
 from campaign.bench import verdicts
+from campaign.core.stats import detectable_change
 
 NIGHTS = 1000
 
@@ -86,11 +90,6 @@ def test_the_plans_smallest_detectable_change_is_detected_as_often_as_it_says() 
     launches a side can tell (core/stats.detectable_change, at the rig's noise, over the family's six tests)
     is called worse, and the variant reverted, in at least 80% of fixed five-round nights (the power it
     promises; Holm is never weaker than the plan's Bonferroni, so it may do better)."""
-    import math
-    import random
-
-    from campaign.core.stats import detectable_change
-
     rounds, noise = 5, 0.04
     cv = math.sqrt(noise**2 + verdicts.MEASUREMENT_ERROR**2)   # one launch's spread: its factor and its error
     change = detectable_change(rounds, cv, tests=6)
