@@ -184,6 +184,10 @@ def _lag_ms(lags: list[float]) -> float | None:
     return None if p99 is None else 1000.0 * p99
 
 
+def _lag_max_ms(lags: list[float]) -> float | None:
+    return 1000.0 * max(lags) if lags else None
+
+
 class Measurer:
     def __init__(
         self,
@@ -664,6 +668,7 @@ class Measurer:
             **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, client_lag_p99_ms=_lag_ms(step.lag),
+            client_lag_max_ms=_lag_max_ms(step.lag),
             preemptions=delta.optional(m.PREEMPTIONS), prefix_cache_queries=delta.optional(m.PREFIX_QUERIES),
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
@@ -780,6 +785,7 @@ class Measurer:
             **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, client_lag_p99_ms=_lag_ms(step.lag),
+            client_lag_max_ms=_lag_max_ms(step.lag),
             running_median=running_median, waiting_max=waiting_max,
             avg_running=stats.mean(step.running), avg_waiting=stats.mean(step.waiting),
             kv_usage_max=max((kv for kv in step.kv_usage if kv is not None), default=None),

@@ -43,6 +43,9 @@ Format history:
     older files keep the figures they were computed with. Startup facts may carry `assumed`: what a fact
     rests on that the log does not print (V0's "# GPU blocks: N" read with vLLM's default block size of 16);
     older files have none (None).
+13 - cells carry `client_lag_max_ms`, the largest of the client's event-loop lag samples beside their p99: one
+    stall moves a whole tail that rests on one moment (streams in step read their tokens at once), which the
+    p99 of a few hundred samples skips. Older cells have none (None).
 
 Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -65,7 +68,7 @@ from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -465,6 +468,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
     10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
     11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored per-request rates kept as written
+    12: _defaults_suffice,  # 12 -> 13: cells' client_lag_max_ms (None: not stored)
 }
 
 
