@@ -42,8 +42,8 @@ def suite_launches() -> tuple[truth.Launch, ...]:
     """`make truth`'s two launches at the suite's size. The H200 (MTP: chunks of 1-3 tokens) runs every kind of
     cell: prefill, two sustained streams, the fixed cell (two rounds of four 64-token replies: some 500 per-token
     gaps, so its ITL p99 is not one gap's, though it may be two moments': see the test of one moment's tail
-    below) and an open-loop load (ten requests at 4 a second, below the knee), then long context, repeat and the capacity search; the A5000 pair (800-token blocks, four seats)
-    context window, overload and prefix order."""
+    below) and an open-loop load (ten requests at 4 a second, below the knee), then long context, repeat and the
+    capacity search; the A5000 pair (800-token blocks, four seats) context window, overload and prefix order."""
     return (
         truth.Launch("h200", {"max-model-len": 16384}, cells=(
             CellSpec(phase="prefill", context_tokens=8192),
