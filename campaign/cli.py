@@ -124,8 +124,9 @@ IdleTimeoutOpt = Annotated[float, typer.Option(
 RateOpt = Annotated[str | None, typer.Option(
     "--rate", metavar="R,R,...", help="open-loop request rates a second, e.g. 0.5,1,2,inf (inf: as fast as "
                                       "--max-concurrency allows); each is a rate cell at each context")]
-DurationOpt = Annotated[float, typer.Option("--duration", help="seconds of arrivals per rate cell (and per probe "
-                                                               "of --find-max-rate)", callback=_positive)]
+DurationOpt = Annotated[float, typer.Option("--duration", help="seconds of arrivals per rate cell (and per rate "
+                                                               "probe of --find-max-rate; its concurrency probes "
+                                                               "are counts)", callback=_positive)]
 SloOpt = Annotated[str | None, typer.Option(
     "--slo", metavar="BOUND=MS,...", help="service level, e.g. ttft_p99_ms=2000,tpot_p99_ms=50 (floor_tok_s=20 is "
                                           "tpot_p99_ms=50): goodput and whether each rate held it")]

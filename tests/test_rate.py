@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from fakes import builders
@@ -281,9 +281,82 @@ def test_littles_law_starts_the_concurrency_search_at_the_rate_times_the_mean_la
     assert start.latency_s == pytest.approx(5 * 0.461) and start.streams == round(4.0 * 5 * 0.461) == 9
     line = start.line(need=100, resolution=0.05, time_scale=5.0)
     assert line.startswith("concurrency search: starting at 9 streams (Little's law: 4 req/s x 2.30 s mean ")
+    assert not start.near
     assert "about 7 probes of 100 requests, ~3.0 min, 0.6 min of wall time" in line
     assert capacity.little_start(4.0, cell, time_scale=5.0, ceiling=4).streams == 4   # never past the ceiling
     assert capacity.little_start(None, None, time_scale=1.0, ceiling=256).streams == 1
+
+
+@pytest.mark.parametrize("axis, limit, start, expected", [
+    ("concurrency", 21, 23, [23, 21, 22]),          # just past the answer: one probe below it, then neighbours
+    ("concurrency", 21, 20, [20, 22, 21]),          # just below: one step up past it
+    ("rate", 3.1, 3.3, [3.3, 2.99, 3.14]),    # rates: the resolution squared (1.1025); 5% at three figures
+])
+def test_a_search_started_near_the_answer_opens_its_bracket_by_small_steps(
+        axis: Literal["rate", "concurrency"], limit: float, start: float, expected: list[float]) -> None:
+    """Started at an estimate of the answer (`near`), the bracket opens by the resolution squared, not by
+    halving: a start just past the answer costs one probe below it (where halving would probe at half the
+    load, the slowest probe of a search), and the answer is the same as without."""
+    seen: list[float] = []
+    ceiling = 256 if axis == "concurrency" else None
+    floor = 1 if axis == "concurrency" else 0.01
+    near = asyncio.run(capacity.search(_threshold(limit, seen), axis=axis, start=start, floor=floor,
+                                       ceiling=ceiling, near=True))
+    far = asyncio.run(capacity.search(_threshold(limit), axis=axis, start=start, floor=floor, ceiling=ceiling))
+    assert seen == expected and near.resolved and far.resolved
+    assert near.last_pass is not None and near.first_fail is not None and far.last_pass is not None
+    assert near.last_pass <= limit < near.first_fail
+    assert abs(near.last_pass - far.last_pass) <= 0.05 * limit
+    assert len(near.probes) < len(far.probes)
+    # Far from it, each step is 1.1025 times the last, up to doubling: x1.1025, x1.2155, x1.34, x1.477.
+    wide: list[float] = []
+    asyncio.run(capacity.search(_threshold(5.0, wide), axis="rate", start=2.0, floor=0.01, near=True))
+    assert wide[:5] == [2.0, 2.21, 2.69, 3.6, 5.32]
+
+
+def test_a_batch_pass_starts_the_rate_search_at_its_throughput() -> None:
+    """The batch pass: `need` requests of the search's shape at once, no SLO; its throughput (completed over its
+    measured span, the hardware's) bounds any rate the server sustains, and the search starts there, walking
+    down by small steps. One that measured nothing (a request failed) says why and starts at 1 req/s."""
+    shape = CellSpec(phase="rate", context_tokens=2048, max_tokens=128, request_rate=1.0,
+                     slo=slo.parse("ttft_p99_ms=2000,tpot_p99_ms=50"))
+    spec = capacity.batch_spec(shape, 100)
+    assert spec.request_rate is None and spec.max_concurrency == 100 and spec.slo is None
+    assert spec.key == "rate-L2048-N128-Qinf-poisson-D0.001-C100"
+
+    def cell(status: str, completed: int | None, measured: float | None) -> CellResult:
+        return CellResult(spec=spec, phase="rate", context_tokens=2048, concurrency=100, label=spec.label,
+                          status=status, completed=completed, measured_s=measured,
+                          reasons=["1 of 101 requests failed: HTTP 500"] if status == "Failed" else [])
+    batch = capacity.batch_start(cell("Valid", 101, 23.0), 100)
+    assert batch.throughput_rps == pytest.approx(101 / 23.0) and batch.start_rps == 4.39
+    assert batch.line() == ("batch pass: 100 requests at once completed at 4.39 req/s; the rate search starts "
+                            "there and walks down")
+    failed = capacity.batch_start(cell("Failed", 100, 23.0), 100)
+    assert failed.throughput_rps is None and failed.start_rps == capacity.DEFAULT_START_RPS
+    assert failed.line() == ("batch pass: no throughput (1 of 101 requests failed: HTTP 500); the rate search "
+                             "starts at 1 req/s")
+    assert capacity.batch_start(cell("Valid", 0, None), 100).throughput_rps is None
+
+
+def test_with_a_per_token_bound_littles_law_takes_the_latency_at_that_bound() -> None:
+    """A closed loop queues nothing: streams are added until the per-token time reaches its bound, the
+    throughput staying about the capacity rate. So with a TPOT bound the start is the rate times a request's
+    latency at that bound (its mean TTFT plus the bound for each later token), an estimate the search walks
+    from by small steps; seen on the simulated H200 (2K prompts, 128 tokens, TPOT p99 50 ms): 3.08 req/s x
+    2.9 s mean latency said 9 streams, the answer was 21, and 3.08 x (0.4 + 0.05 x 127) says 21."""
+    spec = CellSpec(phase="rate", context_tokens=64, request_rate=4.0)
+    records = [_record(i, send=i * 0.05, ttft=0.1, tokens=10, gap=0.04) for i in range(8)]
+    cell = CellResult(spec=spec, phase="rate", context_tokens=64, concurrency=1, label=spec.label, status="Valid",
+                      requests=[r.to_dict() for r in records])
+    bound = slo.parse("ttft_p99_ms=2000,tpot_p99_ms=80")
+    start = capacity.little_start(4.0, cell, time_scale=5.0, ceiling=256, service=bound)
+    assert start.latency_s == pytest.approx(5 * 0.1 + 0.08 * 9) and start.near
+    assert start.streams == round(4.0 * (0.5 + 0.72)) == 5
+    assert "(Little's law: 4 req/s x 1.22 s a request at the 80 ms per-token bound)" in start.line(
+        need=100, resolution=0.05, time_scale=5.0)
+    ttft_only = capacity.little_start(4.0, cell, time_scale=5.0, ceiling=256, service=slo.parse("ttft_p99_ms=500"))
+    assert not ttft_only.near and ttft_only.streams == 9   # the mean latency, a floor to double from
 
 
 def test_a_search_that_never_passes_or_cannot_tell_says_so() -> None:
@@ -656,6 +729,32 @@ def test_find_max_rate_brackets_the_capacity_with_the_concurrency_beside_it(
     assert set(cli) >= {"max_rate_rps", "last_pass_rps", "first_fail_rps", "requests"}
     streams = data["concurrency_search"]
     assert streams["max"] is not None and streams["max"] <= 2
+
+
+@pytest.mark.wall_timed
+def test_a_closed_loop_probe_is_decided_by_its_count_and_stops_once_certain_to_fail(
+        h200: tuple[LaunchedServer, Path]) -> None:
+    """A concurrency probe of the search (a closed loop that may stop early) sends its first wave and its count
+    of judged requests, whatever its span says (a span would let later requests dilute a failure already
+    certain); against a bound no request meets it stops once the p90 of its ten judged requests is decided
+    (the second over the bound: the p90 of ten is the ninth), drains what it sent, and says so."""
+    server, _ = h200
+    shape = CellSpec(phase="rate", context_tokens=1024, max_tokens=16, request_rate=None, max_concurrency=4,
+                     duration_s=capacity.COUNT_SPAN_S, min_requests=10, early_stop=True,
+                     slo=slo.parse("ttft_p90_ms=1500,tpot_p90_ms=40"))
+
+    async def measure() -> list[CellResult]:
+        measurer = Measurer(server.target())
+        return [await measurer.run_cell(shape), await measurer.run_cell(
+            shape.model_copy(update={"slo": slo.parse("tpot_p90_ms=0.01")}))]
+
+    held, failed = asyncio.run(measure())
+    assert held.status == failed.status == "Valid", (held.reasons, failed.reasons)
+    assert len(held.requests) == 4 + 10 and not held.early_stopped and held.slo_passed
+    assert failed.early_stopped and failed.slo_passed is False
+    assert 4 + 2 <= len(failed.requests) < 4 + 10   # the first wave, the two that decided it, what was in flight
+    assert any(n.startswith("stopped early: the service level had failed for certain after ") and
+               "of 10 judged (its first wave besides) requests" in n for n in failed.notes), failed.notes
 
 
 @pytest.mark.wall_timed

@@ -12,8 +12,18 @@ SLO, move. `search` is pure bracketing and bisection over a probe it is given:
 The answer is the last passing value, with the first failing one beside it: the truth lies between, and the
 result says so. Each rate probe is an open-loop rate cell (`cells`, `openloop`) of at least the requests its
 highest percentile needs (100 for a p99: `Slo.min_requests`), stopped as soon as its SLO has certainly failed
-(`slo.certain_to_fail`); a concurrency probe is a closed loop at C. A probe that cannot say (Invalid:
-the client fell behind, foreign traffic) ends the search there, never guessed past.
+(`slo.certain_to_fail`); a concurrency probe is a closed loop at C of its first wave and that many more,
+stopped the same way. A probe that cannot say (Invalid: the client fell behind, foreign traffic) ends the
+search there, never guessed past.
+
+Where the searches start decides what they cost: a passing probe sends all of its requests, a failing one
+stops early, the sooner the further above the answer it is. So the rate search starts at the throughput of a
+batch pass (`BatchStart`) and walks down by small steps, and the concurrency search starts at Little's law on
+the rate it found (`ConcurrencyStart`). On the simulated H200 (2K prompts, 128-token replies, TTFT p99 2 s,
+TPOT p99 50 ms, time scale 1) the search from 1 req/s and Little's law on the mean latency took 526 s (held
+at 3.08 req/s and 21 streams); started this way, 274 s: the batch pass 23 s, the rate search 171 s, the
+concurrency search 78 s (held at 2.93 req/s and 21 streams: a p99 of 100 requests near the edge is not
+monotone in the rate, each rate drawing its own arrivals, and 3.04 failed where 3.08 had held).
 """
 
 from __future__ import annotations
@@ -27,12 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import Measurer
-from campaign.measure.slo import STORED_INFINITY
+from campaign.measure.slo import STORED_INFINITY, Slo
 from campaign.measure.study import ExperimentResult
 
 DEFAULT_RESOLUTION = 0.05   # a rate bracket this narrow (5%) is an answer
 DEFAULT_MAX_PROBES = 12
-DEFAULT_START_RPS = 1.0
+DEFAULT_START_RPS = 1.0     # where the rate search starts when a batch pass measured nothing
+COUNT_SPAN_S = 1e-3         # the span of a closed loop whose count, not a time, decides when it ends
 MIN_RATE_RPS = 0.01         # below this a service is not serving
 CONCURRENCY_CEILING = 256   # vLLM's default max-num-seqs on most cards
 
@@ -69,10 +80,16 @@ class SearchResult(BaseModel):
         return self.last_pass
 
 
-def _next_bracketing(x: float, *, up: bool, integer: bool) -> float:
+def _next_bracketing(x: float, *, up: bool, integer: bool, factor: float = 2.0) -> float:
+    """The next load out from `x` while the bracket is open: `factor` times it (or over it), at least one stream
+    away for concurrency."""
+    if factor >= 2.0:
+        if integer:
+            return float(int(x) * 2 if up else int(x) // 2)
+        return x * 2 if up else x / 2
     if integer:
-        return float(int(x) * 2 if up else int(x) // 2)
-    return x * 2 if up else x / 2
+        return float(max(int(x) + 1, round(x * factor)) if up else min(int(x) - 1, round(x / factor)))
+    return float(f"{x * factor if up else x / factor:.3g}")
 
 
 def _midpoint(low: float, high: float, *, integer: bool) -> float:
@@ -86,19 +103,26 @@ def _midpoint(low: float, high: float, *, integer: bool) -> float:
 
 
 def _resolved(low: float, high: float, *, integer: bool, resolution: float) -> bool:
-    """Within `resolution` of each other (for concurrency: that, or neighbours)."""
-    return high <= low * (1 + resolution) or (integer and high - low <= 1)
+    """Within `resolution` of each other, at the three significant figures rates are probed at (2.97 and 3.12
+    are 5% apart: 2.97 x 1.05 is 3.1185, which is 3.12), or for concurrency, that or neighbours."""
+    return high <= float(f"{low * (1 + resolution):.3g}") or (integer and high - low <= 1)
 
 
 async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["rate", "concurrency"],
                  start: float, floor: float, ceiling: float | None = None, resolution: float = DEFAULT_RESOLUTION,
-                 max_probes: int = DEFAULT_MAX_PROBES) -> SearchResult:
-    """Bracket, then bisect, the largest value whose probe passes (see the module's text)."""
+                 max_probes: int = DEFAULT_MAX_PROBES, near: bool = False) -> SearchResult:
+    """Bracket, then bisect, the largest value whose probe passes (see the module's text). `near`: the start is
+    an estimate of the answer, so the bracket opens by small steps first (the resolution squared, 1.1025, each
+    step that much larger than the last: 1.1025, 1.2155, 1.34, 1.477, ... up to doubling): a start just past
+    the answer then costs one probe below it, where halving would cost a probe at half the load, the slowest
+    kind, and a start four times too high costs five steps, each failing early."""
     integer = axis == "concurrency"
     last_pass: float | None = None
     first_fail: float | None = None
     done: list[Probe] = []
     x = min(start, ceiling) if ceiling is not None else start
+    step = (1 + resolution) ** 2
+    factor = min(2.0, step) if near else 2.0
     stopped = f"the probe budget ({max_probes}) was spent"
     unclear: str | None = None
     while len(done) < max_probes:
@@ -115,14 +139,16 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
             if ceiling is not None and x >= ceiling:
                 stopped = f"the SLO held at the ceiling, {ceiling:g}"
                 break
-            x = _next_bracketing(x, up=True, integer=integer)
+            x = _next_bracketing(x, up=True, integer=integer, factor=factor)
             x = min(x, ceiling) if ceiling is not None else x
+            factor = min(2.0, factor * step)
         elif last_pass is None:         # every probe failed: go down
-            lower = _next_bracketing(x, up=False, integer=integer)
+            lower = _next_bracketing(x, up=False, integer=integer, factor=factor)
             if lower < floor:
                 stopped = f"the SLO failed down to {x:g}"
                 break
             x = lower
+            factor = min(2.0, factor * step)
         else:
             if _resolved(last_pass, first_fail, integer=integer, resolution=resolution):
                 stopped = "the bracket is resolved"
@@ -157,13 +183,14 @@ def search_key(spec: CellSpec, *, concurrency: bool) -> str:
     return f"slo-search-{shape}" + ("-conc" if concurrency else "")
 
 
-async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = DEFAULT_START_RPS,
+async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float | None = None,
                      resolution: float = DEFAULT_RESOLUTION, max_probes: int = DEFAULT_MAX_PROBES,
                      concurrency: bool = True, concurrency_ceiling: int | None = None,
                      on_probe: Callable[[str], None] | None = None) -> ExperimentResult:
     """Capacity at `spec.slo`: the highest rate (open-loop probes shaped like `spec`, uncapped), then, if
     asked, the highest concurrency (closed loops at C, up to `concurrency_ceiling`, else the spec's
-    max_concurrency, else the server's max-num-seqs), at which the SLO holds. Rates in the hardware's seconds."""
+    max_concurrency, else the server's max-num-seqs), at which the SLO holds. Rates in the hardware's seconds.
+    Without `start_rps` the rate search starts at the throughput of a batch pass (see BatchStart)."""
     service = spec.slo
     key = search_key(spec, concurrency=concurrency)
     if service is None:
@@ -188,56 +215,124 @@ async def slo_search(measurer: Measurer, spec: CellSpec, *, start_rps: float = D
         return await measured("rate", rate, {"request_rate": rate, "early_stop": True, "max_concurrency": None})
 
     async def concurrency_probe(streams: float) -> Probe:
-        # A closed loop at C has no fixed count to stop early against.
+        # A closed loop at C, decided by its count (its first wave, then `need` judged), stopped once its SLO
+        # has certainly failed: it is steady once its first wave is out, and needs no span to let a queue grow.
         return await measured("concurrency", streams, {"request_rate": None, "max_concurrency": int(streams),
-                                                       "early_stop": False})
+                                                       "early_stop": True, "duration_s": COUNT_SPAN_S})
 
-    by_rate = await search(rate_probe, axis="rate", start=start_rps, floor=MIN_RATE_RPS, resolution=resolution,
-                           max_probes=max_probes)
+    batch: BatchStart | None = None
+    if start_rps is None:
+        batch_cell = await measurer.run_cell(batch_spec(spec, need))
+        batch = batch_start(batch_cell, need)
+        if on_probe is not None:
+            on_probe(batch.line())
+    start = start_rps if start_rps is not None else batch.start_rps if batch is not None else DEFAULT_START_RPS
+    by_rate = await search(rate_probe, axis="rate", start=start, floor=MIN_RATE_RPS, resolution=resolution,
+                           max_probes=max_probes, near=batch is not None and batch.throughput_rps is not None)
     by_concurrency = None
     if concurrency:
         ceiling = (concurrency_ceiling or spec.max_concurrency or measurer.target.max_num_seqs
                    or CONCURRENCY_CEILING)
         held = rate_cells.get(by_rate.max) if by_rate.max is not None else None
-        start = little_start(by_rate.max, held, measurer.target.time_scale, ceiling)
+        little = little_start(by_rate.max, held, measurer.target.time_scale, ceiling, service)
         if on_probe is not None:
-            on_probe(start.line(need=need, resolution=resolution, time_scale=measurer.target.time_scale))
-        by_concurrency = await search(concurrency_probe, axis="concurrency", start=start.streams, floor=1,
-                                      ceiling=ceiling, max_probes=max_probes)
-    return _result(key, spec, by_rate, by_concurrency, cells, need)
+            on_probe(little.line(need=need, resolution=resolution, time_scale=measurer.target.time_scale))
+        by_concurrency = await search(concurrency_probe, axis="concurrency", start=little.streams, floor=1,
+                                      ceiling=ceiling, max_probes=max_probes, near=little.near)
+    return _result(key, spec, by_rate, by_concurrency, cells, need, batch)
+
+
+def batch_spec(spec: CellSpec, need: int) -> CellSpec:
+    """The batch pass: `need` requests of the search's shape sent at once (a closed loop of that many streams,
+    which sends one more when the first ends), no SLO judged."""
+    return spec.model_copy(update={"request_rate": None, "max_concurrency": need, "min_requests": 1,
+                                   "early_stop": False, "duration_s": COUNT_SPAN_S, "slo": None})
+
+
+@dataclass(frozen=True)
+class BatchStart:
+    """Where the rate search starts: at the throughput of a batch pass, walking down by small steps. A server
+    cannot sustain more requests a second than it completes with a batch waiting, and an SLO holds below
+    that. A failing probe stops early and costs seconds, the further above the answer the sooner, while a
+    passing one sends all of its requests (100 at 1 req/s: 100 s, the slowest probe of a search started at 1,
+    and 46 s at half the batch throughput on the simulated H200); so the search starts above the answer and
+    meets it from there. vLLM's `sweep serve_workload` and GuideLLM's sweep measure the same batch pass to
+    span their rates."""
+
+    cell: CellResult
+    requests: int
+    throughput_rps: float | None    # completed / the pass's span, hardware seconds (None: it did not measure)
+
+    @property
+    def start_rps(self) -> float:
+        if self.throughput_rps is None:
+            return DEFAULT_START_RPS
+        return max(MIN_RATE_RPS, float(f"{self.throughput_rps:.3g}"))
+
+    def line(self) -> str:
+        if self.throughput_rps is None:
+            why = "; ".join(self.cell.reasons) or f"it is {self.cell.status}"
+            return f"batch pass: no throughput ({why}); the rate search starts at {DEFAULT_START_RPS:g} req/s"
+        return (f"batch pass: {self.requests} requests at once completed at {self.throughput_rps:.3g} req/s; "
+                f"the rate search starts there and walks down")
+
+
+def batch_start(cell: CellResult, requests: int) -> BatchStart:
+    """The batch pass's throughput (its completed requests over its measured span, both the hardware's), or
+    None where a request failed or it measured nothing. Whatever else its verdict says, it only decides where
+    the search starts, never its answer."""
+    done, span = cell.completed, cell.measured_s
+    measured = cell.status != "Failed" and done is not None and done > 0 and span is not None and span > 0
+    return BatchStart(cell, requests, done / span if measured and done is not None and span else None)
 
 
 @dataclass(frozen=True)
 class ConcurrencyStart:
-    """Where the concurrency search starts: Little's law on the rate search's answer, L = lambda x W (the
-    capacity rate times its requests' mean latency) is how many were in flight at once while the SLO held.
-    Starting at one stream instead cost the probes below it, the slowest of all (100 requests one at a time
-    took minutes on the simulated H200 at 2K prompts)."""
+    """Where the concurrency search starts: Little's law on the rate search's answer, L = lambda x W, streams
+    = the capacity rate times a request's latency. With a per-token bound in the SLO, W is the latency of a
+    request at that bound (its mean TTFT plus the bound for each token after the first): a closed loop
+    queues nothing, so streams are added until the per-token time reaches its bound while the throughput
+    stays about the capacity rate, and that estimate starts the search near the answer (small steps). Without
+    one, W is the mean latency at the capacity rate, a floor (the search doubles from it). Starting at one
+    stream instead cost the probes below it, the slowest of all (100 requests one at a time took minutes on
+    the simulated H200 at 2K prompts)."""
 
     streams: int
     rate_rps: float | None = None       # the capacity rate (hardware seconds)
-    latency_s: float | None = None      # the mean end-to-end latency of its probe's requests (hardware seconds)
+    latency_s: float | None = None      # W (hardware seconds)
+    near: bool = False                  # W from the SLO's per-token bound: an estimate of the answer
+    basis: str = ""
 
     def line(self, *, need: int, resolution: float, time_scale: float) -> str:
         """What the search will cost, said before it starts (hardware time, and wall time if scaled)."""
         if self.rate_rps is None or self.latency_s is None:
             return f"concurrency search: starting at {self.streams} stream(s) (no rate held the SLO to start from)"
-        probes = 2 + math.ceil(math.log2(max(2.0, 1 / resolution)))   # bracket, then bisect to the resolution
+        # From an estimate: it, a small step, the neighbour; else bracket, then bisect to the resolution.
+        probes = 3 if self.near else 2 + math.ceil(math.log2(max(2.0, 1 / resolution)))
         seconds = probes * need * self.latency_s / self.streams       # a closed loop at C: C / W requests a second
         wall = "" if time_scale == 1 else f", {seconds / time_scale / 60:.1f} min of wall time"
         return (f"concurrency search: starting at {self.streams} streams (Little's law: {self.rate_rps:g} req/s x "
-                f"{self.latency_s:.2f} s mean latency); about {probes} probes of {need} requests, "
+                f"{self.latency_s:.2f} s {self.basis}); about {probes} probes of {need} requests, "
                 f"~{seconds / 60:.1f} min{wall}")
 
 
-def little_start(rate_rps: float | None, cell: CellResult | None, time_scale: float, ceiling: int) -> ConcurrencyStart:
+def little_start(rate_rps: float | None, cell: CellResult | None, time_scale: float, ceiling: int,
+                 service: Slo | None = None) -> ConcurrencyStart:
     """The concurrency search's first probe (see ConcurrencyStart); one stream where no rate held."""
-    latencies = [r.end_t - r.send_t for r in (cell.records if cell is not None else [])
-                 if r.ok and r.end_t is not None]
-    if rate_rps is None or not latencies:
+    done = [r for r in (cell.records if cell is not None else []) if r.ok and r.end_t is not None]
+    if rate_rps is None or not done:
         return ConcurrencyStart(1)
-    mean_s = sum(latencies) / len(latencies) * time_scale
-    return ConcurrencyStart(max(1, min(ceiling, round(rate_rps * mean_s))), rate_rps, mean_s)
+    per_token = [b for b in (service.bounds if service is not None else ()) if b.metric == "tpot"]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    if per_token and ttfts:
+        bound_s = min(b.limit_ms for b in per_token) / 1000.0
+        tokens = sum(r.tokens for r in done) / len(done)
+        latency = sum(ttfts) / len(ttfts) * time_scale + bound_s * max(0.0, tokens - 1)
+        basis, near = f"a request at the {bound_s * 1000:g} ms per-token bound", True
+    else:
+        latency = sum(r.end_t - r.send_t for r in done if r.end_t is not None) / len(done) * time_scale
+        basis, near = "mean latency", False
+    return ConcurrencyStart(max(1, min(ceiling, round(rate_rps * latency))), rate_rps, latency, near, basis)
 
 
 def _probe_line(axis: str, value: float, outcome: Probe, cell: CellResult) -> str:
@@ -250,7 +345,7 @@ def _probe_line(axis: str, value: float, outcome: Probe, cell: CellResult) -> st
 
 
 def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: SearchResult | None,
-            cells: list[CellResult], need: int) -> ExperimentResult:
+            cells: list[CellResult], need: int, batch: BatchStart | None = None) -> ExperimentResult:
     assert spec.slo is not None
     searches = [s for s in (by_rate, by_concurrency) if s is not None]
     inconclusive = [s.inconclusive for s in searches if s.inconclusive is not None]
@@ -260,6 +355,8 @@ def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: Sea
         verdict += "; " + _answer(by_concurrency, "streams at once")
     verdict += f"; {by_rate.requests + (by_concurrency.requests if by_concurrency else 0)} requests in " \
                f"{len(cells)} probes of at least {need} requests each"
+    if batch is not None:
+        verdict += f", after a batch pass of {len(batch.cell.requests)}"
     return ExperimentResult(
         kind="slo-search", key=key, status="Invalid" if inconclusive else "Valid", reasons=inconclusive,
         verdict=verdict,
@@ -271,9 +368,12 @@ def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: Sea
                                 "resolved": by_rate.resolved, "stopped": by_rate.stopped, "probes": by_rate.probes},
                  "concurrency_search": by_concurrency.model_dump() if by_concurrency is not None else None,
                  "failed_probes": len(failed),
-                 "probes": [c.model_dump(mode="json") for c in cells]},
-        attempts=[a for c in cells for a in c.attempts],
-        discarded_steps=sum(c.discarded_steps for c in cells))
+                 "probes": [c.model_dump(mode="json") for c in cells],
+                 "batch_pass": None if batch is None else {
+                     "requests": batch.requests, "throughput_rps": batch.throughput_rps, "start_rps": batch.start_rps,
+                     "cell": batch.cell.model_dump(mode="json")}},
+        attempts=[a for c in ([batch.cell] if batch is not None else []) + cells for a in c.attempts],
+        discarded_steps=sum(c.discarded_steps for c in ([batch.cell] if batch is not None else []) + cells))
 
 
 def _answer(result: SearchResult, unit: str) -> str:

@@ -386,7 +386,8 @@ class CellSpec(BaseModel):
     # allows, a closed loop) for `duration_s`, in the hardware's seconds; `min_requests` raises the count. An
     # optional cap on requests in flight; prompt and reply lengths drawn uniformly within +-`range_ratio` of
     # context_tokens and max_tokens (vLLM bench's random-range-ratio); an SLO that judges them; early_stop: stop
-    # sending once the SLO has certainly failed (a capacity search's probes; the requests sent are drained).
+    # sending once the SLO has certainly failed (a capacity search's probes; the requests sent are drained; a
+    # closed loop that stops early is decided by its count, its first wave and min_requests more, not a span).
     request_rate: float | None = Field(default=None, gt=0)
     arrival: Arrival = "poisson"
     burstiness: float = Field(default=1.0, gt=0)

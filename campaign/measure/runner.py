@@ -595,7 +595,10 @@ class Measurer:
             return await (turns.prompt(index) if turns is not None else self._prompt(length, source))
 
         service = spec.slo
-        stop = asyncio.Event() if spec.early_stop and service is not None and spec.request_rate is not None else None
+        stop = asyncio.Event() if spec.early_stop and service is not None else None
+        # A closed loop that stops early is decided by its count, not its span (requests after a span would
+        # dilute a failure already certain): min_requests judged, its first wave besides.
+        counted = spec.request_rate is None and stop is not None
         seen: list[slo.RequestLatency] = []
         shapes: list[tuple[int, int]] = []
         prompts: list[Prompt] = []
@@ -622,17 +625,18 @@ class Measurer:
             rec = await self._one(client, length, reply, prompt=prompt, request_id=request_id)
             rec.scheduled_t, rec.released_t = sent.scheduled_t, released
             records.append(rec)
-            if stop is not None and service is not None and not stop.is_set():
+            if stop is not None and service is not None and not stop.is_set() and request_id not in ramp:
                 seen.extend(request_latencies([rec], scale))
-                if slo.certain_to_fail(service, len(offsets), seen):
+                if slo.certain_to_fail(service, spec.min_requests if counted else len(offsets), seen):
                     stop.set()
 
         if spec.request_rate is None:
             assert spec.max_concurrency is not None  # CellSpec refuses a rate of inf without a cap
             # The first wave does not count towards the minimum: that many requests are judged.
-            start = await openloop.closed(spec.max_concurrency, spec.duration_s, send,
+            span = 0.0 if counted else spec.duration_s
+            start = await openloop.closed(spec.max_concurrency, span, send, stop=stop,
                                           min_requests=spec.min_requests + spec.max_concurrency, time_scale=scale)
-            return _Load(start=start, span_s=spec.duration_s, planned=None, early_stopped=False,
+            return _Load(start=start, span_s=span, planned=None, early_stopped=stop is not None and stop.is_set(),
                          ramp=frozenset(ramp))
         start = await openloop.drive(offsets, send, time_scale=scale, cap=spec.max_concurrency, stop=stop)
         return _Load(start=start, span_s=len(offsets) / spec.request_rate, planned=len(offsets),
@@ -681,9 +685,10 @@ class Measurer:
             notes.append(f"against a simulator running {scale:g}x faster than its hardware: the schedule, the rates "
                          "and the latencies here are in the hardware's seconds")
         if values.get("early_stopped"):
-            notes.append(f"stopped early: the service level had failed for certain after {sent} of "
-                         f"{values.get('scheduled_requests')} requests, so the rest were never sent (those sent "
-                         "were drained, not aborted)")
+            planned = values.get("scheduled_requests")
+            of = f"{planned}" if planned is not None else f"{spec.min_requests} judged (its first wave besides)"
+            notes.append(f"stopped early: the service level had failed for certain after {sent} of {of} "
+                         "requests, so the rest were never sent (those sent were drained, not aborted)")
         if values.get("ramp_requests"):
             notes.append(f"a closed loop of {spec.max_concurrency} streams: its first {values['ramp_requests']} "
                          "requests, sent together, count in the load but not in the latencies or the service level "

@@ -335,7 +335,8 @@ class SloSearchExperiment(_LoadShape, _Experiment):
 
     kind: Literal["slo-search"]
     context: int | None = None   # none with sessions
-    start_rps: float = Field(default=1.0, gt=0)
+    # Where the rate search starts; none: at the throughput of a batch pass, walking down (capacity.BatchStart).
+    start_rps: float | None = Field(default=None, gt=0)
     resolution: float = Field(default=0.05, gt=0, lt=1)
     max_probes: int = Field(default=12, ge=2)
     concurrency: bool = True

@@ -45,7 +45,10 @@ Format history:
     older files have none (None).
 13 - cells carry `client_lag_max_ms`, the largest of the client's event-loop lag samples beside their p99: one
     stall moves a whole tail that rests on one moment (streams in step read their tokens at once), which the
-    p99 of a few hundred samples skips. Older cells have none (None).
+    p99 of a few hundred samples skips. Older cells have none (None). A capacity search's details carry its
+    `batch_pass` (requests, throughput_rps, start_rps, cell; None where the matrix gave start_rps), and its
+    concurrency probes are closed loops decided by their count that stop early (keys -D0.001 ... -X); older
+    searches have neither.
 
 Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
