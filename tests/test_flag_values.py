@@ -13,7 +13,7 @@ from campaign.core import vllm_bounds
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
 from campaign.night import limits
 from campaign.night.matrix import load_matrix, night_uses
-from campaign.server import flag_list, flag_values
+from campaign.server import flag_list, flag_values, startup_log
 from campaign.server.profiles import load_profile
 from campaign.server.vllm_flags import JSON_FLAGS, JSON_OR_TEXT_FLAGS, KNOWN_FLAGS
 from campaign.sim import config as sim_config
@@ -159,9 +159,55 @@ def test_the_simulator_refuses_what_vllm_refuses(extra: list[str], expected: str
 
 
 def test_the_simulator_reads_numbers_as_vllm_reads_them() -> None:
+    """8K is 8,192 and 16k 16,000; auto (or -1, or no flag) is the model's own window, its shape's."""
     config = sim_config.parse([*SIM, "--max-num-batched-tokens", "8K", "--max-model-len", "auto"])
-    assert config.max_num_batched_tokens == 8192 and config.max_model_len == sim_config.DEFAULT_MODEL_LEN
+    assert config.max_num_batched_tokens == 8192 and config.max_model_len == 262_144
     assert sim_config.parse([*SIM, "--max-model-len", "16k"]).max_model_len == 16_000
+    assert sim_config.parse(SIM).max_model_len == sim_config.parse([*SIM, "--max-model-len", "-1"]).max_model_len \
+        == 262_144
+
+
+def test_a_window_longer_than_the_models_is_refused_as_vllm_refuses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's case: max-model-len against the model's window where the profile states it (its model_shape:
+    Qwen3.5-27B's max_position_embeddings, 262,144). The plan refuses a longer one, naming the file, the key and
+    the window; the simulator ends as vLLM 0.32 does, in its words, which the startup-log parser reads as a bad
+    argument; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (in the profile's env, in the simulator's) lets it through with
+    vLLM's warning."""
+    profile, profile_path = load_profile("h200")
+    path = tmp_path / "m.yaml"
+    path.write_text(BASE.replace("cpu-tiny", "h200").replace("{FLAGS}", "{max-model-len: 300k}"))
+    matrix, matrix_path, _ = load_matrix(str(path))
+    with pytest.raises(ConfigError, match=r"variants\[1\]\.flags: b: max-model-len 300,000 is longer than the "
+                                          r"model's window, 262,144 tokens \(max_position_embeddings of "
+                                          r"qwen3.5-27b-gptq-int4"):
+        limits.check_window(profile, profile_path, matrix, matrix_path)
+    with pytest.raises(ConfigError, match="launch_profiles/h200.yaml: flags: the profile: max-model-len 262,145"):
+        limits.check_window(profile, profile_path, overrides={"max_model_len": "262145"})
+    limits.check_window(profile, profile_path, overrides={"max-model-len": "256K"})     # 262,144: the window
+    allowed = profile.model_copy(update={"env": {**profile.env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}})
+    limits.check_window(allowed, profile_path, matrix, matrix_path)
+
+    lines: list[str] = []
+
+    class Log:
+        def line(self, who: str, level: str, where: str, text: str) -> None:
+            lines.append(f"{level} [{where}] {text}")
+
+    longer = sim_config.parse([*SIM, "--max-model-len", "300000"])
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    assert sim_server.start_up(longer, Log(), visible_devices="") is None  # type: ignore[arg-type]
+    refused = lines[-1]
+    assert refused.startswith("ERROR [model.py:2664] ValueError: User-specified max_model_len (300000) is greater "
+                              "than the derived max_model_len (max_position_embeddings=262144 or "
+                              "model_max_length=None in model's config.json). To allow overriding this maximum, "
+                              "set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+    failure = startup_log.parse("\n".join(lines)).failure
+    assert failure is not None and failure.kind == "bad_argument" and "max_position_embeddings" in failure.hint
+    lines.clear()
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert sim_server.start_up(longer, Log(), visible_devices="") is not None  # type: ignore[arg-type]
+    assert any(line.startswith("WARNING [model.py:2660] User-specified max_model_len (300000)") for line in lines)
 
 
 def test_the_simulator_refuses_more_parallel_ranks_than_its_hardware_has_cards() -> None:

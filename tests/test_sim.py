@@ -214,13 +214,19 @@ def test_startup_faults(fault: str, kind: str, startup_timeout_s: float, tmp_pat
 
 
 def test_too_long_max_model_len_fails_like_vllm(tmp_path: Path) -> None:
-    """A max-model-len the KV cache cannot hold fails the start as vLLM's does, naming the estimated maximum."""
+    """A max-model-len the KV cache cannot hold fails the start as vLLM's does, naming the estimated maximum: the
+    model's whole window, 262,144 tokens, on the A5000 pair at 0.7 of its memory (about 197K tokens of cache).
+    One longer than the window fails before that, as a bad argument."""
     profile, _ = load_profile("a5000-tp2")
-    with pytest.raises(LaunchError) as caught, launched(profile, tmp_path / "log", {"max-model-len": 900_000},
-                                                         engine="sim"):
+    with pytest.raises(LaunchError) as caught, launched(profile, tmp_path / "log", {
+            "max-model-len": 262_144, "gpu-memory-utilization": 0.7}, engine="sim"):
         pass
     assert caught.value.kind == "kv_cache_insufficient"
     assert "estimated maximum model length" in caught.value.message
+    with pytest.raises(LaunchError) as longer, launched(profile, tmp_path / "log2", {"max-model-len": 900_000},
+                                                        engine="sim"):
+        pass
+    assert longer.value.kind == "bad_argument" and "derived max_model_len" in longer.value.message
 
 
 def test_unknown_flag_is_an_argparse_error(tmp_path: Path) -> None:

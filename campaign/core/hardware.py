@@ -38,19 +38,27 @@ class ModelShape:
     params_b: float              # parameters read per token (active parameters for MoE), billions
     weight_bytes_per_param: float
     kv_bytes_per_token: int      # BF16 KV, all attention layers
+    # The model's window, max_position_embeddings in its config.json: vLLM refuses a longer --max-model-len
+    # ("User-specified max_model_len ... is greater than the derived max_model_len") unless
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and takes it for --max-model-len auto and when the flag is not given.
+    window: int | None = None
+
+
+LONG_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"   # "1" or "true": vLLM warns of a longer max-model-len
 
 
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
-    ModelShape("llama-3-8b", 8.03, 2.0, 131_072),
-    ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344),
-    ModelShape("qwen3-32b", 32.8, 2.0, 262_144),
-    # Seed 000's 27B hybrid (16 attention + 48 Gated DeltaNet layers), 4-bit GPTQ weights on the A5000 pair.
-    ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536),
-    ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536),
-    ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536),
+    ModelShape("llama-3-8b", 8.03, 2.0, 131_072, 8_192),
+    ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344, 32_768),
+    ModelShape("qwen3-32b", 32.8, 2.0, 262_144, 40_960),
+    # Seed 000's 27B hybrid (16 attention + 48 Gated DeltaNet layers), 4-bit GPTQ weights on the A5000 pair;
+    # Qwen3.5-27B's native window is 262,144 tokens (seed 004 measures contexts up to 256K on it).
+    ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536, 262_144),
+    ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536, 262_144),
+    ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536, 262_144),
     # Small dense models used as speculative drafters: 28 layers x 8 KV heads x 128 x (K, V) x 2 bytes each.
-    ModelShape("qwen3-0.6b", 0.75, 2.0, 114_688),
-    ModelShape("qwen3-1.7b", 2.03, 2.0, 114_688),
+    ModelShape("qwen3-0.6b", 0.75, 2.0, 114_688, 40_960),
+    ModelShape("qwen3-1.7b", 2.03, 2.0, 114_688, 40_960),
 )}
 
 

@@ -1,5 +1,5 @@
-"""What the machines of a night can hold, checked before it: no launch wider than the GPUs the profile names,
-and no cell wider than the client can open or the server can seat.
+"""What the machines of a night can hold, checked before it: no launch wider than the GPUs the profile names or
+with a window longer than its model's, and no cell wider than the client can open or the server can seat.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from campaign.core.errors import ConfigError, LaunchError
-from campaign.core.hardware import resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, resolve_hardware
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
 from campaign.night.matrix import DecodeWorkload, Matrix
@@ -59,6 +59,16 @@ class Notice:
         return f"warning: {self.message} ({self.hint})"
 
 
+def _places(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None,
+            matrix_path: Path | None) -> list[tuple[str, str, str, dict[str, FlagValue]]]:
+    """Each launch's flags where they are written: (file, key, name, the variant's own flags)."""
+    if matrix is None:
+        return [(str(profile_path), "flags", "the profile", {})]
+    named = {v.name: i for i, v in enumerate(matrix.variants)}
+    return [(str(matrix_path or matrix.name), f"variants[{named[v.name]}].flags" if v.name in named else "grid",
+             v.name, dict(v.flags)) for v in matrix.all_variants()]
+
+
 def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
                  matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
                  placed: bool = False) -> None:
@@ -75,17 +85,33 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
         if cards is None:
             return
         count, what = cards[1], f"the profile's hardware {profile.hardware}"
-    places: list[tuple[str, str, str, dict[str, FlagValue]]] = [(str(profile_path), "flags", "the profile", {})]
-    if matrix is not None:
-        named = {v.name: i for i, v in enumerate(matrix.variants)}
-        places = [(str(matrix_path or matrix.name),
-                   f"variants[{named[v.name]}].flags" if v.name in named else "grid", v.name, dict(v.flags))
-                  for v in matrix.all_variants()]
-    for where, key, name, flags in places:
+    for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
         width = parallel_width(canonical(profile.flags, flags, overrides or {}))
         if width is not None and width > count:
             raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
                               f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
+
+
+def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
+    """No launch asks for a max-model-len longer than the model's window where the profile states it (its
+    model_shape's max_position_embeddings): vLLM ends it with "User-specified max_model_len (N) is greater than
+    the derived max_model_len", unless the profile's env sets VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+    shape = MODELS.get((profile.model_shape or "").lower())
+    if shape is None or shape.window is None:
+        return
+    if profile.env.get(LONG_MODEL_LEN_ENV, "").strip().lower() in {"1", "true"}:
+        return
+    for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
+        value = canonical(profile.flags, flags, overrides or {}).get("max-model-len")
+        asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
+        if asked is not None and asked > shape.window:
+            raise ConfigError(where, key, f"{name}: max-model-len {asked:,.0f} is longer than the model's window, "
+                              f"{shape.window:,} tokens (max_position_embeddings of {shape.name}, the profile's "
+                              "model_shape); vLLM refuses it",
+                              hint=f"lower max-model-len to {shape.window} or less, or set "
+                                   f"{LONG_MODEL_LEN_ENV}=1 in the profile's env where the model's RoPE scaling "
+                                   "allows it")
 
 
 def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notice]:

@@ -71,11 +71,13 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
               will_launch: bool = True, placed: bool = False) -> Checked:
     """What can be known before the night, checked before it: the server's executable is here (when this
     machine is to launch it; a plan may be made elsewhere), every flag is one it accepts (all unknown ones
-    in one error) with a value it takes, no launch is wider than the profile's GPUs and no cell than the
-    client can open. Returns where the flag list came from, and what is let through but said."""
+    in one error) with a value it takes, no launch is wider than the profile's GPUs nor its window longer than
+    the model's, and no cell than the client can open. Returns where the flag list came from, and what is let
+    through but said."""
 
     raise_flag_problems("launch --set", flag_problems("--set", dict(overrides or {})))
     limits.check_widths(profile, profile_path, matrix, matrix_path, overrides, placed=placed)
+    limits.check_window(profile, profile_path, matrix, matrix_path, overrides)
     declare_secrets(profile, matrix, overrides)
     if will_launch:
         check_references(profile, profile_path, matrix, matrix_path, overrides)

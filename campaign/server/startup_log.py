@@ -176,6 +176,10 @@ _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
      "Lower --max-model-len to the KV cache's token count above, or raise --gpu-memory-utilization."),
     ("kv_cache_insufficient", re.compile(r"(No available memory for the cache blocks\.[^\n]*)"),
      "Raise --gpu-memory-utilization, or free GPU memory held by other processes."),
+    ("bad_argument",  # vllm/config/model.py (_get_and_verify_max_len): the window longer than the model's
+     re.compile(r"(User-specified max_model_len \(\d+\) is greater than the derived max_model_len \([^)]*\))"),
+     "Lower --max-model-len to the model's window above (max_position_embeddings), or set "
+     "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the profile's env where the model's RoPE scaling allows it."),
     ("bad_argument", re.compile(r"(error: (?:unrecognized arguments|argument [^\n]*|invalid choice)[^\n]*)"),
      "A flag in the launch profile or matrix is not accepted by this vLLM version; check its spelling "
      "with `vllm serve --help`."),
@@ -364,7 +368,7 @@ def _no_room(values: dict[str, Any]) -> str:
 # Words only vLLM's logs carry: its name, its engine's process names, its own report lines.
 _VLLM_MARKERS = re.compile(r"vllm|EngineCore|VllmWorker|KV cache|max seq len|# (?:GPU|cuda|CUDA) blocks|"
                            r"Automatically detected platform|model weights|usage: api_server\.py|"
-                           r"--gpu-memory-utilization", re.IGNORECASE)
+                           r"--gpu-memory-utilization|derived max_model_len", re.IGNORECASE)
 
 
 def _looks_like_vllm(text: str, values: dict[str, Any]) -> bool:

@@ -171,8 +171,9 @@ def _human_int(text: str) -> int:
     return value
 
 
-def _model_len(text: str) -> int:
-    return DEFAULT_MODEL_LEN if text.strip().lower() in {"auto", "-1"} else _human_int(text)
+def _model_len(text: str) -> int | None:
+    """None: vLLM's auto (or -1), the model's own window."""
+    return None if text.strip().lower() in {"auto", "-1"} else _human_int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -190,8 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     p.add_argument("--max-num-batched-tokens", type=_human_int)
     p.add_argument("--max-num-seqs", type=int)
-    # vLLM's auto (or -1) is the model's own window; the simulator's shapes state none, so it is 32K.
-    p.add_argument("--max-model-len", type=_model_len, default=DEFAULT_MODEL_LEN)
+    # vLLM's auto (or -1), and no flag, is the model's own window (its shape's; 32K where a shape states none).
+    p.add_argument("--max-model-len", type=_model_len)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--block-size", type=int)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -282,7 +283,7 @@ def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
         api_key=args.api_key or os.environ.get("VLLM_API_KEY"), ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len or MODELS[args.model_shape.lower()].window or DEFAULT_MODEL_LEN,
         tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from campaign.core.hardware import resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, resolve_hardware
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
@@ -407,6 +407,20 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
     log.line("APIServer", "INFO", "startup.py:38", f"vLLM server version {VERSION}, serving model {args.model}")
+    window = MODELS[args.model_shape.lower()].window
+    if window is not None and args.max_model_len > window:
+        # vLLM 0.32's words (vllm/config/model.py, _get_and_verify_max_len), raised or only warned of.
+        said = (f"User-specified max_model_len ({args.max_model_len}) is greater than the derived max_model_len "
+                f"(max_position_embeddings={window} or model_max_length=None in model's config.json).")
+        caution = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
+                   "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
+                   "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
+                   "array out-of-bounds error.")
+        if os.environ.get(LONG_MODEL_LEN_ENV, "").strip().lower() not in {"1", "true"}:
+            log.line("APIServer", "ERROR", "model.py:2664", f"ValueError: {said} To allow overriding this maximum, "
+                     f"set the env var {LONG_MODEL_LEN_ENV}=1. {caution}")
+            return None
+        log.line("APIServer", "WARNING", "model.py:2660", f"{said} {caution}")
     log.line("APIServer", "INFO", "model.py:2170", f"Using max model len {args.max_model_len}")
     log.line("APIServer", "INFO", "scheduler.py:310",
              f"Chunked prefill is enabled with max_num_batched_tokens={args.max_num_batched_tokens}.")
