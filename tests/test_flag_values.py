@@ -182,11 +182,22 @@ def test_a_window_longer_than_the_models_is_refused_as_vllm_refuses_it(
                                           r"model's window, 262,144 tokens \(max_position_embeddings of "
                                           r"qwen3.5-27b-gptq-int4"):
         limits.check_window(profile, profile_path, matrix, matrix_path)
-    with pytest.raises(ConfigError, match="launch_profiles/h200.yaml: flags: the profile: max-model-len 262,145"):
+    # Named where it was written: --set (any spelling), else the variant, else the profile.
+    with pytest.raises(ConfigError, match="launch --set: max-model-len: the profile: max-model-len 262,145"):
         limits.check_window(profile, profile_path, overrides={"max_model_len": "262145"})
+    longer = profile.model_copy(update={"flags": {**profile.flags, "max-model-len": "300k"}})
+    with pytest.raises(ConfigError, match=r"h200\.yaml: flags: a: max-model-len 300,000"):
+        limits.check_window(longer, profile_path, matrix.model_copy(update={"variants": matrix.variants[:1]}))
     limits.check_window(profile, profile_path, overrides={"max-model-len": "256K"})     # 262,144: the window
+    # Allowed by the server's environment (the profile's, or this shell's, which the launch passes on), or
+    # left to the launch where a config override (YaRN) changes the window vLLM derives.
     allowed = profile.model_copy(update={"env": {**profile.env, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}})
     limits.check_window(allowed, profile_path, matrix, matrix_path)
+    limits.check_window(profile, profile_path, overrides={"max-model-len": "300k", "hf-overrides": {
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 262144}}})
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "true")
+    limits.check_window(profile, profile_path, matrix, matrix_path)
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
     lines: list[str] = []
 

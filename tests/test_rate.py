@@ -331,7 +331,7 @@ def test_a_batch_pass_starts_the_rate_search_at_its_throughput() -> None:
     batch = capacity.batch_start(cell("Valid", 101, 23.0), 100)
     assert batch.throughput_rps == pytest.approx(101 / 23.0) and batch.start_rps == 4.39
     assert batch.line() == ("batch pass: 100 requests at once completed at 4.39 req/s; the rate search starts "
-                            "there and walks down")
+                            "there, walking down while it fails")
     failed = capacity.batch_start(cell("Failed", 100, 23.0), 100)
     assert failed.throughput_rps is None and failed.start_rps == capacity.DEFAULT_START_RPS
     assert failed.line() == ("batch pass: no throughput (1 of 101 requests failed: HTTP 500); the rate search "
@@ -753,8 +753,9 @@ def test_a_closed_loop_probe_is_decided_by_its_count_and_stops_once_certain_to_f
     assert len(held.requests) == 4 + 10 and not held.early_stopped and held.slo_passed
     assert failed.early_stopped and failed.slo_passed is False
     assert 4 + 2 <= len(failed.requests) < 4 + 10   # the first wave, the two that decided it, what was in flight
-    assert any(n.startswith("stopped early: the service level had failed for certain after ") and
-               "of 10 judged (its first wave besides) requests" in n for n in failed.notes), failed.notes
+    judged = len(failed.requests) - 4
+    assert (f"stopped early: the service level had failed for certain after {judged} of 10 judged requests (after "
+            "its first wave of 4), so the rest were never sent (those sent were drained, not aborted)") in failed.notes
 
 
 @pytest.mark.wall_timed

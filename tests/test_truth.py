@@ -235,12 +235,12 @@ def test_a_stall_after_the_window_opens_moves_per_request_rates_no_more_than_the
 
 def test_a_tail_that_rests_on_one_moment_is_judged_with_the_clients_largest_lag() -> None:
     """The suite's fixed cell read its ITL p99 1.9 ms long on a busy host while the client's lag p99 stayed
-    under 1 ms: four streams in step read their tokens at once, so the top 1% of its 504 per-token gaps (five)
-    can all be one moment's, and a stall the lag's p99 (the 3rd of some 300 samples) skips moves the whole
-    tail. Replayed by hand: two rounds of four 64-token replies, a token every 16.7 ms, read 0.3 ms later
-    except twice, when the client's loop stalled 2.5 ms and all four streams read late. The p99 is 2.5 ms
-    long: outside the latency tolerance plus the lag's p99, inside it plus the largest lag, which the cell
-    stores (format 13). A tail of many more gaps than moments a stall can reach keeps the lag's p99."""
+    under 1 ms: four streams in step read their tokens at once, so the top 1% of its 504 per-token gaps (six)
+    can all be two moments', and a stall the lag's p99 (a few from the top of some hundreds of samples) skips
+    moves the whole tail. Replayed by hand: two rounds of four 64-token replies, a token every 16.7 ms, read
+    0.3 ms later except twice, when the client's loop stalled 2.5 ms and all four streams read late. The p99
+    is 2.5 ms long: outside the latency tolerance plus the lag's p99, inside it plus the largest lag, which
+    the cell stores (format 13). A tail of many more gaps than moments a stall can reach keeps the lag's p99."""
     gap, delay, stall = 0.0167, 0.0003, 0.0025
     stalls = {20, 45}   # the emissions whose reads the stalls delayed, on every stream
     truths: list[RequestTruth] = []

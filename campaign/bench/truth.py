@@ -20,7 +20,7 @@ tokens; the delay itself is reported as the client's own error. Above time scale
 millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
 measured, not judged. Throughput and counts are judged at every scale.
 
-Long (about 630 lines): the truth run drives every kind of cell against the simulator and matches each
+Long (about 660 lines): the truth run drives every kind of cell against the simulator and matches each
 figure with the engine's own records; the matching rules per figure are read together.
 """
 
@@ -177,19 +177,23 @@ def _lag_slack_s(cell: CellResult, name: str, scale: float) -> float | None:
 
     A p99 is where the client's own worst moments land: a token read late by a loop that ran late lengthens one
     gap and shortens the next. It rests on its top 1% of entries, and one moment can stretch C x k of them (C
-    streams in step read their tokens together, k tokens a read at most; or C requests). Where those entries
+    streams in step read their tokens together, k tokens a read at most; or C requests; an open loop's C is
+    the most it had in flight, so a p99 of its hundred requests is always one moment's). Where those entries
     come from fewer moments than the lag's own p99 sits below (its probe wakes every LAG_EVERY_S over the cell,
     so its p99 is about its span / LAG_EVERY_S / 100-th largest sample), a stall that p99 skips moves the whole
     tail, and the slack is the largest lag. Seen once in the suite's fixed cell of four streams, 504 per-token
     gaps, on a busy host: its p99 read 1.9 ms long while the lag's p99 stayed under 1 ms."""
     if cell.client_lag_p99_ms is None:
         return None
+    # Requests a moment can reach: a decode cell's streams, an open loop's most in flight at once.
+    streams = (cell.max_in_flight or 1) if cell.phase == "rate" else cell.concurrency
     if name == "itl":
         entries = cell.itl_samples
-        per_moment = cell.concurrency * max((k for r in cell.records for k in r.chunk_tokens), default=1)
+        per_moment = streams * max((k for r in cell.records for k in r.chunk_tokens), default=1)
     else:
-        entries, per_moment = cell.latency_requests, cell.concurrency
-    if cell.window is not None:
+        entries, per_moment = cell.latency_requests, streams
+    # The probe's samples cover a sustained cell's window, and any other cell's whole step.
+    if cell.window is not None and cell.phase == "decode":
         span = cell.window[1] - cell.window[0]
     else:
         ends = [r.end_t for r in cell.records if r.end_t is not None]

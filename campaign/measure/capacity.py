@@ -12,9 +12,9 @@ SLO, move. `search` is pure bracketing and bisection over a probe it is given:
 The answer is the last passing value, with the first failing one beside it: the truth lies between, and the
 result says so. Each rate probe is an open-loop rate cell (`cells`, `openloop`) of at least the requests its
 highest percentile needs (100 for a p99: `Slo.min_requests`), stopped as soon as its SLO has certainly failed
-(`slo.certain_to_fail`); a concurrency probe is a closed loop at C of its first wave and that many more,
-stopped the same way. A probe that cannot say (Invalid: the client fell behind, foreign traffic) ends the
-search there, never guessed past.
+(`slo.certain_to_fail`); a concurrency probe is a closed loop at C, its first wave and then the requests its
+percentile needs, stopped the same way. A probe that cannot say (Invalid: the client fell behind, foreign
+traffic) ends the search there, never guessed past.
 
 Where the searches start decides what they cost: a passing probe sends all of its requests, a failing one
 stops early, the sooner the further above the answer it is. So the rate search starts at the throughput of a
@@ -115,7 +115,8 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
     an estimate of the answer, so the bracket opens by small steps first (the resolution squared, 1.1025, each
     step that much larger than the last: 1.1025, 1.2155, 1.34, 1.477, ... up to doubling): a start just past
     the answer then costs one probe below it, where halving would cost a probe at half the load, the slowest
-    kind, and a start four times too high costs five steps, each failing early."""
+    kind, and the answer under a start four times too high is reached in five steps, four of them failing
+    early."""
     integer = axis == "concurrency"
     last_pass: float | None = None
     first_fail: float | None = None
@@ -273,8 +274,8 @@ class BatchStart:
         if self.throughput_rps is None:
             why = "; ".join(self.cell.reasons) or f"it is {self.cell.status}"
             return f"batch pass: no throughput ({why}); the rate search starts at {DEFAULT_START_RPS:g} req/s"
-        return (f"batch pass: {self.requests} requests at once completed at {self.throughput_rps:.3g} req/s; "
-                f"the rate search starts there and walks down")
+        return (f"batch pass: {self.requests} requests at once completed at {self.throughput_rps:.3g} req/s; the "
+                "rate search starts there, walking down while it fails")
 
 
 def batch_start(cell: CellResult, requests: int) -> BatchStart:
@@ -356,7 +357,7 @@ def _result(key: str, spec: CellSpec, by_rate: SearchResult, by_concurrency: Sea
     verdict += f"; {by_rate.requests + (by_concurrency.requests if by_concurrency else 0)} requests in " \
                f"{len(cells)} probes of at least {need} requests each"
     if batch is not None:
-        verdict += f", after a batch pass of {len(batch.cell.requests)}"
+        verdict += f", after a batch pass of {batch.requests} at once"
     return ExperimentResult(
         kind="slo-search", key=key, status="Invalid" if inconclusive else "Valid", reasons=inconclusive,
         verdict=verdict,

@@ -553,7 +553,7 @@ class CellResult(BaseModel):
     # there is none): the client's own timing noise, which every latency it stamps carries (format 5).
     client_lag_p99_ms: float | None = None
     # The largest of them (format 13): one stall a p99 of a few hundred samples skips, yet all of a tail when
-    # the tail is one moment's (streams in step read their tokens at once; see bench/truth._lag_slack).
+    # the tail is one moment's (streams in step read their tokens at once; see bench/truth._lag_slack_s).
     client_lag_max_ms: float | None = None
     running_median: float | None = None
     waiting_max: float | None = None

@@ -636,8 +636,9 @@ class Measurer:
             span = 0.0 if counted else spec.duration_s
             start = await openloop.closed(spec.max_concurrency, span, send, stop=stop,
                                           min_requests=spec.min_requests + spec.max_concurrency, time_scale=scale)
-            return _Load(start=start, span_s=span, planned=None, early_stopped=stop is not None and stop.is_set(),
-                         ramp=frozenset(ramp))
+            # Stopped early only if a request it would have sent was not: certain after the last one is not early.
+            early = stop is not None and stop.is_set() and len(records) < spec.min_requests + spec.max_concurrency
+            return _Load(start=start, span_s=span, planned=None, early_stopped=early, ramp=frozenset(ramp))
         start = await openloop.drive(offsets, send, time_scale=scale, cap=spec.max_concurrency, stop=stop)
         return _Load(start=start, span_s=len(offsets) / spec.request_rate, planned=len(offsets),
                      early_stopped=len(records) < len(offsets))
@@ -686,9 +687,11 @@ class Measurer:
                          "and the latencies here are in the hardware's seconds")
         if values.get("early_stopped"):
             planned = values.get("scheduled_requests")
-            of = f"{planned}" if planned is not None else f"{spec.min_requests} judged (its first wave besides)"
-            notes.append(f"stopped early: the service level had failed for certain after {sent} of {of} "
-                         "requests, so the rest were never sent (those sent were drained, not aborted)")
+            wave = values.get("ramp_requests") or 0
+            done = (f"{sent} of {planned} requests" if planned is not None else
+                    f"{sent - wave} of {spec.min_requests} judged requests (after its first wave of {wave})")
+            notes.append(f"stopped early: the service level had failed for certain after {done}, so the rest were "
+                         "never sent (those sent were drained, not aborted)")
         if values.get("ramp_requests"):
             notes.append(f"a closed loop of {spec.max_concurrency} streams: its first {values['ramp_requests']} "
                          "requests, sent together, count in the load but not in the latencies or the service level "

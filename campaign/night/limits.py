@@ -5,6 +5,7 @@ with a window longer than its model's, and no cell wider than the client can ope
 from __future__ import annotations
 
 import math
+import os
 import resource
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,6 +23,8 @@ from campaign.server.vllm_flags import normalize_flag
 
 # Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
 FD_RESERVE = 64
+# Flags that change the model's config, and so the window vLLM derives from it (rope_scaling, YaRN).
+WINDOW_OVERRIDES = frozenset({"hf-overrides", "rope-scaling", "rope-theta"})
 # vLLM 0.32's max-num-seqs when not set (vllm/engine/arg_utils.py): 1024 on cards of 70 GiB or more but the
 # A100, else 256.
 BIG_CARD_GIB = 70.0
@@ -96,22 +99,33 @@ def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
                  matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
     """No launch asks for a max-model-len longer than the model's window where the profile states it (its
     model_shape's max_position_embeddings): vLLM ends it with "User-specified max_model_len (N) is greater than
-    the derived max_model_len", unless the profile's env sets VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+    the derived max_model_len", unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set in the server's environment (the
+    profile's env over this shell's, as the launch passes them). A model-config override (hf-overrides,
+    rope-scaling: YaRN raises the window vLLM derives) or an env reference leaves it to the launch."""
     shape = MODELS.get((profile.model_shape or "").lower())
     if shape is None or shape.window is None:
         return
-    if profile.env.get(LONG_MODEL_LEN_ENV, "").strip().lower() in {"1", "true"}:
+    allowed = profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
+    if "${" in allowed or allowed.strip().lower() in {"1", "true"}:
         return
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
-        value = canonical(profile.flags, flags, overrides or {}).get("max-model-len")
+        merged = canonical(profile.flags, flags, overrides or {})
+        if WINDOW_OVERRIDES & merged.keys():
+            continue
+        value = merged.get("max-model-len")
         asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
-        if asked is not None and asked > shape.window:
-            raise ConfigError(where, key, f"{name}: max-model-len {asked:,.0f} is longer than the model's window, "
-                              f"{shape.window:,} tokens (max_position_embeddings of {shape.name}, the profile's "
-                              "model_shape); vLLM refuses it",
-                              hint=f"lower max-model-len to {shape.window} or less, or set "
-                                   f"{LONG_MODEL_LEN_ENV}=1 in the profile's env where the model's RoPE scaling "
-                                   "allows it")
+        if asked is None or asked <= shape.window:
+            continue
+        # Named where the value was written: --set, else the variant, else the profile.
+        if "max-model-len" in canonical(overrides or {}):
+            where, key = "launch --set", "max-model-len"
+        elif "max-model-len" not in canonical(flags):
+            where, key = str(profile_path), "flags"
+        raise ConfigError(where, key, f"{name}: max-model-len {asked:,.0f} is longer than the model's window, "
+                          f"{shape.window:,} tokens (max_position_embeddings of {shape.name}, the profile's "
+                          "model_shape); vLLM refuses it",
+                          hint=f"lower max-model-len to {shape.window} or less, or set {LONG_MODEL_LEN_ENV}=1 in "
+                               "the profile's env where the model's RoPE scaling allows it")
 
 
 def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notice]:

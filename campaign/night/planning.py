@@ -221,32 +221,32 @@ def experiment_s(experiment: Experiment, matrix: Matrix, profile: LaunchProfile,
 
 
 def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> float:
-    """A capacity search: rates doubling from the start (without one, a batch pass, then down from where prefill
-    alone saturates) to about where prefill alone saturates (prompt tok/s over the context), a few bisections
-    there, each probe at least its minimum of requests; then, if asked, the concurrency probes (closed loops
-    of the same count, C at a time; their bisections not counted)."""
+    """A capacity search, about: where prefill alone saturates (prompt tok/s over the context) stands for the
+    capacity. Without a start, a batch pass, then probes walking down from there and bisecting about it (six,
+    each at full cost); with one, rates doubling from it to there and four bisections. Each probe sends at least
+    its minimum of requests over at least its span. Then, if asked, the concurrency search: three closed loops
+    (its Little's-law start, a small step, the neighbour), each its first wave and `need` more, with no span."""
     spec = experiment.spec(matrix.window_s, matrix.slo)
     need = max(spec.min_requests, spec.slo.min_requests if spec.slo else 1)
     saturated = rates.prefill_tok_s / spec.context_tokens
     reply = spec.context_tokens / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
     total = 0.0
-    if experiment.start_rps is None:   # the batch pass (its prompts' prefill, then one reply), then down from it
-        total += STEP_OVERHEAD_S + need * spec.context_tokens / rates.prefill_tok_s + reply
-        start = saturated / 1.5
-    else:
-        start = experiment.start_rps
-    limit = max(start, saturated)
     probes: list[float] = []
-    rate = start
-    while rate < limit and len(probes) < experiment.max_probes:
-        probes.append(rate)
-        rate *= 2
-    probes += [limit] * min(4, max(0, experiment.max_probes - len(probes)))   # the bisections, about there
+    if experiment.start_rps is None:   # the batch pass: its prompts' prefill, then one reply
+        total += STEP_OVERHEAD_S + need * spec.context_tokens / rates.prefill_tok_s + reply
+        probes = [saturated] * min(6, experiment.max_probes)
+    else:
+        limit = max(experiment.start_rps, saturated)
+        rate = experiment.start_rps
+        while rate < limit and len(probes) < experiment.max_probes:
+            probes.append(rate)
+            rate *= 2
+        probes += [limit] * min(4, max(0, experiment.max_probes - len(probes)))   # the bisections, about there
     total += sum(STEP_OVERHEAD_S + max(spec.duration_s, need / r) + reply for r in probes)
-    if experiment.concurrency:  # C = 1, 2, 4, ... up to the ceiling: `need` requests, C at a time
+    if experiment.concurrency:
         ceiling = experiment.max_concurrency or 256
-        streams = [2 ** i for i in range(experiment.max_probes) if 2 ** i <= ceiling]
-        total += sum(STEP_OVERHEAD_S + max(spec.duration_s, (need + c) * reply / c) for c in streams)
+        streams = max(1, min(ceiling, round(saturated * reply)))   # Little's law at that capacity
+        total += 3 * (STEP_OVERHEAD_S + (need + streams) * reply / streams)
     return total
 
 

@@ -178,7 +178,7 @@ _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
      "Raise --gpu-memory-utilization, or free GPU memory held by other processes."),
     ("bad_argument",  # vllm/config/model.py (_get_and_verify_max_len): the window longer than the model's
      re.compile(r"(User-specified max_model_len \(\d+\) is greater than the derived max_model_len \([^)]*\))"),
-     "Lower --max-model-len to the model's window above (max_position_embeddings), or set "
+     "Lower --max-model-len to the model's window above (max_position_embeddings or seq_length), or set "
      "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the profile's env where the model's RoPE scaling allows it."),
     ("bad_argument", re.compile(r"(error: (?:unrecognized arguments|argument [^\n]*|invalid choice)[^\n]*)"),
      "A flag in the launch profile or matrix is not accepted by this vLLM version; check its spelling "
