@@ -47,6 +47,12 @@ class ModelShape:
 LONG_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"   # "1" or "true": vLLM warns of a longer max-model-len
 
 
+def long_model_len_allowed(value: str) -> bool:
+    """Whether VLLM_ALLOW_LONG_MAX_MODEL_LEN set to `value` lets a window past the model's through, as vLLM's
+    envs.py reads it ("1" or "true", any case, spaces around)."""
+    return value.strip().lower() in {"1", "true"}
+
+
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
     ModelShape("llama-3-8b", 8.03, 2.0, 131_072, 8_192),
     ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344, 32_768),

@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from campaign.core.errors import ConfigError, LaunchError
-from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
 from campaign.night.matrix import DecodeWorkload, Matrix
@@ -106,7 +106,7 @@ def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
     if shape is None or shape.window is None:
         return
     allowed = profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
-    if "${" in allowed or allowed.strip().lower() in {"1", "true"}:
+    if "${" in allowed or long_model_len_allowed(allowed):
         return
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
         merged = canonical(profile.flags, flags, overrides or {})

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
@@ -416,7 +416,7 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
                    "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
                    "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
                    "array out-of-bounds error.")
-        if os.environ.get(LONG_MODEL_LEN_ENV, "").strip().lower() not in {"1", "true"}:
+        if not long_model_len_allowed(os.environ.get(LONG_MODEL_LEN_ENV, "")):
             log.line("APIServer", "ERROR", "model.py:2664", f"ValueError: {said} To allow overriding this maximum, "
                      f"set the env var {LONG_MODEL_LEN_ENV}=1. {caution}")
             return None
