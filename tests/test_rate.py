@@ -122,6 +122,24 @@ def test_arrivals_offer_exactly_the_rate_asked_for_and_keep_their_distribution()
     assert openloop.arrivals(0.5, 20.0, min_requests=100)[-1] < 200.0
 
 
+def test_rates_of_one_shape_draw_the_same_gaps_scaled_to_their_rate() -> None:
+    """Common random numbers: a capacity search's probes (and a matrix's rates) differ by their rate alone.
+    Rate cells that differ only in rate or early_stop share a seed, so with the same count their schedules
+    are one sequence scaled by the rates' ratio; any other part of the shape draws another sequence."""
+    probe = CellSpec(phase="rate", context_tokens=2048, max_tokens=128, request_rate=3.0, min_requests=100,
+                     duration_s=30.0)
+    faster = probe.model_copy(update={"request_rate": 3.2, "early_stop": True})
+    assert probe.key != faster.key and probe.seed == faster.seed
+    slow = openloop.arrivals(3.0, 30.0, seed=probe.seed, min_requests=100)
+    fast = openloop.arrivals(3.2, 30.0, seed=faster.seed, min_requests=100)
+    assert len(slow) == len(fast) == 100
+    assert all(f == pytest.approx(s * 3.0 / 3.2) for s, f in zip(slow, fast, strict=True))
+    for other in ({"context_tokens": 4096}, {"arrival": "constant"}, {"duration_s": 60.0}, {"min_requests": 50}):
+        assert probe.model_copy(update=other).seed != probe.seed, other
+    closed = probe.model_copy(update={"request_rate": None, "max_concurrency": 8})
+    assert closed.seed != probe.seed
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -312,6 +330,45 @@ def test_a_search_started_near_the_answer_opens_its_bracket_by_small_steps(
     wide: list[float] = []
     asyncio.run(capacity.search(_threshold(5.0, wide), axis="rate", start=2.0, floor=0.01, near=True))
     assert wide[:5] == [2.0, 2.21, 2.69, 3.6, 5.32]
+
+
+def _curved(edge: float, seen: list[float], *, power: float = 3.0, noise: float = 1.0) -> Any:
+    """A server whose tightest bound sits at (load / edge) ** power of its limit: it holds up to `edge`.
+    A failing probe's margin is that times `noise` (an early stop judges the few requests it sent, and stops
+    once two were over: its tail reads high)."""
+    async def probe(value: float) -> capacity.Probe:
+        seen.append(value)
+        margin = (value / edge) ** power
+        return capacity.Probe(value, passed=margin <= 1, requests=10, margin=margin * (noise if margin > 1 else 1))
+    return probe
+
+
+@pytest.mark.parametrize("axis, edge, start, near", [
+    ("rate", 2.75, 4.38, True), ("rate", 6.1, 1.0, False), ("rate", 0.3, 20.0, False),
+    ("concurrency", 22, 18, True), ("concurrency", 150, 12, False), ("concurrency", 7, 30, True)])
+@pytest.mark.parametrize("noise", [1.0, 1.3, 2.0])
+def test_the_probes_margins_place_the_next_probe_and_pass_or_fail_still_decides(
+        axis: Literal["rate", "concurrency"], edge: float, start: float, near: bool, noise: float) -> None:
+    """The simulated H200's case: the rate search walked down from 4.38 through three failures, then bisected
+    with two passing probes (each a full 100 requests) to 2.72/2.82. The failures' margins (how far over the
+    tightest bound each was) say where the edge is: the next probe goes there (within the walk's step and a
+    halving, or the bracket's middle half), and the answer is the same bracket as without them, in fewer
+    probes. A margin read high (an early stop's few requests) still ends at the same answer."""
+    ceiling = 256 if axis == "concurrency" else None
+    floor = 1 if axis == "concurrency" else 0.01
+    guided: list[float] = []
+    blind: list[float] = []
+    found = asyncio.run(capacity.search(_curved(edge, guided, noise=noise), axis=axis, start=start, floor=floor,
+                                        ceiling=ceiling, near=near))
+    before = asyncio.run(capacity.search(_threshold(edge, blind), axis=axis, start=start, floor=floor,
+                                         ceiling=ceiling, near=near))
+    for result in (found, before):
+        assert result.resolved and result.last_pass is not None and result.first_fail is not None
+        assert result.last_pass <= edge < result.first_fail
+    assert len(guided) <= len(blind), (guided, blind)
+    assert abs(found.last_pass - before.last_pass) <= 0.05 * edge  # type: ignore[operator]
+    if axis == "rate" and edge == 2.75 and noise == 1.0:
+        assert len(guided) < len(blind)
 
 
 def test_a_batch_pass_starts_the_rate_search_at_its_throughput() -> None:
@@ -803,7 +860,9 @@ def test_agent_sessions_at_a_rate_are_served_from_the_prefix_cache_as_the_truth_
                     sessions=cells.Sessions(count=4, turns=3, system_tokens=2048, user_tokens=200))
     cell = asyncio.run(Measurer(server.target()).run_cell(spec))
     assert cell.status == "Valid", cell.reasons
-    assert [r.usage_prompt_tokens for r in cell.records[:12]] == [2248] * 4 + [2512] * 4 + [2776] * 4
+    # Records are kept in the order they finished; in the order they were due, turn by turn.
+    due = sorted(cell.records, key=lambda r: r.scheduled_t or 0.0)
+    assert [r.usage_prompt_tokens for r in due[:12]] == [2248] * 4 + [2512] * 4 + [2776] * 4
     matched = truth.Matched(sim_truth.read(truth_path))
     figures = truth.rate_cell_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
     wrong = [f for f in figures if f.kind != "latency" and not f.ok]

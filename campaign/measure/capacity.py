@@ -9,6 +9,13 @@ SLO, move. `search` is pure bracketing and bisection over a probe it is given:
 2. bisect the bracket (geometrically for rates, which span decades) until the first failing value is within
    `resolution` of the last passing one (for concurrency, or their neighbour).
 
+Each probe also says how far it was from its tightest bound (its `margin`: the value over the limit). Two
+probes' margins, on a line in log load and log margin, say where the edge is (`_crossing`): the next probe
+goes there, kept within the walk's step and a halving, or inside the bracket's middle half (regula falsi with
+bisection's guarantee: after two guesses that moved the same end, the middle). A margin only places a probe;
+pass or fail decides it, so a margin read off (an early stop's few requests read its tail high) costs probes,
+never the answer.
+
 The answer is the last passing value, with the first failing one beside it: the truth lies between, and the
 result says so. Each rate probe is an open-loop rate cell (`cells`, `openloop`) of at least the requests its
 highest percentile needs (100 for a p99: `Slo.min_requests`), stopped as soon as its SLO has certainly failed
@@ -19,11 +26,20 @@ traffic) ends the search there, never guessed past.
 Where the searches start decides what they cost: a passing probe sends all of its requests, a failing one
 stops early, the sooner the further above the answer it is. So the rate search starts at the throughput of a
 batch pass (`BatchStart`) and walks down by small steps, and the concurrency search starts at Little's law on
-the rate it found (`ConcurrencyStart`). On the simulated H200 (2K prompts, 128-token replies, TTFT p99 2 s,
-TPOT p99 50 ms, time scale 1) the search from 1 req/s and Little's law on the mean latency took 526 s (held
-at 3.08 req/s and 21 streams); started this way, 274 s: the batch pass 23 s, the rate search 171 s, the
-concurrency search 78 s (held at 2.93 req/s and 21 streams: a p99 of 100 requests near the edge is not
-monotone in the rate, each rate drawing its own arrivals, and 3.04 failed where 3.08 had held).
+the rate it found (`ConcurrencyStart`).
+
+Every rate probe of one shape draws the same unit-rate arrival gaps, scaled to its rate (common random
+numbers, `CellSpec.seed`): probes differ by their rate alone, so a p99 of 100 requests near the edge moves with
+the rate, not with each rate's own draw (before, 3.04 req/s failed where 3.08 had held).
+
+On the simulated H200 (2K prompts, 128-token replies, TTFT p99 2 s, TPOT p99 50 ms, time scale 1), measured
+side by side on one machine with those common draws: the search from 1 req/s with Little's law on the mean
+latency (c985ba9) took 751 s and held at 2.71 req/s (failed at 2.83) and 21 streams (failed at 22); the batch
+pass and Little's law on the per-token bound, 347 s (2.72/2.82 req/s, 22/23 streams); with the margins placing
+the probes, 243 s: the batch pass 24 s, the rate search 136 s (five probes: 4.38, 3.97, 2.86 failed, 2.63 and
+2.75 held), the concurrency search 83 s (19 and 21 held, 22 failed). The rate brackets share 2.75-2.82 req/s;
+the concurrency ones agree within a stream (22 held once, at exactly its 50 ms bound, and failed twice, at 54
+and 56 ms: a closed loop has no arrival draw, only the host's timing).
 """
 
 from __future__ import annotations
@@ -57,6 +73,9 @@ class Probe:
     requests: int
     early_stopped: bool = False
     inconclusive: str | None = None   # why this probe says nothing about the SLO (the search ends here)
+    # The SLO's tightest bound's value over its limit (above 1: failed; an early stop's is from the requests it
+    # sent); None where no bound has a finite value. It places the next probe, never decides one.
+    margin: float | None = None
 
 
 class SearchResult(BaseModel):
@@ -102,6 +121,28 @@ def _midpoint(low: float, high: float, *, integer: bool) -> float:
     return rounded if low < rounded < high else middle
 
 
+def _crossing(a: Probe, b: Probe) -> float | None:
+    """Where the line through two probes' (log load, log margin) reaches a margin of 1: the load at which the
+    tightest bound would sit at its limit; None where their margins do not rise with the load."""
+    points = sorted((math.log(p.value), math.log(p.margin)) for p in (a, b)
+                    if p.margin is not None and p.value > 0)
+    if len(points) < 2 or points[0][0] == points[1][0]:
+        return None
+    (x0, y0), (x1, y1) = points
+    if y1 <= y0:
+        return None
+    return math.exp(x0 - y0 * (x1 - x0) / (y1 - y0))
+
+
+def _placed(guess: float | None, low: float, high: float, fallback: float, *, integer: bool) -> float:
+    """A guessed load, kept between `low` and `high` (geometric bounds of where the next probe may go) and
+    rounded as loads are probed; `fallback` where there is no guess or no room."""
+    if guess is None or not low <= high:
+        return fallback
+    x = min(max(guess, low), high)
+    return float(round(x)) if integer else float(f"{x:.3g}")
+
+
 def _resolved(low: float, high: float, *, integer: bool, resolution: float) -> bool:
     """Within `resolution` of each other, at the three significant figures rates are probed at (2.97 and 3.12
     are 5% apart: 2.97 x 1.05 is 3.1185, which is 3.12), or for concurrency, that or neighbours."""
@@ -121,6 +162,8 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
     last_pass: float | None = None
     first_fail: float | None = None
     done: list[Probe] = []
+    best: dict[bool, Probe] = {}   # the highest passing and the lowest failing probe
+    guided = False                 # the probe just made was placed by a guess inside the bracket
     x = min(start, ceiling) if ceiling is not None else start
     step = (1 + resolution) ** 2
     factor = min(2.0, step) if near else 2.0
@@ -132,19 +175,29 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
         if outcome.inconclusive:
             unclear = stopped = f"the probe at {x:g} could not tell: {outcome.inconclusive}"
             break
+        previous = best.get(outcome.passed)
         if outcome.passed:
             last_pass = x if last_pass is None else max(last_pass, x)
         else:
             first_fail = x if first_fail is None else min(first_fail, x)
+        if x == (last_pass if outcome.passed else first_fail):
+            best[outcome.passed] = outcome
+        # Where the last two probes' margins say the edge is: while every probe passed (or failed), by the two
+        # of them; once bracketed, by its two ends. A guess only places a probe, within the walk's step and
+        # a halving (or inside the bracket); pass or fail still decides.
         if first_fail is None:          # every probe passed: go up
             if ceiling is not None and x >= ceiling:
                 stopped = f"the SLO held at the ceiling, {ceiling:g}"
                 break
-            x = _next_bracketing(x, up=True, integer=integer, factor=factor)
+            walk = _next_bracketing(x, up=True, integer=integer, factor=factor)
+            guess = _crossing(previous, outcome) if previous is not None else None
+            x = _placed(guess, max(x * (1 + resolution), x + integer), 2 * x, walk, integer=integer)
             x = min(x, ceiling) if ceiling is not None else x
             factor = min(2.0, factor * step)
         elif last_pass is None:         # every probe failed: go down
-            lower = _next_bracketing(x, up=False, integer=integer, factor=factor)
+            walk = _next_bracketing(x, up=False, integer=integer, factor=factor)
+            guess = _crossing(previous, outcome) if previous is not None else None
+            lower = _placed(guess, x / 2, min(x / (1 + resolution), x - integer), walk, integer=integer)
             if lower < floor:
                 stopped = f"the SLO failed down to {x:g}"
                 break
@@ -154,7 +207,17 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
             if _resolved(last_pass, first_fail, integer=integer, resolution=resolution):
                 stopped = "the bracket is resolved"
                 break
-            x = _midpoint(last_pass, first_fail, integer=integer)
+            middle = _midpoint(last_pass, first_fail, integer=integer)
+            # Inside the bracket's middle half (in log terms): each probe narrows it by a quarter at least; and
+            # after two guesses that moved the same end (a margin read off, as an early stop's tail reads
+            # high), the middle, so that a bias never slows the search below bisection for long.
+            quarter = (first_fail / last_pass) ** 0.25
+            guess = None if len(done) > 1 and done[-2].passed == outcome.passed and guided else \
+                _crossing(best[True], best[False])
+            x = _placed(guess, last_pass * quarter, first_fail / quarter, middle, integer=integer)
+            if not last_pass < x < first_fail:
+                x = middle
+            guided = guess is not None
     resolved = last_pass is not None and first_fail is not None and _resolved(
         last_pass, first_fail, integer=integer, resolution=resolution)
     return SearchResult(
@@ -171,8 +234,11 @@ def probe_outcome(value: float, cell: CellResult) -> Probe:
     so a Failed cell is a failing probe; an Invalid or Contaminated one cannot tell."""
     sent = len(cell.requests)
     if cell.status in {"Valid", "Failed"} and cell.slo_passed is not None:
+        ratios = [b.value_ms / b.limit_ms for b in cell.slo_bounds
+                  if b.value_ms is not None and b.limit_ms > 0 and b.value_ms < STORED_INFINITY]
+        margin = max(ratios) if ratios and len(ratios) == len(cell.slo_bounds) and max(ratios) > 0 else None
         return Probe(value, passed=cell.status == "Valid" and cell.slo_passed, requests=sent,
-                     early_stopped=bool(cell.early_stopped))
+                     early_stopped=bool(cell.early_stopped), margin=margin)
     why = "; ".join(cell.reasons) or f"the probe is {cell.status}"
     return Probe(value, passed=False, requests=sent, inconclusive=f"{cell.status}: {why}")
 

@@ -448,8 +448,14 @@ class CellSpec(BaseModel):
     @property
     def seed(self) -> int:
         """The arrival schedule's and the lengths' seed, from what the cell sends: every launch (and every
-        variant) of a rate cell sees the same arrivals, as an A/B should."""
-        return int.from_bytes(hashlib.sha256(self.key.encode()).digest()[:8], "big")
+        variant) of a rate cell sees the same arrivals, as an A/B should. The rate and early_stop are left out
+        (common random numbers): rate cells of one shape draw the same unit-rate gaps, scaled to each rate, so
+        a capacity search's probes, or a matrix's rates, differ by their rate alone, and a verdict near the
+        edge moves with the rate, not with the draw."""
+        shape = self.key
+        if self.phase == "rate" and self.request_rate is not None:
+            shape = self.model_copy(update={"request_rate": 1.0, "early_stop": False}).key
+        return int.from_bytes(hashlib.sha256(shape.encode()).digest()[:8], "big")
 
     @property
     def key(self) -> str:
