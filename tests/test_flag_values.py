@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from campaign.cli import app
 from campaign.core import vllm_bounds
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
+from campaign.measure.cells import CellSpec
 from campaign.night import limits
 from campaign.night.matrix import load_matrix, night_uses
 from campaign.server import flag_list, flag_values, startup_log
@@ -284,6 +285,32 @@ def test_a_concurrency_the_client_cannot_open_is_an_error_naming_the_limit(tmp_p
     planned = limits.check_concurrency(matrix, path, profile, open_files=1024, here=False)
     assert [n.code for n in planned if n.code == limits.PlanWarning.OPEN_FILES] == [limits.PlanWarning.OPEN_FILES]
     assert "a process here may open 1,024" in planned[0].line()
+
+
+def test_the_host_that_measures_checks_its_own_limit_before_a_launch_is_spent(tmp_path: Path) -> None:
+    """A Ray node's client runs under the node's limit, not the controller's that the plan checked: the launch
+    checks its cells there and fails naming the cell, the host and its limit. A sustained cell's streams are
+    split over client processes (as many as this machine's cores allow); a fixed cell's share one; a rate
+    cell's are its cap, or its sessions."""
+    written = Path(matrix_with(tmp_path, "{}"))
+    written.write_text(written.read_text().replace("concurrency: [1, 2]", "concurrency: [1, 1000]"))
+    matrix, _, _ = load_matrix(str(written))
+    cells = matrix.cells()
+    with pytest.raises(CampaignError) as caught:
+        limits.check_open_files_on_host(cells, "node-7", open_files=512)
+    wide = next(c for c in cells if c.phase == "decode" and c.concurrency == 1000)
+    assert str(caught.value).startswith(f"{wide.key}: 1,000 streams need ")
+    assert "a process on node-7 may open 512 (ulimit -Hn)" in str(caught.value)
+    assert "raise the hard limit (ulimit -Hn)" in str(caught.value)
+    limits.check_open_files_on_host(cells, "node-7", open_files=1 << 20)
+    fixed = wide.model_copy(update={"mode": "fixed"})
+    with pytest.raises(CampaignError, match="1,000 sockets"):
+        limits.check_open_files_on_host([fixed], "n", open_files=1000)
+    rate = CellSpec(phase="rate", context_tokens=64, max_tokens=8, max_concurrency=600)
+    with pytest.raises(CampaignError, match="600 streams"):
+        limits.check_open_files_on_host([rate], "n", open_files=600)
+    limits.check_open_files_on_host([rate.model_copy(update={"request_rate": 1.0, "max_concurrency": None})], "n",
+                                    open_files=100)
 
 
 def test_decode_cells_beyond_the_servers_seats_are_a_stated_warning(tmp_path: Path) -> None:

@@ -167,6 +167,52 @@ def test_the_simulator_runs_on_a_local_ray_with_no_address_on_a_machine_without_
     assert {p.parent.name for p in run.root.glob("variants/*/launch-*/placement.json")}   # placed by Ray
 
 
+# A one-node cluster started with a low soft limit on open files (as a raylet often has: 1,024), the hard one
+# kept: it prints its address, and shuts down when its stdin closes.
+_LOW_LIMIT_CLUSTER = """
+import resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+from ray.cluster_utils import Cluster
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+print(cluster.address, flush=True)
+sys.stdin.read()
+cluster.shutdown()
+"""
+
+
+@pytest.mark.cpu_heavy
+def test_a_ray_task_raises_its_open_files_limit_to_the_nodes_hard_one(tmp_path: Path) -> None:
+    """The plan checks the controller's limit, but a Ray task's client runs under its raylet's soft limit:
+    300 streams on a node started at 256 open files failed their connections. The task raises its soft limit
+    to the node's hard one, as the command does, and the cell's 300 requests all succeed."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip("this machine's hard limit on open files is below 1,024")
+    matrix = tmp_path / "wide.yaml"
+    matrix.write_text("name: wide\nprofile: h200\nbaseline: base\nvariants:\n  - name: base\nrepeats: 1\n"
+                      "warmup: false\nworkloads:\n  - {kind: decode, mode: fixed, contexts: [64], "
+                      "concurrency: [300], max_tokens: 4}\n")
+    cluster = subprocess.Popen([sys.executable, "-c", _LOW_LIMIT_CLUSTER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert cluster.stdout is not None
+        address = cluster.stdout.readline().strip()
+        env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
+        out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+                              str(tmp_path), "--plain", "--executor", "ray", "--ray-address", address],
+                             cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.communicate(input="", timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = store.RunDir(next((tmp_path / "wide").glob("*")))
+    (cell,) = run.cells()
+    assert len(cell.result.records) >= 300 and all(r.ok for r in cell.result.records), [
+        r.error for r in cell.result.records if not r.ok][:3]
+
+
 def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(tmp_path: Path) -> None:
     """The files of a task arrive sorted, a cell record (cells/...) before its launch's first file
     (launch-1/...): its `launch` must still be the controller's folder, not the task's own name."""

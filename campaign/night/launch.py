@@ -206,6 +206,7 @@ class Campaign:
             try:
                 flags, resolution = self._resolve_flags(variant)
                 limits.check_on_host(profile, flags, self.options.engine)
+                limits.check_open_files_on_host(queue, socket.gethostname())
                 with launched(profile, launch_dir / "server.log", flags, engine=self.options.engine,
                               launch=launch_identity(variant.name, repeat)) as server, self._client_pinned():
                     self._record_server(launch_dir, variant, repeat, flags, server, resolution)

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from campaign.core.errors import ConfigError, LaunchError
+from campaign.core.errors import CampaignError, ConfigError, LaunchError
 from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
+from campaign.measure.cells import CellSpec
 from campaign.night.matrix import DecodeWorkload, Matrix
 from campaign.server import flag_list
 from campaign.server.flag_values import canonical, parallel_width
@@ -168,6 +169,33 @@ def raise_open_files() -> None:
             pass   # a platform that refuses: the plan's check names the limit it has
 
 
+def _open_files_problem(streams: int, split: bool, limit: int | None, where: str) -> str | None:
+    """What is wrong with `streams` sockets (over the client processes a split cell runs on) against `limit`
+    open files a process; None: they fit."""
+    per_process = math.ceil(streams / shard.client_processes(streams)) if split else streams
+    if limit is None or per_process + FD_RESERVE <= limit:
+        return None
+    return (f"{streams:,} streams need {per_process + FD_RESERVE:,} open files in one client process "
+            f"({per_process:,} sockets and {FD_RESERVE} more); a process {where} may open {limit:,} (ulimit -Hn)")
+
+
+def check_open_files_on_host(cells: list[CellSpec], host: str, *, open_files: int | None = None) -> None:
+    """On the host that measures, before a launch is spent on it: the plan checked the controller's limit, but a
+    Ray node's client runs under its raylet's (raised to that node's hard limit, raise_open_files). A cell wider
+    than this host can open fails the launch here, by name, rather than as refused connections mid-cell."""
+    limit = open_files_limit() if open_files is None else open_files
+    for spec in cells:
+        if spec.phase == "decode":
+            streams = spec.concurrency
+            split = spec.mode == "sustained" and spec.ttft == "cold" and spec.prompts == "random"
+        else:
+            streams = max(spec.max_concurrency or 1, spec.sessions.count if spec.sessions else 1)
+            split = False
+        problem = _open_files_problem(streams, split, limit, f"on {host}")
+        if problem is not None:
+            raise CampaignError(f"{spec.key}: {problem}", hint=HINTS[PlanWarning.OPEN_FILES])
+
+
 def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchProfile,
                       overrides: dict[str, FlagValue] | None = None, *, open_files: int | None = None,
                       here: bool = True) -> list[Notice]:
@@ -180,11 +208,8 @@ def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchP
     limit = open_files_limit() if open_files is None else open_files
     notices: list[Notice] = []
     for key, streams, decode, split in _concurrencies(matrix):
-        per_process = math.ceil(streams / shard.client_processes(streams)) if split else streams
-        if limit is not None and per_process + FD_RESERVE > limit:
-            problem = (f"{streams:,} streams need {per_process + FD_RESERVE:,} open files in one client process "
-                       f"({per_process:,} sockets and {FD_RESERVE} more); a process here may open {limit:,} "
-                       "(ulimit -Hn)")
+        problem = _open_files_problem(streams, split, limit, "here")
+        if problem is not None:
             if here:
                 raise ConfigError(where, key, problem, hint=HINTS[PlanWarning.OPEN_FILES])
             notices.append(Notice(PlanWarning.OPEN_FILES, f"{where}: {key}: {problem}"))

@@ -34,7 +34,7 @@ from typing import Any
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError
-from campaign.night import store
+from campaign.night import limits, store
 from campaign.night.launch import Campaign, LaunchWork, Options
 from campaign.night.progress import Progress
 from campaign.night.records import FailureRecord
@@ -124,6 +124,9 @@ def run_launch(task: str, manifest_text: str, baseline_servers: list[str], varia
         # Lines and files leave the node redacted of what this task knows (the `${NAME}`s it expanded).
         queue.put(secret.redact_value({"task": task, **event}))
 
+    # A worker has its raylet's soft limit on open files (often 1,024), not the controller's: raised to the
+    # node's hard limit as the command raises its own, and the launch checks its cells against that.
+    limits.raise_open_files()
     root = Path(tempfile.mkdtemp(prefix="campaign-ray-"))
     (root / "manifest.json").write_text(manifest_text)
     for index, text in enumerate(baseline_servers):  # a `suggested` flag reads the baseline's startup facts
