@@ -12,13 +12,15 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import tenacity
 
 from campaign.analysis.recommend import diff_run
 from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
-from campaign.http.endpoint import Timeouts
+from campaign.http.client import RequestRecord
+from campaign.http.endpoint import Endpoint, Timeouts
 from campaign.measure import runner, study
 from campaign.measure.cells import CellResult, CellSpec, over_capacity
 from campaign.measure.runner import Measurer, Target
@@ -27,6 +29,7 @@ from campaign.night import store
 from campaign.night import virtual as sim_night
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.night.matrix import RepeatExperiment
+from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
 from campaign.sim import model as sim_model
 
@@ -276,6 +279,31 @@ def test_foreign_traffic_fault_is_caught_by_the_bracket(tmp_path: Path, monkeypa
     for result in results:
         assert result.status == "Contaminated", (result.kind, result.status, result.reasons)
         assert result.discarded_steps == study.MAX_ATTEMPTS and "foreign traffic" in result.reasons[0]
+
+
+class _Counted(Measurer):
+    """A measurer whose server counted `prompt` and `generated` tokens over the step."""
+
+    def __init__(self, prompt: float, generated: float) -> None:
+        super().__init__(Target(endpoint=Endpoint.parse("http://127.0.0.1:9"), model="m"))
+        self.counted = {m.PROMPT_TOKENS: prompt, m.GENERATION_TOKENS: generated}
+
+    async def scrape(self, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+        return m.MetricsSnapshot(t=0.0, values=self.counted)
+
+
+def test_our_own_requests_that_timed_out_in_the_queue_are_not_foreign_traffic() -> None:
+    """A trace replayed on an overloaded server: a request that waited past the idle timeout failed on our side,
+    but the server had prefilled it (and may have generated some of its reply). Its tokens are ours: the step
+    is not Contaminated for them; tokens beyond what our requests could have cost still are."""
+    done = RequestRecord(id="a", prompt_tokens=100, max_tokens=10, send_t=0.0, status=200, usage_prompt_tokens=100,
+                         usage_completion_tokens=10, chunk_t=[1.0], chunk_tokens=[10], end_t=1.0)
+    waited = RequestRecord(id="b", prompt_tokens=5000, max_tokens=50, send_t=0.0, error_kind="timeout",
+                           error="idle timeout: no data for 300.0 s after 0 event(s) (limit 300 s)", end_t=300.0)
+    before = m.MetricsSnapshot(t=0.0, values={m.PROMPT_TOKENS: 0.0, m.GENERATION_TOKENS: 0.0})
+    for prompt, generated, excess in ((5100, 13, 0), (100, 10, 0), (5300, 13, 200), (5100, 90, 30)):
+        _, attempt = asyncio.run(_Counted(prompt, generated).bracket(None, before, [done, waited]))  # type: ignore[arg-type]
+        assert attempt.excess_tokens == excess and attempt.accepted == (excess == 0), (prompt, generated)
 
 
 async def _experiments_under_foreign_traffic(target: Target) -> list[study.ExperimentResult]:

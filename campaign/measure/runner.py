@@ -333,6 +333,10 @@ class Measurer:
         # The server's own count of each of our prompts where it said it (a chat prompt's template included).
         expected_prompt = sum(r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens
                               for r in records if r.status == 200)
+        # A request of ours that failed after it was sent (timed out waiting in an overloaded queue, cut off)
+        # may have been counted in full or in part: up to its prompt and its max_tokens are ours, not foreign.
+        ours_prompt = expected_prompt + sum(r.prompt_tokens for r in records if r.status != 200)
+        ours_gen = expected_gen + sum(max(0, r.max_tokens - r.completion_tokens) for r in records if not r.ok)
         deadline = time.monotonic() + SETTLE_S
         while True:
             after = await self.scrape(control)
@@ -341,7 +345,7 @@ class Measurer:
             if (gen >= expected_gen and prompt >= expected_prompt) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-        excess = int(round(max(0.0, gen - expected_gen) + max(0.0, prompt - expected_prompt)))
+        excess = int(round(max(0.0, gen - ours_gen) + max(0.0, prompt - ours_prompt)))
         reason = None
         if excess > 0:
             reason = (f"server counted {gen:.0f} generated / {prompt:.0f} prompt tokens, ours were "
