@@ -137,6 +137,12 @@ BurstinessOpt = Annotated[float, typer.Option(
 MaxConcurrencyOpt = Annotated[int | None, typer.Option(
     "--max-concurrency", min=1, help="at most this many rate requests in flight (later arrivals wait for a slot); "
                                      "with --find-max-rate, the concurrency search's ceiling")]
+TraceOpt = Annotated[Path | None, typer.Option(
+    "--trace", metavar="FILE", help="replay a trace (Mooncake JSONL, Azure or BurstGPT CSV, a campaign trace) at its "
+                                    "own times and lengths, one open-loop cell; slice it in a matrix "
+                                    "(kind: trace, docs/traces.md)")]
+TraceSpeedOpt = Annotated[float, typer.Option("--trace-speed", help="the trace's arrivals this many times faster",
+                                              callback=_positive)]
 FindMaxRateOpt = Annotated[bool, typer.Option(
     "--find-max-rate", help="search the highest rate (and concurrency) that holds --slo, at one context")]
 
@@ -219,6 +225,8 @@ def launch(
     burstiness: BurstinessOpt = 1.0,
     max_concurrency: MaxConcurrencyOpt = None,
     find_max_rate: FindMaxRateOpt = False,
+    trace: TraceOpt = None,
+    trace_speed: TraceSpeedOpt = 1.0,
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -242,7 +250,8 @@ def launch(
         _err(warning.line())
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     log_path = log or Path("runs") / "launch" / f"{stamp}-{loaded.served_name.replace('/', '_')}.log"
-    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate,
+                             trace, trace_speed)
     specs, search = measuring.what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
                                      max_tokens=max_tokens, mode=mode, prompts=prompts,
                                      endpoint=endpoint_kind) if contexts or ask.any else ([], None)
@@ -305,6 +314,8 @@ def probe(
     burstiness: BurstinessOpt = 1.0,
     max_concurrency: MaxConcurrencyOpt = None,
     find_max_rate: FindMaxRateOpt = False,
+    trace: TraceOpt = None,
+    trace_speed: TraceSpeedOpt = 1.0,
     as_json: JsonOpt = False,
     ca_bundle: CaBundleOpt = None,
     insecure: InsecureOpt = False,
@@ -321,7 +332,8 @@ def probe(
     ] = None,
 ) -> None:
     """Measure an already running server (other traffic allowed: every step is bracketed)."""
-    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate)
+    ask = measuring.rate_ask(rate, duration, slo_text, arrival, burstiness, max_concurrency, find_max_rate,
+                             trace, trace_speed)
     specs, search = measuring.what_to_measure(contexts, concurrency, ask, window=window, prefill=prefill,
                                      max_tokens=max_tokens, mode=mode, prompts=prompts, endpoint=endpoint_kind)
     api_key = api_key_from(api_key_env)

@@ -22,6 +22,7 @@ from campaign.measure import slo
 from campaign.measure.openloop import Arrival
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
+from campaign.measure.traces import TraceRequest, TraceSlice, mean_rate
 
 # rate: open-loop arrivals at a request rate (openloop.py), judged against a service level (slo.py).
 Phase = Literal["prefill", "decode", "rate"]
@@ -399,8 +400,24 @@ class CellSpec(BaseModel):
     # Rate cells of agent traffic (format 8): prompt lengths come from the sessions' turns, context_tokens is
     # the first turn's.
     sessions: Sessions | None = None
+    # Trace cells (format 14): a rate cell whose arrivals and lengths are a trace's (traces.py); request_rate
+    # is the slice's mean rate, duration_s its span, context_tokens and max_tokens its mean lengths.
+    trace: TraceSlice | None = None
 
     _prompts = field_validator("prompts")(prompt_source)
+
+    @model_validator(mode="after")
+    def _trace_shape(self) -> CellSpec:
+        if self.trace is None:
+            return self
+        if self.phase != "rate" or self.request_rate is None:
+            raise ValueError("a trace shapes a rate cell's arrivals; this cell is not one")
+        if self.sessions is not None or self.range_ratio:
+            raise ValueError("a trace gives each request its own length: no sessions or range_ratio with it")
+        if self.endpoint == "chat" or self.prompts != "random":
+            raise ValueError("a trace's prompts are token ids of its exact lengths: prompts random, endpoint "
+                             "completions")
+        return self
 
     @model_validator(mode="after")
     def _sessions_shape(self) -> CellSpec:
@@ -415,6 +432,23 @@ class CellSpec(BaseModel):
         if self.context_tokens != self.sessions.length(0, self.max_tokens):
             raise ValueError("a sessions cell's context_tokens is its first turn's length (system + user tokens)")
         return self
+
+    @classmethod
+    def from_trace(cls, sliced: TraceSlice, requests: list[TraceRequest], *, slo: Slo | None = None,
+                   max_concurrency: int | None = None) -> CellSpec:
+        """A trace slice's cell (traces.plan): its mean rate, the span that rate gives its requests, its mean
+        lengths."""
+        rate = mean_rate(requests)
+        return cls(phase="rate", trace=sliced, request_rate=rate, duration_s=len(requests) / rate,
+                   context_tokens=max(1, round(sum(r.input_tokens for r in requests) / len(requests))),
+                   max_tokens=max(1, round(sum(r.output_tokens for r in requests) / len(requests))),
+                   max_concurrency=max_concurrency, slo=slo)
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Its prompts share prefixes on purpose (agent sessions, a trace's shared blocks): cache hits are what
+        it measures, not contamination."""
+        return self.sessions is not None or (self.trace is not None and self.trace.block_size is not None)
 
     def lengths_range(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """The shortest and longest (prompt, reply) a rate cell sends: within +-range_ratio of its lengths, or
@@ -461,6 +495,10 @@ class CellSpec(BaseModel):
     def key(self) -> str:
         if self.phase == "prefill":
             return f"prefill-L{self.context_tokens}{self._text_suffix}"
+        if self.phase == "rate" and self.trace is not None:
+            base = f"rate-{self.trace.key}" + (f"-C{self.max_concurrency}" if self.max_concurrency else "")
+            base += f"-S{self.slo.key}" if self.slo else ""
+            return base + ("-X" if self.early_stop else "")
         if self.phase == "rate":
             rate = "inf" if self.request_rate is None else f"{self.request_rate:g}"
             base = f"rate-L{self.context_tokens}-N{self.max_tokens}-Q{rate}-{self.arrival}"
@@ -571,6 +609,10 @@ class CellResult(BaseModel):
     preemptions: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    # A trace cell (format 14): the prompt tokens its shared blocks make reusable by a cache that keeps
+    # everything and a prefix computed before the next arrives (traces.implied_hits, in the server's blocks),
+    # beside the hits the server's counters saw; None for other cells or a trace without hash ids.
+    trace_implied_hits: int | None = None
     # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
     # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
     energy_j_per_token: float | None = None

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from campaign.core.errors import CampaignError, OptionError
-from campaign.measure import capacity, slo
+from campaign.measure import capacity, slo, traces
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.openloop import ARRIVALS, rate_value
 from campaign.measure.prompts import ENDPOINTS, prompt_source
@@ -60,14 +61,16 @@ class RateAsk:
     burstiness: float
     max_concurrency: int | None
     find_max_rate: bool
+    trace: CellSpec | None = None   # --trace FILE: the whole trace replayed, at --trace-speed
 
     @property
     def any(self) -> bool:
-        return bool(self.rates) or self.find_max_rate
+        return bool(self.rates) or self.find_max_rate or self.trace is not None
 
 
 def rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: str, burstiness: float,
-              max_concurrency: int | None, find_max_rate: bool) -> RateAsk:
+              max_concurrency: int | None, find_max_rate: bool, trace: Path | None = None,
+              trace_speed: float = 1.0) -> RateAsk:
 
     try:
         rates = [rate_value(part.strip()) for part in (rate or "").split(",") if part.strip()]
@@ -83,7 +86,14 @@ def rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: s
         raise OptionError("--slo", str(exc)) from None
     if find_max_rate and service is None:
         raise OptionError("--find-max-rate", "needs --slo: the service level to find the highest rate for")
-    return RateAsk(rates, duration, service, arrival, burstiness, max_concurrency, find_max_rate)
+    replay = None
+    if trace is not None:
+        try:
+            sliced, requests = traces.plan(trace, speed=trace_speed)
+        except traces.EmptySlice as exc:
+            raise OptionError("--trace", str(exc)) from None
+        replay = CellSpec.from_trace(sliced, requests, slo=service, max_concurrency=max_concurrency)
+    return RateAsk(rates, duration, service, arrival, burstiness, max_concurrency, find_max_rate, replay)
 
 
 def rate_specs(contexts: list[int], ask: RateAsk, *, max_tokens: int, prompts: str, endpoint: str) -> list[CellSpec]:
@@ -137,6 +147,7 @@ def what_to_measure(contexts: str | None, concurrency: str | None, ask: RateAsk,
     if not decode:
         specs = [s for s in specs if s.phase == "prefill"]
     specs += rate_specs(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint)
+    specs += [ask.trace] if ask.trace is not None else []
     search = search_spec(lengths, ask, max_tokens=max_tokens, prompts=prompts, endpoint=endpoint) if (
         ask.find_max_rate) else None
     return specs, search

@@ -15,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,7 +31,7 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
 from campaign.http.streamclient import StreamClient
 from campaign.http.tokenizer import ServerTokenizer
-from campaign.measure import openloop, shard, slo
+from campaign.measure import openloop, shard, slo, traces
 from campaign.measure.cells import (
     TTFT_MODE_TEXT,
     Attempt,
@@ -140,6 +142,7 @@ class _Load:
     planned: int | None
     early_stopped: bool
     ramp: frozenset[str] = frozenset()   # a closed loop's first wave (request ids): not judged
+    implied_hits: int | None = None      # a trace's reusable prompt tokens (traces.implied_hits)
 
 
 SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
@@ -607,7 +610,18 @@ class Measurer:
         shapes: list[tuple[int, int]] = []
         prompts: list[Prompt] = []
         offsets: list[float] = []
-        if spec.request_rate is not None:
+        implied: int | None = None
+        if spec.trace is not None:
+            # The trace's own arrivals and lengths; shared hash ids are shared blocks, under a fresh salt.
+            replay = spec.trace.load()
+            offsets = [r.at_s for r in replay]
+            shapes = [(r.input_tokens, r.output_tokens) for r in replay]
+            block = spec.trace.block_tokens
+            blocks = None if block is None else traces.BlockPrompts(block, secrets.randbits(60))
+            prompts = [Prompt(tokens=r.input_tokens, ids=blocks.prompt(r)) if blocks is not None and r.hash_ids
+                       else await make_prompt(i, r.input_tokens) for i, r in enumerate(replay)]
+            implied = None if block is None else sum(traces.implied_hits(replay, block, self.target.block_size or 1))
+        elif spec.request_rate is not None:
             offsets = openloop.arrivals(spec.request_rate, spec.duration_s, arrival=spec.arrival,
                                         burstiness=spec.burstiness, seed=spec.seed, min_requests=spec.min_requests)
             shapes = [lengths(i) for i in range(len(offsets))]
@@ -645,7 +659,7 @@ class Measurer:
             return _Load(start=start, span_s=span, planned=None, early_stopped=early, ramp=frozenset(ramp))
         start = await openloop.drive(offsets, send, time_scale=scale, cap=spec.max_concurrency, stop=stop)
         return _Load(start=start, span_s=len(offsets) / spec.request_rate, planned=len(offsets),
-                     early_stopped=len(records) < len(offsets))
+                     early_stopped=len(records) < len(offsets), implied_hits=implied)
 
     def _rate_result(self, base: dict[str, Any], spec: CellSpec, step: _Step, delta: m.Delta,
                      attempts: list[Attempt]) -> CellResult:
@@ -665,12 +679,12 @@ class Measurer:
             phase="rate", mode=spec.mode, concurrency=spec.concurrency, records=records,
             prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
-            template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.sessions is not None,
+            template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.shares_prefixes,
             behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))
         status, findings = verdict(evidence)
-        notes = self._rate_notes(spec, values, delta, scale, sent=len(records))
+        notes = self._rate_notes(spec, values, delta, scale, sent=len(records), implied_hits=load.implied_hits)
         discarded = [a for a in attempts if not a.accepted]
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         return CellResult(
@@ -681,11 +695,15 @@ class Measurer:
             preemptions=delta.optional(m.PREEMPTIONS), prefix_cache_queries=delta.optional(m.PREFIX_QUERIES),
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
-            spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, requests=[r.to_dict() for r in records])
+            spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, trace_implied_hits=load.implied_hits,
+            requests=[r.to_dict() for r in records])
 
     @staticmethod
-    def _rate_notes(spec: CellSpec, values: dict[str, Any], delta: m.Delta, scale: float, *, sent: int) -> list[str]:
+    def _rate_notes(spec: CellSpec, values: dict[str, Any], delta: m.Delta, scale: float, *, sent: int,
+                    implied_hits: int | None = None) -> list[str]:
         notes = []
+        if spec.trace is not None:
+            notes.append(trace_note(spec, delta, sent, implied_hits))
         if scale != 1.0:
             notes.append(f"against a simulator running {scale:g}x faster than its hardware: the schedule, the rates "
                          "and the latencies here are in the hardware's seconds")
@@ -806,3 +824,24 @@ class Measurer:
             spec_mean_accepted=m.spec_mean_accepted(delta),
             attempts=attempts, requests=[r.to_dict() for r in records],
         )
+
+
+def trace_note(spec: CellSpec, delta: m.Delta, sent: int, implied_hits: int | None) -> str:
+    """What a trace cell replayed, and the reuse its shared blocks imply beside what the server's cache served."""
+    trace = spec.trace
+    assert trace is not None and spec.request_rate is not None
+    out = (f"trace {Path(trace.path).name} ({trace.format}): {sent} of its slice's {trace.requests} requests at "
+           f"their own times ({spec.request_rate:.3g} req/s on average), prompts {spec.context_tokens:,} tokens "
+           "on average")
+    if trace.length_scale != 1:
+        out += f" (lengths x{trace.length_scale:g})"
+    hits, queries = delta.optional(m.PREFIX_HITS), delta.optional(m.PREFIX_QUERIES)
+    if implied_hits is not None:
+        share = f" ({100 * implied_hits / queries:.1f}% of the prompt tokens)" if queries else ""
+        out += (f"; its shared blocks ({trace.block_tokens} tokens a hash id) make {implied_hits:,} prompt tokens "
+                f"reusable{share}")
+        served = "the server's counters were not read" if hits is None else f"the server's cache served {hits:,.0f}"
+        out += f", and {served}"
+    else:
+        out += "; no shared blocks: every prompt is unique"
+    return out

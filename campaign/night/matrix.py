@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign.core.errors import ConfigError, PromptError, did_you_mean
 from campaign.http.endpoint import Timeouts
-from campaign.measure import corpus
+from campaign.measure import corpus, traces
 from campaign.measure import slo as slos
 from campaign.measure.capacity import search_key  # the experiment names its own results
 from campaign.measure.cells import SESSIONS_CHAT, CellSpec, Sessions
@@ -31,6 +31,7 @@ from campaign.measure.openloop import Arrival, rate_value
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
 from campaign.measure.study import agents_key  # the experiment names its own results
+from campaign.measure.traces import TraceFormat
 from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
@@ -223,6 +224,45 @@ class RateWorkload(_LoadShape):
                 for ctx in self.contexts or [0] for rate in self.rates]   # 0: rate_spec takes the sessions'
 
 
+class TraceWorkload(_Workload):
+    """A production trace replayed (traces.py): its requests at their own times (divided by each of `speeds`),
+    with their own lengths and shared blocks, open loop; judged against the SLO where one is given. `file` is
+    the matrix file's neighbour unless absolute."""
+
+    kind: Literal["trace"]
+    file: str = Field(min_length=1)
+    format: TraceFormat | None = None            # None: told from the file's first line
+    start_s: float = Field(default=0.0, ge=0)
+    duration_s: float | None = Field(default=None, gt=0)
+    speeds: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
+    sample: float = Field(default=1.0, gt=0, le=1)
+    length_scale: float = Field(default=1.0, gt=0)
+    max_requests: int | None = Field(default=None, gt=0)
+    block_size: int | None = Field(default=None, gt=0)   # tokens a hash id stands for; None: the format's
+    max_concurrency: int | None = Field(default=None, gt=0)
+    slo: Slo | None = None
+
+    _slo = field_validator("slo", mode="before")(_slo_input)
+
+    @field_validator("speeds")
+    @classmethod
+    def _positive(cls, value: list[float]) -> list[float]:
+        if any(not v > 0 for v in value):
+            raise ValueError("a speed is above 0 (2: the trace's arrivals twice as fast)")
+        return value
+
+    def cells(self, window_s: float, matrix_slo: Slo | None = None) -> list[CellSpec]:
+        out = []
+        for speed in self.speeds:
+            sliced, requests = traces.plan(
+                Path(self.file), self.format, start_s=self.start_s, duration_s=self.duration_s, speed=speed,
+                sample=self.sample, length_scale=self.length_scale, max_requests=self.max_requests,
+                block_size=self.block_size)
+            out.append(CellSpec.from_trace(sliced, requests, slo=self.slo or matrix_slo,
+                                           max_concurrency=self.max_concurrency))
+        return out
+
+
 class _Experiment(_Workload):
     """A workload of the study issue: measured after the cells of each launch, stored under experiments/."""
 
@@ -361,9 +401,9 @@ class SloSearchExperiment(_LoadShape, _Experiment):
 
 Experiment = ContextWindowExperiment | LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | \
     RepeatExperiment | AgentsExperiment | SloSearchExperiment
-WORKLOAD_KINDS = ("prefill", "decode", "rate", "context-window", "long-context", "overload", "prefix-order",
+WORKLOAD_KINDS = ("prefill", "decode", "rate", "trace", "context-window", "long-context", "overload", "prefix-order",
                   "repeat", "agents", "slo-search")
-Workload = Annotated[PrefillWorkload | DecodeWorkload | RateWorkload | ContextWindowExperiment |
+Workload = Annotated[PrefillWorkload | DecodeWorkload | RateWorkload | TraceWorkload | ContextWindowExperiment |
                      LongContextExperiment | OverloadExperiment | PrefixOrderExperiment | RepeatExperiment |
                      AgentsExperiment | SloSearchExperiment, Field(discriminator="kind")]
 
@@ -524,8 +564,8 @@ class Matrix(BaseModel):
     def cells(self) -> list[CellSpec]:
         seen: dict[str, CellSpec] = {}
         for workload in self.workloads:
-            specs = workload.cells(self.window_s, self.slo) if isinstance(workload, RateWorkload) else (
-                workload.cells(self.window_s))
+            specs = workload.cells(self.window_s, self.slo) if isinstance(workload, RateWorkload | TraceWorkload) \
+                else workload.cells(self.window_s)
             for spec in specs:
                 seen.setdefault(spec.key, spec)
         return list(seen.values())
@@ -603,6 +643,20 @@ def _prompt_files_relative_to(matrix_path: Path, workloads: list[Any]) -> list[A
     """A prompts FILE.jsonl is the matrix file's neighbour unless absolute; it must exist before the night."""
     out = []
     for index, workload in enumerate(workloads):
+        if isinstance(workload, TraceWorkload):
+            file = Path(workload.file).expanduser()
+            file = file if file.is_absolute() else (matrix_path.parent / file).resolve()
+            if not file.is_file():
+                raise ConfigError(str(matrix_path), f"workloads[{index}].file", f"no such file: {file}",
+                                  hint="give a trace file (JSONL or CSV), relative to the matrix file or absolute")
+            workload = workload.model_copy(update={"file": str(file)})
+            try:
+                workload.cells(1.0)   # a malformed line (its file and line), or an empty slice, before the night
+            except traces.EmptySlice as exc:
+                raise ConfigError(str(matrix_path), f"workloads[{index}]", str(exc),
+                                  hint="widen the slice: start_s, duration_s, sample, max_requests") from None
+            out.append(workload)
+            continue
         prompts = getattr(workload, "prompts", "random")
         if prompts.endswith(".jsonl"):
             file = Path(prompts).expanduser()
@@ -644,9 +698,9 @@ def _raise_matrix_error(path: str, exc: ValidationError) -> None:
     if first["type"] == "extra_forbidden":
         fields: set[str] = set(Matrix.model_fields)
         if loc[0] == "workloads":
-            fields = {f for model in (PrefillWorkload, DecodeWorkload, RateWorkload, ContextWindowExperiment,
-                                      LongContextExperiment, OverloadExperiment, PrefixOrderExperiment,
-                                      RepeatExperiment, AgentsExperiment, SloSearchExperiment)
+            fields = {f for model in (PrefillWorkload, DecodeWorkload, RateWorkload, TraceWorkload,
+                                      ContextWindowExperiment, LongContextExperiment, OverloadExperiment,
+                                      PrefixOrderExperiment, RepeatExperiment, AgentsExperiment, SloSearchExperiment)
                       for f in model.model_fields}
         elif loc[0] == "variants":
             fields = set(Variant.model_fields)

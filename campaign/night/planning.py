@@ -182,6 +182,10 @@ def cell_s(spec: CellSpec, rates: Rates) -> float:
         span = spec.duration_s if spec.request_rate is None else max(
             spec.duration_s, spec.min_requests / spec.request_rate)
         longest = spec.lengths_range()[1][0]
+        if spec.request_rate is not None:
+            # Every prompt is prefilled: a load beyond the prefill rate queues, and the cell lasts until the
+            # queue drains (a Mooncake trace's 13.8K-token prompts on a 2-GPU pair: far longer than its span).
+            span = max(span, round(spec.request_rate * span) * spec.context_tokens / rates.prefill_tok_s)
         return STEP_OVERHEAD_S + span + longest / rates.prefill_tok_s + spec.max_tokens / rates.decode_tok_s
     prompts = spec.concurrency * spec.context_tokens / rates.prefill_tok_s
     if spec.mode == "sustained":

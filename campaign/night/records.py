@@ -49,6 +49,11 @@ Format history:
     `batch_pass` (requests, throughput_rps, start_rps, cell; None where the matrix gave start_rps), and its
     concurrency probes are closed loops decided by their count that stop early (keys -D0.001 ... -X); older
     searches have neither.
+14 - a rate cell's spec may carry `trace` (a production trace replayed at its own times: file, digest, format,
+    slice, speed, sample, length_scale, block_size, requests; keys rate-T<stem>.<digest>...), its result
+    `trace_implied_hits` (the prompt tokens the trace's shared blocks make reusable). A search's probes keep
+    their rate's arrivals scaled from one unit-rate draw (common random numbers) and are placed by the last
+    probes' margins; older searches drew each rate's own. Older files have neither field (None).
 
 Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -71,7 +76,7 @@ from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -472,6 +477,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
     11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored per-request rates kept as written
     12: _defaults_suffice,  # 12 -> 13: cells' client_lag_max_ms (None: not stored)
+    13: _defaults_suffice,  # 13 -> 14: cell specs' trace and results' trace_implied_hits (None: not a trace)
 }
 
 
