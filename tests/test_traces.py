@@ -163,7 +163,7 @@ def test_a_trace_workload_is_a_rate_cell_of_the_slices_rate_and_a_bad_file_is_fo
     loaded, _, _ = load_matrix(str(matrix))
     one, two = loaded.cells()
     assert one.trace is not None and two.trace is not None
-    assert one.key.startswith("rate-Tmooncake_conversation_1k.0094fda6-D30") and "-X2" in two.key
+    assert one.key.startswith("rate-Tmooncake_conversation_1k.0094fda6-D30") and "-x2" in two.key
     assert one.trace.requests == 87 and one.request_rate == pytest.approx(86 / 27)
     assert two.request_rate == pytest.approx(2 * 86 / 27) and one.shares_prefixes
     assert one.trace.block_tokens == 51

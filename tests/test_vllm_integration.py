@@ -26,7 +26,7 @@ import pytest
 
 from campaign.core.errors import MetricMissingError
 from campaign.http.client import new_client, stream_completion
-from campaign.measure import corpus
+from campaign.measure import corpus, slo, traces
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import Measurer, Target
@@ -119,6 +119,24 @@ def test_decode_matrix_and_prefill_row(target: Target) -> None:
         assert cell.output_tokens is not None and cell.output_tokens > 0
         assert cell.measured_s is not None and cell.measured_s >= 1.0
         assert all(r.tokens == 64 for r in cell.records)  # drained, never cut: every reply complete
+
+
+def test_the_mooncake_excerpt_replays_on_the_real_cpu_build(target: Target) -> None:
+    """Issue 34 on the real scheduler: 30 s of the shipped Mooncake excerpt (from 120 s: 110 requests), sped up
+    three times and its lengths scaled to fit the tiny model's 2,048-token window (a hash id stands for 8 tokens):
+    every request served with exactly its prompt and reply, at its trace time; the server's prefix cache
+    served no more than the trace's shared blocks imply (in its own KV blocks), and no step was discarded for
+    foreign tokens."""
+    mooncake = PROJECT_ROOT / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
+    sliced, planned = traces.plan(mooncake, start_s=120, duration_s=30, length_scale=0.015, speed=3)
+    spec = CellSpec.from_trace(sliced, planned, slo=slo.parse("ttft_p99_ms=60000"))
+    cell = asyncio.run(Measurer(target).run_cell(spec))
+    assert cell.status == "Valid", cell.reasons
+    assert cell.discarded_steps == 0 and len(cell.records) == 110 and all(r.ok for r in cell.records)
+    assert sorted((r.usage_prompt_tokens, r.tokens) for r in cell.records) == sorted(
+        (p.input_tokens, p.output_tokens) for p in planned)
+    assert cell.trace_implied_hits == sum(traces.implied_hits(planned, 8, target.block_size or 1))
+    assert cell.prefix_cache_hits is not None and 0 <= cell.prefix_cache_hits <= cell.trace_implied_hits
 
 
 def test_fixed_count_mode_emits_exactly_n_tokens_per_request(target: Target) -> None:

@@ -375,7 +375,7 @@ class TraceSlice(BaseModel):
         out = f"T{stem}.{self.digest[:8]}"
         out += f"-O{self.start_s:g}" if self.start_s else ""
         out += f"-D{self.duration_s:g}" if self.duration_s is not None else ""
-        out += f"-X{self.speed:g}" if self.speed != 1 else ""
+        out += f"-x{self.speed:g}" if self.speed != 1 else ""   # lower case: -X is an early stop
         out += f"-F{self.sample:g}" if self.sample != 1 else ""
         out += f"-Z{self.length_scale:g}" if self.length_scale != 1 else ""
         out += f"-M{self.max_requests}" if self.max_requests else ""
