@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +25,7 @@ from campaign.measure import slo, traces
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import TOKEN_HIGH, TOKEN_LOW
 from campaign.measure.runner import Measurer
+from campaign.night import store
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.night.matrix import load_matrix
 from campaign.server.profiles import PROJECT_ROOT, load_profile
@@ -286,3 +290,32 @@ def test_probe_replays_a_trace_file_given_on_the_command_line(
     code = run_cli(["probe", server.spec.base_url, "--api-key-env", "A5000_KEY", "--trace", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"Error: {path}: line 2: input_tokens: Input should be greater than 0\n")
+
+
+@pytest.mark.wall_timed
+def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(tmp_path: Path) -> None:
+    """`campaign run` of a matrix with a trace workload on the simulated A5000 pair, two variants (seed 000's
+    memory change) at two launches each: the trace cell is stored for every launch with its trace, and the
+    diff judges its goodput and throughput (shown within the minimum effect: the same trace on a bigger KV
+    cache that it never fills), as it judges any rate cell."""
+    matrix = tmp_path / "trace.yaml"
+    matrix.write_text(
+        "name: trace-sim\nprofile: a5000-tp2\nbaseline: baseline\nrepeats: 2\nwarmup: false\nwindow_s: 2\n"
+        "variants:\n  - {name: baseline, flags: {gpu-memory-utilization: 0.90}}\n"
+        "  - {name: memory, flags: {gpu-memory-utilization: 0.95}}\n"
+        "slo: {ttft_p90_ms: 30000, tpot_p90_ms: 200}\n"
+        f"workloads:\n  - {{kind: trace, file: {AZURE_CONV}, duration_s: 30, sample: 0.1}}\n")
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": f"{TIME_SCALE:g}"}
+    env.pop("CAMPAIGN_SIM_TRUTH", None)
+    out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+                          str(tmp_path / "runs"), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs" / "trace-sim").iterdir()
+    run = store.RunDir(run_dir)
+    stored = run.cells()
+    assert len(stored) == 4 and all(c.result.spec.trace is not None and c.result.status == "Valid" for c in stored)
+    rows = [line for line in out.stdout.splitlines() if line.startswith("rate-Tazure_conv_2023_1k.")]
+    judged = {line.split()[2]: line for line in rows}
+    for metric in ("goodput_rps", "total_tok_s"):
+        assert metric in judged and "no difference (shown within" in judged[metric], rows
