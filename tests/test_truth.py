@@ -42,7 +42,8 @@ def suite_launches() -> tuple[truth.Launch, ...]:
     """`make truth`'s two launches at the suite's size. The H200 (MTP: chunks of 1-3 tokens) runs every kind of
     cell: prefill, two sustained streams, the fixed cell (two rounds of four 64-token replies: some 500 per-token
     gaps, so its ITL p99 is not one gap's, though it may be two moments': see the test of one moment's tail
-    below) and an open-loop load (ten requests at 4 a second, below the knee), then long context, repeat and the
+    below), an open-loop load (ten requests at 4 a second, below the knee) and a trace (22 requests of the
+    Mooncake excerpt in three bursts, lengths a tenth, twice as fast), then long context, repeat and the
     capacity search; the A5000 pair (800-token blocks, four seats) context window, overload and prefix order."""
     return (
         truth.Launch("h200", {"max-model-len": 16384}, cells=(
@@ -51,6 +52,7 @@ def suite_launches() -> tuple[truth.Launch, ...]:
             truth._fixed(1024, 4, 64),
             CellSpec(phase="rate", context_tokens=2048, max_tokens=32, request_rate=4.0, duration_s=2.5,
                      slo=truth.TRUTH_SLO),
+            truth.trace_cell(120, 6, length_scale=0.1, speed=2),
         ), experiments=("long-context", "repeat", "slo-search")),
         truth.Launch("a5000-tp2", {"max-model-len": 1024, "max-num-seqs": 4}, cells=(),
                      experiments=("context-window", "overload", "prefix-order")),
@@ -116,7 +118,8 @@ def test_every_published_figure_matches_the_simulators_truth(
     suite = truth.launches()
 
     def kinds(launches: tuple[truth.Launch, ...]) -> set[str]:
-        return {f"{c.phase} {c.mode if c.phase == 'decode' else ''}" for launch in launches for c in launch.cells} \
+        return {f"{c.phase} {c.mode if c.phase == 'decode' else 'trace' if c.trace else ''}" for launch in launches
+                for c in launch.cells} \
             | {e for launch in launches for e in launch.experiments}
     assert kinds(suite) == kinds(full)   # nothing `make truth` measures is left out here
 

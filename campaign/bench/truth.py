@@ -41,11 +41,11 @@ from typing import Literal
 
 from campaign.core import stats
 from campaign.http.client import RequestRecord
-from campaign.measure import capacity, slo, study
+from campaign.measure import capacity, slo, study, traces
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import LAG_EVERY_S, Measurer
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.server.profiles import load_profile
+from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.sim import truth as sim_truth
 from campaign.sim.truth import RequestTruth, Truth
 
@@ -452,6 +452,16 @@ def _open_loop(context: int, rate: float) -> CellSpec:
                     slo=TRUTH_SLO)
 
 
+MOONCAKE = PROJECT_ROOT / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
+
+
+def trace_cell(start_s: float, duration_s: float, *, length_scale: float, speed: float = 1.0) -> CellSpec:
+    """A slice of the shipped Mooncake excerpt replayed at its own times (docs/traces.md), judged on the SLO."""
+    sliced, requests = traces.plan(MOONCAKE, start_s=start_s, duration_s=duration_s, length_scale=length_scale,
+                                   speed=speed)
+    return CellSpec.from_trace(sliced, requests, slo=TRUTH_SLO)
+
+
 def _fixed(context: int, concurrency: int, max_tokens: int) -> CellSpec:
     return CellSpec(phase="decode", mode="fixed", context_tokens=context, concurrency=concurrency,
                     max_tokens=max_tokens, min_requests=2 * concurrency)
@@ -465,6 +475,8 @@ def launches() -> tuple[Launch, ...]:
             CellSpec(phase="prefill", context_tokens=8192),
             _sustained(1024, 1, 512), _sustained(2048, 16, 256), _fixed(1024, 4, 128),
             _open_loop(2048, 3.0),
+            # 110 requests in bursts of up to 17 at one instant; its shared blocks imply 3,136 hits.
+            trace_cell(120, 30, length_scale=0.1),
         ), experiments=("long-context", "repeat", "slo-search")),
         # Seed 000's A5000 pair: 800-token blocks; four seats so that the overload burst queues.
         Launch("a5000-tp2", {"max-model-len": 8192, "max-num-seqs": 4}, cells=(
