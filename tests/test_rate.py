@@ -498,6 +498,15 @@ def test_a_client_behind_its_schedule_makes_the_cell_invalid_never_a_lower_load(
     # A few milliseconds of host noise at a slow rate are not a reason.
     noisy = [_record(i, 10.0 + i + 0.02, 0.1, 4, 0.01, due=10.0 + i, released=10.0 + i) for i in range(10)]
     assert behind_schedule(noisy, wall_rate=1.0, achieved_share=1.0) is None
+    # A trace's bursts (Mooncake: up to 17 at one stamp, stamps 3 s apart): at 4 req/s on average a burst sent
+    # over 0.4 s is later than a mean gap (0.25 s), but well before the next instant: the trace's shape kept.
+    # A burst still going when the next one is due is behind.
+    bursts = [_record(12 * b + k, 10.0 + 3 * b + 0.033 * k, 0.1, 4, 0.01, due=10.0 + 3 * b, released=10.0 + 3 * b)
+              for b in range(5) for k in range(12)]
+    assert behind_schedule(bursts, wall_rate=4.0, achieved_share=1.0) is None
+    slow = [_record(12 * b + k, 10.0 + 3 * b + 0.3 * k, 0.1, 4, 0.01, due=10.0 + 3 * b, released=10.0 + 3 * b)
+            for b in range(5) for k in range(12)]
+    assert "the limit here is 3000.0 ms" in (behind_schedule(slow, wall_rate=4.0, achieved_share=1.0) or "")
     assert Reason.SCHEDULE_BEHIND.value == "schedule_behind"
 
 
