@@ -371,6 +371,22 @@ def test_the_probes_margins_place_the_next_probe_and_pass_or_fail_still_decides(
         assert len(guided) < len(blind)
 
 
+def test_margins_all_but_equal_give_no_guess_rather_than_an_overflow() -> None:
+    """Two passing probes whose margins differ by a hair (decode-bound TPOT at low load) put the edge beyond
+    any float: no guess, and the walk goes on as without margins."""
+    low = capacity.Probe(2.0, passed=True, requests=100, margin=0.5)
+    high = capacity.Probe(4.0, passed=True, requests=100, margin=0.5003)
+    assert capacity._crossing(low, high) is None
+    seen: list[float] = []
+
+    async def flat(value: float) -> capacity.Probe:
+        seen.append(value)
+        return capacity.Probe(value, passed=value <= 6.1, requests=10, margin=0.5 + 1e-5 * value)
+
+    found = asyncio.run(capacity.search(flat, axis="rate", start=1.0, floor=0.01))
+    assert found.resolved and found.last_pass is not None and found.last_pass <= 6.1 < (found.first_fail or 0)
+
+
 def test_a_batch_pass_starts_the_rate_search_at_its_throughput() -> None:
     """The batch pass: `need` requests of the search's shape at once, no SLO; its throughput (completed over its
     measured span, the hardware's) bounds any rate the server sustains, and the search starts there, walking

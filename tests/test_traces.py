@@ -122,6 +122,7 @@ def test_a_campaign_trace_round_trips_and_says_its_version(tmp_path: Path) -> No
     ("m.jsonl", '{"timestamp": 9000, "input_length": 5, "output_length": 1}\n'
                 '{"timestamp": 3000, "input_length": 5, "output_length": 1}\n',
      "line 2: arrives at 3 s, before the line above (9 s)"),
+    ("m.jsonl", '{"timestamp": NaN, "input_length": 5, "output_length": 1}\n', "line 1: timestamp is nan"),
     ("m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]}\n',
      "line 1: hash_ids is not a list of whole numbers"),
     ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,374,44\r\n"
@@ -149,6 +150,20 @@ def test_each_formats_malformed_input_is_one_line_naming_the_file_and_line(tmp_p
     assert caught.value.hint
 
 
+def test_a_bom_a_naive_timestamp_and_a_block_size_without_blocks_read_as_meant(tmp_path: Path) -> None:
+    """A CSV saved with a byte-order mark still reads; Azure's timestamps (no zone) are read as UTC whatever
+    this host's zone, so a daylight-saving change moves no gap; a block size given to a trace without hash ids
+    is dropped (every prompt is unique: cache hits stay contamination, and the key names no blocks)."""
+    path = tmp_path / "bom.csv"
+    path.write_bytes("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-03-26 00:59:59.0000000,10,2\r\n"
+                     "2023-03-26 01:00:01.0000000,12,3\r\n".encode())
+    trace = traces.read(path)
+    assert trace.format == "azure" and [r.at_s for r in trace.requests] == [0.0, 2.0]
+    sliced, _ = traces.plan(path, block_size=512)
+    assert sliced.block_size is None and "-B" not in sliced.key and sliced.longest == (12, 3)
+    assert traces.plan(MOONCAKE, block_size=64)[0].block_size == 64
+
+
 def test_burstgpt_reads_its_documented_columns_and_names_its_failures(tmp_path: Path) -> None:
     """BurstGPT's CSV (columns as its README and readers give them; no excerpt ships: see SOURCES.md): seconds
     from the trace's start. A failed request is logged with 0 response tokens: the error says so."""
@@ -172,6 +187,8 @@ def test_a_trace_workload_is_a_rate_cell_of_the_slices_rate_and_a_bad_file_is_fo
     assert one.trace.requests == 87 and one.request_rate == pytest.approx(86 / 27)
     assert two.request_rate == pytest.approx(2 * 86 / 27) and one.shares_prefixes
     assert one.trace.block_tokens == 51
+    # The window must hold its longest prompt and that prompt's reply, not its mean.
+    assert one.lengths_range()[1] == one.trace.longest and one.trace.longest[0] > 6 * one.context_tokens
     # Relative to the matrix file; a malformed trace is found when the matrix is read, naming its line.
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": oops}\n')
@@ -323,3 +340,17 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(tmp_p
         row = judged.get(metric, "")
         assert " 2/2 " in row and "no data" not in row and re.search(r"[+-]\d+\.\d%\s+\[", row), rows
         assert "no difference (shown within" in row or "not settled" in row, row
+
+
+def test_a_trace_workload_on_ray_is_refused_before_the_night(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """A Ray node rebuilds its cells from the matrix and would read the trace at this machine's path: refused
+    with one line naming the workload, before any cluster is reached."""
+    matrix = tmp_path / "t.yaml"
+    matrix.write_text("name: t\nprofile: h200\nbaseline: a\nvariants:\n  - name: a\nworkloads:\n"
+                      f"  - {{kind: trace, file: {AZURE_CONV}, duration_s: 30}}\n")
+    capsys.readouterr()
+    code = run_cli(["run", str(matrix), "--engine", "sim", "--executor", "ray", "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"Error: {matrix}: workloads[0]: a trace is read on this machine; "), err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("manifest.json"))

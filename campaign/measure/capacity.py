@@ -88,7 +88,8 @@ class SearchResult(BaseModel):
     first_fail: float | None = Field(description="the lowest value that failed (None: none did, up to the ceiling)")
     resolved: bool = Field(description="the bracket is within the resolution asked for")
     requests: int = Field(description="requests sent by every probe together")
-    probes: list[dict[str, Any]] = Field(default_factory=list, description="each probe: value, passed, requests")
+    probes: list[dict[str, Any]] = Field(default_factory=list, description="each probe: value, passed, requests, "
+                                         "early_stopped, inconclusive, margin (format 14)")
     stopped: str = Field(description="why the search stopped, in words")
     inconclusive: str | None = Field(default=None, description="why a probe could not tell, where one ended it")
 
@@ -131,7 +132,9 @@ def _crossing(a: Probe, b: Probe) -> float | None:
     (x0, y0), (x1, y1) = points
     if y1 <= y0:
         return None
-    return math.exp(x0 - y0 * (x1 - x0) / (y1 - y0))
+    at = x0 - y0 * (x1 - x0) / (y1 - y0)
+    # Margins all but equal put the edge beyond any load a float holds: no guess (the walk goes on).
+    return math.exp(at) if abs(at) < 700 else None
 
 
 def _placed(guess: float | None, low: float, high: float, fallback: float, *, integer: bool) -> float:
@@ -197,7 +200,8 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
         elif last_pass is None:         # every probe failed: go down
             walk = _next_bracketing(x, up=False, integer=integer, factor=factor)
             guess = _crossing(previous, outcome) if previous is not None else None
-            lower = _placed(guess, x / 2, min(x / (1 + resolution), x - integer), walk, integer=integer)
+            lower = _placed(guess, max(x / 2, floor), min(x / (1 + resolution), x - integer), walk,
+                            integer=integer)
             if lower < floor:
                 stopped = f"the SLO failed down to {x:g}"
                 break
@@ -225,7 +229,7 @@ async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["r
         resolved=resolved or (first_fail is None and last_pass is not None and last_pass == ceiling),
         requests=sum(p.requests for p in done), stopped=stopped,
         probes=[{"value": p.value, "passed": p.passed, "requests": p.requests, "early_stopped": p.early_stopped,
-                 "inconclusive": p.inconclusive} for p in done])
+                 "inconclusive": p.inconclusive, "margin": p.margin} for p in done])
 
 
 # --- the experiment ---------------------------------------------------------------------------------------

@@ -456,6 +456,9 @@ class CellSpec(BaseModel):
         if self.sessions is not None:
             longest = self.sessions.length(self.sessions.turns - 1, self.max_tokens)
             return (self.context_tokens, self.max_tokens), (longest, self.max_tokens)
+        if self.trace is not None and self.trace.longest is not None:
+            # Its mean lengths, and its longest prompt with that prompt's reply (what the window must hold).
+            return (self.context_tokens, self.max_tokens), self.trace.longest
         r = self.range_ratio
 
         def span(n: int) -> tuple[int, int]:

@@ -87,6 +87,8 @@ def rate_ask(rate: str | None, duration: float, slo_text: str | None, arrival: s
     if find_max_rate and service is None:
         raise OptionError("--find-max-rate", "needs --slo: the service level to find the highest rate for")
     replay = None
+    if trace is None and trace_speed != 1:
+        raise OptionError("--trace-speed", "needs --trace FILE: the trace to replay faster")
     if trace is not None:
         try:
             sliced, requests = traces.plan(trace, speed=trace_speed)

@@ -9,8 +9,8 @@ Formats (each line or row one request; times are re-based so the first request o
   ContextTokens, GeneratedTokens (Azure/AzurePublicDataset). No prefix structure: every prompt is unique.
 - `burstgpt`: BurstGPT's CSV, Timestamp (seconds), Model, Request tokens, Response tokens, Total tokens, Log
   Type (HPMLL/BurstGPT). No prefix structure.
-- `campaign`: this project's JSONL (TraceHeader, then a TraceLine a request; docs/traces.md), which a stored
-  run's request records export to.
+- `campaign`: this project's JSONL (TraceHeader, then a TraceLine a request; docs/traces.md), written by
+  `write` (an export of a stored run's requests to it is still to come).
 
 A malformed line is a one-line error naming the file and the line; nothing is skipped silently.
 """
@@ -21,10 +21,11 @@ import array
 import csv
 import hashlib
 import json
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -90,7 +91,7 @@ def _problem(path: Path, line: int, problem: str, hint: str) -> ConfigError:
 def detect(path: Path) -> TraceFormat:
     """The format from the file's first line: a `campaign` header, a Mooncake record, or a CSV header."""
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:   # a BOM (a CSV saved by a spreadsheet) is not text
             first = handle.readline().strip()
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read the trace: {exc.strerror or exc}",
@@ -122,7 +123,7 @@ def read(path: Path, fmt: TraceFormat | None = None) -> Trace:
     readers = {"mooncake": _mooncake, "azure": _azure, "burstgpt": _burstgpt}
     block: int | None = MOONCAKE_BLOCK if fmt == "mooncake" else None
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             if fmt == "campaign":
                 header, rows = _campaign(path, handle)
                 block = header.block_size
@@ -178,7 +179,7 @@ def _mooncake(path: Path, handle: Iterator[str]) -> Iterator[tuple[int, TraceReq
         if missing:
             raise _problem(path, line, f"no {', '.join(missing)}", fix)
         stamp = record["timestamp"]
-        if isinstance(stamp, bool) or not isinstance(stamp, int | float) or stamp < 0:
+        if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not 0 <= stamp < math.inf:
             raise _problem(path, line, f"timestamp is {stamp!r}", "milliseconds from the trace's start, 0 or more")
         ids = record.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -207,7 +208,9 @@ def _csv_rows(path: Path, handle: Iterator[str], needed: tuple[str, ...]) -> Ite
 def _azure(path: Path, handle: Iterator[str]) -> Iterator[tuple[int, TraceRequest]]:
     for line, row in _csv_rows(path, handle, _AZURE):
         try:
-            stamp = datetime.fromisoformat(row["TIMESTAMP"].strip()).timestamp()
+            when = datetime.fromisoformat(row["TIMESTAMP"].strip())
+            # No zone written: read as UTC, so a daylight-saving change on this host moves no gap.
+            stamp = (when.replace(tzinfo=UTC) if when.tzinfo is None else when).timestamp()
         except ValueError:
             raise _problem(path, line, f"TIMESTAMP is {row['TIMESTAMP']!r}",
                            "a date and time, as 2023-11-16 18:15:46.6805900") from None
@@ -221,7 +224,7 @@ def _burstgpt(path: Path, handle: Iterator[str]) -> Iterator[tuple[int, TraceReq
             stamp = float(row["Timestamp"])
         except ValueError:
             raise _problem(path, line, f"Timestamp is {row['Timestamp']!r}", "seconds from the trace's start") from None
-        if not stamp >= 0:
+        if not 0 <= stamp < math.inf:
             raise _problem(path, line, f"Timestamp is {row['Timestamp']!r}", "seconds from the trace's start")
         if row["Response tokens"].strip() == "0":
             raise _problem(path, line, "Response tokens is 0: BurstGPT logs a failed request so",
@@ -368,13 +371,15 @@ class TraceSlice(BaseModel):
     block_size: int | None = Field(default=None, gt=0,
                                    description="prompt tokens a hash id stands for in the trace (None: none)")
     requests: int = Field(gt=0, description="requests the slice sends")
+    longest: tuple[int, int] | None = Field(
+        default=None, description="the (prompt, reply) tokens of its longest prompt: what the window must hold")
 
     @property
     def key(self) -> str:
         stem = "".join(c if c.isalnum() or c in "_." else "_" for c in Path(self.path).stem)
         out = f"T{stem}.{self.digest[:8]}"
-        out += f"-O{self.start_s:g}" if self.start_s else ""
-        out += f"-D{self.duration_s:g}" if self.duration_s is not None else ""
+        out += f"-O{self.start_s:.12g}" if self.start_s else ""   # a week-long trace's seconds, exactly
+        out += f"-D{self.duration_s:.12g}" if self.duration_s is not None else ""
         out += f"-x{self.speed:g}" if self.speed != 1 else ""   # lower case: -X is an early stop
         out += f"-F{self.sample:g}" if self.sample != 1 else ""
         out += f"-Z{self.length_scale:g}" if self.length_scale != 1 else ""
@@ -414,7 +419,9 @@ def plan(path: Path, fmt: TraceFormat | None = None, **slicing: Any) -> tuple[Tr
     """Read and slice a trace for a cell: its stored description and the requests it sends. A slice of fewer
     than two requests, or all at one instant, has no rate (EmptySlice)."""
     trace = read(path, fmt)
-    block = slicing.pop("block_size", None) or trace.block_size
+    # A block size means something only where requests name blocks: without hash ids every prompt is unique.
+    given = slicing.pop("block_size", None)
+    block = (given or trace.block_size) if any(r.hash_ids for r in trace.requests) else None
     spec = TraceSlice(path=str(path), digest=digest(path), format=trace.format, block_size=block, requests=1,
                       **slicing)
     requests = select(trace.requests, start_s=spec.start_s, duration_s=spec.duration_s, speed=spec.speed,
@@ -423,7 +430,9 @@ def plan(path: Path, fmt: TraceFormat | None = None, **slicing: Any) -> tuple[Tr
     if len(requests) < 2 or requests[-1].at_s <= 0:
         raise EmptySlice(f"the slice of {path.name} has {len(requests)} request(s) over "
                          f"{requests[-1].at_s if requests else 0:g} s: a replay needs at least two, at different times")
-    return spec.model_copy(update={"requests": len(requests)}), requests
+    return spec.model_copy(update={"requests": len(requests),
+                                   "longest": max(((r.input_tokens, r.output_tokens) for r in requests),
+                                                  key=sum)}), requests
 
 
 def mean_rate(requests: list[TraceRequest]) -> float:

@@ -51,9 +51,11 @@ Format history:
     searches have neither.
 14 - a rate cell's spec may carry `trace` (a production trace replayed at its own times: file, digest, format,
     slice, speed, sample, length_scale, block_size, requests; keys rate-T<stem>.<digest>...), its result
-    `trace_implied_hits` (the prompt tokens the trace's shared blocks make reusable). A search's probes keep
-    their rate's arrivals scaled from one unit-rate draw (common random numbers) and are placed by the last
-    probes' margins; older searches drew each rate's own. Older files have neither field (None).
+    `trace_implied_hits` (the prompt tokens the trace's shared blocks make reusable). Rate cells of one shape
+    draw one unit-rate sequence of gaps scaled to their rate (common random numbers), so a rate cell's arrivals
+    differ from format 13's: a run resumed across the change, or diffed against an older run, compares two
+    draws of the same cell. A search's probes are placed by the last probes' margins (stored with each probe).
+    Older files have neither field (None).
 
 Long (about 530 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
