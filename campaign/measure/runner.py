@@ -5,7 +5,7 @@ own output is known exactly (requests straddling the window are drained, not abo
 counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
 `max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
 
-Long (about 800 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
+Long (about 850 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
 with the same bracketing, contamination checks and retries; its steps share the target's state and one
 client, so they are one class.
 """

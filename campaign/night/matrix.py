@@ -3,7 +3,7 @@
 Validated into frozen models; every error names the file, the key path and a suggestion. The expansion into
 variants and cells is deterministic, so a resumed run finds the same cell keys.
 
-Long (about 680 lines): the matrix's models (variants, grid, eight workload kinds with their validators)
+Long (about 730 lines): the matrix's models (variants, grid, nine workload kinds with their validators)
 and its expansion into the schedule; every error names the file and key, so each validator is beside its
 field.
 """

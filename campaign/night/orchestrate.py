@@ -445,9 +445,8 @@ def _check_ray_options(ray: bool, gpus: list[int] | None, address: str | None, m
     traced = [i for i, w in enumerate(matrix.workloads) if isinstance(w, TraceWorkload)]
     if ray and traced:
         # A Ray node rebuilds its cells from the matrix, reading the trace at this machine's path.
-        raise ConfigError(str(matrix_path), f"workloads[{traced[0]}]", "a trace is read on this machine; a Ray "
-                          "node would look for it at this machine's path", hint="run trace workloads without "
-                          "--executor ray (on this host, or a --gpus pool): Ray does not carry trace files yet")
+        raise ConfigError(str(matrix_path), f"workloads[{traced[0]}]", "a trace is read on this machine; a Ray node "
+                          "would look for it at this machine's path", hint="run it without --executor ray")
     if ray and gpus is not None:
         raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
                             hint="drop --gpus (Ray's num_gpus per node says what each node has)")

@@ -57,7 +57,7 @@ Format history:
     draws of the same cell. A search's probes are placed by the last probes' margins (stored with each probe).
     Older files have neither field (None).
 
-Long (about 530 lines): every stored record's model with a description per field, and the generator of
+Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
 """
 
