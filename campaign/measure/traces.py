@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import csv
 import hashlib
+import io
 import json
 import math
 import random
@@ -59,6 +60,7 @@ class Trace:
     format: TraceFormat
     requests: list[TraceRequest]
     block_size: int | None   # tokens a hash id stands for; None: the trace has no prefix structure
+    digest: str              # the first 12 hex digits of the file's SHA-256: which content was read
 
 
 class TraceHeader(BaseModel):
@@ -88,16 +90,23 @@ def _problem(path: Path, line: int, problem: str, hint: str) -> ConfigError:
     return ConfigError(str(path), f"line {line}", problem, hint=hint)
 
 
-def detect(path: Path) -> TraceFormat:
-    """The format from the file's first line: a `campaign` header, a Mooncake record, or a CSV header."""
+def _contents(path: Path) -> tuple[str, str]:
+    """The file's text and its digest, from one read."""
     try:
-        with path.open(encoding="utf-8-sig") as handle:   # a BOM (a CSV saved by a spreadsheet) is not text
-            first = handle.readline().strip()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read the trace: {exc.strerror or exc}",
                           hint="give the path of a trace file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), "", "not a text file", hint="a trace is JSONL or CSV") from None
+    try:
+        text = data.decode("utf-8-sig")   # a BOM (a CSV saved by a spreadsheet) is not text
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"not UTF-8 text ({exc.reason})", hint="a trace is JSONL or CSV") from None
+    return text, hashlib.sha256(data).hexdigest()[:12]
+
+
+def detect(path: Path, text: str | None = None) -> TraceFormat:
+    """The format from the file's first line: a `campaign` header, a Mooncake record, or a CSV header."""
+    first = (_contents(path)[0] if text is None else text).split("\n", 1)[0].strip()
     if first.startswith("{"):
         try:
             record = json.loads(first)
@@ -119,22 +128,17 @@ def detect(path: Path) -> TraceFormat:
 
 def read(path: Path, fmt: TraceFormat | None = None) -> Trace:
     """Every request of the trace at `path`, in arrival order, times from its first request."""
-    fmt = fmt or detect(path)
+    text, digest = _contents(path)
+    fmt = fmt or detect(path, text)
     readers = {"mooncake": _mooncake, "azure": _azure, "burstgpt": _burstgpt}
     block: int | None = MOONCAKE_BLOCK if fmt == "mooncake" else None
-    try:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            if fmt == "campaign":
-                header, rows = _campaign(path, handle)
-                block = header.block_size
-                raw = list(rows)
-            else:
-                raw = list(readers[fmt](path, handle))
-    except OSError as exc:
-        raise ConfigError(str(path), "", f"cannot read the trace: {exc.strerror or exc}",
-                          hint="give the path of a trace file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), "", f"not UTF-8 text ({exc.reason})", hint="a trace is JSONL or CSV") from None
+    handle = io.StringIO(text, newline="")
+    if fmt == "campaign":
+        header, rows = _campaign(path, handle)
+        block = header.block_size
+        raw = list(rows)
+    else:
+        raw = list(readers[fmt](path, handle))
     if not raw:
         raise ConfigError(str(path), "", "the trace has no requests", hint="give a trace with at least one")
     for (line, earlier), (_, later) in zip(raw, raw[1:], strict=False):
@@ -146,7 +150,7 @@ def read(path: Path, fmt: TraceFormat | None = None) -> Trace:
     if block is None and any(r.hash_ids for r in requests):
         raise ConfigError(str(path), "line 1", "requests carry hash_ids but the header gives no block_size",
                           hint="add block_size (tokens a hash id stands for) to the header")
-    return Trace(path, fmt, requests, block)
+    return Trace(path, fmt, requests, block, digest)
 
 
 def _length(path: Path, line: int, name: str, value: object, *, allow_zero: bool = False) -> int:
@@ -243,7 +247,7 @@ def _campaign(path: Path, handle: Iterator[str]) -> tuple[TraceHeader, Iterator[
                        '{"kind": "trace", "schema_version": 1, "block_size": 512 or null}') from None
     if header.schema_version != TRACE_SCHEMA_VERSION:
         raise _problem(path, 1, f"schema_version {header.schema_version}, this tool reads {TRACE_SCHEMA_VERSION}",
-                       "upgrade the tool, or export the trace again")
+                       "upgrade the tool, or write the trace again in version 1")
 
     def rows() -> Iterator[tuple[int, TraceRequest]]:
         for line, text in enumerate(handle, 2):
@@ -389,11 +393,11 @@ class TraceSlice(BaseModel):
 
     def load(self) -> list[TraceRequest]:
         """The slice's requests, read again from the file (which must be the one the plan read)."""
-        path = Path(self.path)
-        if digest(path) != self.digest:
+        trace = read(Path(self.path), self.format)
+        if trace.digest != self.digest:
             raise ConfigError(self.path, "", "the trace changed since the plan read it",
                               hint="plan the night again, or restore the file")
-        return select(read(path, self.format).requests, start_s=self.start_s, duration_s=self.duration_s,
+        return select(trace.requests, start_s=self.start_s, duration_s=self.duration_s,
                       speed=self.speed, sample=self.sample, seed=int(self.digest, 16),
                       length_scale=self.length_scale, max_requests=self.max_requests)
 
@@ -401,14 +405,6 @@ class TraceSlice(BaseModel):
     def block_tokens(self) -> int | None:
         """Prompt tokens a hash id stands for as sent (scaled with the lengths)."""
         return None if self.block_size is None else block_tokens(self.block_size, self.length_scale)
-
-
-def digest(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    except OSError as exc:
-        raise ConfigError(str(path), "", f"cannot read the trace: {exc.strerror or exc}",
-                          hint="give the path of a trace file") from None
 
 
 class EmptySlice(ValueError):
@@ -422,7 +418,7 @@ def plan(path: Path, fmt: TraceFormat | None = None, **slicing: Any) -> tuple[Tr
     # A block size means something only where requests name blocks: without hash ids every prompt is unique.
     given = slicing.pop("block_size", None)
     block = (given or trace.block_size) if any(r.hash_ids for r in trace.requests) else None
-    spec = TraceSlice(path=str(path), digest=digest(path), format=trace.format, block_size=block, requests=1,
+    spec = TraceSlice(path=str(path), digest=trace.digest, format=trace.format, block_size=block, requests=1,
                       **slicing)
     requests = select(trace.requests, start_s=spec.start_s, duration_s=spec.duration_s, speed=spec.speed,
                       sample=spec.sample, seed=int(spec.digest, 16), length_scale=spec.length_scale,
