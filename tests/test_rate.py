@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
-from fakes import builders
+from fakes import builders, simulated
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
@@ -34,9 +34,9 @@ from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.figures import behind_schedule, rate_metrics
 from campaign.measure.runner import Measurer
 from campaign.night import store
-from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.launcher import LaunchedServer
 from campaign.night.matrix import load_matrix
-from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.server.profiles import PROJECT_ROOT
 from campaign.sim import truth as sim_truth
 
 
@@ -712,12 +712,8 @@ TIME_SCALE = 5.0
 
 @pytest.fixture(scope="module")
 def h200(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
-    folder = tmp_path_factory.mktemp("rate")
-    truth_path = folder / "truth.jsonl"
-    profile, _ = load_profile("h200")
-    with truth.environment(CAMPAIGN_SIM_TIME_SCALE=f"{TIME_SCALE:g}", CAMPAIGN_SIM_TRUTH=str(truth_path)), \
-            launched(profile, folder / "server.log", {"max-model-len": 16384}, engine="sim") as server:
-        yield server, truth_path
+    with simulated.with_truth(tmp_path_factory.mktemp("rate"), "h200", {"max-model-len": 16384}, TIME_SCALE) as launch:
+        yield launch
 
 
 def _cli(*args: str, env: dict[str, str | None] | None = None) -> Result:

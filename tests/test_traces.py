@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakes import simulated
 from typer.testing import CliRunner
 
 from campaign.bench import truth
@@ -27,9 +28,9 @@ from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import TOKEN_HIGH, TOKEN_LOW
 from campaign.measure.runner import Measurer
 from campaign.night import store
-from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.launcher import LaunchedServer
 from campaign.night.matrix import load_matrix
-from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.server.profiles import PROJECT_ROOT
 from campaign.sim import truth as sim_truth
 
 SHIPPED = PROJECT_ROOT / "matrices" / "traces"
@@ -214,12 +215,8 @@ PATIENT = Timeouts(first_byte_s=3600.0, idle_s=3600.0)
 
 @pytest.fixture(scope="module")
 def a5000(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
-    folder = tmp_path_factory.mktemp("trace")
-    truth_path = folder / "truth.jsonl"
-    profile, _ = load_profile("a5000-tp2")
-    with truth.environment(CAMPAIGN_SIM_TIME_SCALE=f"{TIME_SCALE:g}", CAMPAIGN_SIM_TRUTH=str(truth_path)), \
-            launched(profile, folder / "server.log", {}, engine="sim") as server:
-        yield server, truth_path
+    with simulated.with_truth(tmp_path_factory.mktemp("trace"), "a5000-tp2", {}, TIME_SCALE) as launch:
+        yield launch
 
 
 def _patient(server: LaunchedServer) -> Measurer:
