@@ -134,6 +134,12 @@ def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notic
     return [Notice(PlanWarning.UNLISTED_FLAG, f"{use.where}: {use.key} is not in {source}") for use in unlisted]
 
 
+def _split(mode: str, ttft: str, prompts: str) -> bool:
+    """Whether a decode cell's streams are split over client processes (runner._run_step): only a sustained
+    cold-TTFT cell of random prompts is."""
+    return mode == "sustained" and ttft == "cold" and prompts == "random"
+
+
 def _concurrencies(matrix: Matrix) -> list[tuple[str, int, bool, bool]]:
     """(key, streams, is a decode cell's, is split over client processes) for every number of concurrent
     streams the matrix asks for. Only a sustained cold-TTFT cell of random prompts is split (runner._run_step);
@@ -141,8 +147,7 @@ def _concurrencies(matrix: Matrix) -> list[tuple[str, int, bool, bool]]:
     found: list[tuple[str, int, bool, bool]] = []
     for index, workload in enumerate([*matrix.workloads]):
         decode = isinstance(workload, DecodeWorkload)
-        split = isinstance(workload, DecodeWorkload) and workload.mode == "sustained" and workload.ttft == "cold" \
-            and workload.prompts == "random"
+        split = isinstance(workload, DecodeWorkload) and _split(workload.mode, workload.ttft, workload.prompts)
         for attr in ("concurrency", "max_concurrency", "sessions"):
             value = getattr(workload, attr, None)
             numbers = value if isinstance(value, list) else [value]
@@ -187,7 +192,7 @@ def check_open_files_on_host(cells: list[CellSpec], host: str, *, open_files: in
     for spec in cells:
         if spec.phase == "decode":
             streams = spec.concurrency
-            split = spec.mode == "sustained" and spec.ttft == "cold" and spec.prompts == "random"
+            split = _split(spec.mode, spec.ttft, spec.prompts)
         else:
             streams = max(spec.max_concurrency or 1, spec.sessions.count if spec.sessions else 1)
             split = False
