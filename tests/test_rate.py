@@ -863,9 +863,38 @@ def test_an_attempt_the_client_fell_behind_on_is_measured_again_and_says_so(
     assert len(drives) == 2
     first, second = cell.attempts
     assert not first.accepted and first.reason is not None
-    assert first.reason.startswith("the client fell behind its schedule: requests left a p99 ")
+    assert first.code == Reason.SCHEDULE_BEHIND and "requests left a p99 " in first.reason
     assert second.accepted and cell.status == "Valid" and cell.discarded_steps == 1, cell.reasons
     assert len(cell.records) == 4 and max(figures.send_lags(cell.records)) < 0.4   # the schedule kept
+
+
+@pytest.mark.wall_timed
+def test_a_sustained_window_the_client_left_idle_is_measured_again_and_says_so(
+        h200: tuple[LaunchedServer, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sustained twin of the late schedule: in the first attempt one stream waits a second before its
+    second request (as a client its host stalls does), so the window's two streams are busy about 1.2 of 2 on
+    average. Every such pause is the client's, never the server's: the attempt is discarded with the code
+    `fewer_active` and its reason, and the cell stands on the attempt that kept both streams busy (a loaded CI
+    machine once left a real-build cell at 1.7 of 2 and the cell Invalid)."""
+    server, _ = h200
+    calls: list[int] = []
+    real_one = Measurer._one
+
+    async def one_stalls_once(self: Measurer, *args: Any, **kwargs: Any) -> RequestRecord:
+        calls.append(1)
+        if len(calls) == 3:  # the first stream to finish, going for its second request inside the window
+            await asyncio.sleep(1.0)
+        return await real_one(self, *args, **kwargs)
+
+    monkeypatch.setattr(Measurer, "_one", one_stalls_once)
+    spec = CellSpec(phase="decode", context_tokens=1024, concurrency=2, max_tokens=64, window_s=3, warmup_s=0.2)
+    cell = asyncio.run(Measurer(server.target()).run_cell(spec))
+    first, second = cell.attempts
+    assert not first.accepted and first.code == Reason.FEWER_ACTIVE and first.reason is not None
+    assert "streams active" in first.reason
+    assert second.accepted and second.code is None
+    assert cell.status == "Valid" and cell.discarded_steps == 1, cell.reasons
+    assert cell.avg_active is not None and cell.avg_active >= 1.9
 
 
 @pytest.mark.wall_timed

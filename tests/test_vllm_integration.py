@@ -29,7 +29,7 @@ from campaign.http.client import new_client, stream_completion
 from campaign.measure import corpus, slo, traces
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
-from campaign.measure.runner import Measurer, Target
+from campaign.measure.runner import CLIENT_STALLS, Measurer, Target
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
@@ -92,9 +92,11 @@ def test_launch_parses_the_cpu_kv_line_and_reads_block_size_from_metrics(vllm_se
 
 
 def test_decode_matrix_and_prefill_row(target: Target) -> None:
-    """A prefill row and a sustained decode row on the real scheduler: every cell Valid, bracketed with nothing
-    discarded and nothing served from the prefix cache, labelled single-stream or aggregate, measured over at
-    least its window, and every reply drained to its full length (never cut at the window's end)."""
+    """A prefill row and a sustained decode row on the real scheduler: every cell Valid, bracketed with no
+    foreign traffic and nothing served from the prefix cache, labelled single-stream or aggregate, measured over
+    at least its window, and every reply drained to its full length (never cut at the window's end). An
+    attempt may be discarded only because this loaded machine stalled the client (a CI run once left the
+    two streams busy 1.7 of 2 on average); it is then measured again."""
     measurer = Measurer(target)
     specs = [CellSpec(phase="prefill", context_tokens=256), CellSpec(phase="prefill", context_tokens=1024)]
     specs += [CellSpec(phase="decode", context_tokens=256, concurrency=c, max_tokens=64, window_s=1.0, warmup_s=0.2)
@@ -106,7 +108,7 @@ def test_decode_matrix_and_prefill_row(target: Target) -> None:
     results = asyncio.run(run())
     for cell in results:
         assert cell.status == "Valid", (cell.spec.key, cell.reasons)
-        assert cell.discarded_steps == 0
+        assert all(a.code in CLIENT_STALLS for a in cell.attempts if not a.accepted), cell.attempts
         assert cell.prefix_cache_hits == 0
     prefill = results[:2]
     assert [c.label for c in prefill] == ["single-stream", "single-stream"]

@@ -537,6 +537,9 @@ class Attempt(BaseModel):
 
     accepted: bool
     reason: str | None = None
+    # Why it was discarded, as a code (format 14): CONTAMINATED for foreign traffic; FEWER_ACTIVE or
+    # SCHEDULE_BEHIND where the client's host stalled it. None when accepted (and in older files).
+    code: Reason | None = None
     expected_generation_tokens: int
     counted_generation_tokens: float | None = None
     expected_prompt_tokens: int

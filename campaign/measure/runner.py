@@ -63,6 +63,9 @@ from campaign.server.gpu import StepMonitor, StepTelemetry
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
+# Findings that say the client offered less than asked because its own host stalled it: in a sustained window
+# every pause between a stream's reply and its next request is the client's; on a schedule, every late send.
+CLIENT_STALLS = (Reason.FEWER_ACTIVE, Reason.SCHEDULE_BEHIND)
 WARMUP_PREFILLS = 3  # the warm-up sends the longest prompt this many times
 # Rendering /metrics blocks vLLM's API server (the process that streams every token) for a noticeable time,
 # so sampling the queue gauges during a window perturbs what is measured: on the 2-core CPU build, scraping
@@ -299,10 +302,11 @@ class Measurer:
 
     async def _attempts(self, spec: CellSpec, base: dict[str, Any], max_tokens: int, client: StreamClient,
                         control: httpx.AsyncClient) -> CellResult:
-        """Measure the cell until an attempt's bracket shows no foreign traffic and, on a schedule, the client
-        kept it, at most max_attempts times. A client that fell behind (its host stalled it) offered another
-        load than the one asked for: that attempt is discarded, saying so, as foreign traffic's is; the last
-        one stands as measured (Invalid, with why)."""
+        """Measure the cell until an attempt's bracket shows no foreign traffic and the client kept its load (on
+        a schedule, its times; in a sustained window, every stream busy), at most max_attempts times. A client
+        its host stalled offered another load than the one asked for: that attempt is discarded, saying so, as
+        foreign traffic's is; the last one stands as measured (Invalid, with why). A step with failed requests
+        stands at once: the failures, not the client, are its finding."""
         attempts: list[Attempt] = []
         source = self._source(spec, control)
         if source is not None:
@@ -314,12 +318,12 @@ class Measurer:
             attempts.append(attempt)
             if attempt.accepted:
                 result = self._result(base, spec, step, m.Delta(before, after), attempts)
-                if Reason.SCHEDULE_BEHIND not in result.reason_codes or number == self.max_attempts:
+                stall = next(((r, c) for r, c in zip(result.reasons, result.reason_codes, strict=True)
+                              if c in CLIENT_STALLS), None)
+                if stall is None or Reason.REQUEST_ERRORS in result.reason_codes or number == self.max_attempts:
                     return result
-                behind = next(r for r, c in zip(result.reasons, result.reason_codes, strict=True)
-                              if c == Reason.SCHEDULE_BEHIND)
-                attempts[-1] = attempt.model_copy(update={"accepted": False,
-                                                          "reason": f"the client fell behind its schedule: {behind}"})
+                attempts[-1] = attempt.model_copy(update={"accepted": False, "code": stall[1],
+                                                          "reason": f"the client's host stalled it: {stall[0]}"})
             self.on_event(f"{spec.key}: attempt {number} discarded ({attempts[-1].reason}); "
                           "rerunning with fresh prompts")
         discarded = [a for a in attempts if not a.accepted]
@@ -354,7 +358,8 @@ class Measurer:
             reason = (f"server counted {gen:.0f} generated / {prompt:.0f} prompt tokens, ours were "
                       f"{expected_gen} / {expected_prompt}: {excess} foreign tokens")
         return after, Attempt(
-            accepted=excess == 0, reason=reason, expected_generation_tokens=expected_gen,
+            accepted=excess == 0, reason=reason, code=Reason.CONTAMINATED if excess else None,
+            expected_generation_tokens=expected_gen,
             counted_generation_tokens=gen, expected_prompt_tokens=expected_prompt,
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )

@@ -55,7 +55,9 @@ Format history:
     draw one unit-rate sequence of gaps scaled to their rate (common random numbers), so a rate cell's arrivals
     differ from format 13's: a run resumed across the change, or diffed against an older run, compares two
     draws of the same cell. A search's probes are placed by the last probes' margins (stored with each probe).
-    Older files have neither field (None).
+    An attempt carries the `code` of why it was discarded (contaminated; fewer_active or schedule_behind when
+    the client's host stalled it): a sustained window whose streams were busy less than 95% of it is now
+    measured again, as a late schedule was. Older files have none of these fields (None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
