@@ -24,7 +24,7 @@ from campaign.cli import app, run_cli
 from campaign.core.errors import ConfigError
 from campaign.http.endpoint import Timeouts
 from campaign.measure import slo, traces
-from campaign.measure.cells import CellSpec
+from campaign.measure.cells import CellSpec, Reason
 from campaign.measure.prompts import TOKEN_HIGH, TOKEN_LOW
 from campaign.measure.runner import Measurer
 from campaign.night import store
@@ -260,6 +260,30 @@ def test_the_mooncake_excerpt_replays_at_its_own_times_with_the_hits_the_simulat
     assert (cell.prefix_cache_hits or 0) <= cell.trace_implied_hits
     assert any(n.startswith("trace mooncake-conversation-1k.jsonl (mooncake): 110 of its slice's 110 requests")
                for n in cell.notes)
+    # The cache was emptied before the step and the canary (two 800-token blocks and a token) proved it.
+    state = cell.cache_state
+    assert state is not None and state.method == "reset" and state.reset_answer and state.canary_hits == 0
+    assert state.canary_tokens == 1601 and state.note() in cell.notes
+
+
+@pytest.mark.wall_timed
+def test_a_reset_that_forgets_nothing_is_found_by_its_canary_and_the_cell_is_invalid(tmp_path: Path) -> None:
+    """A server whose POST /reset_prefix_cache answers success and forgets nothing (the simulator's
+    reset-keeps-cache fault): the canary sent before the reset is served from the cache after it, both its
+    whole 800-token blocks, so the trace cell is Invalid with cache_not_reset and the tokens served; never a
+    silently warm cache."""
+    path = tmp_path / "two.jsonl"
+    traces.write(path, [traces.TraceRequest(0.0, 1024, 8), traces.TraceRequest(1.0, 1024, 8)], block_size=None,
+                 source="two unique prompts a second apart")
+    with simulated.with_truth(tmp_path, "a5000-tp2", {"fault": "reset-keeps-cache"}, TIME_SCALE) as (server, _):
+        cell = asyncio.run(_patient(server).run_cell(_trace_cell(path)))
+    assert cell.status == "Invalid" and cell.reason_codes == [Reason.CACHE_NOT_RESET], cell.reasons
+    state = cell.cache_state
+    assert state is not None and state.method == "reset" and state.reset_answer is True
+    assert state.canary_hits == 1600 and state.canary_tokens == 1601
+    assert cell.reasons == ["the server said it reset its prefix cache, but then served 1600 of 1601 prompt "
+                            "tokens of a prompt sent before the reset from it"]
+    assert len(cell.records) == 2 and all(r.ok for r in cell.records)   # measured all the same, never lost
 
 
 @pytest.mark.wall_timed

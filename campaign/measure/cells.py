@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from campaign.core import stats
 from campaign.http.client import RequestRecord
 from campaign.measure import slo
+from campaign.measure.cachestate import CacheState
 from campaign.measure.openloop import Arrival
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
@@ -65,6 +66,7 @@ class Reason(StrEnum):
     SERVER_DIED = "server_died"
     PROMPTS_UNAVAILABLE = "prompts_unavailable"
     SCHEDULE_BEHIND = "schedule_behind"
+    CACHE_NOT_RESET = "cache_not_reset"
     # The one caveat a Valid cell may carry: its figures stand, but one conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
 
@@ -90,6 +92,8 @@ REASON_HINTS: dict[Reason, str] = {
                                 "(and the completions endpoint) against this server",
     Reason.SCHEDULE_BEHIND: "the client could not send requests at the rate asked for: a lower rate, fewer "
                             "client-side costs (random prompts), or a quieter or bigger client machine",
+    Reason.CACHE_NOT_RESET: "the step's prefix hits may include blocks cached before it: launch the server afresh "
+                            "before the cell (a new repeat), or check for other clients holding requests",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }
@@ -131,6 +135,7 @@ class StepEvidence:
     kv_usage: tuple[float | None, ...] = ()    # vllm:kv_cache_usage_perc (0-1) of the same samples (None: absent)
     decode_tokens_per_seq: int = 1             # tokens a decoding sequence takes from the chunk: 1 + draft tokens
     behind_schedule: str | None = None         # rate cells: how the client fell behind its arrival schedule
+    cache_problem: str | None = None           # rate cells: why the prefix cache was not left empty before it
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -331,6 +336,8 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.GPU_THROTTLED, f"the GPU was throttled during the step: {e.gpu_throttled}"))
     if e.behind_schedule:
         found.append(Finding(Reason.SCHEDULE_BEHIND, e.behind_schedule))
+    if e.cache_problem:
+        found.append(Finding(Reason.CACHE_NOT_RESET, e.cache_problem))
     status: Status = "Failed" if errors else ("Invalid" if found else "Valid")
     return status, found
 
@@ -619,6 +626,8 @@ class CellResult(BaseModel):
     # everything and a prefix computed before the next arrives (traces.implied_hits, in the server's blocks),
     # beside the hits the server's counters saw; None for other cells or a trace without hash ids.
     trace_implied_hits: int | None = None
+    # Rate cells (format 14): the prefix cache's state when the step began, and how it was known.
+    cache_state: CacheState | None = None
     # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
     # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
     energy_j_per_token: float | None = None

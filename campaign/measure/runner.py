@@ -31,7 +31,7 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
 from campaign.http.streamclient import StreamClient
 from campaign.http.tokenizer import ServerTokenizer
-from campaign.measure import openloop, shard, slo, traces
+from campaign.measure import cachestate, openloop, shard, slo, traces
 from campaign.measure.cells import (
     TTFT_MODE_TEXT,
     Attempt,
@@ -133,6 +133,7 @@ class _Step:
     load: _Load | None = None      # a rate cell's schedule
     telemetry: StepTelemetry | None = None
     lag: list[float] = field(default_factory=list)   # the controller's event-loop lateness, seconds
+    cache: cachestate.CacheState | None = None     # a rate cell's prefix cache when its step began
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,7 @@ class Measurer:
         self.on_event = on_event or (lambda _msg: None)
         self._ids = 0
         self._checked_metrics = False
+        self._reset_available: bool | None = None   # whether the server exposes /reset_prefix_cache
 
     # --- control plane -----------------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient) -> m.MetricsSnapshot:
@@ -312,8 +314,10 @@ class Measurer:
         if source is not None:
             await source.prepare(spec.context_tokens)
         for number in range(1, self.max_attempts + 1):
+            cache = await self.empty_prefix_cache(client, control) if spec.phase == "rate" else None
             before = await self.scrape(control)
             step = await self._run_step(spec, max_tokens, client, control, source)
+            step.cache = cache
             after, attempt = await self.bracket(control, before, step.records + step.priming)
             attempts.append(attempt)
             if attempt.accepted:
@@ -363,6 +367,28 @@ class Measurer:
             counted_generation_tokens=gen, expected_prompt_tokens=expected_prompt,
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )
+
+    async def empty_prefix_cache(self, client: StreamClient, control: httpx.AsyncClient) -> cachestate.CacheState:
+        """Before an open-loop step: the prefix cache emptied and checked with a canary of whole KV blocks, whose
+        hits are read from the server's counters once they have counted its prompt (see cachestate)."""
+        tokens = cachestate.CANARY_BLOCKS * (self.target.block_size or 16) + 1
+        if self.target.max_model_len is not None:
+            tokens = min(tokens, self.target.max_model_len - 1)
+        ids = self.prompts.unique(tokens)
+
+        async def canary() -> float | None:
+            before = await self.scrape(control)
+            record = await self._one(client, tokens, 1, prompt=Prompt(tokens=tokens, ids=ids))
+            deadline = time.monotonic() + SETTLE_S
+            while True:
+                delta = m.Delta(before, await self.scrape(control))
+                if not record.ok or delta(m.PROMPT_TOKENS) >= tokens or time.monotonic() > deadline:
+                    return delta.optional(m.PREFIX_HITS)
+                await asyncio.sleep(0.05)
+
+        state = await cachestate.bring_to_empty(control, canary, tokens=tokens, available=self._reset_available)
+        self._reset_available = state.method == "reset"
+        return state
 
     async def _sampler(self, control: httpx.AsyncClient, samples: list[_Gauges], window_open: asyncio.Event,
                        stop: asyncio.Event, interval_s: float) -> None:
@@ -685,11 +711,14 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
             template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.shares_prefixes,
+            cache_problem=step.cache.problem if step.cache is not None else None,
             behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))
         status, findings = verdict(evidence)
         notes = self._rate_notes(spec, values, delta, scale, sent=len(records), implied_hits=load.implied_hits)
+        if step.cache is not None:
+            notes.append(step.cache.note())
         discarded = [a for a in attempts if not a.accepted]
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         return CellResult(
@@ -701,6 +730,7 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, trace_implied_hits=load.implied_hits,
+            cache_state=step.cache,
             requests=[r.to_dict() for r in records])
 
     @staticmethod

@@ -57,7 +57,10 @@ Format history:
     draws of the same cell. A search's probes are placed by the last probes' margins (stored with each probe).
     An attempt carries the `code` of why it was discarded (contaminated; fewer_active or schedule_behind when
     the client's host stalled it): a sustained window whose streams were busy less than 95% of it is now
-    measured again, as a late schedule was. Older files have none of these fields (None).
+    measured again, as a late schedule was. A rate cell carries its `cache_state`: before its step the prefix
+    cache was emptied through POST /reset_prefix_cache and checked with a canary sent before and after, or
+    (no such endpoint) its prompts stood on a fresh salt; a reset the canary saw fail is `cache_not_reset`.
+    Older files have none of these fields (None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.

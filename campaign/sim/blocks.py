@@ -99,6 +99,16 @@ class BlockManager:
                 self._cached[h] = blocks[i]
                 self._hash_of[blocks[i]] = h
 
+    def reset(self) -> bool:
+        """vLLM's reset_prefix_cache: forget every cached block, or refuse (False) while any block is held."""
+        if any(held > 0 for held in self._refs.values()):
+            return False
+        self._free.extend(block for block in self._cached.values())
+        self._cached.clear()
+        self._hash_of.clear()
+        self._idle_cached = 0
+        return True
+
     def _take(self) -> int | None:
         if self._free:
             block = self._free.popleft()

@@ -26,7 +26,7 @@ from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
 FAULTS = ("start-oom", "hang-startup", "crash-after:N", "ignore-sigterm", "grandchild", "foreign:TOK_PER_S",
-          "bimodal4", "launch-noise:SIGMA", "prefill-speed:FACTOR", "decode-speed:FACTOR")
+          "bimodal4", "launch-noise:SIGMA", "prefill-speed:FACTOR", "decode-speed:FACTOR", "reset-keeps-cache")
 LAUNCH_ENV = "CAMPAIGN_SIM_LAUNCH"   # a launch's identity in its night (`variant/repeat`), set by the launcher
 # The simulator's own flags: a vLLM has none of them, so a night that passes one to vLLM is refused by name.
 SIM_ONLY_FLAGS = frozenset({"hardware", "model-shape", "time-scale", "version-style", "fault", "truth"})
@@ -46,6 +46,7 @@ class Faults:
     launch_noise: float = 0.0            # sigma of the lognormal speed factor each launch draws (a rig's spread)
     prefill_speed: float = 1.0           # a known true effect: prefill compute time divided by this
     decode_speed: float = 1.0            # the same for decode
+    reset_keeps_cache: bool = False      # /reset_prefix_cache answers success and forgets nothing
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -61,7 +62,8 @@ class Faults:
                     values["crash_after"] = int(value)
                 elif name == "foreign":
                     values["foreign_tok_s"] = float(value)
-                elif name in {"start-oom", "hang-startup", "ignore-sigterm", "grandchild", "bimodal4"} and not value:
+                elif name in {"start-oom", "hang-startup", "ignore-sigterm", "grandchild", "bimodal4",
+                              "reset-keeps-cache"} and not value:
                     values[name.replace("-", "_")] = True
                 else:
                     raise ValueError

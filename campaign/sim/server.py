@@ -3,8 +3,9 @@
 It takes vLLM's flags that matter (sim_config), prints a startup log in vLLM's formats with the values its
 memory model computes (sim_model), and serves /health, /version, /v1/models, /v1/completions (streaming,
 continuous usage stats, ignore_eos, min_tokens, token-id or text prompts), /v1/chat/completions (ChatML, and
-reasoning_content when started with a reasoning parser), /tokenize, /detokenize (sim_text's tokenizer) and
-/metrics with vLLM's metric names. Speculative acceptance follows how predictable each prompt is (sim_text). The
+reasoning_content when started with a reasoning parser), /tokenize, /detokenize (sim_text's tokenizer),
+/reset_prefix_cache (with VLLM_SERVER_DEV_MODE=1, as vLLM) and /metrics with vLLM's metric names.
+Speculative acceptance follows how predictable each prompt is (sim_text). The
 engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); here it is driven against the wall
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
 times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
@@ -145,6 +146,8 @@ class Server:
         self.ids = 0
         self.tokenizer = sim_text.Tokenizer()
         self.api_key = config.api_key
+        # vLLM serves its dev endpoints (/reset_prefix_cache among them) only with VLLM_SERVER_DEV_MODE=1.
+        self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in {"", "0"}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(self))
 
@@ -192,6 +195,11 @@ class Server:
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
         if path == "/tokenize" and method == "POST":
             return await self.tokenize(json.loads(body or b"{}"), writer)
+        if path == "/reset_prefix_cache" and method == "POST" and self.dev_mode:
+            if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
+                return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
+            done = self.config.faults.reset_keeps_cache or self.engine.blocks.reset()
+            return await self.respond(writer, 200, json.dumps({"success": done}).encode())
         if path == "/detokenize" and method == "POST":
             data = json.loads(body or b"{}")
             text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
