@@ -302,6 +302,8 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     gained = [c.key for c in diff.cells if "Over capacity" in c.baseline_statuses and "Over capacity" not in
               c.variant_statuses]
     unjudged = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)]
+    # Judged like every cell, but said: their averages span two regimes of the window.
+    unsteady = [c.key for c in diff.cells if Reason.NOT_STEADY in c.variant_reasons + c.baseline_reasons]
     kv_change = _pct((base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens"))
     kv_gain = kv_change is not None and kv_change >= KV_DECISIVE_PCT
     kv_loss = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
@@ -321,6 +323,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     if random_spec:
         parts.append(f"speculative decoding measured on random prompts in {_listed(random_spec)}, not judged on "
                      f"speed ({REASON_HINTS[Reason.SPEC_RANDOM_PROMPTS]})")
+    if unsteady:
+        parts.append(f"not steady in {_listed(unsteady)} (its averages span two regimes of the window: "
+                     f"{REASON_HINTS[Reason.NOT_STEADY]})")
     if unjudged:
         codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons})
         why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"

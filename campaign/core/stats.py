@@ -87,3 +87,36 @@ def detectable_change(n: int, cv: float, *, tests: int, alpha: float = 0.05, pow
     df = 2 * n - 2
     quantiles = float(stdtrit(df, 1 - alpha / (2 * tests))) + float(stdtrit(df, power))
     return quantiles * cv * math.sqrt(2 / n)
+
+
+def mann_kendall(values: Sequence[float]) -> tuple[float, float] | None:
+    """Mann-Kendall's trend test of a series in time order: (tau, two-sided p). tau is S over the n(n-1)/2
+    pairs (+1 a later value above an earlier, -1 below); p is S's normal approximation with ties' variance
+    correction, without continuity correction: the same as scipy.stats.kendalltau(range(n), values,
+    method="asymptotic") on a series without ties (tested), here without scipy.stats' import time. None below
+    three values, or for a constant series."""
+    n = len(values)
+    if n < 3:
+        return None
+    s = sum((values[j] > values[i]) - (values[j] < values[i]) for i in range(n) for j in range(i + 1, n))
+    ties = [values.count(v) for v in set(values)]
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties)) / 18
+    if var <= 0:
+        return None
+    return s / (n * (n - 1) / 2), math.erfc(abs(s) / math.sqrt(var) / math.sqrt(2))
+
+
+def sen_slope(values: Sequence[float]) -> float | None:
+    """Sen's slope: the median of the slopes between every pair of a series' points (per step), robust to a
+    few outliers as a least-squares line is not. None below two values."""
+    n = len(values)
+    slopes = [(values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]
+    return median(slopes)
+
+
+def cv(values: Sequence[float]) -> float | None:
+    """Coefficient of variation (sample standard deviation over the mean); None below two values or a mean of 0."""
+    if len(values) < 2:
+        return None
+    centre = statistics.fmean(values)
+    return statistics.stdev(values) / abs(centre) if centre else None

@@ -23,6 +23,7 @@ from campaign.measure.cachestate import CacheState
 from campaign.measure.openloop import Arrival
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
+from campaign.measure.steady import Steadiness
 from campaign.measure.traces import TraceRequest, TraceSlice, mean_rate
 
 # rate: open-loop arrivals at a request rate (openloop.py), judged against a service level (slo.py).
@@ -44,7 +45,7 @@ CLIENT_CPU_LIMIT = 0.90
 
 
 class Reason(StrEnum):
-    """Why a cell is not Valid (or, SPEC_RANDOM_PROMPTS, what a Valid cell cannot say): a closed set of cases
+    """Why a cell is not Valid (or, a caveat, what a Valid cell cannot say): a closed set of cases
     (hyperfine's warnings are the model). Each finding carries
     its code, a message built from the step's own figures, and the code's hint; consumers match codes, never text.
     """
@@ -67,8 +68,9 @@ class Reason(StrEnum):
     PROMPTS_UNAVAILABLE = "prompts_unavailable"
     SCHEDULE_BEHIND = "schedule_behind"
     CACHE_NOT_RESET = "cache_not_reset"
-    # The one caveat a Valid cell may carry: its figures stand, but one conclusion must not be drawn from them.
+    # Caveats a Valid cell may carry (CAVEATS): its figures stand, but a conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
+    NOT_STEADY = "not_steady"
 
 
 REASON_HINTS: dict[Reason, str] = {
@@ -94,6 +96,8 @@ REASON_HINTS: dict[Reason, str] = {
                             "client-side costs (random prompts), or a quieter or bigger client machine",
     Reason.CACHE_NOT_RESET: "the step's prefix hits may include blocks cached before it: launch the server afresh "
                             "before the cell (a new repeat), or check for other clients holding requests",
+    Reason.NOT_STEADY: "the window's average spans two regimes: a longer warm-up (the server settling), a cooler "
+                       "or power-capped card (nvidia-smi -q -d PERFORMANCE), or a rate the server holds steadily",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }
@@ -160,6 +164,10 @@ def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TO
         return None
     return (f"{metric} {a:,.1f} when measured first, {b:,.1f} when measured again at the end of the launch "
             f"({100 * change:+.1f}%, beyond the {100 * tolerance:g}% a warm server allows)")
+
+
+# Findings that leave a cell Valid: its figures stand, with what they cannot be read as.
+CAVEATS = frozenset({Reason.SPEC_RANDOM_PROMPTS, Reason.NOT_STEADY})
 
 
 def spec_random_prompts() -> Finding:
@@ -628,6 +636,9 @@ class CellResult(BaseModel):
     trace_implied_hits: int | None = None
     # Rate cells (format 14): the prefix cache's state when the step began, and how it was known.
     cache_state: CacheState | None = None
+    # Rate cells (format 14): the schedule's span interval by interval and whether it was steady (steady.py);
+    # None for fewer than 50 requests, a closed loop decided by its count, or an early stop.
+    steadiness: Steadiness | None = None
     # Energy per output token over the step, all GPUs (NVML's energy counter, else sampled power); None without
     # a GPU. Lower is better: a flag that saves energy at equal speed shows here.
     energy_j_per_token: float | None = None

@@ -31,7 +31,7 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
 from campaign.http.streamclient import StreamClient
 from campaign.http.tokenizer import ServerTokenizer
-from campaign.measure import cachestate, openloop, shard, slo, traces
+from campaign.measure import cachestate, openloop, shard, slo, steady, traces
 from campaign.measure.cells import (
     TTFT_MODE_TEXT,
     Attempt,
@@ -719,6 +719,15 @@ class Measurer:
         notes = self._rate_notes(spec, values, delta, scale, sent=len(records), implied_hits=load.implied_hits)
         if step.cache is not None:
             notes.append(step.cache.note())
+        # An early stop leaves the schedule's later intervals empty on purpose: no trend to tell there.
+        steadiness = None if load.early_stopped else steady.steadiness(
+            records, values["window"], scale=scale, judged=spec.trace is None)
+        if steadiness is not None and steadiness.drifting:
+            findings.append(Finding(Reason.NOT_STEADY, f"the window was not steady: {steadiness.describe()}"))
+        elif steadiness is not None and not steadiness.judged and any(
+                t is not None and t.drifting for t in (steadiness.throughput, steadiness.tpot)):
+            notes.append(f"the trace's own load moved over the slice, and the server with it: {steadiness.describe()} "
+                         "(stated, not a caveat: the load is the trace's)")
         discarded = [a for a in attempts if not a.accepted]
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         return CellResult(
@@ -730,7 +739,7 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, trace_implied_hits=load.implied_hits,
-            cache_state=step.cache,
+            cache_state=step.cache, steadiness=steadiness,
             requests=[r.to_dict() for r in records])
 
     @staticmethod

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.measure.cells import CAVEATS, CellResult, CellSpec
 from campaign.measure.judged import FAMILY_ALPHA
 from campaign.night.planning import Plan, Power, cell_s
 from campaign.night.progress import fmt_duration
@@ -158,11 +158,11 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
                    f"{c.energy_j_per_token:,.3f} J/token"] for c in energy]))
     why = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}" for c in cells
            for i, r in enumerate(c.reasons)
-           if i >= len(c.reason_codes) or c.reason_codes[i] != Reason.SPEC_RANDOM_PROMPTS]
+           if i >= len(c.reason_codes) or c.reason_codes[i] not in CAVEATS]
     if why:
         out.append(Table(title="Why cells are not Valid", notes=why))
     caveats = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {r}" for c in cells
-               for r, code in zip(c.reasons, c.reason_codes, strict=False) if code == Reason.SPEC_RANDOM_PROMPTS]
+               for r, code in zip(c.reasons, c.reason_codes, strict=False) if code in CAVEATS]
     if caveats:
         out.append(Table(title="Valid, with a caveat", notes=caveats))
     remarks = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]

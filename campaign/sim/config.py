@@ -26,7 +26,8 @@ from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
 FAULTS = ("start-oom", "hang-startup", "crash-after:N", "ignore-sigterm", "grandchild", "foreign:TOK_PER_S",
-          "bimodal4", "launch-noise:SIGMA", "prefill-speed:FACTOR", "decode-speed:FACTOR", "reset-keeps-cache")
+          "bimodal4", "launch-noise:SIGMA", "prefill-speed:FACTOR", "decode-speed:FACTOR", "reset-keeps-cache",
+          "throttle:PER_MIN")
 LAUNCH_ENV = "CAMPAIGN_SIM_LAUNCH"   # a launch's identity in its night (`variant/repeat`), set by the launcher
 # The simulator's own flags: a vLLM has none of them, so a night that passes one to vLLM is refused by name.
 SIM_ONLY_FLAGS = frozenset({"hardware", "model-shape", "time-scale", "version-style", "fault", "truth"})
@@ -47,6 +48,7 @@ class Faults:
     prefill_speed: float = 1.0           # a known true effect: prefill compute time divided by this
     decode_speed: float = 1.0            # the same for decode
     reset_keeps_cache: bool = False      # /reset_prefix_cache answers success and forgets nothing
+    throttle: float = 0.0                # a card heating up: every step this much longer per simulated minute
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -54,7 +56,7 @@ class Faults:
         values: dict[str, Any] = {}
         for spec in (part for item in specs for part in item.split(",") if part):
             name, _, value = spec.partition(":")
-            if name in {"launch-noise", "prefill-speed", "decode-speed"}:
+            if name in {"launch-noise", "prefill-speed", "decode-speed", "throttle"}:
                 values[name.replace("-", "_")] = _fault_number(name, value)  # its own error names the fault
                 continue
             try:
@@ -73,15 +75,16 @@ class Faults:
 
 
 def _fault_number(name: str, value: str) -> float:
-    """A speed factor above 0, or a sigma of 0 or more; finite either way."""
-    sigma = name == "launch-noise"
+    """A speed factor above 0, or a sigma (or a throttle per minute) of 0 or more; finite either way."""
+    sigma = name in {"launch-noise", "throttle"}
     try:
         number = float(value)
     except ValueError:
         number = math.nan
     if not math.isfinite(number) or number < 0 or (number == 0 and not sigma):
         raise ValueError(f"fault {name}:{value}: expected {name}:" + (
-            "SIGMA, a number of 0 or more (e.g. launch-noise:0.05)" if sigma
+            ("SIGMA, a number of 0 or more (e.g. launch-noise:0.05)" if name == "launch-noise"
+             else "PER_MIN, a number of 0 or more (e.g. throttle:0.05, each minute 5% slower)") if sigma
             else f"FACTOR, a number above 0 (e.g. {name}:0.8, 20% slower)"))
     return number
 

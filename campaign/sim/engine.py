@@ -108,6 +108,7 @@ class Engine:
             "prompt", "generation", "queries", "hits", "preemptions", "drafts", "draft_tokens", "accepted")}
         self.success = 0
         self._four: frozenset[str] = frozenset()
+        self._first_step: float | None = None
 
     @property
     def busy(self) -> bool:
@@ -180,6 +181,10 @@ class Engine:
             prefill_speed=cfg.faults.prefill_speed, decode_speed=cfg.faults.decode_speed)
         # This launch's speed (launch-noise): the engine's physics, so the truth records it as what happened.
         duration *= cfg.speed_factor
+        if cfg.faults.throttle:
+            # A card heating up: slower by the same share every simulated minute since the engine's first step.
+            self._first_step = at if self._first_step is None else self._first_step
+            duration *= 1 + cfg.faults.throttle * (at - self._first_step) / 60
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
         return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,

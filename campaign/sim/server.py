@@ -450,6 +450,9 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     if (args.faults.prefill_speed, args.faults.decode_speed) != (1.0, 1.0):  # a known true effect, said as such
         log.line("EngineCore", "INFO", "sim.py:1", f"speed faults: prefill at {args.faults.prefill_speed:g}x, "
                  f"decode at {args.faults.decode_speed:g}x the calibrated speed")
+    if args.faults.throttle:
+        log.line("EngineCore", "INFO", "sim.py:1", f"throttle fault: every step {args.faults.throttle:.0%} slower "
+                 "per simulated minute since the first")
     # The GPUs it was given, declared as its own line (vLLM prints no such line): a GPU pool's launches are
     # checked against it. Too few for the parallel size fails as vLLM does, before any weights load.
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "") if visible_devices is None else visible_devices

@@ -1,0 +1,119 @@
+"""Whether an open-loop step's window was steady: a trend test on its per-interval throughput and TPOT.
+
+A figure averaged over a window in which the server changed (warming up, a cache filling, a card throttling
+as it heats) describes neither regime. The schedule's span is cut into INTERVALS equal intervals; in each, the
+output tokens that arrived (tok/s, the hardware's) and their TPOT: the time since each one's request's previous
+token over the tokens it brought (a request's first token has no previous: it counts in the throughput only;
+a burst of speculative tokens shares its gap), so every decoding stream's pace in the interval, hundreds of
+gaps each rather than a dozen requests' whole lives. Mann-Kendall's test says whether a series moves one way
+across the window, Sen's slope how far, and the coefficient of variation how much it scatters. A series
+drifts when its trend is significant (p below ALPHA) and the Sen line moves at least MIN_DRIFT of the series'
+median from the first interval to the last: a Valid cell then carries the caveat NOT_STEADY with both regimes'
+numbers, rather than one average over them. Ten intervals of a Poisson load are noisy (a burst moves one
+interval's TPOT by up to 40% on the simulated H200 at 2 req/s), so the test finds a drift that dominates its
+window, not a few percent.
+
+A trace replay's load is the trace's own, which may rise and fall over the slice: its series and trends are
+stored and stated, never a caveat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from campaign.core import stats
+from campaign.http.client import RequestRecord
+
+INTERVALS = 10
+MIN_REQUESTS = 50     # fewer, and an interval holds a handful: no trend can be told from noise
+ALPHA = 0.01          # a trend this unlikely without one (two-sided), with ten intervals: |tau| >= 0.64
+MIN_DRIFT = 0.10      # and at least this change across the window, relative to the series' median
+
+
+class Trend(BaseModel):
+    """One series' trend across the window."""
+
+    model_config = ConfigDict(extra="forbid")
+    tau: float = Field(description="Mann-Kendall's tau: +1 every later interval higher, -1 every one lower")
+    p: float = Field(description="two-sided p of tau (normal approximation with ties' correction)")
+    start: float = Field(description="Sen's line at the first interval, the series' unit")
+    end: float = Field(description="Sen's line at the last interval, the series' unit")
+    cv: float | None = Field(description="coefficient of variation of the intervals' values")
+    drifting: bool = Field(description=f"p below {ALPHA} and the line moved at least {MIN_DRIFT:.0%} of the median")
+
+
+class Steadiness(BaseModel):
+    """A long open-loop step's window, interval by interval, and whether it was steady (format 14)."""
+
+    model_config = ConfigDict(extra="forbid")
+    interval_s: float = Field(description="each interval's length, the hardware's seconds")
+    throughput_tok_s: list[float] = Field(description="output tokens that arrived in each interval, per second")
+    tpot_ms: list[float | None] = Field(
+        description="time per output token in each interval: the gaps to the tokens that arrived in it (each "
+                    "from its request's token before) over those tokens, ms (None: no such token)")
+    throughput: Trend | None = Field(description="the throughput series' trend; None: not enough intervals")
+    tpot: Trend | None = Field(description="the TPOT series' trend, over the intervals that have one")
+    judged: bool = Field(description="whether a drift is a caveat of the cell (False for a trace's own load)")
+
+    @property
+    def drifting(self) -> bool:
+        return self.judged and any(t is not None and t.drifting for t in (self.throughput, self.tpot))
+
+    def describe(self) -> str:
+        """Both series' regimes and their tests, e.g. for the caveat or the note."""
+        parts = []
+        for name, unit, trend in (("output throughput", "tok/s", self.throughput), ("TPOT", "ms", self.tpot)):
+            if trend is not None:
+                moved = "rose" if trend.end > trend.start else "fell"
+                parts.append(f"{name} {moved} from {trend.start:,.4g} to {trend.end:,.4g} {unit} (Mann-Kendall tau "
+                             f"{trend.tau:+.2f}, p {trend.p:.2g}; CV {trend.cv or 0:.2f})")
+        return (f"across {len(self.throughput_tok_s)} intervals of {self.interval_s:.3g} s, " + "; ".join(parts)
+                if parts else "too few intervals to tell")
+
+
+def _trend(values: Sequence[float]) -> Trend | None:
+    test, slope, centre = stats.mann_kendall(values), stats.sen_slope(values), stats.median(values)
+    if test is None or slope is None or not centre:
+        return None
+    tau, p = test
+    intercept = stats.median([v - slope * i for i, v in enumerate(values)]) or 0.0
+    start, end = intercept, intercept + slope * (len(values) - 1)
+    return Trend(tau=tau, p=p, start=start, end=end, cv=stats.cv(values),
+                 drifting=p < ALPHA and abs(end - start) >= MIN_DRIFT * abs(centre))
+
+
+def steadiness(records: list[RequestRecord], window: tuple[float, float], *, scale: float = 1.0,
+               judged: bool = True) -> Steadiness | None:
+    """The window [start, end) on the records' clock (the schedule's span) in INTERVALS intervals; `scale`
+    converts wall seconds to the hardware's. None when fewer than MIN_REQUESTS requests streamed."""
+    start, end = window
+    done = [r for r in records if r.ok and r.chunk_t]
+    if len(done) < MIN_REQUESTS or end <= start:
+        return None
+    width = (end - start) / INTERVALS
+    tokens = [0] * INTERVALS
+    gaps = [0.0] * INTERVALS
+    gapped = [0] * INTERVALS
+
+    def slot(t: float) -> int | None:
+        index = int((t - start) // width)
+        return index if 0 <= index < INTERVALS else None
+
+    for r in done:
+        previous: float | None = None
+        for t, n in zip(r.chunk_t, r.chunk_tokens, strict=True):
+            i = slot(t)
+            if i is not None:
+                tokens[i] += n
+                if previous is not None:
+                    gaps[i] += t - previous
+                    gapped[i] += n
+            previous = t
+    throughput = [n / (width * scale) for n in tokens]
+    tpot = [gap / count * scale * 1000.0 if count else None for gap, count in zip(gaps, gapped, strict=True)]
+    present = [v for v in tpot if v is not None]
+    return Steadiness(interval_s=width * scale, throughput_tok_s=throughput, tpot_ms=tpot,
+                      throughput=_trend(throughput),
+                      tpot=_trend(present) if len(present) >= INTERVALS - 2 else None, judged=judged)

@@ -1,0 +1,181 @@
+"""Issue 34's steady state: whether an open-loop window was stationary, by Mann-Kendall's trend test and Sen's
+slope on its per-interval throughput and TPOT. The test statistic against scipy's own; the series against
+hand-made records; and on the simulator, a card that slows as it heats (the `throttle` fault) found drifting
+with the simulator's own records as the truth of every interval, where the same cell on a steady card is not."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes import builders, simulated
+from scipy import stats as scipy_stats
+
+from campaign.analysis.recommend import diff_run, recommend
+from campaign.bench import truth
+from campaign.core import stats
+from campaign.http.client import RequestRecord
+from campaign.measure import steady
+from campaign.measure.cells import CellResult, CellSpec, Reason
+from campaign.measure.runner import Measurer
+from campaign.night import store
+from campaign.night.launcher import LaunchedServer
+from campaign.sim import truth as sim_truth
+
+
+def test_mann_kendall_is_scipys_kendall_tau_against_time_without_its_import() -> None:
+    """The hand-written test (core is imported by every command; scipy.stats costs half a second to import)
+    gives scipy.stats.kendalltau's tau and asymptotic p on series without ties, and counts ties as MK does."""
+    rng = random.Random(7)
+    for n in (3, 5, 10, 24):
+        for drift in (0.0, 0.05, 0.3):
+            values = [i * drift + rng.random() for i in range(n)]
+            tau, p = stats.mann_kendall(values) or (None, None)
+            expected = scipy_stats.kendalltau(range(n), values, method="asymptotic")
+            assert tau == pytest.approx(expected.statistic, abs=1e-12)
+            assert p == pytest.approx(expected.pvalue, rel=1e-9)
+    assert stats.mann_kendall([1.0, 1.0, 1.0]) is None and stats.mann_kendall([1.0, 2.0]) is None
+    tied = stats.mann_kendall([1.0, 2.0, 2.0, 3.0, 3.0, 3.0])
+    assert tied is not None and tied[0] == pytest.approx(11 / 15)
+    assert stats.sen_slope([0.0, 2.0, 4.0, 100.0, 8.0]) == 2.0       # one outlier does not move it
+    assert stats.cv([2.0, 2.0]) == 0.0 and stats.cv([1.0]) is None
+
+
+def _records(tpot_at: list[float], *, per_s: float = 4.0, span_s: float = 60.0,
+             tokens: int = 32) -> list[RequestRecord]:
+    """Requests arriving evenly over `span_s`, each `tokens` long at the TPOT `tpot_at[k]` of its tenth."""
+    out = []
+    for i in range(int(span_s * per_s)):
+        sent = i / per_s
+        gap = tpot_at[min(int(sent / span_s * len(tpot_at)), len(tpot_at) - 1)]
+        first = sent + 0.05
+        chunks = [first + k * gap for k in range(tokens)]
+        out.append(RequestRecord(id=f"r{i}", prompt_tokens=64, max_tokens=tokens, send_t=sent, status=200,
+                                 chunk_t=chunks, chunk_tokens=[1] * tokens, end_t=chunks[-1]))
+    return out
+
+
+def test_a_window_whose_tpot_doubles_drifts_and_a_flat_one_does_not() -> None:
+    flat = steady.steadiness(_records([0.02] * 10), (0.0, 60.0))
+    assert flat is not None and not flat.drifting
+    assert flat.tpot is not None and flat.tpot.start == pytest.approx(20.0) and flat.tpot.end == pytest.approx(20.0)
+    slowing = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0))
+    assert slowing is not None and slowing.drifting and slowing.tpot is not None and slowing.tpot.drifting
+    assert slowing.tpot.tau == 1.0 and slowing.tpot.p < steady.ALPHA
+    # The Sen line through the tenths' paces (an interval's tokens may belong to a request begun in the one
+    # before, at its pace): from 20 ms to 40 within a token gap's share.
+    assert slowing.tpot.start == pytest.approx(20.0, rel=0.01) and slowing.tpot.end == pytest.approx(40.0, rel=0.01)
+    assert "TPOT rose from 19.92 to 39.8 ms (Mann-Kendall tau +1.00" in slowing.describe()
+    # The hardware's units: the same records on a wall clock 5x faster read 5x the time and a fifth the rate.
+    scaled = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0), scale=5.0)
+    assert scaled is not None and scaled.tpot is not None and scaled.tpot.start == pytest.approx(5 * slowing.tpot.start)
+    assert scaled.interval_s == pytest.approx(30.0)
+    assert scaled.throughput_tok_s[5] == pytest.approx(slowing.throughput_tok_s[5] / 5)
+    # A trace's own load: stated, never a caveat.
+    traced = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0), judged=False)
+    assert traced is not None and not traced.drifting and traced.tpot is not None and traced.tpot.drifting
+    # A small change (5% across the window) is steady even when monotone: below MIN_DRIFT.
+    gentle = steady.steadiness(_records([0.02 * (1 + 0.05 * k / 9) for k in range(10)]), (0.0, 60.0))
+    assert gentle is not None and gentle.tpot is not None and gentle.tpot.p < steady.ALPHA and not gentle.drifting
+    assert steady.steadiness(_records([0.02] * 10, span_s=10.0), (0.0, 10.0)) is None   # 40 requests: too few
+
+
+# --- on the simulated H200 -------------------------------------------------------------------------------
+TIME_SCALE = 5.0
+# Poisson arrivals on the steady card (its bursts move an interval's TPOT by up to 40%: no false alarm from them);
+# evenly spaced ones on the throttled card, so that what moves is the card.
+CELLS = {"steady": CellSpec(phase="rate", context_tokens=1024, max_tokens=128, request_rate=2.0, duration_s=60),
+         "throttled": CellSpec(phase="rate", context_tokens=1024, max_tokens=128, request_rate=2.0, duration_s=60,
+                               arrival="constant")}
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[LaunchedServer, Path]]]:
+    """The same H200 twice: steady, and every step twice as long after a simulated minute."""
+    with simulated.with_truth(tmp_path_factory.mktemp("steady"), "h200", {"max-model-len": 16384}, TIME_SCALE
+                              ) as calm, \
+            simulated.with_truth(tmp_path_factory.mktemp("hot"), "h200",
+                                 {"max-model-len": 16384, "fault": "throttle:1"}, TIME_SCALE) as hot:
+        yield {"steady": calm, "throttled": hot}
+
+
+def _truth_series(cell_window: tuple[float, float], records: list[RequestRecord], truth_path: Path
+                  ) -> tuple[list[float], list[float | None]]:
+    """The simulator's own per-interval throughput and TPOT for the tool's intervals: each token emission
+    moved onto the client's clock by the launch's median delivery delay, each gap from its request's emission
+    before."""
+    matched = truth.Matched(sim_truth.read(truth_path))
+    ok = [r for r in records if r.ok]
+    truths = matched.of(ok)
+    delay = matched.delivery(ok, truths)
+    lo, hi = matched.window(cell_window, delay)
+    width = (hi - lo) / steady.INTERVALS
+    tokens = [0] * steady.INTERVALS
+    gaps = [0.0] * steady.INTERVALS
+    gapped = [0] * steady.INTERVALS
+    for request in truths:
+        previous: float | None = None
+        for at, n in request.emits:
+            index = int((at - lo) // width)
+            if 0 <= index < steady.INTERVALS:
+                tokens[index] += n
+                if previous is not None:
+                    gaps[index] += at - previous
+                    gapped[index] += n
+            previous = at
+    return [n / width for n in tokens], [g / c * 1000.0 if c else None for g, c in zip(gaps, gapped, strict=True)]
+
+
+@pytest.mark.wall_timed
+@pytest.mark.parametrize("card", ["steady", "throttled"])
+def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_simulators(
+        cards: dict[str, tuple[LaunchedServer, Path]], card: str) -> None:
+    """A minute at 2 req/s (120 requests of 1,024 + 128 tokens) on the simulated H200: on the steady card (Poisson
+    arrivals) the window is steady and the cell carries no caveat; on the throttled one (evenly spaced arrivals;
+    every step 100% slower per simulated minute)
+    TPOT rises across the window, so the Valid cell carries not_steady with both regimes' numbers. Either way
+    each interval's throughput and median TPOT are the simulator's own records' (within 3%)."""
+    server, truth_path = cards[card]
+    cell = asyncio.run(Measurer(server.target()).run_cell(CELLS[card]))
+    assert cell.status == "Valid", cell.reasons
+    found = cell.steadiness
+    assert found is not None and found.judged and found.tpot is not None and found.throughput is not None
+    assert cell.window is not None
+    throughput, tpot = _truth_series(cell.window, cell.records, truth_path)
+    for tool, real in zip(found.throughput_tok_s, throughput, strict=True):
+        assert tool == pytest.approx(real, rel=0.03)
+    for tool_ms, real_ms in zip(found.tpot_ms, tpot, strict=True):
+        assert (tool_ms is None) == (real_ms is None)
+        if tool_ms is not None:
+            assert tool_ms == pytest.approx(real_ms, rel=0.03)
+    if card == "steady":
+        assert not found.drifting and Reason.NOT_STEADY not in cell.reason_codes
+    else:
+        assert found.tpot.drifting and found.tpot.end > 1.25 * found.tpot.start
+        assert cell.reason_codes == [Reason.NOT_STEADY]
+        assert cell.reasons[0].startswith("the window was not steady: across 10 intervals of 6 s, ")
+        assert "TPOT rose from" in cell.reasons[0]
+
+
+def test_the_diff_names_a_cell_whose_window_was_not_steady(tmp_path: Path) -> None:
+    """A variant whose rate cell drifted is still judged (its figures stand), but the keep/revert sentence says
+    which cell's averages span two regimes, so no one acts on it unawares."""
+    run = store.RunDir.create(tmp_path / "run", "t")
+    builders.manifest(run, baseline="a", variants=["b"])
+    spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=128, request_rate=2.0, duration_s=60)
+    for variant, rates in (("a", [100.0, 101.0, 99.0]), ("b", [100.5, 99.5, 100.0])):
+        launch = run.new_launch_dir(variant)
+        builders.server(launch, variant=variant, facts={"kv_cache_tokens": 1000}, ready_s=1.0,
+                        flags={"max-num-seqs": 64} if variant == "b" else {})
+        for repeat, speed in enumerate(rates):
+            drifted = variant == "b" and repeat == 0
+            run.write_cell(variant, repeat, CellResult(
+                spec=spec, phase="rate", context_tokens=1024, concurrency=1, label=spec.label, status="Valid",
+                total_tok_s=speed, reasons=["the window was not steady: ..."] if drifted else [],
+                reason_codes=[Reason.NOT_STEADY] if drifted else []), launch=launch.name, telemetry=None)
+    (diff,) = diff_run(run)
+    sentence = recommend(diff, {"kv_cache_tokens": 1000}, {"kv_cache_tokens": 1000})[2]
+    assert f"not steady in {spec.key} (its averages span two regimes of the window: " in sentence
