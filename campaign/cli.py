@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from campaign.analysis import recommend, summary
+from campaign.analysis import export_trace, recommend, summary
 from campaign.core import aio, secret
 from campaign.core.console import buffered_stdio
 from campaign.core.errors import (
@@ -557,6 +557,22 @@ def export(
     else:
         out.write_text(secret.redact(text))
         _err(f"wrote {len(rows)} rows to {out}")
+
+
+@app.command("export-trace")
+def export_trace_cmd(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory")],
+    out: Annotated[Path, typer.Option("--out", help="the trace file to write (JSONL, the campaign format)")],
+    cell: Annotated[str | None, typer.Option("--cell", metavar="KEY",
+                                             help="the cell's key (optional where the variant has one)")] = None,
+    variant: Annotated[str | None, typer.Option("--variant", help="default: the baseline")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=0, help="which repeat")] = 0,
+) -> None:
+    """One stored cell's requests as a trace (arrivals, prompt and reply lengths) that a later run replays."""
+    stored = store.RunDir(run_dir)
+    picked, written = export_trace.export(stored, out, cell_key=cell, variant=variant, repeat=repeat)
+    _say_damaged(stored)
+    _err(f"wrote {written} requests of {picked.result.spec.key} ({picked.variant}, repeat {picked.repeat}) to {out}")
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:

@@ -332,10 +332,13 @@ def test_probe_replays_a_trace_file_given_on_the_command_line(
 
 
 @pytest.mark.wall_timed
-def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(tmp_path: Path) -> None:
+def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
+        a5000: tuple[LaunchedServer, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`campaign run` of a matrix with a trace workload on the simulated A5000 pair, two variants (seed 000's
     memory change) at two launches each: the trace cell is stored for every launch with its trace, and the
-    diff judges its goodput and throughput from both launches a side, as it judges any rate cell."""
+    diff judges its goodput and throughput from both launches a side, as it judges any rate cell. What one
+    launch sent, exported with `campaign export-trace`, is a trace of the same arrivals and lengths, and a later
+    replay of it sends exactly those requests again."""
     matrix = tmp_path / "trace.yaml"
     matrix.write_text(
         "name: trace-sim\nprofile: a5000-tp2\nbaseline: baseline\nrepeats: 2\nwarmup: false\nwindow_s: 2\n"
@@ -361,6 +364,30 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(tmp_p
         row = judged.get(metric, "")
         assert " 2/2 " in row and "no data" not in row and re.search(r"[+-]\d+\.\d%\s+\[", row), rows
         assert "no difference (shown within" in row or "not settled" in row, row
+
+    # What the memory variant's first launch sent, as a trace, replayed.
+    sent = next(c.result for c in stored if c.variant == "memory" and c.repeat == 0)
+    exported = tmp_path / "sent.jsonl"
+    capsys.readouterr()
+    assert run_cli(["export-trace", str(run_dir), "--variant", "memory", "--out", str(exported)]) == 0
+    assert capsys.readouterr().err == (f"wrote {len(sent.records)} requests of {sent.spec.key} (memory, repeat 0) "
+                                       f"to {exported}\n")
+    again = traces.read(exported)
+    assert again.format == "campaign" and again.block_size is None
+    assert sent.spec.trace is not None
+    planned = sent.spec.trace.load()
+    assert [(round(r.at_s, 3), r.input_tokens, r.output_tokens) for r in again.requests] == sorted(
+        (round(p.at_s, 3), p.input_tokens, p.output_tokens) for p in planned)
+    server, _ = a5000
+    replayed = asyncio.run(_patient(server).run_cell(_trace_cell(exported)))
+    assert replayed.status == "Valid" and len(replayed.records) == len(planned), replayed.reasons
+    assert sorted((r.usage_prompt_tokens, r.max_tokens) for r in replayed.records) == sorted(
+        (p.input_tokens, p.output_tokens) for p in planned)
+    assert replayed.request_rate == pytest.approx(sent.request_rate)
+    # A cell the run does not hold is one line naming what it does hold.
+    assert run_cli(["export-trace", str(run_dir), "--cell", "nope", "--out", str(exported)]) == 1
+    assert capsys.readouterr().err == (f"Error: {run_dir}: variant 'baseline' has no cell 'nope'\n"
+                                       f"hint: --cell one of: {sent.spec.key}\n")
 
 
 def test_a_trace_workload_on_ray_is_refused_before_the_night(tmp_path: Path, capsys: pytest.CaptureFixture[str]
