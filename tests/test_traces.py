@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import simulated
+from fakes import builders, simulated
 from typer.testing import CliRunner
 
 from campaign.bench import truth
@@ -388,6 +388,26 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
     assert run_cli(["export-trace", str(run_dir), "--cell", "nope", "--out", str(exported)]) == 1
     assert capsys.readouterr().err == (f"Error: {run_dir}: variant 'baseline' has no cell 'nope'\n"
                                        f"hint: --cell one of: {sent.spec.key}\n")
+
+
+def test_a_resume_after_the_trace_was_edited_is_refused_naming_the_file(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A run resumed replays the traces it began with: its manifest's trace cells carry their file's digest, and a
+    file edited since (other requests under other keys) stops the resume with one line naming it."""
+    trace = tmp_path / "sent.jsonl"
+    two = [traces.TraceRequest(0.0, 64, 8), traces.TraceRequest(1.0, 64, 8)]
+    traces.write(trace, two, block_size=None, source="two requests")
+    sliced, _ = traces.plan(trace)
+    run = store.RunDir.create(tmp_path / "runs", "t")
+    builders.manifest(run, baseline="a", cells=[{"key": "rate-x", "trace": sliced.model_dump()}])
+    traces.write(trace, [*two, traces.TraceRequest(2.0, 64, 8)], block_size=None, source="three requests")
+    now = traces.digest_of(trace)
+    capsys.readouterr()
+    assert run_cli(["run", "--resume", str(run.root)]) == 2
+    assert capsys.readouterr().err == (
+        f"Error: {trace}: the trace changed since the run began (digest {sliced.digest}, now {now}): a resume "
+        "would replay other requests\nhint: restore the file, or start a new run\n")
+    assert not list(run.root.glob("variants/*"))   # nothing launched
 
 
 def test_a_trace_workload_on_ray_is_refused_before_the_night(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -104,6 +104,22 @@ def _contents(path: Path) -> tuple[str, str]:
     return text, hashlib.sha256(data).hexdigest()[:12]
 
 
+def digest_of(path: Path) -> str:
+    """The digest a read of the file would give (a ConfigError naming it if it cannot be read)."""
+    return _contents(path)[1]
+
+
+def check_unchanged(cells: list[dict[str, Any]]) -> None:
+    """A resumed run replays the traces it began with (`cells`: its manifest's cell specs): a trace file edited
+    (or gone) since would be other requests under other keys, so the resume is refused naming the file."""
+    began = {str(c["trace"]["path"]): str(c["trace"]["digest"]) for c in cells if c.get("trace")}
+    for path, digest in sorted(began.items()):
+        now = digest_of(Path(path))
+        if now != digest:
+            raise ConfigError(path, "", f"the trace changed since the run began (digest {digest}, now {now}): a "
+                              "resume would replay other requests", hint="restore the file, or start a new run")
+
+
 def detect(path: Path, text: str | None = None) -> TraceFormat:
     """The format from the file's first line: a `campaign` header, a Mooncake record, or a CSV header."""
     first = (_contents(path)[0] if text is None else text).split("\n", 1)[0].strip()

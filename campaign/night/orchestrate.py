@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from campaign.core import secret
-from campaign.core.errors import (
-    CampaignError,
-    ConfigError,
-)
+from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.hardware import resolve_hardware
+from campaign.measure import traces
 from campaign.night import limits, planning, pool, ray_executor, store
 from campaign.night import virtual as sim_night
 from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches, retired_rounds
@@ -393,6 +391,7 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
                             hint="give the folder `campaign run` printed, e.g. runs/demo/20261201T000000Z")
     with run.writer() as locked:
         stored = run.manifest()
+        traces.check_unchanged(stored.cells)  # a resume replays the traces it began with
         matrix = stored.matrix_model()
         declare_secrets(stored.profile_model(), matrix)
         matrix = matrix.model_copy(update={"repeats": run.repeats(matrix.repeats, more=more_repeats)})

@@ -14,7 +14,7 @@ from campaign.server.startup_log import StartupFacts
 
 def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = None, model: str = "m",
              gpu: dict[str, Any] | None = None, compare_to: dict[str, str] | None = None,
-             engine: str = "vllm", time_scale: float = 1.0) -> None:
+             engine: str = "vllm", time_scale: float = 1.0, cells: list[dict[str, Any]] | None = None) -> None:
     names = list(dict.fromkeys([baseline, *(variants or [])]))
     raw_matrix = {"name": "t", "profile": "cpu-tiny", "baseline": baseline,
                   "variants": [{"name": n, **({"compare_to": compare_to[n]} if compare_to and n in compare_to
@@ -27,7 +27,7 @@ def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = N
         profile=Definition(path="p.yaml", raw={"model": model}, hash="0"), engine=engine, time_scale=time_scale,
         machine=MachineInfo(hostname="h", os="Linux", python="3.11", cpu=None, cpu_count=2, memory_gib=24.0,
                             gpu=gpu),
-        schedule=[], cells=[]))
+        schedule=[], cells=cells or []))
 
 
 def server(launch: Path, *, variant: str, repeat: int = 0, flags: dict[str, Any] | None = None,
