@@ -76,7 +76,8 @@ class Reason(StrEnum):
 REASON_HINTS: dict[Reason, str] = {
     Reason.REQUEST_ERRORS: "the first error is quoted; the raw request records hold every one",
     Reason.CLAMPED: "prompt + reply exceed the context window: lower the context or max_tokens",
-    Reason.PREFIX_CACHE_HITS: "another client may be sending the same prompts; the step was meant to share nothing",
+    Reason.PREFIX_CACHE_HITS: "another client may be sending the same prompts, or the cache held them before the step: "
+                              "the step was meant to share nothing beyond what it shares on purpose",
     Reason.PREEMPTIONS: "the KV cache ran out: fewer streams, shorter contexts, or more gpu-memory-utilization",
     Reason.ABOVE_MAX_NUM_SEQS: "raise max-num-seqs, or measure at most that many streams",
     Reason.QUEUED_SCHEDULER_CAP: "raise max-num-seqs, or measure at most as many streams as it runs",
@@ -140,6 +141,7 @@ class StepEvidence:
     decode_tokens_per_seq: int = 1             # tokens a decoding sequence takes from the chunk: 1 + draft tokens
     behind_schedule: str | None = None         # rate cells: how the client fell behind its arrival schedule
     cache_problem: str | None = None           # rate cells: why the prefix cache was not left empty before it
+    implied_hits: int | None = None            # trace cells: the most its shared blocks let the cache serve
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -321,6 +323,11 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
                                                        "a step designed to share nothing" + (
                                                            f" (the chat template's own prefix explains "
                                                            f"{e.template_hits:.0f})" if e.template_hits else "")))
+    if e.prefix_cache_hits and e.implied_hits is not None and (
+            e.prefix_cache_hits > e.implied_hits + e.template_hits):
+        found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens, more "
+                                                       f"than the {e.implied_hits} the trace's shared blocks make "
+                                                       "reusable: blocks cached before the step were served"))
     if e.preemptions and e.phase != "rate":  # at an offered rate, preemption is how the server copes: a result
         found.append(Finding(Reason.PREEMPTIONS,
                              f"{e.preemptions:.0f} preemption(s) during the step: the KV cache ran out"))

@@ -711,7 +711,7 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS), preemptions=delta.optional(m.PREEMPTIONS),
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
             template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.shares_prefixes,
-            cache_problem=step.cache.problem if step.cache is not None else None,
+            cache_problem=step.cache.problem if step.cache is not None else None, implied_hits=load.implied_hits,
             behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))
