@@ -317,7 +317,39 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
           for b in cell.slo_bounds),
     ]
     # The loop's lag is the wall's: the simulated seconds are that many times more (as for decode cells).
-    return figures + list(_latency_figures(where, cell, latency, matched.scale))
+    return figures + list(_latency_figures(where, cell, latency, matched.scale)) + steadiness_figures(
+        cell, matched, delay)
+
+
+def steadiness_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:
+    """Each interval's throughput and TPOT (steady.py) beside the engine's own emissions over the same
+    interval: every emission moved onto the client's clock by the launch's median delivery delay, each TPOT
+    gap from the request's emission before."""
+    found = cell.steadiness
+    if found is None or cell.window is None:
+        return []
+    lo, hi = matched.window(cell.window, delay)
+    count = len(found.throughput_tok_s)
+    width = (hi - lo) / count
+    tokens, gaps, gapped = [0] * count, [0.0] * count, [0] * count
+    for request in matched.of(cell.records):
+        previous: float | None = None
+        for at, n in request.emits:
+            index = math.floor((at - lo) / width)
+            if 0 <= index < count:
+                tokens[index] += n
+                if previous is not None:
+                    gaps[index] += at - previous
+                    gapped[index] += n
+            previous = at
+    where = cell.spec.key
+    out = []
+    for i in range(count):
+        out.append(Figure(where, f"interval_{i}_throughput_tok_s", "rate", found.throughput_tok_s[i],
+                          tokens[i] / width))
+        out.append(Figure(where, f"interval_{i}_tpot", "latency", _seconds(found.tpot_ms[i]),
+                          gaps[i] / gapped[i] if gapped[i] else None))
+    return out
 
 
 def _latency_slack(requests: list[RequestTruth], over: float | None) -> float | None:
