@@ -54,6 +54,31 @@ def test_a_server_without_the_endpoint_is_asked_once_and_its_prompts_stand_on_th
     assert again.method == "unique-prompts" and calls == []
 
 
+def test_a_proxy_that_refuses_or_drops_the_path_leaves_the_fresh_salt_and_says_what_it_answered() -> None:
+    state, calls, _ = _run([httpx.Response(403, text="forbidden")], [0.0])
+    assert state == CacheState(method="unique-prompts", endpoint_status=403)
+    assert "it answered HTTP 403" in state.note()
+    dropped = httpx.ConnectError("the proxy closed the connection")
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise dropped
+
+    async def canary() -> float | None:
+        return 0.0
+
+    async def go() -> CacheState:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle), base_url="http://server") as control:
+            return await cachestate.bring_to_empty(control, canary, tokens=33, available=None)
+
+    assert asyncio.run(go()) == CacheState(method="unique-prompts")
+
+
+def test_a_canary_that_failed_leaves_the_reset_unchecked_and_says_so() -> None:
+    state, _, _ = _run([httpx.Response(200, json={"success": True})], [0.0, None])
+    assert state.problem is None and state.canary_hits is None
+    assert state.note().endswith("not checked: the canary request failed")
+
+
 def test_a_reset_refused_while_blocks_are_held_is_tried_again_then_stands_as_a_problem() -> None:
     refused = httpx.Response(200, json={"success": False})
     state, calls, slept = _run([refused, refused, refused], [0.0])

@@ -37,12 +37,16 @@ class CacheState(BaseModel):
                     "anything sent before")
     reset_answer: bool | None = Field(
         default=None, description="the server's last `success` answer to the reset; None: not reset")
+    endpoint_status: int | None = Field(
+        default=None, description="what the server (or a proxy before it) answered a reset it does not serve: "
+                                  "its HTTP status; None where it answered 200, or the connection failed")
     reset_tries: int = Field(default=0, description="reset requests sent (a refused one is tried again)")
     canary_tokens: int | None = Field(
         default=None, description="prompt tokens of the canary sent before the reset and again after it")
     canary_hits: float | None = Field(
         default=None, description="prompt tokens of the canary's second send that the server's prefix cache "
-                                  "served (its hit counter); 0 when the reset held; None: not checked")
+                                  "served (its hit counter); 0 when the reset held; None: not checked (no "
+                                  "reset, or the canary request failed)")
 
     @property
     def problem(self) -> str | None:
@@ -59,9 +63,13 @@ class CacheState(BaseModel):
 
     def note(self) -> str:
         if self.method == "unique-prompts":
-            return ("prefix cache not reset (the server does not expose POST /reset_prefix_cache; vLLM serves it "
-                    "with VLLM_SERVER_DEV_MODE=1): every prompt of the step begins with blocks no earlier request "
-                    "sent, so nothing cached before could be served to it")
+            answered = f", it answered HTTP {self.endpoint_status}" if self.endpoint_status else ""
+            return (f"prefix cache not reset (the server does not expose POST /reset_prefix_cache{answered}; vLLM "
+                    "serves it with VLLM_SERVER_DEV_MODE=1): every prompt of the step begins with blocks no earlier "
+                    "request sent, so nothing cached before could be served to it")
+        if self.problem is None and self.canary_hits is None:
+            return ("prefix cache emptied before the step (POST /reset_prefix_cache), not checked: the canary "
+                    "request failed")
         if self.problem is None:
             return ("prefix cache emptied before the step (POST /reset_prefix_cache) and checked: a prompt sent "
                     "before the reset found nothing cached after it")
@@ -81,11 +89,16 @@ async def bring_to_empty(control: httpx.AsyncClient, canary: Callable[[], Awaita
     tries = 0
     while tries < RESET_TRIES:
         tries += 1
-        response = await control.post(RESET_PATH)
-        if response.status_code in (404, 405):
+        try:
+            response = await control.post(RESET_PATH)
+        except httpx.HTTPError:  # a proxy that drops the path: no reset to be had, as with a 404
             return CacheState(method="unique-prompts")
-        response.raise_for_status()
-        body = response.json() if response.content else {}
+        if response.status_code != 200:  # 404 without dev mode; a proxy's 403 or 502: not served either way
+            return CacheState(method="unique-prompts", endpoint_status=response.status_code)
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            body = {}
         # vLLM before the `success` field answered 200 with an empty body: a success, checked below all the same.
         answer = bool(body.get("success", True)) if isinstance(body, dict) else True
         if answer:

@@ -382,7 +382,9 @@ class Measurer:
             deadline = time.monotonic() + SETTLE_S
             while True:
                 delta = m.Delta(before, await self.scrape(control))
-                if not record.ok or delta(m.PROMPT_TOKENS) >= tokens or time.monotonic() > deadline:
+                if not record.ok:
+                    return None   # nothing to check with: the state says so
+                if delta(m.PROMPT_TOKENS) >= tokens or time.monotonic() > deadline:
                     return delta.optional(m.PREFIX_HITS)
                 await asyncio.sleep(0.05)
 
