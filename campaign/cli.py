@@ -565,8 +565,9 @@ def export_trace_cmd(
     out: Annotated[Path, typer.Option("--out", help="the trace file to write (JSONL, the campaign format)")],
     cell: Annotated[str | None, typer.Option("--cell", metavar="KEY",
                                              help="the cell's key (optional where the variant has one)")] = None,
-    variant: Annotated[str | None, typer.Option("--variant", help="default: the baseline")] = None,
-    repeat: Annotated[int, typer.Option("--repeat", min=0, help="which repeat")] = 0,
+    variant: Annotated[str | None, typer.Option("--variant", metavar="NAME",
+                                                help="the variant (default: the baseline)")] = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=0, metavar="N", help="which repeat (from 0)")] = 0,
 ) -> None:
     """One stored cell's requests as a trace (arrivals, prompt and reply lengths) that a later run replays."""
     stored = store.RunDir(run_dir)
