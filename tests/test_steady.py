@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,14 +66,17 @@ def test_a_window_whose_tpot_doubles_drifts_and_a_flat_one_does_not() -> None:
     slowing = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0))
     assert slowing is not None and slowing.drifting and slowing.tpot is not None and slowing.tpot.drifting
     assert slowing.tpot.tau == 1.0 and slowing.tpot.p < steady.ALPHA
-    # The Sen line through the tenths' paces (an interval's tokens may belong to a request begun in the one
-    # before, at its pace): from 20 ms to 40 within a token gap's share.
-    assert slowing.tpot.start == pytest.approx(20.0, rel=0.01) and slowing.tpot.end == pytest.approx(40.0, rel=0.01)
-    assert "TPOT rose from 19.92 to 39.8 ms (Mann-Kendall tau +1.00" in slowing.describe()
+    # The window starts once the loop has filled (the median lifetime, 0.98 s); the Sen line through the
+    # intervals' paces (an interval's tokens may belong to a request begun in the one before, at its pace)
+    # runs from just above 20 ms to just below 40.
+    assert slowing.settled_s == pytest.approx(0.98) and slowing.interval_s == pytest.approx((60 - 0.98) / 10)
+    assert slowing.tpot.start == pytest.approx(20.2, rel=0.01) and slowing.tpot.end == pytest.approx(39.8, rel=0.01)
+    assert "TPOT rose from 20.22 to 39.84 ms (Mann-Kendall tau +1.00" in slowing.describe()
     # The hardware's units: the same records on a wall clock 5x faster read 5x the time and a fifth the rate.
     scaled = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0), scale=5.0)
-    assert scaled is not None and scaled.tpot is not None and scaled.tpot.start == pytest.approx(5 * slowing.tpot.start)
-    assert scaled.interval_s == pytest.approx(30.0)
+    assert scaled is not None and scaled.tpot is not None
+    assert scaled.tpot.start == pytest.approx(5 * slowing.tpot.start, rel=1e-5)
+    assert scaled.interval_s == pytest.approx(5 * slowing.interval_s)
     assert scaled.throughput_tok_s[5] == pytest.approx(slowing.throughput_tok_s[5] / 5)
     # A trace's own load: stated, never a caveat.
     traced = steady.steadiness(_records([0.02 * (1 + k / 9) for k in range(10)]), (0.0, 60.0), judged=False)
@@ -81,6 +85,34 @@ def test_a_window_whose_tpot_doubles_drifts_and_a_flat_one_does_not() -> None:
     gentle = steady.steadiness(_records([0.02 * (1 + 0.05 * k / 9) for k in range(10)]), (0.0, 60.0))
     assert gentle is not None and gentle.tpot is not None and gentle.tpot.p < steady.ALPHA and not gentle.drifting
     assert steady.steadiness(_records([0.02] * 10, span_s=10.0), (0.0, 10.0)) is None   # 40 requests: too few
+
+
+def _poisson(seed: int, *, rate: float, span_s: float, tokens: int, tpot_s: float) -> list[RequestRecord]:
+    """A steady server under a Poisson load: every request's tokens at the same pace, 0.1 s after it arrives."""
+    rng = random.Random(seed)
+    out: list[RequestRecord] = []
+    at = rng.expovariate(rate)
+    while at < span_s:
+        chunks = [at + 0.1 + k * tpot_s for k in range(tokens)]
+        out.append(RequestRecord(id=f"r{len(out)}", prompt_tokens=64, max_tokens=tokens, send_t=at, status=200,
+                                 chunk_t=chunks, chunk_tokens=[1] * tokens, end_t=chunks[-1]))
+        at += rng.expovariate(rate)
+    return out
+
+
+def test_a_steady_server_under_a_poisson_load_is_rarely_called_drifting_and_a_short_window_is_not_judged() -> None:
+    """The false alarms the test itself raises: 200 steady windows of the shipped SLO matrices' shape (2 req/s
+    over 60 s, 128-token replies at 30 ms a token) flag at most 2% (measured: 1 of 200; with intervals of one
+    request lifetime it was 6, as the wandering count in flight correlates them). The fill-up at the start is
+    left out, or it reads as rising throughput. A window of 30 s whose requests live 10 s is too short to tell
+    a trend from that wandering: not judged (None), rather than a verdict on two intervals."""
+    windows = [steady.steadiness(_poisson(seed, rate=2.0, span_s=60.0, tokens=128, tpot_s=0.03), (0.0, 60.0))
+               for seed in range(200)]
+    assert all(w is not None for w in windows)
+    assert sum(1 for w in windows if w is not None and w.drifting) <= 4
+    assert all(w is not None and w.settled_s == pytest.approx(0.1 + 127 * 0.03) for w in windows)
+    long_lived = _poisson(0, rate=4.0, span_s=30.0, tokens=256, tpot_s=0.04)
+    assert steady.steadiness(long_lived, (0.0, 30.0)) is None
 
 
 # --- on the simulated H200 -------------------------------------------------------------------------------
@@ -128,7 +160,7 @@ def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_s
     else:
         assert found.tpot.drifting and found.tpot.end > 1.25 * found.tpot.start
         assert cell.reason_codes == [Reason.NOT_STEADY]
-        assert cell.reasons[0].startswith("the window was not steady: across 10 intervals of 6 s, ")
+        assert re.match(r"the window was not steady: across 10 intervals of [0-9.]+ s, ", cell.reasons[0])
         assert "TPOT rose from" in cell.reasons[0]
 
 

@@ -324,29 +324,39 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
 def steadiness_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:
     """Each interval's throughput and TPOT (steady.py) beside the engine's own emissions over the same
     interval: every emission moved onto the client's clock by the launch's median delivery delay, each TPOT
-    gap from the request's emission before."""
+    gap from the request's emission before. A token the client read late by up to its largest loop lag may
+    honestly fall in the next interval: the throughput may lie between the truth's counts with each edge moved
+    in and out by that lag."""
     found = cell.steadiness
     if found is None or cell.window is None:
         return []
     lo, hi = matched.window(cell.window, delay)
+    lo += found.settled_s   # the open loop's filling, left out as the tool leaves it out
     count = len(found.throughput_tok_s)
     width = (hi - lo) / count
-    tokens, gaps, gapped = [0] * count, [0.0] * count, [0] * count
+    slack = (cell.client_lag_max_ms or 0.0) / 1000.0 * matched.scale
+    emitted: list[tuple[float, int]] = []
+    gaps, gapped = [0.0] * count, [0] * count
     for request in matched.of(cell.records):
         previous: float | None = None
         for at, n in request.emits:
+            emitted.append((at, n))
             index = math.floor((at - lo) / width)
-            if 0 <= index < count:
-                tokens[index] += n
-                if previous is not None:
-                    gaps[index] += at - previous
-                    gapped[index] += n
+            if previous is not None and 0 <= index < count:
+                gaps[index] += at - previous
+                gapped[index] += n
             previous = at
+
+    def tokens(a: float, b: float) -> int:
+        return sum(n for at, n in emitted if a <= at < b)
+
     where = cell.spec.key
     out = []
     for i in range(count):
+        a, b = lo + i * width, lo + (i + 1) * width
         out.append(Figure(where, f"interval_{i}_throughput_tok_s", "rate", found.throughput_tok_s[i],
-                          tokens[i] / width))
+                          tokens(a, b) / width, _between(tokens(a + slack, b - slack) / width,
+                                                         tokens(a - slack, b + slack) / width)))
         out.append(Figure(where, f"interval_{i}_tpot", "latency", _seconds(found.tpot_ms[i]),
                           gaps[i] / gapped[i] if gapped[i] else None))
     return out

@@ -106,11 +106,13 @@ def mann_kendall(values: Sequence[float]) -> tuple[float, float] | None:
     return s / (n * (n - 1) / 2), math.erfc(abs(s) / math.sqrt(var) / math.sqrt(2))
 
 
-def sen_slope(values: Sequence[float]) -> float | None:
-    """Sen's slope: the median of the slopes between every pair of a series' points (per step), robust to a
-    few outliers as a least-squares line is not. None below two values."""
+def sen_slope(values: Sequence[float], at: Sequence[float] | None = None) -> float | None:
+    """Sen's slope: the median of the slopes between every pair of a series' points, robust to a few
+    outliers as a least-squares line is not; `at`: the points' positions (default 0, 1, 2, ...; a series with
+    gaps keeps its points where they were). None below two values."""
     n = len(values)
-    slopes = [(values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n)]
+    x = list(range(n)) if at is None else list(at)
+    slopes = [(values[j] - values[i]) / (x[j] - x[i]) for i in range(n) for j in range(i + 1, n) if x[j] != x[i]]
     return median(slopes)
 
 

@@ -723,13 +723,14 @@ class Measurer:
             notes.append(step.cache.note())
         # An early stop leaves the schedule's later intervals empty on purpose: no trend to tell there.
         steadiness = None if load.early_stopped else steady.steadiness(
-            records, values["window"], scale=scale, judged=spec.trace is None)
+            records, values["window"], scale=scale, judged=spec.trace is None and spec.sessions is None)
         if steadiness is not None and steadiness.drifting:
             findings.append(Finding(Reason.NOT_STEADY, f"the window was not steady: {steadiness.describe()}"))
         elif steadiness is not None and not steadiness.judged and any(
                 t is not None and t.drifting for t in (steadiness.throughput, steadiness.tpot)):
-            notes.append(f"the trace's own load moved over the slice, and the server with it: {steadiness.describe()} "
-                         "(stated, not a caveat: the load is the trace's)")
+            moving = "the trace's own load" if spec.trace is not None else "the sessions' growing prompts"
+            notes.append(f"{moving} moved over the window, and the server with it: {steadiness.describe()} (stated, "
+                         "not a caveat: the load is meant to move)")
         discarded = [a for a in attempts if not a.accepted]
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         return CellResult(
