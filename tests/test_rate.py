@@ -32,7 +32,7 @@ from campaign.http.client import RequestRecord
 from campaign.measure import capacity, cells, figures, openloop, slo
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.figures import behind_schedule, rate_metrics
-from campaign.measure.runner import Measurer
+from campaign.measure.runner import CLIENT_STALLS, Measurer
 from campaign.night import store
 from campaign.night.launcher import LaunchedServer
 from campaign.night.matrix import load_matrix
@@ -889,11 +889,12 @@ def test_a_sustained_window_the_client_left_idle_is_measured_again_and_says_so(
     monkeypatch.setattr(Measurer, "_one", one_stalls_once)
     spec = CellSpec(phase="decode", context_tokens=1024, concurrency=2, max_tokens=64, window_s=3, warmup_s=0.2)
     cell = asyncio.run(Measurer(server.target()).run_cell(spec))
-    first, second = cell.attempts
+    first, last = cell.attempts[0], cell.attempts[-1]
     assert not first.accepted and first.code == Reason.FEWER_ACTIVE and first.reason is not None
     assert "streams active" in first.reason
-    assert second.accepted and second.code is None
-    assert cell.status == "Valid" and cell.discarded_steps == 1, cell.reasons
+    # A loaded host may stall a later attempt too: each such one is discarded the same way.
+    assert all(a.code in CLIENT_STALLS for a in cell.attempts[:-1]) and last.accepted and last.code is None
+    assert cell.status == "Valid" and cell.discarded_steps == len(cell.attempts) - 1, cell.reasons
     assert cell.avg_active is not None and cell.avg_active >= 1.9
 
 

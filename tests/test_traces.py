@@ -24,6 +24,7 @@ from campaign.cli import app, run_cli
 from campaign.core.errors import ConfigError
 from campaign.http.endpoint import Timeouts
 from campaign.measure import slo, traces
+from campaign.measure.cachestate import NOT_LAUNCHED, CacheState
 from campaign.measure.cells import CellSpec, Reason
 from campaign.measure.prompts import TOKEN_HIGH, TOKEN_LOW
 from campaign.measure.runner import Measurer
@@ -263,15 +264,16 @@ def test_the_mooncake_excerpt_replays_at_its_own_times_with_the_hits_the_simulat
     # The cache was emptied before the step and the canary (two 800-token blocks and a token) proved it.
     state = cell.cache_state
     assert state is not None and state.method == "reset" and state.reset_answer and state.canary_hits == 0
-    assert state.canary_tokens == 1601 and state.note() in cell.notes
+    assert state.checked and state.canary_cached == 1600 and state.canary_tokens == 1601
+    assert state.note() in cell.notes
 
 
 @pytest.mark.wall_timed
 def test_a_reset_that_forgets_nothing_is_found_by_its_canary_and_the_cell_is_invalid(tmp_path: Path) -> None:
     """A server whose POST /reset_prefix_cache answers success and forgets nothing (the simulator's
     reset-keeps-cache fault): the canary sent before the reset is served from the cache after it, both its
-    whole 800-token blocks, so the trace cell is Invalid with cache_not_reset and the tokens served; never a
-    silently warm cache."""
+    whole 800-token blocks, after each of three resets, so the trace cell is Invalid with cache_not_reset and the
+    tokens served; never a silently warm cache."""
     path = tmp_path / "two.jsonl"
     traces.write(path, [traces.TraceRequest(0.0, 1024, 8), traces.TraceRequest(1.0, 1024, 8)], block_size=None,
                  source="two unique prompts a second apart")
@@ -279,10 +281,10 @@ def test_a_reset_that_forgets_nothing_is_found_by_its_canary_and_the_cell_is_inv
         cell = asyncio.run(_patient(server).run_cell(_trace_cell(path)))
     assert cell.status == "Invalid" and cell.reason_codes == [Reason.CACHE_NOT_RESET], cell.reasons
     state = cell.cache_state
-    assert state is not None and state.method == "reset" and state.reset_answer is True
+    assert state is not None and state.method == "reset" and state.reset_answer is True and state.reset_tries == 3
     assert state.canary_hits == 1600 and state.canary_tokens == 1601
-    assert cell.reasons == ["the server said it reset its prefix cache, but then served 1600 of 1601 prompt "
-                            "tokens of a prompt sent before the reset from it"]
+    assert cell.reasons == ["the server said it reset its prefix cache (3 time(s)), but then served 1600 of 1601 "
+                            "prompt tokens of a prompt sent before the reset from it"]
     assert len(cell.records) == 2 and all(r.ok for r in cell.records)   # measured all the same, never lost
 
 
@@ -309,7 +311,8 @@ def test_probe_replays_a_trace_file_given_on_the_command_line(
         a5000: tuple[LaunchedServer, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """`campaign probe URL --trace FILE --trace-speed 2`: one open-loop cell of the whole trace, at twice its
-    rate, its lengths exact; a malformed trace is one `Error:` line naming the file and line."""
+    rate, its lengths exact; the server was not launched by the probe, so its prefix cache is never reset (its
+    cache is its users'), and the cell says so; a malformed trace is one `Error:` line naming the file and line."""
     server, _ = a5000
     first = traces.read(AZURE_CONV).requests[:6]
     path = tmp_path / "six.jsonl"
@@ -323,6 +326,8 @@ def test_probe_replays_a_trace_file_given_on_the_command_line(
     assert cell["request_rate"] == pytest.approx(2 * 5 / 10) and cell["trace_implied_hits"] is None
     assert any(n.startswith("trace six.jsonl (campaign): 6 of its slice's 6 requests") for n in cell["notes"])
     assert sorted(r["prompt_tokens"] for r in cell["requests"]) == sorted(r.input_tokens for r in first)
+    assert cell["cache_state"] == {**CacheState(method="unique-prompts", why_not_reset=NOT_LAUNCHED).model_dump()}
+    assert any("prefix cache not reset (a server this tool did not launch" in n for n in cell["notes"])
     path.write_text('{"kind": "trace", "schema_version": 1}\n{"at_s": 0, "input_tokens": 0, "output_tokens": 4}\n')
     monkeypatch.setenv("A5000_KEY", server.spec.api_key or "")
     capsys.readouterr()

@@ -49,6 +49,9 @@ RULES = [
     ("a trace served more than its shared blocks allow", {"phase": "rate", "shares_prefixes": True,
                                                           "implied_hits": 4800, "prefix_cache_hits": 6400.0},
      "Invalid", Reason.PREFIX_CACHE_HITS, "6400 tokens, more than the 4800 the trace's shared blocks"),
+    ("a trace's waiting requests looked up again: their hits count again", {
+        "phase": "rate", "shares_prefixes": True, "implied_hits": 4800, "prefix_cache_hits": 6400.0,
+        "prefix_cache_queries": 400.0 + 2048.0}, "Valid", None, ""),
     ("a prefix-cache reset that did not hold", {"phase": "rate", "cache_problem": "the server said it reset"},
      "Invalid", Reason.CACHE_NOT_RESET, "the server said it reset"),
     ("preemptions", {"preemptions": 3.0}, "Invalid", Reason.PREEMPTIONS, "3 preemption"),

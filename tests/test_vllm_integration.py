@@ -139,7 +139,7 @@ def test_the_mooncake_excerpt_replays_on_the_real_cpu_build(target: Target) -> N
     assert len(cell.records) == 110 and all(r.ok for r in cell.records)
     state = cell.cache_state
     assert state is not None and state.method == "reset" and state.reset_answer, state
-    assert state.canary_tokens == 257 and state.canary_hits == 0
+    assert state.checked and state.canary_tokens == 257 and state.canary_cached == 256 and state.canary_hits == 0
     assert sorted((r.usage_prompt_tokens, r.tokens) for r in cell.records) == sorted(
         (p.input_tokens, p.output_tokens) for p in planned)
     assert cell.trace_implied_hits == sum(traces.implied_hits(planned, 8, target.block_size or 1))

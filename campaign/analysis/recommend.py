@@ -22,7 +22,7 @@ from campaign.analysis.verdicts import (
 from campaign.core.errors import CampaignError
 from campaign.measure import answers
 from campaign.measure.answers import agents_that_fit
-from campaign.measure.cells import REASON_HINTS, Reason
+from campaign.measure.cells import CAVEATS, REASON_HINTS, Reason
 from campaign.measure.judged import TAIL_METRICS
 from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
 from campaign.night.orchestrate import Judged
@@ -327,7 +327,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         parts.append(f"not steady in {_listed(unsteady)} (its averages span two regimes of the window: "
                      f"{REASON_HINTS[Reason.NOT_STEADY]})")
     if unjudged:
-        codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons})
+        codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons} - CAVEATS)
         why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"
         parts.append(f"{len(unjudged)} cell(s) not valid ({_listed([c.key for c in unjudged])}; {why})")
 

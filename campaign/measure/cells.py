@@ -142,6 +142,7 @@ class StepEvidence:
     behind_schedule: str | None = None         # rate cells: how the client fell behind its arrival schedule
     cache_problem: str | None = None           # rate cells: why the prefix cache was not left empty before it
     implied_hits: int | None = None            # trace cells: the most its shared blocks let the cache serve
+    prefix_cache_queries: float | None = None  # the server's prompt tokens looked up (a re-query counts again)
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -323,8 +324,12 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
                                                        "a step designed to share nothing" + (
                                                            f" (the chat template's own prefix explains "
                                                            f"{e.template_hits:.0f})" if e.template_hits else "")))
+    # A request that waited for blocks, or was preempted, is looked up again: its prompt counts again in the
+    # queries, and its cached blocks in the hits. Those repeats may add hits the trace does not imply.
+    sent = sum(r.usage_prompt_tokens or r.prompt_tokens for r in records if r.status == 200)
+    requeried = max(0.0, (e.prefix_cache_queries or 0.0) - sent)
     if e.prefix_cache_hits and e.implied_hits is not None and (
-            e.prefix_cache_hits > e.implied_hits + e.template_hits):
+            e.prefix_cache_hits > e.implied_hits + e.template_hits + requeried):
         found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens, more "
                                                        f"than the {e.implied_hits} the trace's shared blocks make "
                                                        "reusable: blocks cached before the step were served"))
@@ -557,16 +562,19 @@ class Attempt(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    accepted: bool
-    reason: str | None = None
-    # Why it was discarded, as a code (format 14): CONTAMINATED for foreign traffic; FEWER_ACTIVE or
-    # SCHEDULE_BEHIND where the client's host stalled it. None when accepted (and in older files).
-    code: Reason | None = None
-    expected_generation_tokens: int
-    counted_generation_tokens: float | None = None
-    expected_prompt_tokens: int
-    counted_prompt_tokens: float | None = None
-    excess_tokens: int = 0
+    accepted: bool = Field(description="whether the cell stands on this attempt")
+    reason: str | None = Field(default=None, description="why it was discarded, in words")
+    code: Reason | None = Field(
+        default=None, description="why it was discarded, as a code (format 14): contaminated for foreign traffic; "
+                                  "fewer_active or schedule_behind where the client's host stalled it; None when "
+                                  "accepted (and in older files)")
+    expected_generation_tokens: int = Field(description="the tokens our requests were served (their usage)")
+    counted_generation_tokens: float | None = Field(
+        default=None, description="the server's generation-token counter over the attempt")
+    expected_prompt_tokens: int = Field(description="our requests' prompt tokens (the server's count where it said it)")
+    counted_prompt_tokens: float | None = Field(
+        default=None, description="the server's prompt-token counter over the attempt")
+    excess_tokens: int = Field(default=0, description="counted beyond ours: another client's tokens")
 
 
 class CellResult(BaseModel):

@@ -33,6 +33,7 @@ from campaign.http.streamclient import StreamClient
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import cachestate, openloop, shard, slo, steady, traces
 from campaign.measure.cells import (
+    CAVEATS,
     TTFT_MODE_TEXT,
     Attempt,
     CellResult,
@@ -92,6 +93,9 @@ class Target:
     # Simulated seconds per wall second (the simulator says so in /metrics; 1 for a real server): open-loop
     # schedules and service levels are in the hardware's seconds, and converted with it.
     time_scale: float = 1.0
+    # Whether this tool launched the server: only then is its prefix cache reset before an open-loop step (a
+    # probed server's cache is its other users').
+    launched: bool = False
 
     @property
     def base_url(self) -> str:
@@ -307,8 +311,8 @@ class Measurer:
         """Measure the cell until an attempt's bracket shows no foreign traffic and the client kept its load (on
         a schedule, its times; in a sustained window, every stream busy), at most max_attempts times. A client
         its host stalled offered another load than the one asked for: that attempt is discarded, saying so, as
-        foreign traffic's is; the last one stands as measured (Invalid, with why). A step with failed requests
-        stands at once: the failures, not the client, are its finding."""
+        foreign traffic's is; the last one stands as measured (Invalid, with why). A step with any other finding
+        (failed requests, a queue, a clamp) stands at once: that finding would come back on every attempt."""
         attempts: list[Attempt] = []
         source = self._source(spec, control)
         if source is not None:
@@ -324,7 +328,10 @@ class Measurer:
                 result = self._result(base, spec, step, m.Delta(before, after), attempts)
                 stall = next(((r, c) for r, c in zip(result.reasons, result.reason_codes, strict=True)
                               if c in CLIENT_STALLS), None)
-                if stall is None or Reason.REQUEST_ERRORS in result.reason_codes or number == self.max_attempts:
+                # Only a stall alone: a finding that would come back on every attempt (errors, a queue, a
+                # clamp) stands at once, never measured three times over.
+                others = set(result.reason_codes) - set(CLIENT_STALLS) - CAVEATS
+                if stall is None or others or number == self.max_attempts:
                     return result
                 attempts[-1] = attempt.model_copy(update={"accepted": False, "code": stall[1],
                                                           "reason": f"the client's host stalled it: {stall[0]}"})
@@ -371,6 +378,8 @@ class Measurer:
     async def empty_prefix_cache(self, client: StreamClient, control: httpx.AsyncClient) -> cachestate.CacheState:
         """Before an open-loop step: the prefix cache emptied and checked with a canary of whole KV blocks, whose
         hits are read from the server's counters once they have counted its prompt (see cachestate)."""
+        if not self.target.launched:
+            return cachestate.CacheState(method="unique-prompts", why_not_reset=cachestate.NOT_LAUNCHED)
         tokens = cachestate.CANARY_BLOCKS * (self.target.block_size or 16) + 1
         if self.target.max_model_len is not None:
             tokens = min(tokens, self.target.max_model_len - 1)
@@ -389,7 +398,10 @@ class Measurer:
                 await asyncio.sleep(0.05)
 
         state = await cachestate.bring_to_empty(control, canary, tokens=tokens, available=self._reset_available)
-        self._reset_available = state.method == "reset"
+        # Absent is asked once a launch; a reset that failed to connect is asked again next time.
+        self._reset_available = True if state.method == "reset" else (
+            False if state.endpoint_status in cachestate.ABSENT or state.why_not_reset == cachestate.NOT_SERVED
+            else None)
         return state
 
     async def _sampler(self, control: httpx.AsyncClient, samples: list[_Gauges], window_open: asyncio.Event,
@@ -714,6 +726,7 @@ class Measurer:
             client_cpu=step.cpu, gpu_throttled=step.telemetry.throttled if step.telemetry else None,
             template_hits=self._template_hits(spec, len(records)), shares_prefixes=spec.shares_prefixes,
             cache_problem=step.cache.problem if step.cache is not None else None, implied_hits=load.implied_hits,
+            prefix_cache_queries=delta.optional(m.PREFIX_QUERIES),
             behind_schedule=behind_schedule(
                 records, wall_rate=spec.request_rate * scale if spec.request_rate else None,
                 achieved_share=None if load.early_stopped else share))

@@ -45,7 +45,7 @@ class LaunchedServer:
                       kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
                       server_version=f.vllm_version, max_num_seqs=self.max_num_seqs,
                       max_num_batched_tokens=f.max_num_batched_tokens or self._flag_int("max-num-batched-tokens"),
-                      num_speculative_tokens=f.num_speculative_tokens)
+                      num_speculative_tokens=f.num_speculative_tokens, launched=True)
 
 
 @contextmanager

@@ -37,6 +37,7 @@ class PlanWarning(StrEnum):
     UNLISTED_FLAG = "unlisted_flag"
     ABOVE_SEATS = "above_seats"
     OPEN_FILES = "open_files"
+    DEV_MODE_EXPOSED = "dev_mode_exposed"
 
 
 HINTS: dict[PlanWarning, str] = {
@@ -47,7 +48,20 @@ HINTS: dict[PlanWarning, str] = {
                              "measure fewer streams",
     PlanWarning.OPEN_FILES: "measure fewer streams, or raise the hard limit (ulimit -Hn) of the machine that "
                             "measures",
+    PlanWarning.DEV_MODE_EXPOSED: "keep host 127.0.0.1, or drop VLLM_SERVER_DEV_MODE (trace and rate cells then "
+                                  "stand on fresh prompts, their cache not reset)",
 }
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def dev_mode_exposed(profile: LaunchProfile, profile_path: Path) -> list[Notice]:
+    """VLLM_SERVER_DEV_MODE (which lets a cell reset the prefix cache) on a server that listens beyond this
+    machine: its dev endpoints answer whoever reaches the port, API key or not."""
+    if profile.env.get("VLLM_SERVER_DEV_MODE", "0").strip() in {"", "0"} or profile.host in LOOPBACK:
+        return []
+    return [Notice(PlanWarning.DEV_MODE_EXPOSED, f"{profile_path}: env: VLLM_SERVER_DEV_MODE with host {profile.host}: "
+                                                 "vLLM's dev endpoints (/reset_prefix_cache, /sleep, /collective_rpc) "
+                                                 "answer anyone who reaches the port, API key or not")]
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
     unlisted = flag_list.check(night_uses(profile, profile_path, matrix, matrix_path, list(overrides or {})), flags)
     seats = [] if matrix is None else limits.check_concurrency(matrix, matrix_path, profile, overrides,
                                                                here=will_launch)
-    return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats])
+    exposed = limits.dev_mode_exposed(profile, profile_path)
+    return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats, *exposed])
 
 
 def declare_secrets(profile: LaunchProfile, matrix: Matrix | None = None,

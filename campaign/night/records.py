@@ -78,8 +78,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from campaign.core.errors import LaunchFailureKind
-from campaign.measure.cells import CellResult
+from campaign.measure.cachestate import CacheState
+from campaign.measure.cells import Attempt, CellResult
 from campaign.measure.figures import hardware_units
+from campaign.measure.steady import Steadiness, Trend
 from campaign.measure.study import ExperimentResult
 from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
@@ -540,11 +542,17 @@ def document() -> str:
             lines.append(f"| `{name}` | {_type_name(field.annotation)} | {meaning} |")
         lines.append("")
     lines += ["## Nested models", ""]
-    nested: tuple[type[BaseModel], ...] = (CellResult, ExperimentResult, StartupFacts)
+    nested: tuple[type[BaseModel], ...] = (CellResult, Attempt, CacheState, Steadiness, Trend, ExperimentResult,
+                                           StartupFacts)
     for model in nested:
+        described = any(field.description for field in model.model_fields.values())
         lines += [f"### `{model.__name__}`", "", (model.__doc__ or "").strip().split("\n\n")[0], "",
-                  "| key | type |", "|---|---|"]
-        lines += [f"| `{name}` | {_type_name(field.annotation)} |" for name, field in model.model_fields.items()]
+                  "| key | type | meaning |" if described else "| key | type |",
+                  "|---|---|---|" if described else "|---|---|"]
+        for name, field in model.model_fields.items():
+            row = f"| `{name}` | {_type_name(field.annotation)} |"
+            meaning = (field.description or "").replace("|", "\\|")
+            lines.append(f"{row} {meaning} |" if described else row)
         lines.append("")
     return "\n".join(lines)
 

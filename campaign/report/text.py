@@ -156,13 +156,14 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
             headers=["Phase", "Context", "Requests at once", "Total tok/s", "Energy per output token"],
             rows=[["Decode", fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
                    f"{c.energy_j_per_token:,.3f} J/token"] for c in energy]))
+    # A caveat is said beside a Valid cell; a cell that is not Valid says all its reasons under why.
     why = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {c.status}: {r}" for c in cells
            for i, r in enumerate(c.reasons)
-           if i >= len(c.reason_codes) or c.reason_codes[i] not in CAVEATS]
+           if c.status != "Valid" or i >= len(c.reason_codes) or c.reason_codes[i] not in CAVEATS]
     if why:
         out.append(Table(title="Why cells are not Valid", notes=why))
     caveats = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {r}" for c in cells
-               for r, code in zip(c.reasons, c.reason_codes, strict=False) if code in CAVEATS]
+               for r, code in zip(c.reasons, c.reason_codes, strict=False) if code in CAVEATS and c.status == "Valid"]
     if caveats:
         out.append(Table(title="Valid, with a caveat", notes=caveats))
     remarks = [f"{fmt_context(c.context_tokens)} x {c.concurrency} {c.phase}: {n}" for c in cells for n in c.notes]
