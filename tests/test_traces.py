@@ -393,6 +393,9 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
     assert run_cli(["export-trace", str(run_dir), "--cell", "nope", "--out", str(exported)]) == 1
     assert capsys.readouterr().err == (f"Error: {run_dir}: variant 'baseline' has no cell 'nope'\n"
                                        f"hint: --cell one of: {sent.spec.key}\n")
+    nowhere = tmp_path / "no" / "sent.jsonl"
+    assert run_cli(["export-trace", str(run_dir), "--out", str(nowhere)]) == 1
+    assert capsys.readouterr().err.startswith(f"Error: cannot write {nowhere}: No such file or directory\nhint: ")
 
 
 def test_a_resume_after_the_trace_was_edited_is_refused_naming_the_file(tmp_path: Path,

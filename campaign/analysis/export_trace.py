@@ -68,5 +68,9 @@ def export(run: store.RunDir, out: Path, *, cell_key: str | None = None, variant
                             hint="export a cell that ran")
     source = (f"{run.root.name}: variant {stored.variant}, repeat {stored.repeat}, cell {stored.result.spec.key}: "
               f"{len(requests)} requests as sent (no prefix structure: request records keep no prompt tokens)")
-    traces.write(out, requests, block_size=None, source=source)
+    try:   # atomic: a trace half written is never left for a later run to replay
+        store.replace_text(out, traces.dumps(requests, block_size=None, source=source))
+    except OSError as exc:
+        raise CampaignError(f"cannot write {out}: {exc.strerror or exc}",
+                            hint="give --out a path in a folder that exists and can be written") from None
     return stored, len(requests)

@@ -65,8 +65,10 @@ class Steadiness(BaseModel):
     tpot_ms: list[float | None] = Field(
         description="time per output token in each interval: the gaps to the tokens that arrived in it (each "
                     "from its request's token before) over those tokens, ms (None: no such token)")
-    throughput: Trend | None = Field(description="the throughput series' trend; None: not enough intervals")
-    tpot: Trend | None = Field(description="the TPOT series' trend, over the intervals that have one")
+    throughput: Trend | None = Field(description="the throughput series' trend; None: none can be told (a "
+                                                 "median of 0)")
+    tpot: Trend | None = Field(description="the TPOT series' trend, over the intervals that have one; None: "
+                                           "more than two intervals without a token gap")
     judged: bool = Field(description="whether a drift is a caveat of the cell (False for a trace's own load)")
 
     @property

@@ -280,13 +280,18 @@ def _campaign(path: Path, handle: Iterator[str]) -> tuple[TraceHeader, Iterator[
     return header, rows()
 
 
-def write(path: Path, requests: list[TraceRequest], *, block_size: int | None, source: str) -> None:
-    """A `campaign` trace: its header, then one line a request."""
+def dumps(requests: list[TraceRequest], *, block_size: int | None, source: str) -> str:
+    """A `campaign` trace's text: its header, then one line a request."""
     header = TraceHeader(kind="trace", schema_version=TRACE_SCHEMA_VERSION, block_size=block_size, source=source)
     lines = [header.model_dump_json()] + [
         TraceLine(at_s=r.at_s, input_tokens=r.input_tokens, output_tokens=r.output_tokens,
                   hash_ids=list(r.hash_ids)).model_dump_json() for r in requests]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path, requests: list[TraceRequest], *, block_size: int | None, source: str) -> None:
+    """A `campaign` trace written to `path` (`dumps`)."""
+    path.write_text(dumps(requests, block_size=block_size, source=source), encoding="utf-8")
 
 
 def select(requests: list[TraceRequest], *, start_s: float = 0.0, duration_s: float | None = None,
