@@ -97,8 +97,9 @@ REASON_HINTS: dict[Reason, str] = {
                             "client-side costs (random prompts), or a quieter or bigger client machine",
     Reason.CACHE_NOT_RESET: "the step's prefix hits may include blocks cached before it: launch the server afresh "
                             "before the cell (a new repeat), or check for other clients holding requests",
-    Reason.NOT_STEADY: "the window's average spans two regimes: a longer warm-up (the server settling), a cooler "
-                       "or power-capped card (nvidia-smi -q -d PERFORMANCE), or a rate the server holds steadily",
+    Reason.NOT_STEADY: "the window's average spans two regimes: a server still settling (measure after a warm-up "
+                       "cell), a cooler or power-capped card (nvidia-smi -q -d PERFORMANCE), or a longer or lower "
+                       "rate the server holds steadily",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }

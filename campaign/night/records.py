@@ -60,8 +60,9 @@ Format history:
     measured again, as a late schedule was. A rate cell carries its `cache_state`: before its step the prefix
     cache was emptied through POST /reset_prefix_cache and checked with a canary sent before and after, or
     (no such endpoint) its prompts stood on a fresh salt; a reset the canary saw fail is `cache_not_reset`.
-    A rate cell of 50 requests or more carries its `steadiness`: ten intervals' throughput and TPOT with
-    Mann-Kendall's trend, Sen's line and the CV of each; a drift is the caveat `not_steady` on a Valid cell.
+    A rate cell of 50 requests or more carries its `steadiness`: after the open loop fills, up to ten intervals
+    (each two request lifetimes or more) of throughput and TPOT with Mann-Kendall's trend, Sen's line and the
+    CV of each; a drift is the caveat `not_steady` on a Valid cell.
     Older files have none of these fields (None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
