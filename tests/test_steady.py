@@ -45,18 +45,20 @@ def test_mann_kendall_is_scipys_kendall_tau_against_time_without_its_import() ->
     assert stats.cv([2.0, 2.0]) == 0.0 and stats.cv([1.0]) is None
 
 
+def _request(index: int, sent: float, *, ttft_s: float, tpot_s: float, tokens: int) -> RequestRecord:
+    """One request sent at `sent` whose `tokens` arrive one at a time, the first `ttft_s` later, then every
+    `tpot_s`."""
+    chunks = [sent + ttft_s + k * tpot_s for k in range(tokens)]
+    return RequestRecord(id=f"r{index}", prompt_tokens=64, max_tokens=tokens, send_t=sent, status=200,
+                         chunk_t=chunks, chunk_tokens=[1] * tokens, end_t=chunks[-1])
+
+
 def _records(tpot_at: list[float], *, per_s: float = 4.0, span_s: float = 60.0,
              tokens: int = 32) -> list[RequestRecord]:
     """Requests arriving evenly over `span_s`, each `tokens` long at the TPOT `tpot_at[k]` of its tenth."""
-    out = []
-    for i in range(int(span_s * per_s)):
-        sent = i / per_s
-        gap = tpot_at[min(int(sent / span_s * len(tpot_at)), len(tpot_at) - 1)]
-        first = sent + 0.05
-        chunks = [first + k * gap for k in range(tokens)]
-        out.append(RequestRecord(id=f"r{i}", prompt_tokens=64, max_tokens=tokens, send_t=sent, status=200,
-                                 chunk_t=chunks, chunk_tokens=[1] * tokens, end_t=chunks[-1]))
-    return out
+    tenth = [tpot_at[min(int(i / per_s / span_s * len(tpot_at)), len(tpot_at) - 1)]
+             for i in range(int(span_s * per_s))]
+    return [_request(i, i / per_s, ttft_s=0.05, tpot_s=gap, tokens=tokens) for i, gap in enumerate(tenth)]
 
 
 def test_a_window_whose_tpot_doubles_drifts_and_a_flat_one_does_not() -> None:
@@ -93,9 +95,7 @@ def _poisson(seed: int, *, rate: float, span_s: float, tokens: int, tpot_s: floa
     out: list[RequestRecord] = []
     at = rng.expovariate(rate)
     while at < span_s:
-        chunks = [at + 0.1 + k * tpot_s for k in range(tokens)]
-        out.append(RequestRecord(id=f"r{len(out)}", prompt_tokens=64, max_tokens=tokens, send_t=at, status=200,
-                                 chunk_t=chunks, chunk_tokens=[1] * tokens, end_t=chunks[-1]))
+        out.append(_request(len(out), at, ttft_s=0.1, tpot_s=tpot_s, tokens=tokens))
         at += rng.expovariate(rate)
     return out
 

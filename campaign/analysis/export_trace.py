@@ -26,7 +26,7 @@ def requests_of(cell: CellResult) -> list[traces.TraceRequest]:
     arrivals = [r.scheduled_t if r.scheduled_t is not None else r.send_t for r in records]
     first = min(arrivals)
     out = [traces.TraceRequest(at_s=round((at - first) * cell.time_scale, 6),
-                               input_tokens=r.usage_prompt_tokens or r.prompt_tokens, output_tokens=r.max_tokens)
+                               input_tokens=r.counted_prompt_tokens, output_tokens=r.max_tokens)
            for at, r in zip(arrivals, records, strict=True)]
     return sorted(out, key=lambda request: request.at_s)
 

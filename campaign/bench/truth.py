@@ -20,7 +20,7 @@ tokens; the delay itself is reported as the client's own error. Above time scale
 millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
 measured, not judged. Throughput and counts are judged at every scale.
 
-Long (about 680 lines): the truth run drives every kind of cell against the simulator and matches each
+Long (about 710 lines): the truth run drives every kind of cell against the simulator and matches each
 figure with the engine's own records; the matching rules per figure are read together.
 """
 
@@ -41,7 +41,7 @@ from typing import Literal
 
 from campaign.core import stats
 from campaign.http.client import RequestRecord
-from campaign.measure import capacity, slo, study, traces
+from campaign.measure import capacity, slo, steady, study, traces
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import LAG_EVERY_S, Measurer
 from campaign.night.launcher import LaunchedServer, launched
@@ -335,17 +335,9 @@ def steadiness_figures(cell: CellResult, matched: Matched, delay: float) -> list
     count = len(found.throughput_tok_s)
     width = (hi - lo) / count
     slack = (cell.client_lag_max_ms or 0.0) / 1000.0 * matched.scale
-    emitted: list[tuple[float, int]] = []
-    gaps, gapped = [0.0] * count, [0] * count
-    for request in matched.of(cell.records):
-        previous: float | None = None
-        for at, n in request.emits:
-            emitted.append((at, n))
-            index = math.floor((at - lo) / width)
-            if previous is not None and 0 <= index < count:
-                gaps[index] += at - previous
-                gapped[index] += n
-            previous = at
+    truths = matched.of(cell.records)
+    counts, gaps, gapped = steady.interval_sums((r.emits for r in truths), lo, width, count)
+    emitted = [event for r in truths for event in r.emits]
 
     def tokens(a: float, b: float) -> int:
         return sum(n for at, n in emitted if a <= at < b)
@@ -355,7 +347,7 @@ def steadiness_figures(cell: CellResult, matched: Matched, delay: float) -> list
     for i in range(count):
         a, b = lo + i * width, lo + (i + 1) * width
         out.append(Figure(where, f"interval_{i}_throughput_tok_s", "rate", found.throughput_tok_s[i],
-                          tokens(a, b) / width, _between(tokens(a + slack, b - slack) / width,
+                          counts[i] / width, _between(tokens(a + slack, b - slack) / width,
                                                          tokens(a - slack, b + slack) / width)))
         out.append(Figure(where, f"interval_{i}_tpot", "latency", _seconds(found.tpot_ms[i]),
                           gaps[i] / gapped[i] if gapped[i] else None))

@@ -76,6 +76,11 @@ class RequestRecord:
         return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.tokens
 
     @property
+    def counted_prompt_tokens(self) -> int:
+        """Its prompt as the server counted it where its usage said (a chat template included), else as sent."""
+        return self.usage_prompt_tokens if self.usage_prompt_tokens is not None else self.prompt_tokens
+
+    @property
     def ttft_s(self) -> float | None:
         return self.chunk_t[0] - self.send_t if self.chunk_t else None
 

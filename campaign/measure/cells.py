@@ -1,6 +1,6 @@
 """What a cell is, what it produced, and the pure arithmetic from raw request records to its columns.
 
-Long (about 670 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
+Long (about 710 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
 evidence and the queue diagnosis that reads it, and the spec and result models; the arithmetic from records
 to columns is figures.py."""
 
@@ -306,6 +306,14 @@ def queue_note(e: StepEvidence) -> str | None:
             f"{e.context_tokens:,} beside the decodes), as the server is meant to: {queue_figures(e)}")
 
 
+def requeried(e: StepEvidence) -> float:
+    """Prompt tokens the server looked up more than once: a request that waited for blocks, or was preempted, is
+    looked up again, its prompt counted again in the queries and its cached blocks in the hits (hits the trace
+    does not imply)."""
+    sent = sum(r.counted_prompt_tokens for r in e.records if r.status == 200)
+    return max(0.0, (e.prefix_cache_queries or 0.0) - sent)
+
+
 def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
     """Pure: a step's evidence -> its status and the findings behind it (Failed for request errors, Invalid
     for any other finding, else Valid)."""
@@ -325,12 +333,8 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
                                                        "a step designed to share nothing" + (
                                                            f" (the chat template's own prefix explains "
                                                            f"{e.template_hits:.0f})" if e.template_hits else "")))
-    # A request that waited for blocks, or was preempted, is looked up again: its prompt counts again in the
-    # queries, and its cached blocks in the hits. Those repeats may add hits the trace does not imply.
-    sent = sum(r.usage_prompt_tokens or r.prompt_tokens for r in records if r.status == 200)
-    requeried = max(0.0, (e.prefix_cache_queries or 0.0) - sent)
     if e.prefix_cache_hits and e.implied_hits is not None and (
-            e.prefix_cache_hits > e.implied_hits + e.template_hits + requeried):
+            e.prefix_cache_hits > e.implied_hits + e.template_hits + requeried(e)):
         found.append(Finding(Reason.PREFIX_CACHE_HITS, f"prefix cache served {e.prefix_cache_hits:.0f} tokens, more "
                                                        f"than the {e.implied_hits} the trace's shared blocks make "
                                                        "reusable: blocks cached before the step were served"))

@@ -5,9 +5,9 @@ own output is known exactly (requests straddling the window are drained, not abo
 counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
 `max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
 
-Long (about 850 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
-with the same bracketing, contamination checks and retries; its steps share the target's state and one
-client, so they are one class.
+Long (about 910 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
+with the same bracketing, contamination checks, retries and (open-loop steps) the prefix cache emptied first;
+its steps share the target's state and one client, so they are one class.
 """
 
 from __future__ import annotations
@@ -349,20 +349,14 @@ class Measurer:
                        records: list[RequestRecord]) -> tuple[m.MetricsSnapshot, Attempt]:
         expected_gen = sum(r.completion_tokens for r in records)
         # The server's own count of each of our prompts where it said it (a chat prompt's template included).
-        expected_prompt = sum(r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens
-                              for r in records if r.status == 200)
+        expected_prompt = sum(r.counted_prompt_tokens for r in records if r.status == 200)
         # A request of ours that failed after it was sent (timed out waiting in an overloaded queue, cut off)
         # may have been counted in full or in part: up to its prompt and its max_tokens are ours, not foreign.
         ours_prompt = expected_prompt + sum(r.prompt_tokens for r in records if r.status != 200)
         ours_gen = expected_gen + sum(max(0, r.max_tokens - r.completion_tokens) for r in records if not r.ok)
-        deadline = time.monotonic() + SETTLE_S
-        while True:
-            after = await self.scrape(control)
-            delta = m.Delta(before, after)
-            gen, prompt = delta(m.GENERATION_TOKENS), delta(m.PROMPT_TOKENS)
-            if (gen >= expected_gen and prompt >= expected_prompt) or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.1)
+        after = await self.counted(control, before, generation=expected_gen, prompt=expected_prompt)
+        delta = m.Delta(before, after)
+        gen, prompt = delta(m.GENERATION_TOKENS), delta(m.PROMPT_TOKENS)
         excess = int(round(max(0.0, gen - ours_gen) + max(0.0, prompt - ours_prompt)))
         reason = None
         if excess > 0:
@@ -374,6 +368,19 @@ class Measurer:
             counted_generation_tokens=gen, expected_prompt_tokens=expected_prompt,
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )
+
+    async def counted(self, control: httpx.AsyncClient, before: m.MetricsSnapshot, *, generation: int = 0,
+                      prompt: int = 0) -> m.MetricsSnapshot:
+        """The counters once they have counted at least these tokens since `before`, or after SETTLE_S (they lag
+        the last streamed chunk)."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            after = await self.scrape(control)
+            delta = m.Delta(before, after)
+            if (delta(m.GENERATION_TOKENS) >= generation and delta(m.PROMPT_TOKENS) >= prompt) or (
+                    time.monotonic() > deadline):
+                return after
+            await asyncio.sleep(0.1)
 
     async def empty_prefix_cache(self, client: StreamClient, control: httpx.AsyncClient) -> cachestate.CacheState:
         """Before an open-loop step: the prefix cache emptied and checked with a canary of whole KV blocks, whose
@@ -388,14 +395,9 @@ class Measurer:
         async def canary() -> float | None:
             before = await self.scrape(control)
             record = await self._one(client, tokens, 1, prompt=Prompt(tokens=tokens, ids=ids))
-            deadline = time.monotonic() + SETTLE_S
-            while True:
-                delta = m.Delta(before, await self.scrape(control))
-                if not record.ok:
-                    return None   # nothing to check with: the state says so
-                if delta(m.PROMPT_TOKENS) >= tokens or time.monotonic() > deadline:
-                    return delta.optional(m.PREFIX_HITS)
-                await asyncio.sleep(0.05)
+            if not record.ok:
+                return None   # nothing to check with: the state says so
+            return m.Delta(before, await self.counted(control, before, prompt=tokens)).optional(m.PREFIX_HITS)
 
         state = await cachestate.bring_to_empty(control, canary, tokens=tokens, available=self._reset_available)
         # Absent is asked once a launch; a reset that failed to connect is asked again next time.

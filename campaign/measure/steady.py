@@ -27,7 +27,8 @@ grow turn by turn: their series and trends are stored and stated, never a caveat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -105,6 +106,25 @@ def _trend(series: Sequence[float | None]) -> Trend | None:
                  drifting=p < ALPHA and abs(end - start) >= MIN_DRIFT * abs(centre))
 
 
+def interval_sums(requests: Iterable[Iterable[tuple[float, int]]], start: float, width: float, count: int
+                  ) -> tuple[list[int], list[float], list[int]]:
+    """Each request's token events (time, tokens), in `count` intervals of `width` from `start`: per interval,
+    the tokens that arrived, and the gaps to them from their request's event before with the tokens those
+    gaps brought (a request's first event has no gap). The tool's records and the simulator's truth alike."""
+    tokens, gaps, gapped = [0] * count, [0.0] * count, [0] * count
+    for events in requests:
+        previous: float | None = None
+        for t, n in events:
+            index = math.floor((t - start) / width)
+            if 0 <= index < count:
+                tokens[index] += n
+                if previous is not None:
+                    gaps[index] += t - previous
+                    gapped[index] += n
+            previous = t
+    return tokens, gaps, gapped
+
+
 def steadiness(records: list[RequestRecord], window: tuple[float, float], *, scale: float = 1.0,
                judged: bool = True) -> Steadiness | None:
     """The window [start, end) on the records' clock (the schedule's span) after the open loop has filled (the
@@ -120,24 +140,8 @@ def steadiness(records: list[RequestRecord], window: tuple[float, float], *, sca
     if count < MIN_INTERVALS:
         return None
     width = (end - start) / count
-    tokens = [0] * count
-    gaps = [0.0] * count
-    gapped = [0] * count
-
-    def slot(t: float) -> int | None:
-        index = int((t - start) // width)
-        return index if 0 <= index < count else None
-
-    for r in done:
-        previous: float | None = None
-        for t, n in zip(r.chunk_t, r.chunk_tokens, strict=True):
-            i = slot(t)
-            if i is not None:
-                tokens[i] += n
-                if previous is not None:
-                    gaps[i] += t - previous
-                    gapped[i] += n
-            previous = t
+    tokens, gaps, gapped = interval_sums((zip(r.chunk_t, r.chunk_tokens, strict=True) for r in done),
+                                         start, width, count)
     throughput = [n / (width * scale) for n in tokens]
     tpot = [gap / count * scale * 1000.0 if count else None for gap, count in zip(gaps, gapped, strict=True)]
     present = sum(1 for v in tpot if v is not None)
