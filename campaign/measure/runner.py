@@ -354,7 +354,7 @@ class Measurer:
         # may have been counted in full or in part: up to its prompt and its max_tokens are ours, not foreign.
         ours_prompt = expected_prompt + sum(r.prompt_tokens for r in records if r.status != 200)
         ours_gen = expected_gen + sum(max(0, r.max_tokens - r.completion_tokens) for r in records if not r.ok)
-        after = await self.counted(control, before, generation=expected_gen, prompt=expected_prompt)
+        after = await self.settled(control, before, generation=expected_gen, prompt=expected_prompt)
         delta = m.Delta(before, after)
         gen, prompt = delta(m.GENERATION_TOKENS), delta(m.PROMPT_TOKENS)
         excess = int(round(max(0.0, gen - ours_gen) + max(0.0, prompt - ours_prompt)))
@@ -369,7 +369,7 @@ class Measurer:
             counted_prompt_tokens=prompt, excess_tokens=excess,
         )
 
-    async def counted(self, control: httpx.AsyncClient, before: m.MetricsSnapshot, *, generation: int = 0,
+    async def settled(self, control: httpx.AsyncClient, before: m.MetricsSnapshot, *, generation: int = 0,
                       prompt: int = 0) -> m.MetricsSnapshot:
         """The counters once they have counted at least these tokens since `before`, or after SETTLE_S (they lag
         the last streamed chunk)."""
@@ -397,7 +397,7 @@ class Measurer:
             record = await self._one(client, tokens, 1, prompt=Prompt(tokens=tokens, ids=ids))
             if not record.ok:
                 return None   # nothing to check with: the state says so
-            return m.Delta(before, await self.counted(control, before, prompt=tokens)).optional(m.PREFIX_HITS)
+            return m.Delta(before, await self.settled(control, before, prompt=tokens)).optional(m.PREFIX_HITS)
 
         state = await cachestate.bring_to_empty(control, canary, tokens=tokens, available=self._reset_available)
         # Absent is asked once a launch; a reset that failed to connect is asked again next time.
