@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from campaign.analysis import calibrate as calibration
 from campaign.analysis import export_trace, recommend, summary
 from campaign.core import aio, secret
 from campaign.core.console import buffered_stdio
@@ -43,6 +45,7 @@ from campaign.night.orchestrate import preflight
 from campaign.night.planning import make_plan
 from campaign.night.progress import Progress
 from campaign.night.store import latest_run
+from campaign.report import calibration as calibration_report
 from campaign.report import closing
 from campaign.report import html as html_report
 from campaign.report import text as report
@@ -50,7 +53,7 @@ from campaign.report.tables import to_markdown, to_text
 from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
 from campaign.server.control import ControlClient
-from campaign.server.profiles import FlagValue, LaunchProfile, load_profile, parse_gpus
+from campaign.server.profiles import PROFILES_DIR, FlagValue, LaunchProfile, load_profile, parse_gpus
 
 app = typer.Typer(
     add_completion=False,
@@ -110,6 +113,7 @@ EndpointOpt = Annotated[str, typer.Option(
     "--endpoint", metavar="completions|chat",
     help="/v1/completions, or /v1/chat/completions through the chat template and the server's parsers")]
 DEFAULT_TIMEOUTS = Timeouts()
+MEASURED_DIR = PROFILES_DIR / "measured"   # campaign calibrate's entries: `hardware: measured/<name>.yaml`
 CaBundleOpt = Annotated[Path | None, typer.Option(
     "--ca-bundle", help="PEM file of the CA that signed an https server's certificate (default: system CAs, "
                         "or SSL_CERT_FILE)")]
@@ -574,6 +578,33 @@ def export_trace_cmd(
     picked, written = export_trace.export(stored, out, cell_key=cell, variant=variant, repeat=repeat)
     _say_damaged(stored)
     _err(f"wrote {written} requests of {picked.result.spec.key} ({picked.variant}, repeat {picked.repeat}) to {out}")
+
+
+@app.command()
+def calibrate(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with prefill and decode cells")],
+    name: Annotated[str | None, typer.Option("--name", metavar="NAME",
+                                             help="the entry's name (default: the run's profile's)")] = None,
+    hold_out: Annotated[list[str] | None, typer.Option(
+        "--hold-out", metavar="[VARIANT:]KEY", help="a cell to predict rather than fit (repeatable)")] = None,
+    folder: Annotated[Path, typer.Option("--dir", metavar="DIR", help="where the entry is written")] = MEASURED_DIR,
+) -> None:
+    """Fit the simulator's step costs to a measured run and write a hardware entry a profile can name."""
+    stored = store.RunDir(run_dir)
+    if not stored.manifest_path.exists():
+        raise CampaignError(f"{run_dir}: not a run directory (no manifest.json)",
+                            hint="name a directory under runs/ that `campaign run` wrote")
+    chosen = name or Path(stored.manifest().matrix_model().profile).stem
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", chosen):
+        raise CampaignError(f"--name {chosen!r}: not a file name", hint="letters, digits, '.', '_' and '-'")
+    entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
+    _say_damaged(stored)
+    typer.echo(to_text(calibration_report.table(entry, iterations=fitted.iterations, unmeasured=fitted.unmeasured,
+                                                skipped=cells.skipped)))
+    path = calibration.write(entry, folder)
+    named = f"measured/{path.name}" if path.parent.resolve() == MEASURED_DIR.resolve() else str(path)
+    _err(f"wrote {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator then "
+         "runs on this machine's fitted costs")
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:

@@ -77,6 +77,11 @@ def drafter_shape(model: str) -> ModelShape | None:
 _HARDWARE_ALIASES = {"a5000": "rtx-a5000", "4090": "rtx-4090", "h200": "h200-nvl"}
 
 
+def is_measured(hardware: str) -> bool:
+    """A `hardware:` value that names a measured file (`campaign calibrate`'s) rather than a row of these tables."""
+    return hardware.endswith((".yaml", ".yml"))
+
+
 def resolve_hardware(name: str | None) -> tuple[Hardware, int] | None:
     """`a5000x2` -> (RTX A5000, 2); unknown -> None (say so, never guess)."""
     if not name:

@@ -427,7 +427,7 @@ def _check_virtual(profile: LaunchProfile, profile_path: Path, engine: str | Non
     if (engine or profile.engine) != "sim":
         raise CampaignError("--clock virtual replays the simulator's engine in simulated time: it needs the "
                             "simulator", hint="add --engine sim (or run real servers on the wall clock)")
-    if not profile.hardware or not profile.model_shape:
+    if not profile.simulatable:
         raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware",
                           hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
     if gpus is not None or ray:

@@ -76,6 +76,7 @@ class VirtualCell:
     window: tuple[float, float] | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
+    steps: list[sim_truth.StepTruth] = field(default_factory=list)   # every step of the cell, priming included
 
     @property
     def reasons(self) -> list[str]:
@@ -113,7 +114,7 @@ def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = No
     """The simulator's configuration for a launch profile with `flags` on top, parsed from the same command
     line the launcher builds."""
     profile, path = load_profile(profile_name)
-    if not profile.hardware or not profile.model_shape:
+    if not profile.simulatable:
         raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
                           hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
     command = argv.build(profile, flags, engine="sim", port=8000).argv
@@ -159,7 +160,7 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = No
             return VirtualCell(spec, "Failed", [Finding(Reason.REQUEST_ERRORS, f"the request ended {request.reason} "
                                                         "without a token")])
         return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft,
-                           requests=[request], counters=dict(sim.engine.counters))
+                           requests=[request], counters=dict(sim.engine.counters), steps=truth.steps)
     if spec.mode == "fixed":
         return _fixed(sim, truth, config, spec, prompts)
     return _sustained(sim, truth, config, spec, prompts)
@@ -199,7 +200,8 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
-                       completed=_count(figures["completed"]), requests=measured, counters=dict(sim.engine.counters))
+                       completed=_count(figures["completed"]), requests=measured, counters=dict(sim.engine.counters),
+                       steps=truth.steps)
 
 
 def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
@@ -238,7 +240,8 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
                        per_request_tok_s=figures["per_request_tok_s"],
                        ttft_s=stats.median([r.ttft for r in measured if r.ttft is not None]),
                        completed=_count(figures["completed"]), avg_active=figures["avg_active"],
-                       requests=measured, window=(start, end), samples=samples, counters=dict(sim.engine.counters))
+                       requests=measured, window=(start, end), samples=samples, counters=dict(sim.engine.counters),
+                       steps=truth.steps)
 
 
 def _count(value: float | None) -> int | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from campaign.core import secret
 from campaign.core.errors import CampaignError
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
-from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile
+from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, sim_hardware
 from campaign.server.vllm_flags import normalize_flag
 from campaign.sim.config import LAUNCH_ENV
 
@@ -165,7 +165,7 @@ def build(
     if engine == "sim":
         head = [sys.executable, "-m", "campaign.sim", "--model", model]
         if profile.hardware:
-            head += ["--hardware", profile.hardware]
+            head += ["--hardware", sim_hardware(profile.hardware)]
         if profile.model_shape:
             head += ["--model-shape", profile.model_shape]
     elif profile.command == "api_server":

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
+from campaign.core.hardware import is_measured
 from campaign.server.flag_values import value_problems
 from campaign.server.vllm_flags import normalize_flag
 
@@ -149,9 +150,31 @@ class LaunchProfile(BaseModel):
             return {str(k): str(v) for k, v in value.items()}
         return value
 
+    @field_validator("model_shape")
+    @classmethod
+    def _shape_or_measured(cls, value: str | None, info: Any) -> str | None:
+        hardware = info.data.get("hardware") or ""
+        if value and is_measured(hardware):
+            raise ValueError(f"hardware {hardware} is a measured file, which carries its own model: drop model_shape")
+        return value
+
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model
+
+    @property
+    def simulatable(self) -> bool:
+        """Whether the simulator can stand in for it: a hardware and model of the tables, or a measured file."""
+        return bool(self.hardware and (self.model_shape or is_measured(self.hardware)))
+
+
+def sim_hardware(value: str) -> str:
+    """The simulator's --hardware for a profile's `hardware:`: a measured file's path made absolute (relative to
+    launch_profiles/, where `campaign calibrate` writes measured/<name>.yaml); a row of the tables as it is."""
+    if not is_measured(value):
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else PROFILES_DIR / path)
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:

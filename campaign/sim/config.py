@@ -15,13 +15,15 @@ import math
 import os
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from campaign.core.hardware import MODELS, ModelShape, drafter_shape
+from campaign.core.hardware import MODELS, ModelShape, drafter_shape, is_measured
 from campaign.core.vllm_bounds import human_int, out_of_bounds
+from campaign.sim import measured as sim_measured
 from campaign.sim import model as sim_model
 
 VERSION = "0.33.0"
@@ -104,8 +106,8 @@ class SimConfig:
 
     model: str
     served_model_name: str | None
-    hardware: str
-    model_shape: str
+    hardware: str                        # a row of the tables (a5000x2), or a measured file's path
+    model_shape: str                     # "" with a measured file (it carries its own model)
     host: str
     port: int
     api_key: str | None
@@ -132,6 +134,10 @@ class SimConfig:
     drafter: ModelShape | None = None    # a separate drafter model (speculative_config "model"), if any
     launch: str = ""                     # the launch's identity in its night (LAUNCH_ENV); "" outside a night
     speed_factor: float = 1.0            # every engine step's time is multiplied by it (fault launch-noise)
+    measured: sim_measured.MeasuredHardware | None = None  # `campaign calibrate`'s fit, when hardware names one
+    kv_cache_memory_bytes: int | None = None  # per card, as passed: the cache's size outright (vLLM's flag)
+    # Step costs a fit is trying (campaign calibrate): they replace the tables' or the measured file's.
+    costs_override: sim_model.StepCosts | None = None
 
     @property
     def name(self) -> str:
@@ -144,15 +150,42 @@ class SimConfig:
         return self.version_style >= Version("0.32")
 
     def block(self) -> int:
-        """The KV page size: as passed, else the pair's own (hybrid models: at least the mamba state's page)."""
-        return self.block_size or sim_model.block_size(self.hardware, self.model_shape, self.kv_cache_dtype)
+        """The KV page size: as passed, else the pair's own (hybrid models: at least the mamba state's page;
+        a measured entry: the page its log reported)."""
+        if self.block_size:
+            return self.block_size
+        if self.measured is not None:
+            return self.measured.memory.block_size
+        return sim_model.block_size(self.hardware, self.model_shape, self.kv_cache_dtype)
+
+    @property
+    def window(self) -> int | None:
+        """The model's own window (max_position_embeddings): the table's shape's, or the measured entry's."""
+        if self.measured is not None:
+            return self.measured.window
+        return MODELS[self.model_shape.lower()].window
+
+    @cached_property
+    def costs(self) -> sim_model.StepCosts:
+        """Every engine step's cost terms: fitted (a measured entry) or the tables' roofline."""
+        if self.costs_override is not None:
+            return self.costs_override
+        if self.measured is not None:
+            return self.measured.step.costs()
+        return sim_model.step_costs(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
+                                    drafter=self.drafter)
 
     def memory(self) -> sim_model.Memory:
+        if self.measured is not None:
+            return self.measured.memory.memory(utilization=self.gpu_memory_utilization,
+                                               max_num_batched_tokens=self.max_num_batched_tokens,
+                                               kv_cache_memory_bytes=self.kv_cache_memory_bytes)
         return sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
                                 utilization=self.gpu_memory_utilization,
                                 max_num_batched_tokens=self.max_num_batched_tokens,
                                 kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens,
-                                speculative_method=self.speculative_method, drafter=self.drafter)
+                                speculative_method=self.speculative_method, drafter=self.drafter,
+                                kv_cache_memory_bytes=self.kv_cache_memory_bytes)
 
     @property
     def process_prefixes(self) -> bool:
@@ -185,8 +218,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", description="vllm-campaign's vLLM simulator")
     p.add_argument("model_tag", nargs="?")
     p.add_argument("--model")
-    p.add_argument("--hardware", required=True, help="e.g. a5000x2, h200-nvl")
-    p.add_argument("--model-shape", required=True, help="e.g. qwen-27b-hybrid, qwen3.5-27b-gptq-int4")
+    p.add_argument("--hardware", required=True, help="e.g. a5000x2, h200-nvl, or a measured file (campaign "
+                   "calibrate's .yaml)")
+    p.add_argument("--model-shape", help="e.g. qwen-27b-hybrid, qwen3.5-27b-gptq-int4 (required with a hardware "
+                   "of the tables; a measured file carries its own)")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key")
@@ -203,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--speculative-config", type=json.loads)
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    p.add_argument("--kv-cache-memory-bytes", type=_human_int)   # per card; overrides the utilisation's share
     # Accepted and without effect on the simulation.
     p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
     for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization", "--hf-token"):
@@ -231,18 +267,38 @@ def option_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
+def parse(argv: list[str], *, launch: str | None = None,
+          measured: sim_measured.MeasuredHardware | None = None) -> SimConfig:
     """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do. `launch`:
-    the launch's identity in its night (default: LAUNCH_ENV), which with `--seed` draws its launch noise."""
+    the launch's identity in its night (default: LAUNCH_ENV), which with `--seed` draws its launch noise.
+    `measured`: an entry in hand (campaign calibrate's, being fitted) instead of the file --hardware names."""
     p = _parser()
     args = p.parse_args(argv)
     model = args.model or args.model_tag
     if not model:
         p.error("the following arguments are required: model_tag")
-    try:
-        calibration = sim_model.calibration_for(args.hardware, args.model_shape)
-    except ValueError as exc:
-        p.error(f"argument --hardware/--model-shape: {exc}")
+    big = False
+    if is_measured(args.hardware):
+        if args.model_shape:
+            p.error("argument --model-shape: a measured hardware file carries its own model: drop --model-shape")
+        try:
+            measured = measured or sim_measured.load(Path(args.hardware))
+        except ValueError as exc:
+            p.error(f"argument --hardware: {exc}")
+        if args.tensor_parallel_size != measured.memory.tensor_parallel_size:
+            p.error(f"argument --tensor-parallel-size: {args.hardware} was measured at tensor parallelism "
+                    f"{measured.memory.tensor_parallel_size}; another size needs a run of its own to calibrate from")
+        if args.kv_cache_dtype != measured.memory.kv_cache_dtype:
+            p.error(f"argument --kv-cache-dtype: {args.hardware} was measured with {measured.memory.kv_cache_dtype}; "
+                    "another cache type needs a run of its own to calibrate from")
+    elif not args.model_shape:
+        p.error("argument --model-shape: required with a hardware of the tables (e.g. --model-shape qwen3-32b)")
+    else:
+        measured = None   # a row of the tables
+        try:
+            big = sim_model.calibration_for(args.hardware, args.model_shape).reported_memory_gib >= 70
+        except ValueError as exc:
+            p.error(f"argument --hardware/--model-shape: {exc}")
     try:
         faults = Faults.parse(args.fault)
     except ValueError as exc:
@@ -267,8 +323,8 @@ def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
         p.error(f"argument --truth: {truth} exists; a truth file is never overwritten: remove it or name a "
                 "directory (one file per launch)")
     identity = os.environ.get(LAUNCH_ENV, "") if launch is None else launch
-    big = calibration.reported_memory_gib >= 70
-    args.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if big else 2048)
+    measured_chunk = measured.memory.max_num_batched_tokens if measured is not None else None
+    args.max_num_batched_tokens = args.max_num_batched_tokens or measured_chunk or (8192 if big else 2048)
     args.max_num_seqs = args.max_num_seqs or (1024 if big else 256)
     spec = args.speculative_config or {}
     # Like vLLM's line, but the scheduler limits are always shown (resolved), so the tool learns them.
@@ -279,16 +335,20 @@ def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
     drafter = None
     if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):
         drafter = drafter_shape(str(spec["model"]))
+        if measured is not None:
+            p.error("argument --speculative-config: a measured hardware file has no costs for a drafter model "
+                    "(MTP, EAGLE heads and n-gram are fitted with the step); calibrate from a run that used it")
         if drafter is None:
             p.error(f"argument --speculative-config: drafter model {spec['model']!r} is not one the simulator "
                     f"knows; known: {', '.join(n for n, m in MODELS.items() if m.params_b < 5)}")
     return SimConfig(
         model=model, served_model_name=args.served_model_name, hardware=args.hardware,
-        model_shape=args.model_shape, host=args.host, port=args.port,
+        model_shape=args.model_shape or "", host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get("VLLM_API_KEY"), ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len or MODELS[args.model_shape.lower()].window or DEFAULT_MODEL_LEN,
+        max_model_len=args.max_model_len or (measured.window if measured is not None
+                                             else MODELS[args.model_shape.lower()].window) or DEFAULT_MODEL_LEN,
         tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,
@@ -296,5 +356,6 @@ def parse(argv: list[str], *, launch: str | None = None) -> SimConfig:
         reasoning_parser=args.reasoning_parser, drafter=drafter,
         kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
         faults=faults, truth=truth, non_default=non_default, launch=identity,
-        speed_factor=launch_speed(faults.launch_noise, args.seed, identity),
+        speed_factor=launch_speed(faults.launch_noise, args.seed, identity), measured=measured,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )

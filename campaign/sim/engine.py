@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
 from campaign.sim.blocks import BlockManager
 from campaign.sim.config import SimConfig
@@ -88,6 +87,8 @@ class Step:
     prefill_tokens: int
     prefill_seqs: int
     duration: float                  # simulated seconds, from the roofline (and the speed and bimodal faults)
+    prefill_weight: int = 0          # prefill tokens x the context each attends to (the attention term's)
+    context_read: int = 0            # decoding context read from the KV cache (the KV read term's)
     # Speculative decoding, counted as the step completes (the server's counters add the same numbers).
     drafts: int = 0
     draft_tokens: int = 0
@@ -172,11 +173,10 @@ class Engine:
             prefill_tokens += took[0]
             prefill_weight += took[1]
             prefill_seqs += 1
-        duration = sim_model.step_seconds(
-            hardware=cfg.hardware, model=cfg.model_shape, tp=cfg.tensor_parallel_size,
+        context_read = sum(r.context for r in decoding)
+        duration = cfg.costs.seconds(
             decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
-            prefill_context=prefill_weight // max(1, prefill_tokens),
-            context_tokens_read=sum(r.context for r in decoding), drafter=cfg.drafter,
+            prefill_context=prefill_weight // max(1, prefill_tokens), context_tokens_read=context_read,
             draft_passes=cfg.num_speculative_tokens if cfg.drafter is not None else 0, drafting_seqs=len(decoding),
             prefill_speed=cfg.faults.prefill_speed, decode_speed=cfg.faults.decode_speed)
         # This launch's speed (launch-noise): the engine's physics, so the truth records it as what happened.
@@ -188,7 +188,9 @@ class Engine:
         if cfg.faults.bimodal4 and self._slow_four():
             duration *= BIMODAL_FACTOR
         return Step(decoding=decoding, decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
-                    prefill_seqs=prefill_seqs, duration=duration)
+                    prefill_seqs=prefill_seqs, duration=duration,
+                    prefill_weight=prefill_tokens * (prefill_weight // max(1, prefill_tokens)),
+                    context_read=context_read)
 
     def complete(self, step: Step, start: float, end: float, *, emitted: float | None = None) -> None:
         """The step ran from `start` to `end`: decoding sequences get 1 + accepted draft tokens, finished

@@ -93,8 +93,9 @@ class Memory:
 
 def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_batched_tokens: int,
            kv_cache_dtype: str = "auto", num_speculative_tokens: int = 0, speculative_method: str | None = "mtp",
-           drafter: ModelShape | None = None) -> Memory:
-    """A drafter model costs twice, as on the real card: its weights, and its own KV for every token of every
+           drafter: ModelShape | None = None, kv_cache_memory_bytes: int | None = None) -> Memory:
+    """`kv_cache_memory_bytes` (vLLM's flag, per card) sets the cache outright, whatever the utilisation.
+    A drafter model costs twice, as on the real card: its weights, and its own KV for every token of every
     sequence (vLLM pages the drafter's layers from the same budget), which is what cut seed 000's usable
     cache "by nearly 5x" on 24 GB cards. An MTP head costs one more layer's weights; n-gram costs nothing."""
     if not 0 < utilization <= 1:   # vLLM refuses it; a share above 1 would hand out memory the card lacks
@@ -111,6 +112,8 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
         weights *= 1.03  # an MTP or EAGLE head: about one more layer's weights
     activation = cal.activation_bytes_per_batched_token * max_num_batched_tokens / GIB
     kv = utilization * total - weights - activation - cal.cuda_graph_gib - cal.other_gib
+    if kv_cache_memory_bytes is not None:
+        kv = kv_cache_memory_bytes / GIB
     per_token = (cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0) / tp
     block = cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
     # vLLM reports hybrid capacity as an effective token count, not a whole number of blocks.
@@ -128,45 +131,85 @@ def block_size(hardware: str, model: str, kv_cache_dtype: str = "auto") -> int:
     return cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
 
 
-def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,
-                 prefill_context: int, context_tokens_read: int, drafter: ModelShape | None = None,
-                 draft_passes: int = 0, drafting_seqs: int = 0, prefill_speed: float = 1.0,
-                 decode_speed: float = 1.0) -> float:
-    """Time of one engine step: `decode_tokens` (all sequences, speculative positions included),
-    `prefill_tokens` scheduled from prompts whose attention spans `prefill_context` on average, and the KV
-    cache read for `context_tokens_read` tokens of decoding context; with a drafter model, its `draft_passes`
-    sequential forward passes over `drafting_seqs` sequences (each reads its weights and its own KV).
-    `prefill_speed` / `decode_speed` (the faults of a known true effect) divide the prefill tokens' time and
-    the decode tokens' (drafting included); the step's fixed cost and weight read are shared between the two
-    by scheduled tokens, so a step of prefill alone, or of decode alone, takes exactly 1/speed as long."""
+@dataclass(frozen=True)
+class StepCosts:
+    """One engine step's time as a sum of terms linear in what the step does: the form every calibration
+    reduces to, and what `campaign calibrate` fits to a machine's measured cells (a measured hardware file
+    states these directly). From the tables: fixed = the fixed cost plus the weights read over the group's
+    bandwidth; per decode or prefill token = 2 x parameters over the group's peak at that efficiency;
+    attention = its FLOPs per token per token of context over the prefill peak; KV read = the cache's bytes per
+    token over the bandwidth."""
+
+    fixed_s: float                    # per step, whatever the batch: scheduler, launches, the weights' read
+    decode_s_per_token: float         # per scheduled decode position (speculative ones included)
+    prefill_s_per_token: float        # per prompt token prefilled
+    attention_s_per_token_ctx: float  # per prompt token per token of context it attends to
+    kv_read_s_per_token: float        # per token of decoding context read from the KV cache
+    # A separate drafter model (speculative_config "model"): per sequential pass, and per drafting sequence in it.
+    draft_pass_s: float = 0.0
+    draft_s_per_seq: float = 0.0
+    draft_kv_read_s_per_token: float = 0.0
+
+    def seconds(self, *, decode_tokens: int, prefill_tokens: int, prefill_context: int, context_tokens_read: int,
+                draft_passes: int = 0, drafting_seqs: int = 0, prefill_speed: float = 1.0,
+                decode_speed: float = 1.0) -> float:
+        """Time of one engine step: `decode_tokens` (all sequences, speculative positions included),
+        `prefill_tokens` scheduled from prompts whose attention spans `prefill_context` on average, and the KV
+        cache read for `context_tokens_read` tokens of decoding context; with a drafter model, its
+        `draft_passes` sequential forward passes over `drafting_seqs` sequences. `prefill_speed` /
+        `decode_speed` (the faults of a known true effect) divide the prefill tokens' time and the decode
+        tokens' (drafting included); the fixed cost and the KV read are shared between the two by scheduled
+        tokens, so a step of prefill alone, or of decode alone, takes exactly 1/speed as long."""
+        if decode_tokens == 0 and prefill_tokens == 0:
+            return 0.0
+        t_mem = self.fixed_s + self.kv_read_s_per_token * context_tokens_read
+        t_decode = decode_tokens * self.decode_s_per_token
+        t_prefill = prefill_tokens * (self.prefill_s_per_token + self.attention_s_per_token_ctx * prefill_context)
+        t_draft = 0.0
+        if draft_passes and drafting_seqs:
+            t_draft = draft_passes * (self.draft_pass_s + drafting_seqs * self.draft_s_per_seq
+                                      + self.draft_kv_read_s_per_token * context_tokens_read)
+        if prefill_speed == 1.0 and decode_speed == 1.0:
+            return t_mem + t_decode + t_prefill + t_draft
+        prefill_share = prefill_tokens / (prefill_tokens + decode_tokens)
+        return ((t_prefill + prefill_share * t_mem) / prefill_speed
+                + (t_decode + t_draft + (1 - prefill_share) * t_mem) / decode_speed)
+
+
+def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None = None) -> StepCosts:
+    """The roofline of a (hardware, model) pair of the tables at tensor parallelism `tp`, as step costs."""
     cal = calibration_for(hardware, model)
     resolved = resolve_hardware(hardware)
     assert resolved is not None
     hw, _ = resolved
     shape = MODELS[model.lower()]
     bandwidth = tp * hw.bandwidth_gb_s * 1e9 * cal.bandwidth_efficiency
-    weights = shape.params_b * 1e9 * shape.weight_bytes_per_param
-    t_mem = (weights + cal.kv_read_factor * cal.kv_bytes_per_token * context_tokens_read) / bandwidth
     peak = tp * hw.bf16_tflops * 1e12
     flops_per_token = 2 * shape.params_b * 1e9
-    t_decode = decode_tokens * flops_per_token / (peak * cal.decode_mfu)
-    prefill_flops = prefill_tokens * (flops_per_token + cal.attention_flops_per_token_per_ctx * prefill_context)
-    t_prefill = prefill_flops / (peak * cal.prefill_mfu)
-    if decode_tokens == 0 and prefill_tokens == 0:
-        return 0.0
-    t_draft = 0.0
-    if drafter is not None and draft_passes and drafting_seqs:
-        draft_bytes = (drafter.params_b * 1e9 * drafter.weight_bytes_per_param
-                       + drafter.kv_bytes_per_token * context_tokens_read)
-        draft_flops = drafting_seqs * 2 * drafter.params_b * 1e9
-        t_draft = draft_passes * (draft_bytes / bandwidth + draft_flops / (peak * cal.decode_mfu)
-                                  + cal.fixed_step_s / 2)
-    if prefill_speed == 1.0 and decode_speed == 1.0:
-        return cal.fixed_step_s + t_mem + t_decode + t_prefill + t_draft  # summed as ever: figures unchanged
-    shared = cal.fixed_step_s + t_mem
-    prefill_share = prefill_tokens / (prefill_tokens + decode_tokens)
-    return ((t_prefill + prefill_share * shared) / prefill_speed
-            + (t_decode + t_draft + (1 - prefill_share) * shared) / decode_speed)
+    weights = shape.params_b * 1e9 * shape.weight_bytes_per_param
+    draft = {}
+    if drafter is not None:
+        draft = {"draft_pass_s": drafter.params_b * 1e9 * drafter.weight_bytes_per_param / bandwidth
+                 + cal.fixed_step_s / 2,
+                 "draft_s_per_seq": 2 * drafter.params_b * 1e9 / (peak * cal.decode_mfu),
+                 "draft_kv_read_s_per_token": drafter.kv_bytes_per_token / bandwidth}
+    return StepCosts(
+        fixed_s=cal.fixed_step_s + weights / bandwidth,
+        decode_s_per_token=flops_per_token / (peak * cal.decode_mfu),
+        prefill_s_per_token=flops_per_token / (peak * cal.prefill_mfu),
+        attention_s_per_token_ctx=cal.attention_flops_per_token_per_ctx / (peak * cal.prefill_mfu),
+        kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, **draft)
+
+
+def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,
+                 prefill_context: int, context_tokens_read: int, drafter: ModelShape | None = None,
+                 draft_passes: int = 0, drafting_seqs: int = 0, prefill_speed: float = 1.0,
+                 decode_speed: float = 1.0) -> float:
+    """StepCosts.seconds for a pair of the tables."""
+    return step_costs(hardware=hardware, model=model, tp=tp, drafter=drafter).seconds(
+        decode_tokens=decode_tokens, prefill_tokens=prefill_tokens, prefill_context=prefill_context,
+        context_tokens_read=context_tokens_read, draft_passes=draft_passes, drafting_seqs=drafting_seqs,
+        prefill_speed=prefill_speed, decode_speed=decode_speed)
 
 
 def blocks_for(tokens: int, block: int) -> int:

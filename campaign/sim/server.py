@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, long_model_len_allowed, resolve_hardware
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
@@ -415,7 +415,7 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
     log.line("APIServer", "INFO", "startup.py:38", f"vLLM server version {VERSION}, serving model {args.model}")
-    window = MODELS[args.model_shape.lower()].window
+    window = args.window
     if window is not None and args.max_model_len > window:
         # vLLM 0.32's words (vllm/config/model.py, _get_and_verify_max_len), raised or only warned of.
         said = (f"User-specified max_model_len ({args.max_model_len}) is greater than the derived max_model_len "

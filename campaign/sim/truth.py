@@ -91,6 +91,15 @@ class StepTruth:
     drafts: int = 0                   # speculative decoding: sequences that verified drafts this step
     draft_tokens: int = 0
     accepted: int = 0
+    prefill_weight: int = 0           # prefill tokens x the mean context they attend to (whole tokens)
+    context_read: int = 0             # decoding context read from the KV cache
+
+    def features(self) -> tuple[float, float, float, float, float]:
+        """What the step's time is linear in (StepCosts' terms, in their order): 1 step, decode positions,
+        prefill tokens, prefill x context, KV context read. Speed faults, launch noise and drafters aside, the
+        step's model_s is StepCosts' coefficients dotted with these."""
+        return (1.0, float(self.decode_tokens), float(self.prefill_tokens), float(self.prefill_weight),
+                float(self.context_read))
 
 
 class Recorder:
@@ -119,7 +128,8 @@ class Recorder:
                                   decode_tokens=step.decode_tokens, prefill_tokens=step.prefill_tokens,
                                   prefill_seqs=step.prefill_seqs, running=running, waiting=waiting,
                                   kv_used_blocks=kv_used, drafts=step.drafts, draft_tokens=step.draft_tokens,
-                                  accepted=step.accepted))
+                                  accepted=step.accepted, prefill_weight=step.prefill_weight,
+                                  context_read=step.context_read))
 
     def all_requests(self) -> list[RequestTruth]:
         """Finished requests and those still running, by arrival."""

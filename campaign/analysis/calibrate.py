@@ -1,0 +1,306 @@
+"""`campaign calibrate RUN`: the simulator's step costs fitted to a stored run's cells, so that a machine the
+hardware tables do not know (a new card, the CPU build) can be simulated after one real run.
+
+What is fitted: the five terms one engine step's time is linear in (campaign.sim.model.StepCosts: a fixed cost
+per step, per decode position, per prompt token, per prompt token x context, per token of KV read). What is
+taken as measured: the KV cache, its page size and the scheduler's limits, from each launch's startup log.
+
+How: each cell is replayed on the engine (night.replay, the tool's own method in simulated time) with trial
+costs; every step the replay ran is a row of what its time is linear in (StepTruth.features), so a cell's figure
+is linear in the costs *for that schedule*: a TTFT is the sum of its steps' times; a rate is its tokens over the
+sum of its steps' times. Non-negative least squares (scipy's NNLS) on the relative errors gives new costs, the
+cells are replayed with them (the schedule may shift: who shares a step with whom), and so on until the figures
+stop moving. The replay is the only model: no hand-written formula of a cell's figure stands between the costs
+and what the simulator will publish, so the fit's error per cell is the simulator's own.
+
+Cells used: prefill (its TTFT) and prefill-free decode cells (total tok/s), each the median over the run's
+repeats, with their spread (the machine's own noise, which no fit can beat). Rate, trace and agent cells and
+the study's experiments are open-loop or multi-step and are not replayed (night.replay): they are listed as
+skipped. Held-out cells are predicted by the fit, never fitted: the honest test of it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import nnls
+
+from campaign.core.errors import CampaignError
+from campaign.measure.cells import CellSpec
+from campaign.night import replay
+from campaign.night.records import ServerRecord
+from campaign.night.store import RunDir, StoredCell, replace_text
+from campaign.sim import config as sim_config
+from campaign.sim import measured as sim_measured
+from campaign.sim.config import SimConfig
+from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware, MemoryRecord, StepCostsRecord
+from campaign.sim.model import StepCosts
+from campaign.sim.truth import StepTruth
+
+Figure = Literal["ttft_s", "total_tok_s"]
+TERMS = ("fixed_s", "decode_s_per_token", "prefill_s_per_token", "attention_s_per_token_ctx", "kv_read_s_per_token")
+MAX_ITERATIONS = 8
+SETTLED = 0.002          # the fit has settled when no fitted cell's figure moves by more than this share
+# A starting point only (the iterations leave it behind): a few milliseconds a step, a small model's token costs.
+START = StepCosts(fixed_s=0.005, decode_s_per_token=1e-4, prefill_s_per_token=1e-4, attention_s_per_token_ctx=1e-9,
+                  kv_read_s_per_token=1e-7)
+# Not fitted (one chunk size per run rarely tells it): what a token more of chunk takes from the cache, per card.
+ACTIVATION_BYTES_PER_BATCHED_TOKEN = 8_000.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured cell: the spec replayed, the configuration of the launch that measured it, and each repeat's
+    value of its figure (in the hardware's units)."""
+
+    variant: str
+    spec: CellSpec
+    config: SimConfig
+    figure: Figure
+    values: tuple[float, ...]
+    held_out: bool = False
+
+    @property
+    def measured(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / median over the repeats: the machine's own noise on this cell; None with one."""
+        return (max(self.values) - min(self.values)) / self.measured if len(self.values) > 1 else None
+
+
+@dataclass(frozen=True)
+class Fitted:
+    costs: StepCosts
+    cells: list[FitCell]
+    iterations: int
+    unmeasured: list[str]      # cost terms no fitted cell exercised (left at 0: the run says nothing of them)
+
+    def summary(self, held_out: bool) -> ErrorSummary:
+        errors = [abs(c.error) for c in self.cells if c.held_out is held_out and c.error is not None]
+        return ErrorSummary(cells=len(errors), median_abs=statistics.median(errors) if errors else None,
+                            max_abs=max(errors) if errors else None)
+
+
+def figure_of(cell: replay.VirtualCell, figure: Figure) -> float | None:
+    return cell.ttft_s if figure == "ttft_s" else cell.total_tok_s
+
+
+def _row(cell: replay.VirtualCell, obs: Observation) -> np.ndarray | None:
+    """What the cell's figure is linear in, for the schedule this replay ran: a TTFT, its steps' features
+    summed; a rate, the inverse of it (the steps' features over the tokens they made). None: no figure."""
+    simulated = figure_of(cell, obs.figure)
+    if cell.status != "Valid" or not simulated:
+        return None
+    if obs.figure == "ttft_s":
+        (request,) = cell.requests
+        first = request.arrival + simulated
+        steps = [s for s in cell.steps if s.start >= request.arrival - 1e-12 and s.end <= first + 1e-12]
+        return _summed(steps) if steps else None
+    first_arrival = min(r.arrival for r in cell.requests)
+    start, end = cell.window if cell.window is not None else (first_arrival, math.inf)
+    steps = [s for s in cell.steps if s.start >= start and s.end <= end]
+    busy = sum(s.model_s for s in steps)
+    if not steps or busy <= 0:
+        return None
+    return _summed(steps) / (simulated * busy)
+
+
+def _summed(steps: Sequence[StepTruth]) -> np.ndarray:
+    summed: np.ndarray = np.array([s.features() for s in steps], dtype=float).sum(axis=0)
+    return summed
+
+
+def _target(obs: Observation) -> float:
+    """The measured figure in the row's units: seconds for a TTFT, seconds per token for a rate."""
+    return obs.measured if obs.figure == "ttft_s" else 1.0 / obs.measured
+
+
+def _costs(vector: Sequence[float]) -> StepCosts:
+    return StepCosts(**{name: float(value) for name, value in zip(TERMS, vector, strict=True)})
+
+
+def _vector(costs: StepCosts) -> np.ndarray:
+    return np.array([getattr(costs, name) for name in TERMS])
+
+
+def _replay(obs: Observation, costs: StepCosts) -> replay.VirtualCell:
+    return replay.run_cell(replace(obs.config, costs_override=costs), obs.spec)
+
+
+def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted:
+    """The costs that make the replayed cells read as measured (relative least squares over the fitted cells),
+    and every cell's prediction with them: fitted cells are the fit's error, held-out ones its prediction's."""
+    fitted = [o for o in observations if not o.held_out]
+    if not any(o.figure == "ttft_s" for o in fitted) or not any(o.figure == "total_tok_s" for o in fitted):
+        raise CampaignError("calibrate needs a prefill cell and a decode cell to fit (prefill fixes a prompt "
+                            "token's cost, decode a step's)",
+                            hint="calibrate from a run with both (the demo matrix has both), or hold fewer out")
+    costs, iterations, used = start, 0, np.zeros(len(TERMS), dtype=bool)
+    for iterations in range(1, MAX_ITERATIONS + 1):   # noqa: B007 (the count is reported)
+        rows, targets = [], []
+        for obs in fitted:
+            row = _row(_replay(obs, costs), obs)
+            if row is not None:
+                rows.append(row)
+                targets.append(_target(obs))
+        if not rows:
+            raise CampaignError("no cell could be replayed with trial costs (every one over capacity or invalid)",
+                                hint="calibrate from a run whose prefill and decode cells are Valid")
+        a = np.array(rows) / np.array(targets)[:, None]
+        used = a.max(axis=0) > 0
+        scale = np.where(used, a.max(axis=0), 1.0)
+        solution, _ = nnls(a / scale, np.ones(len(rows)))
+        new = _costs(solution / scale)
+        moved = np.abs((a @ _vector(new)) / (a @ _vector(costs)) - 1)
+        costs = new
+        if float(moved.max()) < SETTLED:
+            break
+    cells = []
+    for obs in observations:
+        cell = _replay(obs, costs)
+        predicted = figure_of(cell, obs.figure) if cell.status == "Valid" else None
+        cells.append(FitCell(variant=obs.variant, key=obs.spec.key, figure=obs.figure, measured=obs.measured,
+                             spread=obs.spread, predicted=predicted,
+                             error=None if predicted is None else predicted / obs.measured - 1, held_out=obs.held_out))
+    return Fitted(costs=costs, cells=cells, iterations=iterations,
+                  unmeasured=[name for name, seen in zip(TERMS, used, strict=True) if not seen])
+
+
+# --- a stored run's cells as observations ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunCells:
+    observations: list[Observation]
+    skipped: list[str]                       # cells not used, each with why
+    servers: dict[str, ServerRecord]         # each variant's first ready launch
+
+
+def _memory(server: ServerRecord) -> MemoryRecord:
+    facts = server.facts
+    missing = [name for name in ("kv_cache_tokens", "block_size", "max_num_batched_tokens", "max_model_len")
+               if getattr(facts, name) is None]
+    if missing:
+        raise CampaignError(f"{server.launch_dir}: the startup log gave no {', '.join(missing)}; the simulator "
+                            "cannot be sized without them", hint="calibrate from a run whose launches logged them "
+                            "(campaign parse-log LOG shows what a log gives)")
+    assert facts.kv_cache_tokens is not None and facts.block_size is not None
+    assert facts.max_num_batched_tokens is not None
+    return MemoryRecord(
+        kv_cache_tokens=facts.kv_cache_tokens, kv_cache_gib=facts.available_kv_cache_gib, block_size=facts.block_size,
+        tensor_parallel_size=facts.tensor_parallel_size or 1, total_gib=None,
+        gpu_memory_utilization=facts.gpu_memory_utilization, max_num_batched_tokens=facts.max_num_batched_tokens,
+        kv_cache_dtype=str(server.flags.get("kv-cache-dtype") or "auto"),
+        activation_bytes_per_batched_token=ACTIVATION_BYTES_PER_BATCHED_TOKEN,
+        model_weights_gib=facts.model_weights_gib)
+
+
+def _entry(name: str, server: ServerRecord, memory: MemoryRecord, window: int, costs: StepCosts,
+           source: str = "") -> MeasuredHardware:
+    facts = server.facts
+    none = ErrorSummary(cells=0, median_abs=None, max_abs=None)
+    return MeasuredHardware(
+        name=name, description=f"{facts.device or 'device unknown'}, vLLM {facts.vllm_version or 'unknown'}: "
+                               f"fitted to {source or 'a run'}",
+        source=source, fitted_utc=datetime.now(UTC).isoformat(timespec="seconds"), vllm_version=facts.vllm_version,
+        device=facts.device, window=window, step=StepCostsRecord.of(costs), memory=memory, fit=[],
+        fitted_error=none, held_out_error=none)
+
+
+def launch_config(server: ServerRecord, window: int) -> SimConfig:
+    """The simulator standing in for this launch: its KV cache, page and scheduler limits as its log said."""
+    facts = server.facts
+    memory = _memory(server)
+    assert facts.max_model_len is not None
+    argv = ["--model", "measured", "--hardware", "measured.yaml",
+            "--max-num-batched-tokens", str(memory.max_num_batched_tokens), "--max-model-len", str(facts.max_model_len),
+            "--tensor-parallel-size", str(memory.tensor_parallel_size),
+            "--max-num-seqs", str(facts.max_num_seqs or server.flags.get("max-num-seqs") or 256),
+            "--kv-cache-dtype", memory.kv_cache_dtype]
+    speculative = server.flags.get("speculative-config")
+    if speculative:
+        argv += ["--speculative-config", speculative if isinstance(speculative, str) else json.dumps(speculative)]
+    if server.flags.get("enable-prefix-caching") is False:
+        argv.append("--no-enable-prefix-caching")
+    entry = _entry("trial", server, memory, window, START)
+    return sim_config.parse(argv, measured=entry, launch="")
+
+
+def _figure(cell: StoredCell) -> tuple[Figure, float | None] | str:
+    """The figure a stored cell is fitted on, or why it is not used."""
+    result, spec = cell.result, cell.result.spec
+    if result.status != "Valid":
+        return f"{result.status}, not a measurement to fit"
+    if spec.phase == "prefill":
+        return "ttft_s", None if result.ttft_ms is None else result.ttft_ms / 1000
+    if spec.phase == "decode":
+        if spec.prompts != "random" or spec.endpoint != "completions":
+            return "text prompts through a template are not replayed token for token"
+        return "total_tok_s", result.total_tok_s
+    return f"a {spec.phase} cell is open-loop or multi-step and is not replayed"
+
+
+def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
+    """The run's prefill and decode cells as observations, each on its variant's launch; `held_out`: cell keys,
+    or VARIANT:KEY, to predict rather than fit."""
+    servers: dict[str, ServerRecord] = {}
+    for server in run.ready_servers():
+        servers.setdefault(server.variant, server)
+    if not servers:
+        raise CampaignError(f"{run.root}: no launch of this run became ready; nothing was measured to fit",
+                            hint="calibrate from a run that measured cells (campaign run MATRIX)")
+    window = max(s.facts.max_model_len or 0 for s in servers.values())
+    configs = {variant: launch_config(server, window) for variant, server in servers.items()}
+    wanted = set(held_out)
+    grouped: dict[tuple[str, str], list[StoredCell]] = {}
+    for cell in run.cells():
+        grouped.setdefault((cell.variant, cell.result.spec.key), []).append(cell)
+    observations, skipped, seen = [], [], set()
+    for (variant, key), cells in sorted(grouped.items()):
+        reasons = [_figure(c) for c in cells]
+        values = [r[1] for r in reasons if isinstance(r, tuple) and r[1] is not None]
+        kinds = {r[0] for r in reasons if isinstance(r, tuple)}
+        if not values or variant not in configs:
+            why = next((r for r in reasons if isinstance(r, str)), "no figure stored")
+            skipped.append(f"{variant}:{key}: {why if variant in configs else 'no ready launch'}")
+            continue
+        out = {f"{variant}:{key}", key} & wanted
+        seen |= out
+        observations.append(Observation(variant=variant, spec=cells[0].result.spec, config=configs[variant],
+                                        figure=kinds.pop(), values=tuple(values), held_out=bool(out)))
+    unknown = wanted - seen
+    if unknown:
+        keys = ", ".join(sorted({f"{o.variant}:{o.spec.key}" for o in observations}))
+        raise CampaignError(f"--hold-out {sorted(unknown)[0]}: no such cell of this run to hold out",
+                            hint=f"cells that can be: {keys}")
+    return RunCells(observations=observations, skipped=skipped, servers=servers)
+
+
+def calibrate(run: RunDir, name: str, held_out: Iterable[str] = ()) -> tuple[MeasuredHardware, Fitted, RunCells]:
+    """The measured hardware entry for `run`: costs fitted to its cells, memory from its baseline's launch."""
+    cells = run_cells(run, held_out)
+    fitted = fit(cells.observations)
+    baseline = run.manifest().matrix_model().baseline if run.manifest_path.exists() else None
+    server = cells.servers.get(baseline or "") or next(iter(cells.servers.values()))
+    window = max(s.facts.max_model_len or 0 for s in cells.servers.values())
+    entry = _entry(name, server, _memory(server), window, fitted.costs, source=str(run.root)).model_copy(update={
+        "fit": fitted.cells, "fitted_error": fitted.summary(held_out=False),
+        "held_out_error": fitted.summary(held_out=True)})
+    return entry, fitted, cells
+
+
+def write(entry: MeasuredHardware, folder: Path) -> Path:
+    """launch_profiles/measured/<name>.yaml (replaced if it exists: a calibration is redone, not accumulated)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{entry.name}.yaml"
+    replace_text(path, sim_measured.dump(entry))
+    return path

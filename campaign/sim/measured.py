@@ -1,0 +1,159 @@
+"""A measured hardware entry: the simulator's physics for one machine and model, fitted by `campaign calibrate`
+to a stored run's cells instead of read from the hardware and model tables.
+
+A profile names one as `hardware: measured/<name>.yaml` (relative to launch_profiles/, or an absolute path);
+the simulator then takes its step costs (campaign.sim.model.StepCosts, fitted) and its memory (the KV cache the
+run's startup log reported, moved by the flags that move it) from the file, and needs no `model_shape`. A card
+the tables do not know (an L40S with a new model, the CPU build here) becomes simulatable after one real run.
+
+The file is a typed, versioned record like a run's files. Format history:
+1 - first format: step costs, memory at the measured launch, the fit's cells (measured, predicted, error; the
+    held-out ones predicted, not fitted) and its error summary.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from campaign.sim.model import GIB, Memory, StepCosts
+
+MEASURED_SCHEMA_VERSION = 1
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepCostsRecord(_Record):
+    """The fitted step costs (campaign.sim.model.StepCosts), in seconds."""
+
+    fixed_s: float = Field(ge=0, description="per engine step, whatever the batch (scheduler, launches, the "
+                                             "weights' read)")
+    decode_s_per_token: float = Field(ge=0, description="per scheduled decode position")
+    prefill_s_per_token: float = Field(ge=0, description="per prompt token prefilled")
+    attention_s_per_token_ctx: float = Field(ge=0, description="per prompt token per token of context it "
+                                                               "attends to")
+    kv_read_s_per_token: float = Field(ge=0, description="per token of decoding context read from the KV cache")
+
+    def costs(self) -> StepCosts:
+        return StepCosts(**self.model_dump())
+
+    @classmethod
+    def of(cls, costs: StepCosts) -> StepCostsRecord:
+        return cls(fixed_s=costs.fixed_s, decode_s_per_token=costs.decode_s_per_token,
+                   prefill_s_per_token=costs.prefill_s_per_token,
+                   attention_s_per_token_ctx=costs.attention_s_per_token_ctx,
+                   kv_read_s_per_token=costs.kv_read_s_per_token)
+
+
+class MemoryRecord(_Record):
+    """The KV cache at the launch the costs were fitted on, and what moves it."""
+
+    kv_cache_tokens: int = Field(gt=0, description="the startup log's KV cache size at that launch")
+    kv_cache_gib: float | None = Field(description="per card, the log's available KV cache memory; None where the "
+                                                   "log printed none (the cache then cannot be resized)")
+    block_size: int = Field(gt=0, description="the KV page size the log reported, in tokens")
+    tensor_parallel_size: int = Field(gt=0, description="the launch's; another needs its own calibration")
+    total_gib: float | None = Field(description="per card, the memory gpu-memory-utilization is a share of; None "
+                                                "where it does not govern the cache (the CPU build)")
+    gpu_memory_utilization: float | None = Field(description="the launch's; None where it does not apply")
+    max_num_batched_tokens: int = Field(gt=0, description="the launch's chunk (its activations take memory)")
+    kv_cache_dtype: str = Field(description="the launch's --kv-cache-dtype (auto: the model's own); another needs "
+                                            "its own calibration")
+    activation_bytes_per_batched_token: float = Field(
+        ge=0, description="per card: what a token more of chunk takes from the cache (not fitted: a default)")
+    model_weights_gib: float | None = Field(description="per card, the log's model loading figure")
+
+    def memory(self, *, utilization: float, max_num_batched_tokens: int,
+               kv_cache_memory_bytes: int | None) -> Memory:
+        """The cache a launch with these flags gets: `kv_cache_memory_bytes` (per card) sets it outright;
+        otherwise, where utilisation governs it, it moves by the utilisation's share of the card and by the
+        chunk's activations; else it stays as measured."""
+        per_token = None if self.kv_cache_gib is None else self.kv_cache_gib * GIB / self.kv_cache_tokens
+        activation = self.activation_bytes_per_batched_token * (max_num_batched_tokens
+                                                                - self.max_num_batched_tokens) / GIB
+        if kv_cache_memory_bytes is not None and per_token is not None:
+            kv_gib = kv_cache_memory_bytes / GIB
+        elif self.total_gib is not None and self.gpu_memory_utilization is not None and self.kv_cache_gib is not None:
+            kv_gib = self.kv_cache_gib + (utilization - self.gpu_memory_utilization) * self.total_gib - activation
+        else:
+            kv_gib = self.kv_cache_gib if self.kv_cache_gib is not None else math.nan
+        tokens = self.kv_cache_tokens if per_token is None or kv_gib == self.kv_cache_gib else max(
+            0, int(kv_gib * GIB / per_token))
+        total = self.total_gib if self.total_gib is not None else math.inf
+        return Memory(total_gib=total, weights_gib=self.model_weights_gib or 0.0, cuda_graph_gib=0.0,
+                      activation_gib=activation, kv_gib=kv_gib, kv_tokens=tokens,
+                      num_blocks=tokens // self.block_size, equivalent_utilization=utilization,
+                      suggested_utilization=utilization)
+
+
+class FitCell(_Record):
+    """One measured cell against the calibrated simulator's replay of it."""
+
+    variant: str = Field(description="the run's variant")
+    key: str = Field(description="the cell's key")
+    figure: Literal["ttft_s", "total_tok_s"] = Field(description="what was compared: a prefill cell's TTFT, a "
+                                                                 "decode cell's total tok/s")
+    measured: float = Field(description="the median over the run's repeats, in the hardware's units")
+    spread: float | None = Field(description="the repeats' (max - min) / median: the machine's own noise on it; "
+                                             "None with one repeat")
+    predicted: float | None = Field(description="the calibrated simulator's replay of the cell; None where it "
+                                                "published none (over capacity, invalid)")
+    error: float | None = Field(description="predicted / measured - 1")
+    held_out: bool = Field(description="true: left out of the fit, so this is a prediction, not a fit")
+
+
+class ErrorSummary(_Record):
+    cells: int = Field(description="cells compared")
+    median_abs: float | None = Field(description="median of |error|; None without cells")
+    max_abs: float | None = Field(description="largest |error|; None without cells")
+
+
+class MeasuredHardware(_Record):
+    """`launch_profiles/measured/<name>.yaml`, written by `campaign calibrate`."""
+
+    schema_version: int = MEASURED_SCHEMA_VERSION
+    kind: Literal["measured-hardware"] = "measured-hardware"
+    name: str = Field(description="the entry's name (the file's stem)")
+    description: str = Field(description="what was measured: the run, its server, its device")
+    source: str = Field(description="the run directory the cells came from")
+    fitted_utc: str = Field(description="when the fit was made")
+    vllm_version: str | None = Field(description="the measured server's version, as its log said")
+    device: str | None = Field(description="GPU or CPU, as the log said")
+    window: int = Field(gt=0, description="the largest max-model-len the entry was measured at; the simulator's "
+                                          "default window")
+    step: StepCostsRecord = Field(description="the fitted step costs")
+    memory: MemoryRecord = Field(description="the KV cache at the measured launch")
+    fit: list[FitCell] = Field(description="every cell compared, fitted and held out")
+    fitted_error: ErrorSummary = Field(description="over the fitted cells")
+    held_out_error: ErrorSummary = Field(description="over the held-out cells: the prediction's error")
+
+
+def load(path: Path) -> MeasuredHardware:
+    """The file, or ValueError naming it and what is wrong (the simulator's argument error shows it)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: cannot read a measured hardware file ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a measured hardware file (a mapping is expected)")
+    version = data.get("schema_version")
+    if version != MEASURED_SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {version!r}; this tool reads {MEASURED_SCHEMA_VERSION}: "
+                         "calibrate again (campaign calibrate RUN)")
+    try:
+        return MeasuredHardware.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"{path}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+def dump(entry: MeasuredHardware) -> str:
+    head = ("# Written by `campaign calibrate`: the simulator's step costs and memory fitted to a measured run.\n"
+            "# Name it in a launch profile as `hardware: measured/<name>.yaml`; calibrate again to refresh it.\n")
+    return head + yaml.safe_dump(entry.model_dump(mode="json"), sort_keys=False)
