@@ -403,7 +403,8 @@ def simulate(
     row. The launch profile must name simulated hardware."""
 
     loaded, _, _ = load_matrix(matrix)
-    hardware = sim_virtual.config_for(loaded, variant).hardware
+    config = sim_virtual.config_for(loaded, variant)
+    hardware = config.hardware if config.measured is None else f"{config.measured.name} (measured: {config.hardware})"
     cells = sim_virtual.run_matrix(loaded, variant=variant)
     modes = {c.spec.ttft for c in cells if c.spec.phase == "decode"}
     flipped: TTFTMode = "cold" if modes == {"warm"} else "warm"

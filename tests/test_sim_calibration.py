@@ -318,10 +318,19 @@ def test_campaign_simulate_prints_a_matrix_replayed_in_simulated_time(tmp_path: 
     row = next(line for line in out.stdout.splitlines() if line.startswith("| 8K | 1"))  # the decode row
     assert row.count("(-") == 2, row   # 512-token replies end inside the window: fresh prompts cost there
     assert "| 8K | 10,363 | 790 ms |" in out.stdout   # the prefill row (seed 004: 10.1K, 815 ms)
-    refused = subprocess.run([sys.executable, "-m", "campaign", "simulate", "demo"], cwd=PROJECT_ROOT,
+    # A profile that names no hardware (neither of the tables nor measured) cannot be simulated: said so.
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("model: m\n")
+    matrix.write_text(matrix.read_text().replace("profile: h200", f"profile: {bare}"))
+    refused = subprocess.run([sys.executable, "-m", "campaign", "simulate", str(matrix)], cwd=PROJECT_ROOT,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr   # a configuration error
-    assert "cpu-tiny.yaml: hardware: the profile names no simulated hardware" in refused.stderr.splitlines()[0]
+    assert "bare.yaml: hardware: the profile names no simulated hardware" in refused.stderr.splitlines()[0]
+    # The CPU build's profile names the entry `campaign calibrate` fitted to the demo's real run: simulatable.
+    demo = subprocess.run([sys.executable, "-m", "campaign", "simulate", "demo"], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stdout.startswith("demo on the simulated cpu-tiny (measured: ")
 
 
 def test_campaign_simulate_prints_seed_000s_fixed_count_ladder() -> None:
