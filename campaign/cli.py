@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
+from campaign import tuning
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import export_trace, recommend, summary
 from campaign.core import aio, secret
@@ -49,6 +50,7 @@ from campaign.report import calibration as calibration_report
 from campaign.report import closing
 from campaign.report import html as html_report
 from campaign.report import text as report
+from campaign.report import tune as tune_report
 from campaign.report.tables import to_markdown, to_text
 from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
@@ -606,6 +608,52 @@ def calibrate(
     named = f"measured/{path.name}" if path.parent.resolve() == MEASURED_DIR.resolve() else str(path)
     _err(f"wrote {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator then "
          "runs on this machine's fitted costs")
+
+
+@app.command()
+def tune(
+    matrix: Annotated[str, typer.Argument(metavar="MATRIX", help="a matrix with a search: block")],
+    trials: Annotated[int | None, typer.Option("--trials", min=2, metavar="N",
+                                               help="phase 1's evaluations (default: the matrix's)")] = None,
+    confirm: Annotated[int | None, typer.Option("--confirm", min=0, metavar="N",
+                                                help="candidates phase 2 launches (0: predict only)")] = None,
+    exhaustive: Annotated[bool, typer.Option(
+        "--exhaustive", help="also evaluate every configuration of the grid: the yardstick for the search")] = False,
+    engine: Annotated[str | None, typer.Option("--engine", metavar="vllm|sim",
+                                               help="phase 2's server (default: the profile's engine)")] = None,
+    clock: Annotated[str, typer.Option("--clock", metavar="wall|virtual",
+                                       help="phase 2's clock, as campaign run's")] = "wall",
+    out: Annotated[Path, typer.Option("--out", help="where the tune's folder is made")] = Path("runs"),
+    gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST",
+                                             help="phase 2's GPU pool: launches side by side")] = None,
+    executor: Annotated[str | None, typer.Option("--executor", metavar="local|ray",
+                                                 help="phase 2's launches as Ray tasks (ray)")] = None,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", metavar="ADDR",
+                                                    help="the Ray cluster to join")] = None,
+    live: Annotated[bool | None, typer.Option("--live/--plain", help="progress display (default: on a TTY)")] = None,
+) -> None:
+    """Search a matrix's flags on the simulator, then prove the pick against the baseline on the real server."""
+    _check_engine(engine)
+    if clock not in {"wall", "virtual"}:
+        raise CampaignError(f"--clock {clock!r}: expected wall or virtual", hint="e.g. --clock virtual --engine sim")
+    if executor not in {None, "local", "ray"}:
+        raise CampaignError(f"--executor {executor!r}: expected local or ray", hint="e.g. --executor ray")
+    how = tuning.Launching(engine=engine, clock="virtual" if clock == "virtual" else "wall",
+                           gpus=parse_gpus(gpus) if gpus is not None else None, ray=executor == "ray",
+                           ray_address=ray_address, live=live)
+    outcome = tuning.tune(matrix, out=out, how=how, trials=trials, confirm=confirm, exhaustive=exhaustive)
+    typer.echo(f"campaign tune {outcome.matrix}: {outcome.objective}\n")
+    for index, step in enumerate(outcome.rounds):
+        tables = [tune_report.search_table(step.number, step.basis, step.search, step.baseline,
+                                           outcome.grid if index == 0 else None)]
+        if index == 0 and outcome.exhaustive is not None:
+            tables.append(tune_report.exhaustive_table(step.search, outcome.exhaustive))
+        if step.load is not None and step.run is not None:
+            tables.append(tune_report.confirmation_table(step.number, step.load, str(step.run), [
+                (m.variant, tune_report.flags_text(m.flags), m.predicted_tok_s, m.measured_tok_s, m.error, m.status,
+                 m.outcome or "(baseline)") for m in step.measured], step.missed))
+        typer.echo("\n\n".join(to_text(t) for t in tables) + "\n")
+    typer.echo(f"tune: {outcome.verdict}")
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:

@@ -32,6 +32,7 @@ from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
 from campaign.measure.study import agents_key  # the experiment names its own results
 from campaign.measure.traces import TraceFormat
+from campaign.night.search_spec import SearchBlock
 from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
@@ -483,6 +484,8 @@ class Matrix(BaseModel):
     aa: bool = False
     # The service level rate cells and SLO searches are judged against, unless a workload gives its own.
     slo: Slo | None = None
+    # `campaign tune`: the flags it may set, what it maximises, its constraints (night.search_spec).
+    search: SearchBlock | None = None
 
     _slo = field_validator("slo", mode="before")(_slo_input)
 
@@ -622,7 +625,10 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
     raise_flag_problems(str(path), [
         *(problem for index, variant in enumerate(matrix.variants)
           for problem in flag_problems(f"variants[{index}].flags", variant.flags)),
-        *flag_problems("grid", matrix.grid, grid=True)])
+        *flag_problems("grid", matrix.grid, grid=True),
+        *flag_problems("search.flags", {name: space if isinstance(space, list) else [space.low, space.high]
+                                        for name, space in (matrix.search.flags if matrix.search else {}).items()},
+                       grid=True)])
     for index, variant in enumerate(matrix.variants):
         for key, value in variant.flags.items():
             margin = suggested_margin(value)

@@ -1,0 +1,236 @@
+"""`campaign tune`'s phase 1: a matrix's `search:` space searched on the simulator in simulated time.
+
+Each configuration (the baseline's flags with the trial's on top) is evaluated as the tool would measure it,
+on the engine's own clock (night.replay): agents-at-floor bisects the concurrency of sustained streams (each
+re-sending its context, so the prefix cache serves it, as an agent's loop does) for the most that each still
+get the floor, within the KV cache and max-num-seqs; total-tok-s measures one such cell. A configuration the
+server would refuse (no memory for the KV cache, weights that do not fit, a window the cache cannot hold) or one
+that breaks a constraint is infeasible: it scores 0 (it serves no agent) and says why.
+
+The search is Optuna's TPE (seeded: the same matrix searches the same way), asked for configurations until
+`trials` distinct ones have been evaluated; a configuration asked again is answered from the first
+evaluation and not counted. Choices are ordinal (their index) where they are numbers, categorical otherwise;
+ranges are Optuna's float or int distributions. `exhaustive` evaluates every configuration of a finite space,
+the yardstick the search is tested against. Every figure is a prediction of the simulator (the profile's
+hardware: the tables' calibration or a measured entry's fit), and is labelled so wherever it is shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from campaign.measure.answers import agents_that_fit
+from campaign.measure.cells import CellSpec
+from campaign.night import replay
+from campaign.night.search_spec import MAX_AGENTS, Objective, Range, SearchBlock
+from campaign.server.profiles import FlagValue
+from campaign.sim.config import SimConfig
+
+WARMUP_S = 2.0   # simulated seconds after every stream's first token before the window opens
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One configuration on the simulator: the objective's value (0 where infeasible) and the evidence."""
+
+    flags: dict[str, FlagValue]                 # the trial's own flags (on top of the baseline's)
+    value: float
+    infeasible: str | None = None               # why it cannot serve (start-up failure kind, broken constraint)
+    kv_cache_tokens: int | None = None
+    concurrency: int | None = None              # where the objective was read (agents-at-floor: the count)
+    per_request_tok_s: float | None = None
+    total_tok_s: float | None = None
+    ttft_p99_s: float | None = None
+    probes: int = 0                             # cells replayed to evaluate it
+
+    @property
+    def feasible(self) -> bool:
+        return self.infeasible is None
+
+
+@dataclass
+class SearchResult:
+    objective: Objective
+    evaluations: list[Evaluation] = field(default_factory=list)   # in the order evaluated, distinct
+    asked: int = 0                                                # configurations the optimiser proposed
+
+    def best(self) -> Evaluation | None:
+        feasible = [e for e in self.evaluations if e.feasible]
+        return max(feasible, key=lambda e: (e.value, e.kv_cache_tokens or 0)) if feasible else None
+
+    def ranked(self) -> list[Evaluation]:
+        return sorted(self.evaluations, key=lambda e: (e.feasible, e.value, e.kv_cache_tokens or 0), reverse=True)
+
+    def pareto(self) -> list[Evaluation]:
+        """The feasible configurations no other beats on both the objective and the KV cache (more agents, or
+        room for longer contexts): the trade a user picks from."""
+        feasible = [e for e in self.evaluations if e.feasible]
+        front = [e for e in feasible if not any(
+            o.value >= e.value and (o.kv_cache_tokens or 0) >= (e.kv_cache_tokens or 0)
+            and (o.value, o.kv_cache_tokens) != (e.value, e.kv_cache_tokens) for o in feasible)]
+        unique: dict[tuple[float, int | None], Evaluation] = {}
+        for e in front:
+            unique.setdefault((e.value, e.kv_cache_tokens), e)
+        return sorted(unique.values(), key=lambda e: e.value, reverse=True)
+
+
+ConfigFor = Callable[[Mapping[str, FlagValue]], SimConfig]
+
+
+def probe(config: SimConfig, objective: Objective, concurrency: int) -> replay.VirtualCell:
+    """The objective's cell (sustained agents at its context, re-sending it) at `concurrency`, replayed."""
+    spec = CellSpec(phase="decode", mode="sustained", context_tokens=objective.context, concurrency=concurrency,
+                    max_tokens=objective.max_tokens, ttft="warm", window_s=objective.window(), warmup_s=WARMUP_S)
+    return replay.run_cell(config, spec)
+
+
+def _ttft_p99(cell: replay.VirtualCell) -> float | None:
+    ttfts = sorted(r.ttft for r in cell.requests if r.ttft is not None)
+    return ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None
+
+
+def _refused(config: SimConfig) -> str | None:
+    """Why vLLM would not start with this configuration (as the simulator's start-up decides), or None."""
+    mem = config.memory()
+    if mem.weights_gib > mem.total_gib * config.gpu_memory_utilization:
+        return "start-up: the weights do not fit (out of memory)"
+    if mem.num_blocks <= 0:
+        return "start-up: no memory for the KV cache"
+    if mem.kv_tokens < config.max_model_len:
+        return f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len {config.max_model_len:,}"
+    return None
+
+
+def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlock,
+             baseline_kv: int | None = None) -> Evaluation:
+    objective, limits = block.objective, block.constraints
+    own = dict(flags)
+    refused = _refused(config)
+    if refused is not None:
+        return Evaluation(own, 0.0, infeasible=refused)
+    kv = config.memory().kv_tokens
+    if limits.kv_at_least_baseline and baseline_kv is not None and kv < baseline_kv:
+        return Evaluation(own, 0.0, infeasible=f"constraint: KV cache {kv:,} tokens, below the baseline's "
+                                                f"{baseline_kv:,}", kv_cache_tokens=kv)
+
+    def meets(cell: replay.VirtualCell) -> bool:
+        speed_ok = objective.floor_tok_s is None or (cell.per_request_tok_s or 0.0) >= objective.floor_tok_s
+        ttft = _ttft_p99(cell)
+        ttft_ok = limits.ttft_p99_s is None or (ttft is not None and ttft <= limits.ttft_p99_s)
+        return cell.status == "Valid" and speed_ok and ttft_ok
+
+    if objective.kind == "total-tok-s":
+        assert objective.concurrency is not None
+        cell = probe(config, objective, objective.concurrency)
+        if not meets(cell):
+            why = cell.reasons[0] if cell.reasons else f"{cell.status}, or over the TTFT bound"
+            return Evaluation(own, 0.0, infeasible=f"at {objective.concurrency} streams: {why}", kv_cache_tokens=kv,
+                              probes=1)
+        return Evaluation(own, cell.total_tok_s or 0.0, kv_cache_tokens=kv, concurrency=objective.concurrency,
+                          per_request_tok_s=cell.per_request_tok_s, total_tok_s=cell.total_tok_s,
+                          ttft_p99_s=_ttft_p99(cell), probes=1)
+    fit = agents_that_fit(kv, objective.context + objective.max_tokens, config.block()) or 0
+    low, high, best, probes = 1, min(fit, config.max_num_seqs, MAX_AGENTS), None, 0
+    while low <= high:   # per-agent speed falls as agents are added: the largest count that meets the floor
+        middle = (low + high) // 2
+        cell = probe(config, objective, middle)
+        probes += 1
+        if meets(cell):
+            best, low = (middle, cell), middle + 1
+        else:
+            high = middle - 1
+    if best is None:
+        return Evaluation(own, 0.0, kv_cache_tokens=kv, probes=probes,
+                          infeasible=f"not even one agent gets {objective.floor_tok_s:g} tok/s"
+                          + (" within the TTFT bound" if limits.ttft_p99_s is not None else ""))
+    count, cell = best
+    return Evaluation(own, float(count), kv_cache_tokens=kv, concurrency=count,
+                      per_request_tok_s=cell.per_request_tok_s, total_tok_s=cell.total_tok_s,
+                      ttft_p99_s=_ttft_p99(cell), probes=probes)
+
+
+def _numeric(values: list[FlagValue]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def distributions(block: SearchBlock) -> dict[str, optuna.distributions.BaseDistribution]:
+    out: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, space in block.flags.items():
+        if isinstance(space, Range):
+            if space.integral:
+                out[name] = optuna.distributions.IntDistribution(int(space.low), int(space.high), log=space.log,
+                                                                 step=int(space.step or 1))
+            else:
+                out[name] = optuna.distributions.FloatDistribution(space.low, space.high, log=space.log,
+                                                                   step=space.step)
+        elif _numeric(space):
+            out[name] = optuna.distributions.IntDistribution(0, len(space) - 1)   # ordinal: the index
+        else:
+            out[name] = optuna.distributions.CategoricalDistribution([str(i) for i in range(len(space))])
+    return out
+
+
+def _flags(block: SearchBlock, params: Mapping[str, Any]) -> dict[str, FlagValue]:
+    out: dict[str, FlagValue] = {}
+    for name, space in block.flags.items():
+        value = params[name]
+        if isinstance(space, Range):
+            out[name] = int(value) if space.integral else round(float(value), 10)
+        else:
+            out[name] = space[int(value)]
+    return out
+
+
+def _key(flags: Mapping[str, FlagValue]) -> str:
+    return repr(sorted(flags.items(), key=lambda item: item[0]))
+
+
+def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = None,
+           baseline_kv: int | None = None, seed: int | None = None) -> SearchResult:
+    """Phase 1: Optuna's TPE over the space until `trials` distinct configurations are evaluated."""
+    wanted = trials or block.planned_trials()
+    size = block.grid_size()
+    wanted = min(wanted, size) if size is not None else wanted
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=block.seed if seed is None else seed, multivariate=True,
+                                         n_startup_trials=max(2, min(10, wanted // 2)))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    space = distributions(block)
+    result = SearchResult(block.objective)
+    seen: dict[str, Evaluation] = {}
+    while len(seen) < wanted and result.asked < 20 * wanted:
+        trial = study.ask(space)
+        result.asked += 1
+        flags = _flags(block, trial.params)
+        key = _key(flags)
+        if key not in seen:
+            seen[key] = evaluate(config_for(flags), flags, block, baseline_kv)
+            result.evaluations.append(seen[key])
+        study.tell(trial, seen[key].value)
+    return result
+
+
+def grid(block: SearchBlock) -> list[dict[str, FlagValue]]:
+    """Every configuration of a finite space (ValueError where a range is continuous)."""
+    axes: list[list[tuple[str, FlagValue]]] = []
+    for name, space in block.flags.items():
+        values = space if isinstance(space, list) else space.values()
+        if values is None:
+            raise ValueError(f"{name}: a continuous range has no grid; give it a step")
+        integral = isinstance(space, Range) and space.integral
+        axes.append([(name, int(v) if integral and isinstance(v, float) else v) for v in values])
+    return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def exhaustive(block: SearchBlock, config_for: ConfigFor, *, baseline_kv: int | None = None) -> SearchResult:
+    result = SearchResult(block.objective)
+    for flags in grid(block):
+        result.evaluations.append(evaluate(config_for(flags), flags, block, baseline_kv))
+        result.asked += 1
+    return result

@@ -1,0 +1,152 @@
+"""A matrix's `search:` block: the flags `campaign tune` may set (choices or ranges), what it maximises and what
+it must not break. A model only (night.tune searches it); matrix.Matrix carries it.
+
+```yaml
+search:
+  flags:
+    max-num-batched-tokens: [512, 1024, 2048, 4096, 8192]    # choices (in order: the search treats them as ordinal)
+    gpu-memory-utilization: {low: 0.80, high: 0.95, step: 0.05}   # a range (step: a grid; log: a log scale)
+  objective: {kind: agents-at-floor, context: 16K, max_tokens: 256, floor_tok_s: 20}
+  constraints: {kv_at_least_baseline: true, ttft_p99_s: 2.0}
+  trials: 20          # evaluations on the simulator (default: a fifth of a finite grid, at least 10)
+  confirm: 2          # candidates launched against the baseline on the real server
+```
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from campaign.server.profiles import FlagValue
+
+MAX_AGENTS = 512   # agents-at-floor searches concurrency up to this (and the KV cache's and max-num-seqs' limits)
+
+
+class Range(BaseModel):
+    """Every value from `low` to `high`: on a grid of `step`, or continuous (then the space is not a grid)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    low: float
+    high: float
+    step: float | None = Field(default=None, gt=0)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.high <= self.low:
+            raise ValueError(f"high {self.high:g} must be above low {self.low:g}")
+        if self.log and (self.step is not None or self.low <= 0):
+            raise ValueError("log: a scale of positive values without a step")
+        return self
+
+    @property
+    def integral(self) -> bool:
+        return all(float(v).is_integer() for v in (self.low, self.high, self.step or 0.5))
+
+    def values(self) -> list[float] | None:
+        """The grid's values, low to high; None where the range is continuous."""
+        if self.step is None:
+            return None
+        count = int(math.floor((self.high - self.low) / self.step + 1e-9)) + 1
+        return [round(self.low + i * self.step, 10) for i in range(count)]
+
+
+class Objective(BaseModel):
+    """What a configuration is worth, measured on the simulator (phase 1) and on the real server (phase 2):
+    - agents-at-floor: the most concurrent agents (sustained streams re-sending their context, so the prefix
+      cache serves it, as an agent's loop does) that each still get `floor_tok_s`, within the KV cache and
+      max-num-seqs; the study's "how many agents can run against it at once".
+    - total-tok-s: the total output rate with `concurrency` such streams."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["agents-at-floor", "total-tok-s"]
+    context: int = Field(gt=0)
+    max_tokens: int = Field(default=256, gt=0)
+    floor_tok_s: float | None = Field(default=None, gt=0)
+    concurrency: int | None = Field(default=None, gt=0)
+    # Each probe's window, in the hardware's seconds (default: three request lifetimes at the floor, at least
+    # 20 s): agents that start together finish together, and a window shorter than a lifetime can miss the
+    # moment they all send again (a 10 s window read every chunk size alike where 40 s tells them apart).
+    window_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("context", mode="before")
+    @classmethod
+    def _human(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            scale = 1024 if text[-1:] in "kK" else 1
+            return int(float(text.rstrip("kK")) * scale) if scale > 1 else value
+        return value
+
+    @model_validator(mode="after")
+    def _needs(self) -> Objective:
+        if self.kind == "agents-at-floor" and self.floor_tok_s is None:
+            raise ValueError("agents-at-floor needs floor_tok_s (each agent's speed floor, tok/s)")
+        if self.kind == "total-tok-s" and self.concurrency is None:
+            raise ValueError("total-tok-s needs concurrency (the streams it is measured with)")
+        return self
+
+    def window(self) -> float:
+        if self.window_s is not None:
+            return self.window_s
+        lifetime = self.max_tokens / self.floor_tok_s if self.floor_tok_s else 0.0
+        return max(20.0, 3 * lifetime)
+
+    @property
+    def unit(self) -> str:
+        return "agents" if self.kind == "agents-at-floor" else "tok/s"
+
+    def describe(self) -> str:
+        if self.kind == "agents-at-floor":
+            return (f"agents at {self.floor_tok_s:g} tok/s each, {self.context:,}-token context, "
+                    f"{self.max_tokens}-token replies")
+        return f"total tok/s at {self.concurrency} streams, {self.context:,}-token context"
+
+
+class Constraints(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kv_at_least_baseline: bool = False          # a candidate's KV cache may not be smaller than the baseline's
+    ttft_p99_s: float | None = Field(default=None, gt=0)   # every agent's TTFT p99 at the objective's load
+
+
+class SearchBlock(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    flags: dict[str, list[FlagValue] | Range] = Field(min_length=1)
+    objective: Objective
+    constraints: Constraints = Field(default_factory=Constraints)
+    trials: int | None = Field(default=None, ge=2)
+    confirm: int = Field(default=2, ge=0)
+    seed: int = 0
+
+    @field_validator("flags")
+    @classmethod
+    def _choices(cls, value: dict[str, list[FlagValue] | Range]) -> dict[str, list[FlagValue] | Range]:
+        for name, space in value.items():
+            if isinstance(space, list) and len(space) < 2:
+                raise ValueError(f"{name}: give at least two choices (one is a fixed flag: put it in the profile "
+                                 "or the baseline)")
+        return value
+
+    def grid_size(self) -> int | None:
+        """How many configurations a finite space holds; None where a range is continuous."""
+        size = 1
+        for space in self.flags.values():
+            values = space if isinstance(space, list) else space.values()
+            if values is None:
+                return None
+            size *= len(values)
+        return size
+
+    def planned_trials(self) -> int:
+        """The evaluations phase 1 makes: as given, else a fifth of a finite grid (at least 10), else 30."""
+        if self.trials is not None:
+            return self.trials
+        size = self.grid_size()
+        return 30 if size is None else max(min(10, size), math.ceil(size / 5))

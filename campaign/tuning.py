@@ -1,0 +1,271 @@
+"""`campaign tune MATRIX`: reconfigure, don't just compare. Searches a matrix's `search:` space on the simulator,
+then proves its pick on the real server against the baseline, with the usual verdicts.
+
+- Phase 1 (night.search): Optuna's TPE over the space in simulated time on the profile's simulated hardware (the
+  tables' calibration, or a measured entry `campaign calibrate` fitted); every figure is a prediction and is
+  labelled with what it rests on.
+- Phase 2: the top `confirm` candidates and the baseline become a campaign (a matrix written to the tune's
+  folder: a prefill cell and the objective's cell at the best candidate's load, `repeats: auto`), run as
+  `campaign run` runs one (the engine, clock, GPU pool or Ray of the command line), and diffed: each candidate's
+  keep / revert / no difference / not settled, with the predicted and the measured figure side by side.
+- Where the prediction missed (a measured per-agent speed more than MISS away from its prediction, or a
+  candidate predicted to hold the floor that did not), the step costs are fitted again to what phase 2 measured
+  (analysis.calibrate, on the confirmation run) and the search runs again on them: at most ROUNDS rounds.
+- The result: a launch profile with the winning flags (tuned-profile.yaml in the tune's folder) when a candidate
+  is kept, settled; otherwise the report says the pick is unsettled, or that nothing beat the baseline.
+
+It sits above the analysis layer because it runs campaigns and reads their verdicts (night, analysis); the
+command line only prints what it returns.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from campaign.analysis import calibrate as calibration
+from campaign.analysis import recommend
+from campaign.core.errors import CampaignError, ConfigError
+from campaign.night import orchestrate, replay
+from campaign.night import search as phase_one
+from campaign.night.matrix import Matrix, load_matrix
+from campaign.night.progress import Progress
+from campaign.night.search_spec import SearchBlock
+from campaign.night.store import RunDir, replace_text
+from campaign.server.argv import merge_flags
+from campaign.server.profiles import FlagValue, load_profile
+from campaign.sim.config import Faults, SimConfig
+from campaign.sim.model import StepCosts
+
+ROUNDS = 2      # search, confirm; at most once more on costs fitted to what the confirmation measured
+MISS = 0.10     # a measured per-agent speed this far from its prediction: the model missed; calibrate again
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One variant of a confirmation round at the objective's load: predicted and measured side by side."""
+
+    variant: str
+    flags: dict[str, FlagValue]            # its own flags on top of the baseline's
+    predicted_tok_s: float | None          # per agent, on the simulator
+    measured_tok_s: float | None           # per agent, the median over the round's repeats
+    status: str                            # the cell's status (worst over repeats)
+    outcome: str | None = None             # keep / revert / no difference / not settled (None: the baseline)
+    recommendation: str = ""
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_tok_s is None or not self.measured_tok_s:
+            return None
+        return self.predicted_tok_s / self.measured_tok_s - 1
+
+
+@dataclass
+class Round:
+    number: int
+    basis: str                                            # what the simulator's figures rest on this round
+    search: phase_one.SearchResult
+    baseline: phase_one.Evaluation
+    load: int | None = None                               # the objective's concurrency phase 2 measured at
+    run: Path | None = None
+    measured: list[Measured] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)       # why the model is fitted again after this round
+
+
+@dataclass
+class Outcome:
+    matrix: str
+    objective: str
+    folder: Path
+    rounds: list[Round] = field(default_factory=list)
+    exhaustive: phase_one.SearchResult | None = None
+    grid: int | None = None                   # the space's size where it is a grid
+    winner: Measured | None = None
+    settled: bool = False
+    profile: Path | None = None
+    verdict: str = ""
+
+
+def _basis(config: SimConfig) -> str:
+    if config.costs_override is not None:
+        return "step costs fitted to the last confirmation run (campaign calibrate's fit)"
+    if config.measured is not None:
+        held, fitted = config.measured.held_out_error, config.measured.fitted_error
+        error = held if held.cells else fitted
+        return (f"measured entry {config.measured.name} ({'held-out' if held.cells else 'fitted'} median error "
+                f"{(error.median_abs or 0):.1%}, worst {(error.max_abs or 0):.1%})")
+    return (f"the tables' {config.hardware} / {config.model_shape} calibration (fitted to the seeds: within 10% of "
+            "seed 000, 7% of seed 004)")
+
+
+def _config_for(profile_path: Path, base: Mapping[str, FlagValue], costs: StepCosts | None) -> phase_one.ConfigFor:
+    """The simulator phase 1 predicts with: the machine's physics only (a fault or a launch's noise, set for the
+    real server's simulator, is not the model's), with fitted costs once a confirmation has been measured."""
+    def config_for(flags: Mapping[str, FlagValue]) -> SimConfig:
+        config = replay.profile_config(str(profile_path), merge_flags(dict(base), dict(flags)))
+        return replace(config, faults=Faults(), speed_factor=1.0, costs_override=costs)
+    return config_for
+
+
+def _confirmation_matrix(matrix: Matrix, profile_path: Path, block: SearchBlock, base: Mapping[str, FlagValue],
+                         candidates: list[phase_one.Evaluation], load: int, number: int) -> dict[str, Any]:
+    objective = block.objective
+    variants = [{"name": matrix.baseline, "flags": dict(base), "description": "the baseline"}]
+    for index, candidate in enumerate(candidates, 1):
+        variants.append({"name": f"candidate-{index}", "flags": merge_flags(dict(base), candidate.flags),
+                         "description": f"predicted {candidate.value:g} {objective.unit}"})
+    return {
+        "schema_version": 1, "name": f"{matrix.name}-confirm-{number}", "profile": str(profile_path),
+        "description": f"campaign tune {matrix.name}, round {number}: the search's candidates against the baseline",
+        "baseline": matrix.baseline, "variants": variants, "min_effect": matrix.min_effect,
+        "window_s": objective.window(), "floors": [objective.floor_tok_s or matrix.floors[0]],
+        "repeats": "auto", "max_repeats": matrix.max_repeats or 4,
+        "workloads": [
+            {"kind": "prefill", "contexts": [objective.context]},
+            # A lighter load beside the objective's: a refit from this run can then tell a step's fixed cost
+            # from its cost per agent (one load alone cannot), should the prediction have missed.
+            {"kind": "decode", "mode": "sustained", "contexts": [objective.context],
+             "concurrency": sorted({max(1, load // 4), load}),
+             "max_tokens": objective.max_tokens, "ttft": "warm", "warmup_s": phase_one.WARMUP_S},
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class Launching:
+    """How phase 2 launches: as `campaign run` does (its --engine, --clock, --gpus, --executor)."""
+
+    engine: str | None = None
+    clock: Literal["wall", "virtual"] = "wall"
+    gpus: list[int] | None = None
+    ray: bool = False
+    ray_address: str | None = None
+    live: bool | None = False
+
+
+def _run(matrix_file: Path, folder: Path, how: Launching) -> RunDir:
+    loaded, matrix_path, profile, profile_path = orchestrate.load_night(str(matrix_file), None, None, None)
+    with orchestrate.started(loaded, matrix_path, profile, profile_path, engine=how.engine, out=folder,
+                             gpus=how.gpus, ray=how.ray, ray_address=how.ray_address, clock=how.clock) as night:
+        work = night.pending()
+        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=night.estimate_s(work),
+                      live=how.live) as progress:
+            night.execute(progress, judge=recommend.judged)
+        return night.run
+
+
+def _measured(run: RunDir, load: int) -> dict[str, tuple[float | None, str]]:
+    """Each variant's per-agent speed at the load (median over repeats) and its worst status."""
+    by_variant: dict[str, list[Any]] = {}
+    for cell in run.cells():
+        spec = cell.result.spec
+        if spec.phase == "decode" and spec.concurrency == load:
+            by_variant.setdefault(cell.variant, []).append(cell.result)
+    out = {}
+    for variant, results in by_variant.items():
+        speeds = [r.per_request_tok_s for r in results if r.status == "Valid" and r.per_request_tok_s is not None]
+        worst = next((r.status for r in results if r.status != "Valid"), "Valid")
+        out[variant] = (statistics.median(speeds) if speeds else None, worst)
+    return out
+
+
+def _write_profile(profile_path: Path, flags: Mapping[str, FlagValue], folder: Path, lines: list[str]) -> Path:
+    raw = yaml.safe_load(profile_path.read_text())
+    raw["flags"] = merge_flags(dict(raw.get("flags") or {}), dict(flags))
+    raw["description"] = f"{raw.get('description', '')} (tuned: {', '.join(f'{k} {v}' for k, v in flags.items())})"
+    path = folder / "tuned-profile.yaml"
+    head = "".join(f"# {line}\n" for line in ["Written by `campaign tune`: the winning flags, and the evidence.",
+                                              *lines])
+    replace_text(path, head + yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = None, confirm: int | None = None,
+         exhaustive: bool = False) -> Outcome:
+    matrix, matrix_path, _ = load_matrix(matrix_name)
+    if matrix.search is None:
+        raise ConfigError(str(matrix_path), "search", "the matrix has no search: block for campaign tune to search",
+                          hint="add search: {flags: ..., objective: ...} (docs/tune.md)")
+    block = matrix.search
+    profile, profile_path = load_profile(matrix.profile)
+    if not profile.simulatable:
+        raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware, so phase 1 has "
+                          "nothing to search on", hint="give it hardware: (the tables') and model_shape:, or "
+                          "calibrate it from a real run: campaign calibrate RUN_DIR")
+    baseline = next(v for v in matrix.variants if v.name == matrix.baseline)
+    base = dict(baseline.flags)
+    folder = out / f"tune-{matrix.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=False)
+    result = Outcome(matrix.name, block.objective.describe(), folder, grid=block.grid_size())
+    costs: StepCosts | None = None
+    wanted = confirm if confirm is not None else block.confirm
+    for number in range(1, ROUNDS + 1):
+        config_for = _config_for(profile_path, base, costs)
+        base_config = config_for({})
+        baseline_eval = phase_one.evaluate(base_config, {}, block)
+        kv = baseline_eval.kv_cache_tokens
+        found = phase_one.search(block, config_for, trials=trials, baseline_kv=kv)
+        current = Round(number, _basis(base_config), found, baseline_eval)
+        result.rounds.append(current)
+        if exhaustive and number == 1:
+            result.exhaustive = phase_one.exhaustive(block, config_for, baseline_kv=kv)
+        better = [e for e in found.ranked() if e.feasible and e.value > baseline_eval.value][:max(1, wanted)]
+        if not better or not wanted:
+            result.verdict = ("nothing the search found beats the baseline's predicted "
+                              f"{baseline_eval.value:g} {block.objective.unit}" if not better
+                              else "phase 2 not asked for (--confirm 0): every figure above is a prediction")
+            if result.winner is None:
+                return result
+            break
+        load = block.objective.concurrency or int(better[0].value)
+        current.load = load
+        matrix_file = folder / f"confirm-{number}.yaml"
+        matrix_file.write_text(yaml.safe_dump(_confirmation_matrix(matrix, profile_path, block, base, better,
+                                                                   load, number), sort_keys=False))
+        run = _run(matrix_file, folder, how)
+        current.run = run.root
+        diffs = {d.variant: d for d in recommend.diff_run(run)}
+        measured = _measured(run, load)
+        predicted = {matrix.baseline: phase_one.probe(base_config, block.objective, load)}
+        names: dict[str, dict[str, FlagValue]] = {matrix.baseline: {}}
+        names |= {f"candidate-{i}": e.flags for i, e in enumerate(better, 1)}
+        for name, flags in names.items():
+            if name != matrix.baseline:
+                predicted[name] = phase_one.probe(config_for(flags), block.objective, load)
+            speed, status = measured.get(name, (None, "not measured"))
+            diff = diffs.get(name)
+            current.measured.append(Measured(name, dict(flags), predicted[name].per_request_tok_s, speed, status,
+                                             diff.outcome if diff else None, diff.recommendation if diff else ""))
+        floor = block.objective.floor_tok_s
+        for row in current.measured:
+            if row.error is not None and abs(row.error) > MISS:
+                current.missed.append(f"{row.variant}: predicted {row.predicted_tok_s:.1f} tok/s per agent, "
+                                      f"measured {row.measured_tok_s:.1f} ({row.error:+.0%})")
+            elif row.variant != matrix.baseline and floor and (row.measured_tok_s or 0) < floor:
+                current.missed.append(f"{row.variant}: predicted to hold {floor:g} tok/s per agent, measured "
+                                      f"{row.measured_tok_s or 0:.1f}")
+        kept = [row for row in current.measured if row.outcome == "keep"]
+        if kept or result.winner is None:   # measured evidence stands: a later round only replaces it with a keep
+            result.winner = kept[0] if kept else next(r for r in current.measured if r.variant != matrix.baseline)
+            result.settled = bool(kept)
+        if not current.missed:
+            break
+        costs = calibration.fit(calibration.run_cells(run).observations).costs
+    searched_again = f"; then {result.verdict}" if result.verdict else ""
+    if result.winner is not None and result.settled:
+        evidence = [f"{result.objective}; {matrix.name}'s search, {len(result.rounds)} round(s)",
+                    f"{result.winner.variant}: {result.winner.recommendation}"]
+        result.profile = _write_profile(profile_path, merge_flags(dict(base), result.winner.flags), folder, evidence)
+        result.verdict = f"keep {result.winner.variant} (settled): {result.profile}{searched_again}"
+    elif result.winner is not None:
+        result.verdict = (f"unsettled: {result.winner.variant} is the search's pick, but no candidate was kept "
+                          f"against the baseline ({result.winner.outcome}); no profile written")
+    else:
+        raise CampaignError("phase 2 measured no candidate", hint=f"see {folder}")
+    return result
