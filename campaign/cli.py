@@ -19,7 +19,6 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from campaign import tuning
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import export_trace, recommend, summary
 from campaign.core import aio, secret
@@ -56,6 +55,7 @@ from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
 from campaign.server.control import ControlClient
 from campaign.server.profiles import PROFILES_DIR, FlagValue, LaunchProfile, load_profile, parse_gpus
+from campaign.tune import tuning
 
 app = typer.Typer(
     add_completion=False,
@@ -603,11 +603,14 @@ def calibrate(
     entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
     _say_damaged(stored)
     typer.echo(to_text(calibration_report.table(entry, iterations=fitted.iterations, unmeasured=fitted.unmeasured,
-                                                skipped=cells.skipped)))
+                                                skipped=cells.skipped, settled=fitted.settled,
+                                                determined=fitted.determined)))
+    replaced = (folder / f"{chosen}.yaml").exists()
     path = calibration.write(entry, folder)
     named = f"measured/{path.name}" if path.parent.resolve() == MEASURED_DIR.resolve() else str(path)
-    _err(f"wrote {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator then "
-         "runs on this machine's fitted costs")
+    said = "replaced" if replaced else "wrote"
+    _err(f"{said} {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator "
+         "then runs on this machine's fitted costs")
 
 
 @app.command()

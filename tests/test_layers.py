@@ -13,7 +13,7 @@ from importlinter.cli import lint_imports
 from campaign.server.profiles import PROJECT_ROOT
 
 PACKAGE = PROJECT_ROOT / "campaign"
-LAYERS = ("core", "http", "sim", "server", "measure", "night", "analysis", "report", "bench")
+LAYERS = ("core", "http", "sim", "server", "measure", "night", "analysis", "report", "bench", "tune")
 # Over this many lines a module says at its top why it is long (a line starting "Long (").
 LONG_LINES = 500
 

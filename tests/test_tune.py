@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from campaign.night import search as phase_one
 from campaign.night.matrix import load_matrix
 from campaign.night.search_spec import SearchBlock
 from campaign.server.profiles import load_profile
+from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +85,32 @@ def test_a_model_that_missed_is_fitted_again_and_searched_again(
     assert "Round 2, phase 2: against the baseline at" in second
     load = int(re.search(r"Round 2, phase 2: against the baseline at (\d+) agents", second)[1])  # type: ignore[index]
     assert load < 20   # fewer agents hold the floor on the slower card
+    assert out.strip().splitlines()[-1].startswith("tune: keep candidate-")
+
+
+def test_a_candidate_the_real_server_refuses_is_infeasible_from_then_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], noisy_rig: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real server runs out of memory starting the first candidate (where the model saw room): the
+    report says so with the failure's kind, the search runs again without it (the optimiser told it serves
+    nothing), and the next pick is confirmed."""
+    original = tuning._confirmation_matrix
+
+    def refusing(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raw = original(*args, **kwargs)
+        if raw["name"].endswith("-confirm-1"):
+            raw["variants"][1]["flags"]["fault"] = "start-oom"    # the simulator's own: vLLM's load failure
+        return raw
+
+    monkeypatch.setattr(tuning, "_confirmation_matrix", refusing)
+    code, out, err = campaign(capsys, "tune", "a5000-tune", "--engine", "sim", "--clock", "virtual",
+                              "--out", str(tmp_path), "--plain")
+    assert code == 0, err[-3000:]
+    first = out[out.index("Round 1, phase 2"):out.index("Round 2, phase 1")]
+    assert "the model missed: candidate-1: the real server would not start it (launch failed: out_of_memory)" in first
+    refused = next(line for line in first.splitlines() if line.startswith("candidate-1"))
+    flags = refused.split("  ")[1].strip()
+    second = out[out.index("Round 2, phase 1"):]
+    assert flags.startswith("max-num-batched-tokens") and flags not in second   # never proposed again
     assert out.strip().splitlines()[-1].startswith("tune: keep candidate-")
 
 
@@ -153,6 +181,5 @@ def test_a_profile_without_simulated_hardware_cannot_be_tuned(tmp_path: Path) ->
     raw["profile"] = str(profile)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(yaml.safe_dump(raw))
-    from campaign import tuning
     with pytest.raises(ConfigError, match="names no simulated hardware"):
         tuning.tune(str(matrix), out=tmp_path, how=tuning.Launching(engine="sim", clock="virtual"))

@@ -9,12 +9,15 @@ How: each cell is replayed on the engine (night.replay, the tool's own method in
 costs; every step the replay ran is a row of what its time is linear in (StepTruth.features), so a cell's figure
 is linear in the costs *for that schedule*: a TTFT is the sum of its steps' times; a rate is its tokens over the
 sum of its steps' times. Non-negative least squares (scipy's NNLS) on the relative errors gives new costs, the
-cells are replayed with them (the schedule may shift: who shares a step with whom), and so on until the figures
-stop moving. The replay is the only model: no hand-written formula of a cell's figure stands between the costs
-and what the simulator will publish, so the fit's error per cell is the simulator's own.
+cells are replayed with them (the schedule may shift: who shares a step with whom), and so on until the new
+costs move no cell's figure by 0.2% on the last schedule (at most 8 rounds; the report says when it did not
+settle). The final figures are replayed with the final costs. The replay is the only model: no hand-written
+formula of a cell's figure stands between the costs and what the simulator will publish, so the fit's error
+per cell is the simulator's own. Terms the cells cannot tell apart (rows in proportion: one context, one load)
+are split arbitrarily by NNLS; the report says how many of the five the cells determine.
 
-Cells used: prefill (its TTFT) and prefill-free decode cells (total tok/s), each the median over the run's
-repeats, with their spread (the machine's own noise, which no fit can beat). Rate, trace and agent cells and
+Cells used: prefill (its TTFT) and decode cells of random-token prompts (total tok/s), each the median over the
+run's repeats, with their spread (the machine's own noise, which no fit can beat). Rate, trace and agent cells and
 the study's experiments are open-loop or multi-step and are not replayed (night.replay): they are listed as
 skipped. Held-out cells are predicted by the fit, never fitted: the honest test of it.
 """
@@ -28,21 +31,23 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import nnls
 
 from campaign.core.errors import CampaignError
+from campaign.core.vllm_bounds import human_int
 from campaign.measure.cells import CellSpec
 from campaign.night import replay
 from campaign.night.records import ServerRecord
 from campaign.night.store import RunDir, StoredCell, replace_text
+from campaign.server.vllm_flags import normalize_flag
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
 from campaign.sim.config import SimConfig
 from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware, MemoryRecord, StepCostsRecord
-from campaign.sim.model import StepCosts
+from campaign.sim.model import GIB, StepCosts
 from campaign.sim.truth import StepTruth
 
 Figure = Literal["ttft_s", "total_tok_s"]
@@ -52,8 +57,6 @@ SETTLED = 0.002          # the fit has settled when no fitted cell's figure move
 # A starting point only (the iterations leave it behind): a few milliseconds a step, a small model's token costs.
 START = StepCosts(fixed_s=0.005, decode_s_per_token=1e-4, prefill_s_per_token=1e-4, attention_s_per_token_ctx=1e-9,
                   kv_read_s_per_token=1e-7)
-# Not fitted (one chunk size per run rarely tells it): what a token more of chunk takes from the cache, per card.
-ACTIVATION_BYTES_PER_BATCHED_TOKEN = 8_000.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class Fitted:
     cells: list[FitCell]
     iterations: int
     unmeasured: list[str]      # cost terms no fitted cell exercised (left at 0: the run says nothing of them)
+    settled: bool = True       # the last round moved no fitted cell's figure by SETTLED (on its schedule)
+    determined: int = len(TERMS)   # how many of the terms the cells tell apart (the rank of their rows)
 
     def summary(self, held_out: bool) -> ErrorSummary:
         errors = [abs(c.error) for c in self.cells if c.held_out is held_out and c.error is not None]
@@ -145,7 +150,7 @@ def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted
         raise CampaignError("calibrate needs a prefill cell and a decode cell to fit (prefill fixes a prompt "
                             "token's cost, decode a step's)",
                             hint="calibrate from a run with both (the demo matrix has both), or hold fewer out")
-    costs, iterations, used = start, 0, np.zeros(len(TERMS), dtype=bool)
+    costs, iterations, used, settled, determined = start, 0, np.zeros(len(TERMS), dtype=bool), False, 0
     for iterations in range(1, MAX_ITERATIONS + 1):   # noqa: B007 (the count is reported)
         rows, targets = [], []
         for obs in fitted:
@@ -163,7 +168,11 @@ def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted
         new = _costs(solution / scale)
         moved = np.abs((a @ _vector(new)) / (a @ _vector(costs)) - 1)
         costs = new
-        if float(moved.max()) < SETTLED:
+        # Terms whose rows are (nearly) proportional cannot be told apart by these cells: NNLS splits them
+        # arbitrarily, which predicts the measured shapes well and others (another context, load) less so.
+        determined = int(np.linalg.matrix_rank(a / scale, tol=1e-3 * np.linalg.svd(a / scale, compute_uv=False)[0]))
+        settled = float(moved.max()) < SETTLED
+        if settled:
             break
     cells = []
     for obs in observations:
@@ -173,7 +182,8 @@ def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted
                              spread=obs.spread, predicted=predicted,
                              error=None if predicted is None else predicted / obs.measured - 1, held_out=obs.held_out))
     return Fitted(costs=costs, cells=cells, iterations=iterations,
-                  unmeasured=[name for name, seen in zip(TERMS, used, strict=True) if not seen])
+                  unmeasured=[name for name, seen in zip(TERMS, used, strict=True) if not seen], settled=settled,
+                  determined=determined)
 
 
 # --- a stored run's cells as observations ----------------------------------------------------------------
@@ -185,22 +195,45 @@ class RunCells:
     servers: dict[str, ServerRecord]         # each variant's first ready launch
 
 
+def _flag(server: ServerRecord, name: str) -> Any:
+    """A launch flag however it was spelled (max_num_seqs, --max-num-seqs); None when not given."""
+    return next((v for k, v in server.flags.items() if normalize_flag(k) == name), None)
+
+
+def _speculative(server: ServerRecord) -> dict[str, Any]:
+    spec = _flag(server, "speculative-config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError:
+            raise CampaignError(f"{server.launch_dir}: its speculative-config is not JSON: {spec!r}") from None
+    return spec if isinstance(spec, dict) else {}
+
+
 def _memory(server: ServerRecord) -> MemoryRecord:
     facts = server.facts
     missing = [name for name in ("kv_cache_tokens", "block_size", "max_num_batched_tokens", "max_model_len")
-               if getattr(facts, name) is None]
+               if not getattr(facts, name)]
     if missing:
         raise CampaignError(f"{server.launch_dir}: the startup log gave no {', '.join(missing)}; the simulator "
                             "cannot be sized without them", hint="calibrate from a run whose launches logged them "
                             "(campaign parse-log LOG shows what a log gives)")
     assert facts.kv_cache_tokens is not None and facts.block_size is not None
     assert facts.max_num_batched_tokens is not None
+    cache_bytes = _flag(server, "kv-cache-memory-bytes")
+    exact = human_int(str(cache_bytes)) if cache_bytes is not None else None
+    per_token = (exact / facts.kv_cache_tokens if exact else facts.available_kv_cache_gib * GIB / facts.kv_cache_tokens
+                 if facts.available_kv_cache_gib else None)
+    spec = _speculative(server)
+    tp = facts.tensor_parallel_size or _flag(server, "tensor-parallel-size") or 1
     return MemoryRecord(
-        kv_cache_tokens=facts.kv_cache_tokens, kv_cache_gib=facts.available_kv_cache_gib, block_size=facts.block_size,
-        tensor_parallel_size=facts.tensor_parallel_size or 1, total_gib=None,
+        kv_cache_tokens=facts.kv_cache_tokens, kv_cache_gib=facts.available_kv_cache_gib, kv_bytes_per_token=per_token,
+        block_size=facts.block_size, tensor_parallel_size=int(tp),
+        kv_cache_dtype=str(_flag(server, "kv-cache-dtype") or "auto"),
         gpu_memory_utilization=facts.gpu_memory_utilization, max_num_batched_tokens=facts.max_num_batched_tokens,
-        kv_cache_dtype=str(server.flags.get("kv-cache-dtype") or "auto"),
-        activation_bytes_per_batched_token=ACTIVATION_BYTES_PER_BATCHED_TOKEN,
+        max_num_seqs=int(facts.max_num_seqs or _flag(server, "max-num-seqs") or 256),
+        speculative=(f"{spec.get('method') or 'draft_model'}:{spec['num_speculative_tokens']}"
+                     if spec.get("num_speculative_tokens") else None),
         model_weights_gib=facts.model_weights_gib)
 
 
@@ -223,16 +256,21 @@ def launch_config(server: ServerRecord, window: int) -> SimConfig:
     assert facts.max_model_len is not None
     argv = ["--model", "measured", "--hardware", "measured.yaml",
             "--max-num-batched-tokens", str(memory.max_num_batched_tokens), "--max-model-len", str(facts.max_model_len),
-            "--tensor-parallel-size", str(memory.tensor_parallel_size),
-            "--max-num-seqs", str(facts.max_num_seqs or server.flags.get("max-num-seqs") or 256),
+            "--tensor-parallel-size", str(memory.tensor_parallel_size), "--max-num-seqs", str(memory.max_num_seqs),
             "--kv-cache-dtype", memory.kv_cache_dtype]
-    speculative = server.flags.get("speculative-config")
-    if speculative:
-        argv += ["--speculative-config", speculative if isinstance(speculative, str) else json.dumps(speculative)]
-    if server.flags.get("enable-prefix-caching") is False:
+    if memory.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(memory.gpu_memory_utilization)]
+    spec = _speculative(server)
+    if spec:
+        argv += ["--speculative-config", json.dumps(spec)]
+    if _flag(server, "enable-prefix-caching") is False or _flag(server, "no-enable-prefix-caching") is True:
         argv.append("--no-enable-prefix-caching")
     entry = _entry("trial", server, memory, window, START)
-    return sim_config.parse(argv, measured=entry, launch="")
+    try:
+        return sim_config.parse_checked(argv, measured=entry, launch="")
+    except ValueError as exc:
+        raise CampaignError(f"{server.launch_dir}: the simulator cannot stand in for this launch: {exc}",
+                            hint="calibrate from a run without it") from None
 
 
 def _figure(cell: StoredCell) -> tuple[Figure, float | None] | str:
@@ -254,7 +292,11 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
     or VARIANT:KEY, to predict rather than fit."""
     servers: dict[str, ServerRecord] = {}
     for server in run.ready_servers():
-        servers.setdefault(server.variant, server)
+        first = servers.setdefault(server.variant, server)
+        if server.flags != first.flags:
+            raise CampaignError(f"{run.root}: variant {server.variant}'s launches ran different flags "
+                                f"({first.launch_dir} and {server.launch_dir}); its cells cannot be replayed as one",
+                                hint="calibrate from a run whose variants kept their flags (not resumed with --set)")
     if not servers:
         raise CampaignError(f"{run.root}: no launch of this run became ready; nothing was measured to fit",
                             hint="calibrate from a run that measured cells (campaign run MATRIX)")
@@ -267,7 +309,7 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
     observations, skipped, seen = [], [], set()
     for (variant, key), cells in sorted(grouped.items()):
         reasons = [_figure(c) for c in cells]
-        values = [r[1] for r in reasons if isinstance(r, tuple) and r[1] is not None]
+        values = [r[1] for r in reasons if isinstance(r, tuple) and r[1] is not None and r[1] > 0]
         kinds = {r[0] for r in reasons if isinstance(r, tuple)}
         if not values or variant not in configs:
             why = next((r for r in reasons if isinstance(r, str)), "no figure stored")
@@ -278,6 +320,11 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
         observations.append(Observation(variant=variant, spec=cells[0].result.spec, config=configs[variant],
                                         figure=kinds.pop(), values=tuple(values), held_out=bool(out)))
     unknown = wanted - seen
+    skipped_keys = {line.split(": ", 1)[0]: line for line in skipped}
+    for name in sorted(unknown):
+        hit = next((line for key, line in skipped_keys.items() if name in {key, key.split(":", 1)[1]}), None)
+        if hit is not None:
+            raise CampaignError(f"--hold-out {name}: that cell is not used, so it cannot be held out ({hit})")
     if unknown:
         keys = ", ".join(sorted({f"{o.variant}:{o.spec.key}" for o in observations}))
         raise CampaignError(f"--hold-out {sorted(unknown)[0]}: no such cell of this run to hold out",

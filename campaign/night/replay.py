@@ -118,7 +118,12 @@ def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = No
         raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
                           hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
     command = argv.build(profile, flags, engine="sim", port=8000).argv
-    return sim_config.parse(command[command.index("campaign.sim") + 1:])
+    try:
+        return sim_config.parse_checked(command[command.index("campaign.sim") + 1:])
+    except ValueError as exc:   # the simulator would refuse to start: a measured file, a flag out of bounds
+        raise ConfigError(str(path), "hardware" if "--hardware" in str(exc) else "flags", str(exc),
+                          hint="the simulator's own words; fix the profile, the matrix's flags or the measured file") \
+            from None
 
 
 def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:

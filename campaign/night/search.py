@@ -187,13 +187,17 @@ def _flags(block: SearchBlock, params: Mapping[str, Any]) -> dict[str, FlagValue
     return out
 
 
-def _key(flags: Mapping[str, FlagValue]) -> str:
+def key(flags: Mapping[str, FlagValue]) -> str:
+    """A configuration's identity (its flags, in name order)."""
     return repr(sorted(flags.items(), key=lambda item: item[0]))
 
 
 def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = None,
-           baseline_kv: int | None = None, seed: int | None = None) -> SearchResult:
-    """Phase 1: Optuna's TPE over the space until `trials` distinct configurations are evaluated."""
+           baseline_kv: int | None = None, seed: int | None = None,
+           known: Mapping[str, Evaluation] | None = None) -> SearchResult:
+    """Phase 1: Optuna's TPE over the space until `trials` distinct configurations are evaluated. `known`:
+    configurations already answered (by `key`), such as one the real server refused to start: the optimiser is
+    told their value and they are not evaluated again (nor counted)."""
     wanted = trials or block.planned_trials()
     size = block.grid_size()
     wanted = min(wanted, size) if size is not None else wanted
@@ -203,16 +207,18 @@ def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = No
     study = optuna.create_study(direction="maximize", sampler=sampler)
     space = distributions(block)
     result = SearchResult(block.objective)
-    seen: dict[str, Evaluation] = {}
-    while len(seen) < wanted and result.asked < 20 * wanted:
+    seen: dict[str, Evaluation] = dict(known or {})
+    evaluated = 0
+    while evaluated < wanted and result.asked < 20 * wanted:
         trial = study.ask(space)
         result.asked += 1
         flags = _flags(block, trial.params)
-        key = _key(flags)
-        if key not in seen:
-            seen[key] = evaluate(config_for(flags), flags, block, baseline_kv)
-            result.evaluations.append(seen[key])
-        study.tell(trial, seen[key].value)
+        name = key(flags)
+        if name not in seen:
+            seen[name] = evaluate(config_for(flags), flags, block, baseline_kv)
+            result.evaluations.append(seen[name])
+            evaluated += 1
+        study.tell(trial, seen[name].value)
     return result
 
 

@@ -27,7 +27,8 @@ def _summary(what: str, summary: ErrorSummary) -> str:
             f"over {summary.cells} cell{'s' if summary.cells != 1 else ''}")
 
 
-def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str], skipped: Sequence[str]) -> Table:
+def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str], skipped: Sequence[str],
+          settled: bool = True, determined: int = 5) -> Table:
     step = entry.step
     rows = [[c.variant, c.key, "TTFT" if c.figure == "ttft_s" else "total tok/s", _figure(c, c.measured),
              _pct(c.spread, False) if c.spread is not None else DASH, _figure(c, c.predicted), _pct(c.error),
@@ -44,6 +45,12 @@ def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str]
         f"KV cache as its log said: {entry.memory.kv_cache_tokens:,} tokens in {entry.memory.block_size}-token "
         f"blocks, window {entry.window:,}",
     ]
+    if not settled:
+        notes.append(f"the fit did not settle in {iterations} rounds: the last moved a cell's figure by over 0.2%")
+    if determined < 5:
+        notes.append(f"these cells tell apart {determined} of the 5 cost terms (one context, one load, one chunk "
+                     "each tell one direction): figures at other contexts, loads or chunks rest on an arbitrary "
+                     "split; measure more shapes to pin them")
     if unmeasured:
         notes.append(f"not exercised by these cells, left at 0: {', '.join(unmeasured)}")
     notes += [f"skipped {line}" for line in skipped]

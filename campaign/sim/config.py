@@ -10,11 +10,13 @@ which the launcher sets to `variant/repeat`) seeds the one speed factor `launch-
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -160,9 +162,10 @@ class SimConfig:
 
     @property
     def window(self) -> int | None:
-        """The model's own window (max_position_embeddings): the table's shape's, or the measured entry's."""
+        """The model's own window (max_position_embeddings), from the table's shape; None where it is not known
+        (a measured entry: the log does not print it, so no max-model-len is refused for it)."""
         if self.measured is not None:
-            return self.measured.window
+            return None
         return MODELS[self.model_shape.lower()].window
 
     @cached_property
@@ -177,15 +180,15 @@ class SimConfig:
 
     def memory(self) -> sim_model.Memory:
         if self.measured is not None:
-            return self.measured.memory.memory(utilization=self.gpu_memory_utilization,
-                                               max_num_batched_tokens=self.max_num_batched_tokens,
-                                               kv_cache_memory_bytes=self.kv_cache_memory_bytes)
-        return sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
+            return self.measured.memory.memory(kv_cache_memory_bytes=self.kv_cache_memory_bytes, block=self.block())
+        mem = sim_model.memory(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
                                 utilization=self.gpu_memory_utilization,
                                 max_num_batched_tokens=self.max_num_batched_tokens,
                                 kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens,
                                 speculative_method=self.speculative_method, drafter=self.drafter,
                                 kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+        # The pages the engine uses: a --block-size given holds the same tokens in more, smaller blocks.
+        return replace(mem, num_blocks=mem.kv_tokens // self.block()) if self.block_size else mem
 
     @property
     def process_prefixes(self) -> bool:
@@ -291,6 +294,19 @@ def parse(argv: list[str], *, launch: str | None = None,
         if args.kv_cache_dtype != measured.memory.kv_cache_dtype:
             p.error(f"argument --kv-cache-dtype: {args.hardware} was measured with {measured.memory.kv_cache_dtype}; "
                     "another cache type needs a run of its own to calibrate from")
+        at = measured.memory.gpu_memory_utilization
+        if at is not None and args.gpu_memory_utilization != at:
+            p.error(f"argument --gpu-memory-utilization: {args.hardware} was measured at {at:g} and does not know "
+                    "the card's memory; another share needs a run of its own to calibrate from")
+        spec_given = args.speculative_config or {}
+        said = (f"{spec_given.get('method') or 'draft_model'}:{spec_given.get('num_speculative_tokens', 0)}"
+                if spec_given.get("num_speculative_tokens") else None)
+        if said != measured.memory.speculative:
+            p.error(f"argument --speculative-config: {args.hardware} was measured with speculative decoding "
+                    f"{measured.memory.speculative or 'off'}, not {said or 'off'}; its costs hold for that only")
+        if args.kv_cache_memory_bytes is not None and not measured.memory.kv_bytes_per_token:
+            p.error(f"argument --kv-cache-memory-bytes: {args.hardware} has no KV bytes per token (its log gave no "
+                    "cache size in GiB), so it cannot size another cache")
     elif not args.model_shape:
         p.error("argument --model-shape: required with a hardware of the tables (e.g. --model-shape qwen3-32b)")
     else:
@@ -324,8 +340,9 @@ def parse(argv: list[str], *, launch: str | None = None,
                 "directory (one file per launch)")
     identity = os.environ.get(LAUNCH_ENV, "") if launch is None else launch
     measured_chunk = measured.memory.max_num_batched_tokens if measured is not None else None
+    measured_seats = measured.memory.max_num_seqs if measured is not None else None
     args.max_num_batched_tokens = args.max_num_batched_tokens or measured_chunk or (8192 if big else 2048)
-    args.max_num_seqs = args.max_num_seqs or (1024 if big else 256)
+    args.max_num_seqs = args.max_num_seqs or measured_seats or (1024 if big else 256)
     spec = args.speculative_config or {}
     # Like vLLM's line, but the scheduler limits are always shown (resolved), so the tool learns them.
     non_default = {k: v for k, v in vars(args).items() if v not in (None, False, [], 1.0) and k not in _NOT_VLLM}
@@ -336,8 +353,8 @@ def parse(argv: list[str], *, launch: str | None = None,
     if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):
         drafter = drafter_shape(str(spec["model"]))
         if measured is not None:
-            p.error("argument --speculative-config: a measured hardware file has no costs for a drafter model "
-                    "(MTP, EAGLE heads and n-gram are fitted with the step); calibrate from a run that used it")
+            p.error("argument --speculative-config: a measured hardware entry has no costs of its own for a "
+                    "drafter model's passes (MTP, EAGLE heads and n-gram are costed with the step)")
         if drafter is None:
             p.error(f"argument --speculative-config: drafter model {spec['model']!r} is not one the simulator "
                     f"knows; known: {', '.join(n for n, m in MODELS.items() if m.params_b < 5)}")
@@ -359,3 +376,16 @@ def parse(argv: list[str], *, launch: str | None = None,
         speed_factor=launch_speed(faults.launch_noise, args.seed, identity), measured=measured,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
+
+
+def parse_checked(argv: list[str], *, launch: str | None = None,
+                  measured: sim_measured.MeasuredHardware | None = None) -> SimConfig:
+    """parse() for a caller in this process (replay, calibrate, tune): what the simulator's command line
+    would refuse (its usage error and exit 2) is a ValueError with argparse's message instead."""
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            return parse(argv, launch=launch, measured=measured)
+    except SystemExit:
+        lines = errors.getvalue().strip().splitlines()
+        raise ValueError(lines[-1].removeprefix("vllm serve: error: ") if lines else "refused") from None

@@ -52,44 +52,37 @@ class StepCostsRecord(_Record):
 
 
 class MemoryRecord(_Record):
-    """The KV cache at the launch the costs were fitted on, and what moves it."""
+    """The KV cache and scheduler of the launch the costs were fitted on. What the entry cannot know is refused
+    by name where a flag asks for it (campaign.sim.config.parse): another tensor-parallel size, KV cache type,
+    utilisation (it does not know the card's memory) or speculative method."""
 
     kv_cache_tokens: int = Field(gt=0, description="the startup log's KV cache size at that launch")
-    kv_cache_gib: float | None = Field(description="per card, the log's available KV cache memory; None where the "
-                                                   "log printed none (the cache then cannot be resized)")
+    kv_cache_gib: float | None = Field(description="per card, the log's available KV cache memory (two decimals)")
+    kv_bytes_per_token: float | None = Field(
+        description="per card: exact from the launch's --kv-cache-memory-bytes where it set one, else from the "
+                    "log's rounded GiB; sizes a cache --kv-cache-memory-bytes asks for; None: it cannot be resized")
     block_size: int = Field(gt=0, description="the KV page size the log reported, in tokens")
-    tensor_parallel_size: int = Field(gt=0, description="the launch's; another needs its own calibration")
-    total_gib: float | None = Field(description="per card, the memory gpu-memory-utilization is a share of; None "
-                                                "where it does not govern the cache (the CPU build)")
-    gpu_memory_utilization: float | None = Field(description="the launch's; None where it does not apply")
-    max_num_batched_tokens: int = Field(gt=0, description="the launch's chunk (its activations take memory)")
-    kv_cache_dtype: str = Field(description="the launch's --kv-cache-dtype (auto: the model's own); another needs "
-                                            "its own calibration")
-    activation_bytes_per_batched_token: float = Field(
-        ge=0, description="per card: what a token more of chunk takes from the cache (not fitted: a default)")
+    tensor_parallel_size: int = Field(gt=0, description="the launch's")
+    kv_cache_dtype: str = Field(description="the launch's --kv-cache-dtype (auto: the model's own)")
+    gpu_memory_utilization: float | None = Field(description="the launch's; None where it does not apply (CPU)")
+    max_num_batched_tokens: int = Field(gt=0, description="the launch's chunk, the default; another keeps the "
+                                                          "measured cache (the activations' share is not known)")
+    max_num_seqs: int = Field(gt=0, description="the launch's seats, the default")
+    speculative: str | None = Field(description="the launch's speculative method and tokens (`mtp:2`); None: none")
     model_weights_gib: float | None = Field(description="per card, the log's model loading figure")
 
-    def memory(self, *, utilization: float, max_num_batched_tokens: int,
-               kv_cache_memory_bytes: int | None) -> Memory:
-        """The cache a launch with these flags gets: `kv_cache_memory_bytes` (per card) sets it outright;
-        otherwise, where utilisation governs it, it moves by the utilisation's share of the card and by the
-        chunk's activations; else it stays as measured."""
-        per_token = None if self.kv_cache_gib is None else self.kv_cache_gib * GIB / self.kv_cache_tokens
-        activation = self.activation_bytes_per_batched_token * (max_num_batched_tokens
-                                                                - self.max_num_batched_tokens) / GIB
-        if kv_cache_memory_bytes is not None and per_token is not None:
-            kv_gib = kv_cache_memory_bytes / GIB
-        elif self.total_gib is not None and self.gpu_memory_utilization is not None and self.kv_cache_gib is not None:
-            kv_gib = self.kv_cache_gib + (utilization - self.gpu_memory_utilization) * self.total_gib - activation
-        else:
-            kv_gib = self.kv_cache_gib if self.kv_cache_gib is not None else math.nan
-        tokens = self.kv_cache_tokens if per_token is None or kv_gib == self.kv_cache_gib else max(
-            0, int(kv_gib * GIB / per_token))
-        total = self.total_gib if self.total_gib is not None else math.inf
-        return Memory(total_gib=total, weights_gib=self.model_weights_gib or 0.0, cuda_graph_gib=0.0,
-                      activation_gib=activation, kv_gib=kv_gib, kv_tokens=tokens,
-                      num_blocks=tokens // self.block_size, equivalent_utilization=utilization,
-                      suggested_utilization=utilization)
+    def memory(self, *, kv_cache_memory_bytes: int | None, block: int) -> Memory:
+        """The cache a launch gets: `kv_cache_memory_bytes` (per card) sizes it by the measured bytes per token;
+        otherwise it is the measured one. `block`: the page size the launch uses."""
+        tokens = self.kv_cache_tokens
+        if kv_cache_memory_bytes is not None and self.kv_bytes_per_token:
+            tokens = int(kv_cache_memory_bytes / self.kv_bytes_per_token)
+        kv_gib = (tokens * self.kv_bytes_per_token / GIB if self.kv_bytes_per_token
+                  else self.kv_cache_gib if self.kv_cache_gib is not None else 0.0)
+        utilization = self.gpu_memory_utilization or 0.0
+        return Memory(total_gib=math.inf, weights_gib=self.model_weights_gib or 0.0, cuda_graph_gib=0.0,
+                      activation_gib=0.0, kv_gib=kv_gib, kv_tokens=tokens, num_blocks=tokens // block,
+                      equivalent_utilization=utilization, suggested_utilization=utilization)
 
 
 class FitCell(_Record):
@@ -125,8 +118,8 @@ class MeasuredHardware(_Record):
     fitted_utc: str = Field(description="when the fit was made")
     vllm_version: str | None = Field(description="the measured server's version, as its log said")
     device: str | None = Field(description="GPU or CPU, as the log said")
-    window: int = Field(gt=0, description="the largest max-model-len the entry was measured at; the simulator's "
-                                          "default window")
+    window: int = Field(gt=0, description="the largest max-model-len the run used: the simulator's default "
+                                          "max-model-len (not a limit: the model's own window is not in the log)")
     step: StepCostsRecord = Field(description="the fitted step costs")
     memory: MemoryRecord = Field(description="the KV cache at the measured launch")
     fit: list[FitCell] = Field(description="every cell compared, fitted and held out")

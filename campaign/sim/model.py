@@ -113,7 +113,10 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
     activation = cal.activation_bytes_per_batched_token * max_num_batched_tokens / GIB
     kv = utilization * total - weights - activation - cal.cuda_graph_gib - cal.other_gib
     if kv_cache_memory_bytes is not None:
-        kv = kv_cache_memory_bytes / GIB
+        # Whatever the utilisation, but not past the card: a cache bigger than what is left runs out of memory
+        # (no blocks: the start-up fails as vLLM's would).
+        room = total - weights - activation - cal.cuda_graph_gib - cal.other_gib
+        kv = kv_cache_memory_bytes / GIB if kv_cache_memory_bytes / GIB <= room else -1.0
     per_token = (cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0) / tp
     block = cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
     # vLLM reports hybrid capacity as an effective token count, not a whole number of blocks.

@@ -14,7 +14,7 @@ then proves its pick on the real server against the baseline, with the usual ver
 - The result: a launch profile with the winning flags (tuned-profile.yaml in the tune's folder) when a candidate
   is kept, settled; otherwise the report says the pick is unsettled, or that nothing beat the baseline.
 
-It sits above the analysis layer because it runs campaigns and reads their verdicts (night, analysis); the
+It sits above the report layer because it runs campaigns and reads their verdicts (night, analysis); the
 command line only prints what it returns.
 """
 
@@ -204,13 +204,14 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
     folder.mkdir(parents=True, exist_ok=False)
     result = Outcome(matrix.name, block.objective.describe(), folder, grid=block.grid_size())
     costs: StepCosts | None = None
+    refused: dict[str, phase_one.Evaluation] = {}     # what the real server would not start, fed back
     wanted = confirm if confirm is not None else block.confirm
     for number in range(1, ROUNDS + 1):
         config_for = _config_for(profile_path, base, costs)
         base_config = config_for({})
         baseline_eval = phase_one.evaluate(base_config, {}, block)
         kv = baseline_eval.kv_cache_tokens
-        found = phase_one.search(block, config_for, trials=trials, baseline_kv=kv)
+        found = phase_one.search(block, config_for, trials=trials, baseline_kv=kv, known=refused)
         current = Round(number, _basis(base_config), found, baseline_eval)
         result.rounds.append(current)
         if exhaustive and number == 1:
@@ -232,19 +233,25 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         current.run = run.root
         diffs = {d.variant: d for d in recommend.diff_run(run)}
         measured = _measured(run, load)
+        failed = {f.variant: f"launch failed: {f.failure_kind}" for f in run.failures()}
         predicted = {matrix.baseline: phase_one.probe(base_config, block.objective, load)}
         names: dict[str, dict[str, FlagValue]] = {matrix.baseline: {}}
         names |= {f"candidate-{i}": e.flags for i, e in enumerate(better, 1)}
         for name, flags in names.items():
             if name != matrix.baseline:
                 predicted[name] = phase_one.probe(config_for(flags), block.objective, load)
-            speed, status = measured.get(name, (None, "not measured"))
+            speed, status = measured.get(name, (None, failed.get(name, "not measured")))
+            if name in failed and name != matrix.baseline:   # infeasible from now on: the real server said so
+                refused[phase_one.key(flags)] = phase_one.Evaluation(flags, 0.0, infeasible=f"the real server: "
+                                                                     f"{failed[name]}")
             diff = diffs.get(name)
             current.measured.append(Measured(name, dict(flags), predicted[name].per_request_tok_s, speed, status,
                                              diff.outcome if diff else None, diff.recommendation if diff else ""))
         floor = block.objective.floor_tok_s
         for row in current.measured:
-            if row.error is not None and abs(row.error) > MISS:
+            if row.variant in failed:
+                current.missed.append(f"{row.variant}: the real server would not start it ({failed[row.variant]})")
+            elif row.error is not None and abs(row.error) > MISS:
                 current.missed.append(f"{row.variant}: predicted {row.predicted_tok_s:.1f} tok/s per agent, "
                                       f"measured {row.measured_tok_s:.1f} ({row.error:+.0%})")
             elif row.variant != matrix.baseline and floor and (row.measured_tok_s or 0) < floor:
