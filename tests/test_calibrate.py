@@ -193,3 +193,34 @@ def test_kv_cache_memory_bytes_sizes_the_cache() -> None:
     small = sim_config.parse(["--model", "m", "--hardware", "x.yaml", "--kv-cache-memory-bytes", "64M"],
                              measured=entry)
     assert small.memory().kv_tokens == 2_097_152 // 16
+
+
+def test_what_a_measured_entry_cannot_know_is_refused_and_what_it_can_is_kept(tmp_path: Path) -> None:
+    """Review findings, each a wrong figure before: the run's max-model-len is no model window (a longer one
+    starts, as the real server would); a page size given sizes pages, not the cache; speculative decoding, a
+    utilisation or a cache type the entry was not measured with are refused by name; a cache past a table
+    card's memory fails the start instead of serving memory the card lacks."""
+    entry, _, _ = cal.calibrate(RunDir(CPU_RUN), "cpu-tiny")
+    path = cal.write(entry, tmp_path)
+    base = ["--model", "m", "--hardware", str(path)]
+    longer = sim_config.parse_checked(base + ["--max-model-len", "4096"])
+    assert longer.window is None and longer.max_model_len == 4096
+    paged = sim_config.parse_checked(base + ["--block-size", "16"])
+    assert paged.memory().kv_tokens == 2_097_152 and paged.memory().num_blocks == 2_097_152 // 16
+    table = ["--model", "m", "--hardware", "a5000x2", "--model-shape", "qwen-27b-hybrid", "-tp", "2"]
+    own, small = (sim_config.parse_checked(table + extra).memory() for extra in ([], ["--block-size", "16"]))
+    assert small.kv_tokens == own.kv_tokens and small.num_blocks == own.kv_tokens // 16
+    with pytest.raises(ValueError, match="measured with speculative decoding off, not mtp:2"):
+        sim_config.parse_checked(base + ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'])
+    gpu = entry.model_copy(update={"memory": entry.memory.model_copy(update={"gpu_memory_utilization": 0.9})})
+    with pytest.raises(ValueError, match="was measured at 0.9 and does not know the card's memory"):
+        sim_config.parse_checked(base + ["--gpu-memory-utilization", "0.95"], measured=gpu)
+    assert sim_config.parse_checked(base + ["--gpu-memory-utilization", "0.9"], measured=gpu).memory().kv_tokens > 0
+    assert sim_config.parse_checked(table + ["--kv-cache-memory-bytes", "100G"]).memory().num_blocks <= 0
+
+
+def test_a_profile_naming_a_missing_entry_is_one_clear_error(tmp_path: Path) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"model": "m", "engine": "sim", "hardware": "measured/no-such-machine.yaml"}))
+    with pytest.raises(ConfigError, match="no-such-machine.yaml: cannot read a measured hardware file"):
+        replay.profile_config(str(profile))

@@ -43,7 +43,7 @@ def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str]
         f"token, {step.attention_s_per_token_ctx * 1e9:.4f} us per 1,000 prompt tokens x context, "
         f"{step.kv_read_s_per_token * 1e9:.3f} ns a token of KV read",
         f"KV cache as its log said: {entry.memory.kv_cache_tokens:,} tokens in {entry.memory.block_size}-token "
-        f"blocks, window {entry.window:,}",
+        f"blocks; max-model-len {entry.window:,} by default",
     ]
     if not settled:
         notes.append(f"the fit did not settle in {iterations} rounds: the last moved a cell's figure by over 0.2%")
