@@ -50,7 +50,7 @@ from campaign.report import closing
 from campaign.report import html as html_report
 from campaign.report import text as report
 from campaign.report import tune as tune_report
-from campaign.report.tables import to_markdown, to_text
+from campaign.report.tables import Table, to_markdown, to_text
 from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
 from campaign.server.control import ControlClient
@@ -645,7 +645,9 @@ def tune(
                            gpus=parse_gpus(gpus) if gpus is not None else None, ray=executor == "ray",
                            ray_address=ray_address, live=live)
     outcome = tuning.tune(matrix, out=out, how=how, trials=trials, confirm=confirm, exhaustive=exhaustive)
-    typer.echo(f"campaign tune {outcome.matrix}: {outcome.objective}\n")
+    head = f"campaign tune {outcome.matrix}: {outcome.objective}"
+    typer.echo(head + "\n")
+    every: list[Table] = []
     for index, step in enumerate(outcome.rounds):
         tables = [tune_report.search_table(step.number, step.basis, step.search, step.baseline,
                                            outcome.grid if index == 0 else None)]
@@ -656,7 +658,12 @@ def tune(
                 (m.variant, tune_report.flags_text(m.flags), m.predicted_tok_s, m.measured_tok_s, m.error, m.status,
                  m.outcome or "(baseline)") for m in step.measured], step.missed))
         typer.echo("\n\n".join(to_text(t) for t in tables) + "\n")
+        every += tables
     typer.echo(f"tune: {outcome.verdict}")
+    report_path = outcome.folder / "report.md"
+    store.write_text_new(report_path, "\n\n".join([f"# {head}", *(to_markdown(t) for t in every),
+                                                   f"**tune: {outcome.verdict}**"]) + "\n")
+    _err(f"the evidence: {report_path}")
 
 
 def _fail(message: str, hint: str | None, code: int) -> int:
