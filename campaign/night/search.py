@@ -200,7 +200,7 @@ def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = No
     told their value and they are not evaluated again (nor counted)."""
     wanted = trials or block.planned_trials()
     size = block.grid_size()
-    wanted = min(wanted, size) if size is not None else wanted
+    wanted = min(wanted, size - len(known or {})) if size is not None else wanted
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(seed=block.seed if seed is None else seed, multivariate=True,
                                          n_startup_trials=max(2, min(10, wanted // 2)))
@@ -234,9 +234,13 @@ def grid(block: SearchBlock) -> list[dict[str, FlagValue]]:
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
-def exhaustive(block: SearchBlock, config_for: ConfigFor, *, baseline_kv: int | None = None) -> SearchResult:
+def exhaustive(block: SearchBlock, config_for: ConfigFor, *, baseline_kv: int | None = None,
+               known: SearchResult | None = None) -> SearchResult:
+    """Every configuration of the grid (those in `known`, a search's, are not evaluated again)."""
+    done = {key(e.flags): e for e in (known.evaluations if known else [])}
     result = SearchResult(block.objective)
     for flags in grid(block):
-        result.evaluations.append(evaluate(config_for(flags), flags, block, baseline_kv))
+        found = done.get(key(flags))
+        result.evaluations.append(found or evaluate(config_for(flags), flags, block, baseline_kv))
         result.asked += 1
     return result

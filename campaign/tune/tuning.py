@@ -31,7 +31,7 @@ import yaml
 
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
-from campaign.core.errors import CampaignError, ConfigError
+from campaign.core.errors import ConfigError
 from campaign.night import orchestrate, replay
 from campaign.night import search as phase_one
 from campaign.night.matrix import Matrix, load_matrix
@@ -215,7 +215,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         current = Round(number, _basis(base_config), found, baseline_eval)
         result.rounds.append(current)
         if exhaustive and number == 1:
-            result.exhaustive = phase_one.exhaustive(block, config_for, baseline_kv=kv)
+            result.exhaustive = phase_one.exhaustive(block, config_for, baseline_kv=kv, known=found)
         better = [e for e in found.ranked() if e.feasible and e.value > baseline_eval.value][:max(1, wanted)]
         if not better or not wanted:
             result.verdict = ("nothing the search found beats the baseline's predicted "
@@ -248,22 +248,27 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
             current.measured.append(Measured(name, dict(flags), predicted[name].per_request_tok_s, speed, status,
                                              diff.outcome if diff else None, diff.recommendation if diff else ""))
         floor = block.objective.floor_tok_s
+        speeds_missed = False
         for row in current.measured:
             if row.variant in failed:
                 current.missed.append(f"{row.variant}: the real server would not start it ({failed[row.variant]})")
             elif row.error is not None and abs(row.error) > MISS:
+                speeds_missed = True
                 current.missed.append(f"{row.variant}: predicted {row.predicted_tok_s:.1f} tok/s per agent, "
                                       f"measured {row.measured_tok_s:.1f} ({row.error:+.0%})")
-            elif row.variant != matrix.baseline and floor and (row.measured_tok_s or 0) < floor:
+            elif floor and (row.predicted_tok_s or 0) >= floor > (row.measured_tok_s or 0):
+                speeds_missed = True
                 current.missed.append(f"{row.variant}: predicted to hold {floor:g} tok/s per agent, measured "
                                       f"{row.measured_tok_s or 0:.1f}")
-        kept = [row for row in current.measured if row.outcome == "keep"]
-        if kept or result.winner is None:   # measured evidence stands: a later round only replaces it with a keep
-            result.winner = kept[0] if kept else next(r for r in current.measured if r.variant != matrix.baseline)
+        kept = [row for row in current.measured if row.outcome == "keep" and row.variant not in failed]
+        started = [row for row in current.measured if row.variant not in failed and row.variant != matrix.baseline]
+        if kept or (result.winner is None and started):   # measured evidence stands; a later keep replaces it
+            result.winner = kept[0] if kept else started[0]
             result.settled = bool(kept)
         if not current.missed:
             break
-        costs = calibration.fit(calibration.run_cells(run).observations).costs
+        if speeds_missed:   # the costs were wrong: fit them to what was measured (a refusal alone is not)
+            costs = calibration.fit(calibration.run_cells(run).observations).costs
     searched_again = f"; then {result.verdict}" if result.verdict else ""
     if result.winner is not None and result.settled:
         evidence = [f"{result.objective}; {matrix.name}'s search, {len(result.rounds)} round(s)",
@@ -274,5 +279,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         result.verdict = (f"unsettled: {result.winner.variant} is the search's pick, but no candidate was kept "
                           f"against the baseline ({result.winner.outcome}); no profile written")
     else:
-        raise CampaignError("phase 2 measured no candidate", hint=f"see {folder}")
+        result.verdict = ("no candidate was measured: the real server started none "
+                          + (f"({'; '.join(m for r in result.rounds for m in r.missed)})" if result.rounds else "")
+                          + searched_again)
     return result
