@@ -654,8 +654,8 @@ def tune(
         if index == 0 and outcome.exhaustive is not None:
             tables.append(tune_report.exhaustive_table(step.search, outcome.exhaustive))
         if step.load is not None and step.run is not None:
-            tables.append(tune_report.confirmation_table(step.number, step.load, str(step.run), [
-                (m.variant, tune_report.flags_text(m.flags), m.predicted_tok_s, m.measured_tok_s, m.error, m.status,
+            tables.append(tune_report.confirmation_table(step.number, step.load, outcome.figure, str(step.run), [
+                (m.variant, tune_report.flags_text(m.flags), m.predicted, m.measured, m.error, m.status,
                  m.outcome or "(baseline)") for m in step.measured], step.missed))
         typer.echo("\n\n".join(to_text(t) for t in tables) + "\n")
         every += tables

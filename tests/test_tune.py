@@ -168,7 +168,8 @@ def test_predict_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize("change, said", [
     ({"search": None}, "search: the matrix has no search: block for campaign tune to search"),
-    ({"search.objective.kind": "goodput"}, "search.objective.kind"),
+    ({"search.objective.kind": "joules-per-token"}, "search.objective.kind"),
+    ({"search.objective.kind": "goodput"}, "goodput needs rate_rps"),
     ({"search.flags.max-num-seqs": [0, 8]}, "search.flags"),
     ({"search.objective.floor_tok_s": None}, "agents-at-floor needs floor_tok_s"),
 ])
@@ -201,3 +202,34 @@ def test_a_profile_without_simulated_hardware_cannot_be_tuned(tmp_path: Path) ->
     matrix.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="names no simulated hardware"):
         tuning.tune(str(matrix), out=tmp_path, how=tuning.Launching(engine="sim", clock="virtual"))
+
+
+def test_goodput_is_predicted_open_loop_and_its_phase_2_needs_the_wall_clock(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Goodput at an SLO: fresh requests arrive open-loop on the engine; a light load under a loose SLO is all
+    good (goodput = the requests over their span), an SLO nothing meets gives 0, and a tighter one never more.
+    Phase 2 measures rate cells, which simulated time does not replay: refused there, by name."""
+    matrix = load_matrix("a5000-tune")[0]
+    config = replay.config_for(matrix)
+    light = SearchBlock.model_validate({
+        "flags": {"max-num-batched-tokens": [2048, 8192]},
+        "objective": {"kind": "goodput", "context": 2048, "max_tokens": 64, "rate_rps": 0.05,
+                      "slo": {"ttft_p99_ms": 60_000, "tpot_p99_ms": 1_000}, "window_s": 200}}).objective
+    run = phase_one.open_loop(config, light)
+    assert run.held and run.requests == 10 and run.goodput_rps > 0
+    impossible = light.model_copy(update={"slo": light.slo.model_copy(update={"bounds": (  # type: ignore[union-attr]
+        light.slo.bounds[0].model_copy(update={"limit_ms": 1.0}),)})})   # type: ignore[union-attr]
+    assert phase_one.open_loop(config, impossible).goodput_rps == 0
+    raw = yaml.safe_load((ROOT / "matrices" / "a5000-tune.yaml").read_text())
+    raw["profile"] = "a5000-tp2"
+    raw["search"].update(flags={"max-num-batched-tokens": [2048, 8192]}, trials=2, constraints={},
+                         objective={"kind": "goodput", "context": 2048, "max_tokens": 64, "rate_rps": 0.5,
+                                    "slo": {"ttft_p99_ms": 5000}, "window_s": 60})
+    path = tmp_path / "goodput.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, _, err = campaign(capsys, "tune", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path))
+    assert code != 0 and "phase 2 of a goodput objective measures open-loop rate cells" in err.splitlines()[0]
+    code, out, err = campaign(capsys, "tune", str(path), "--confirm", "0", "--out", str(tmp_path), "--plain")
+    assert code == 0, err
+    assert "goodput at 0.5 req/s of 2,048-token prompts and 64-token replies, SLO TTFT p99 <= 5000 ms" in out
+    assert " good req/s " in out

@@ -25,12 +25,16 @@ from typing import Any
 
 import optuna
 
+from campaign.measure import openloop
+from campaign.measure import slo as slos
 from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import CellSpec
 from campaign.night import replay
 from campaign.night.search_spec import MAX_AGENTS, Objective, Range, SearchBlock
 from campaign.server.profiles import FlagValue
+from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
+from campaign.sim.engine import Virtual, engine_for
 
 WARMUP_S = 2.0   # simulated seconds after every stream's first token before the window opens
 
@@ -90,6 +94,55 @@ def probe(config: SimConfig, objective: Objective, concurrency: int) -> replay.V
     return replay.run_cell(config, spec)
 
 
+@dataclass(frozen=True)
+class OpenLoop:
+    goodput_rps: float
+    held: bool                  # every bound's percentile within its limit
+    ttft_p99_s: float | None
+    requests: int
+
+
+def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoop:
+    """Fresh requests arriving at the objective's rate (Poisson, seeded) for its window, on the engine: good
+    requests a second (first send to last end), as the tool's rate cells define goodput. Latencies count from
+    each request's scheduled arrival, which the engine takes at its next step boundary."""
+    assert objective.rate_rps is not None and objective.slo is not None
+    truth = sim_truth.Recorder()
+    sim = Virtual(engine_for(config, truth))
+    prompts = replay.Prompts()
+    scheduled = openloop.arrivals(objective.rate_rps, objective.window(), seed=seed)
+    for t in scheduled:
+        sim.run(until=t)
+        sim.now = max(sim.now, t)
+        sim.submit(prompts.fresh(objective.context), objective.max_tokens)
+    sim.run()
+    latencies = []
+    for sent, request in zip(scheduled, sorted(truth.all_requests(), key=lambda r: r.arrival), strict=True):
+        first, last = (request.emits[0][0], request.emits[-1][0]) if request.emits else (None, None)
+        gaps = request.tokens - 1
+        latencies.append(slos.RequestLatency(
+            ok=request.reason == "length", ttft_ms=None if first is None else (first - sent) * 1000,
+            tpot_ms=(last - first) / gaps * 1000 if first is not None and last is not None and gaps > 0 else None,
+            e2e_ms=None if request.finish is None else (request.finish - sent) * 1000))
+    ends = [r.finish for r in truth.all_requests() if r.finish is not None]
+    span = max(ends) - scheduled[0] if ends else 0.0
+    good = sum(latency.meets(objective.slo) for latency in latencies)
+    ttfts = sorted(latency.ttft_ms / 1000 for latency in latencies if latency.ttft_ms is not None)
+    return OpenLoop(goodput_rps=good / span if span > 0 else 0.0,
+                    held=slos.evaluate(objective.slo, latencies).passed,
+                    ttft_p99_s=ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None,
+                    requests=len(latencies))
+
+
+def figure_at(config: SimConfig, objective: Objective, load: int | None) -> float | None:
+    """The figure phase 2 compares, as the simulator predicts it: per-agent tok/s at `load` agents (agents-
+    at-floor), total tok/s at the objective's concurrency, or goodput at its rate."""
+    if objective.kind == "goodput":
+        return open_loop(config, objective).goodput_rps
+    cell = probe(config, objective, objective.concurrency or load or 1)
+    return cell.per_request_tok_s if objective.kind == "agents-at-floor" else cell.total_tok_s
+
+
 def _ttft_p99(cell: replay.VirtualCell) -> float | None:
     ttfts = sorted(r.ttft for r in cell.requests if r.ttft is not None)
     return ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None
@@ -125,6 +178,12 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
         ttft_ok = limits.ttft_p99_s is None or (ttft is not None and ttft <= limits.ttft_p99_s)
         return cell.status == "Valid" and speed_ok and ttft_ok
 
+    if objective.kind == "goodput":
+        run = open_loop(config, objective)
+        if limits.ttft_p99_s is not None and (run.ttft_p99_s is None or run.ttft_p99_s > limits.ttft_p99_s):
+            return Evaluation(own, 0.0, infeasible=f"TTFT p99 over {limits.ttft_p99_s:g} s", kv_cache_tokens=kv,
+                              ttft_p99_s=run.ttft_p99_s, probes=1)
+        return Evaluation(own, run.goodput_rps, kv_cache_tokens=kv, ttft_p99_s=run.ttft_p99_s, probes=1)
     if objective.kind == "total-tok-s":
         assert objective.concurrency is not None
         cell = probe(config, objective, objective.concurrency)

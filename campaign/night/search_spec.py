@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from campaign.measure.slo import Slo
+from campaign.measure.slo import parse as slo_parse
 from campaign.server.profiles import FlagValue
 
 MAX_AGENTS = 512   # agents-at-floor searches concurrency up to this (and the KV cache's and max-num-seqs' limits)
@@ -60,15 +62,19 @@ class Objective(BaseModel):
     - agents-at-floor: the most concurrent agents (sustained streams re-sending their context, so the prefix
       cache serves it, as an agent's loop does) that each still get `floor_tok_s`, within the KV cache and
       max-num-seqs; the study's "how many agents can run against it at once".
-    - total-tok-s: the total output rate with `concurrency` such streams."""
+    - total-tok-s: the total output rate with `concurrency` such streams.
+    - goodput: requests a second that meet every bound of `slo` (the tool's definition: first send to last
+      end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["agents-at-floor", "total-tok-s"]
+    kind: Literal["agents-at-floor", "total-tok-s", "goodput"]
     context: int = Field(gt=0)
     max_tokens: int = Field(default=256, gt=0)
     floor_tok_s: float | None = Field(default=None, gt=0)
     concurrency: int | None = Field(default=None, gt=0)
+    rate_rps: float | None = Field(default=None, gt=0)
+    slo: Slo | None = None
     # Each probe's window, in the hardware's seconds (default: three request lifetimes at the floor, at least
     # 20 s): agents that start together finish together, and a window shorter than a lifetime can miss the
     # moment they all send again (a 10 s window read every chunk size alike where 40 s tells them apart).
@@ -83,28 +89,47 @@ class Objective(BaseModel):
             return int(float(text.rstrip("kK")) * scale) if scale > 1 else value
         return value
 
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, value: Any) -> Any:
+        return slo_parse(value) if isinstance(value, dict | str) else value
+
     @model_validator(mode="after")
     def _needs(self) -> Objective:
         if self.kind == "agents-at-floor" and self.floor_tok_s is None:
             raise ValueError("agents-at-floor needs floor_tok_s (each agent's speed floor, tok/s)")
         if self.kind == "total-tok-s" and self.concurrency is None:
             raise ValueError("total-tok-s needs concurrency (the streams it is measured with)")
+        if self.kind == "goodput" and (self.rate_rps is None or self.slo is None):
+            raise ValueError("goodput needs rate_rps (the offered load, req/s) and slo (e.g. {ttft_p99_ms: 2000, "
+                             "tpot_p99_ms: 50})")
         return self
 
     def window(self) -> float:
         if self.window_s is not None:
             return self.window_s
+        if self.kind == "goodput" and self.rate_rps:
+            return max(60.0, 50 / self.rate_rps)   # at least 50 requests
         lifetime = self.max_tokens / self.floor_tok_s if self.floor_tok_s else 0.0
         return max(20.0, 3 * lifetime)
 
     @property
     def unit(self) -> str:
-        return "agents" if self.kind == "agents-at-floor" else "tok/s"
+        return {"agents-at-floor": "agents", "total-tok-s": "tok/s", "goodput": "good req/s"}[self.kind]
+
+    @property
+    def figure(self) -> str:
+        """What phase 2 compares, predicted and measured, at the objective's load."""
+        return {"agents-at-floor": "tok/s per agent", "total-tok-s": "total tok/s", "goodput": "good req/s"}[self.kind]
 
     def describe(self) -> str:
         if self.kind == "agents-at-floor":
             return (f"agents at {self.floor_tok_s:g} tok/s each, {self.context:,}-token context, "
                     f"{self.max_tokens}-token replies")
+        if self.kind == "goodput":
+            assert self.slo is not None
+            return (f"goodput at {self.rate_rps:g} req/s of {self.context:,}-token prompts and "
+                    f"{self.max_tokens}-token replies, SLO {self.slo.text}")
         return f"total tok/s at {self.concurrency} streams, {self.context:,}-token context"
 
 

@@ -58,13 +58,14 @@ def exhaustive_table(found: SearchResult, every: SearchResult) -> Table:
     return Table(title="The exhaustive grid (the yardstick for the search)", notes=notes)
 
 
-def confirmation_table(number: int, load: int, run: str, rows: list[tuple[str, str, float | None, float | None,
-                                                                            float | None, str, str]],
+def confirmation_table(number: int, load: int, figure: str, run: str,
+                       rows: list[tuple[str, str, float | None, float | None, float | None, str, str]],
                        missed: list[str]) -> Table:
     grid = [[variant, flags, DASH if p is None else f"{p:.1f}", DASH if m is None else f"{m:.1f}",
              DASH if e is None else f"{e:+.1%}", status, outcome] for variant, flags, p, m, e, status, outcome in rows]
     notes = [f"measured on the real server: {run}", "error: predicted / measured - 1"]
     notes += [f"the model missed: {line}" for line in missed]
-    return Table(title=f"Round {number}, phase 2: against the baseline at {load} agents",
-                 headers=["Variant", "Flags", "Predicted tok/s per agent", "Measured", "Error", "Status", "Verdict"],
+    at = f" at {load} agents" if figure == "tok/s per agent" else ""
+    return Table(title=f"Round {number}, phase 2: against the baseline{at}",
+                 headers=["Variant", "Flags", f"Predicted {figure}", "Measured", "Error", "Status", "Verdict"],
                  rows=grid, align="llrrrll", notes=notes)

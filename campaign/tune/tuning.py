@@ -36,7 +36,7 @@ from campaign.night import orchestrate, replay
 from campaign.night import search as phase_one
 from campaign.night.matrix import Matrix, load_matrix
 from campaign.night.progress import Progress
-from campaign.night.search_spec import SearchBlock
+from campaign.night.search_spec import Objective, SearchBlock
 from campaign.night.store import RunDir, replace_text
 from campaign.server.argv import merge_flags
 from campaign.server.profiles import FlagValue, load_profile
@@ -53,17 +53,17 @@ class Measured:
 
     variant: str
     flags: dict[str, FlagValue]            # its own flags on top of the baseline's
-    predicted_tok_s: float | None          # per agent, on the simulator
-    measured_tok_s: float | None           # per agent, the median over the round's repeats
+    predicted: float | None                # the objective's figure (Objective.figure), on the simulator
+    measured: float | None                 # the same, the median over the round's repeats
     status: str                            # the cell's status (worst over repeats)
     outcome: str | None = None             # keep / revert / no difference / not settled (None: the baseline)
     recommendation: str = ""
 
     @property
     def error(self) -> float | None:
-        if self.predicted_tok_s is None or not self.measured_tok_s:
+        if self.predicted is None or not self.measured:
             return None
-        return self.predicted_tok_s / self.measured_tok_s - 1
+        return self.predicted / self.measured - 1
 
 
 @dataclass
@@ -83,6 +83,7 @@ class Outcome:
     matrix: str
     objective: str
     folder: Path
+    figure: str                               # what phase 2 compares (Objective.figure)
     rounds: list[Round] = field(default_factory=list)
     exhaustive: phase_one.SearchResult | None = None
     grid: int | None = None                   # the space's size where it is a grid
@@ -133,6 +134,10 @@ def _confirmation_matrix(matrix: Matrix, profile_path: Path, block: SearchBlock,
             {"kind": "decode", "mode": "sustained", "contexts": [objective.context],
              "concurrency": sorted({max(1, load // 4), load}),
              "max_tokens": objective.max_tokens, "ttft": "warm", "warmup_s": phase_one.WARMUP_S},
+            *([{"kind": "rate", "contexts": [objective.context], "rates": [objective.rate_rps],
+                "max_tokens": objective.max_tokens, "duration_s": objective.window(),
+                "slo": {b.name: b.limit_ms for b in objective.slo.bounds}}]
+              if objective.kind == "goodput" and objective.slo is not None else []),
         ],
     }
 
@@ -160,18 +165,21 @@ def _run(matrix_file: Path, folder: Path, how: Launching) -> RunDir:
         return night.run
 
 
-def _measured(run: RunDir, load: int) -> dict[str, tuple[float | None, str]]:
-    """Each variant's per-agent speed at the load (median over repeats) and its worst status."""
+def _measured(run: RunDir, objective: Objective, load: int) -> dict[str, tuple[float | None, str]]:
+    """Each variant's figure at the objective's load (the median over repeats) and its worst status."""
+    phase = "rate" if objective.kind == "goodput" else "decode"
     by_variant: dict[str, list[Any]] = {}
     for cell in run.cells():
         spec = cell.result.spec
-        if spec.phase == "decode" and spec.concurrency == load:
+        if spec.phase == phase and (phase == "rate" or spec.concurrency == load):
             by_variant.setdefault(cell.variant, []).append(cell.result)
+    name = {"agents-at-floor": "per_request_tok_s", "total-tok-s": "total_tok_s", "goodput": "goodput_rps"}
     out = {}
     for variant, results in by_variant.items():
-        speeds = [r.per_request_tok_s for r in results if r.status == "Valid" and r.per_request_tok_s is not None]
+        values = [getattr(r, name[objective.kind]) for r in results if r.status == "Valid"]
+        values = [v for v in values if v is not None]
         worst = next((r.status for r in results if r.status != "Valid"), "Valid")
-        out[variant] = (statistics.median(speeds) if speeds else None, worst)
+        out[variant] = (statistics.median(values) if values else None, worst)
     return out
 
 
@@ -198,11 +206,17 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware, so phase 1 has "
                           "nothing to search on", hint="give it hardware: (the tables') and model_shape:, or "
                           "calibrate it from a real run: campaign calibrate RUN_DIR")
+    if block.objective.kind == "goodput" and how.clock == "virtual" and (confirm if confirm is not None
+                                                                          else block.confirm):
+        raise ConfigError(str(matrix_path), "search.objective.kind", "phase 2 of a goodput objective measures "
+                          "open-loop rate cells, which simulated time does not replay",
+                          hint="run phase 2 on the wall clock (--clock wall: the simulator over HTTP or a real "
+                               "server), or predict only (--confirm 0)")
     baseline = next(v for v in matrix.variants if v.name == matrix.baseline)
     base = dict(baseline.flags)
     folder = out / f"tune-{matrix.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=False)
-    result = Outcome(matrix.name, block.objective.describe(), folder, grid=block.grid_size())
+    result = Outcome(matrix.name, block.objective.describe(), folder, block.objective.figure, grid=block.grid_size())
     costs: StepCosts | None = None
     refused: dict[str, phase_one.Evaluation] = {}     # what the real server would not start, fed back
     wanted = confirm if confirm is not None else block.confirm
@@ -224,7 +238,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
             if result.winner is None:
                 return result
             break
-        load = block.objective.concurrency or int(better[0].value)
+        load = block.objective.concurrency or (4 if block.objective.kind == "goodput" else int(better[0].value))
         current.load = load
         matrix_file = folder / f"confirm-{number}.yaml"
         matrix_file.write_text(yaml.safe_dump(_confirmation_matrix(matrix, profile_path, block, base, better,
@@ -232,20 +246,20 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         run = _run(matrix_file, folder, how)
         current.run = run.root
         diffs = {d.variant: d for d in recommend.diff_run(run)}
-        measured = _measured(run, load)
+        measured = _measured(run, block.objective, load)
         failed = {f.variant: f"launch failed: {f.failure_kind}" for f in run.failures()}
-        predicted = {matrix.baseline: phase_one.probe(base_config, block.objective, load)}
+        predicted = {matrix.baseline: phase_one.figure_at(base_config, block.objective, load)}
         names: dict[str, dict[str, FlagValue]] = {matrix.baseline: {}}
         names |= {f"candidate-{i}": e.flags for i, e in enumerate(better, 1)}
         for name, flags in names.items():
             if name != matrix.baseline:
-                predicted[name] = phase_one.probe(config_for(flags), block.objective, load)
+                predicted[name] = phase_one.figure_at(config_for(flags), block.objective, load)
             speed, status = measured.get(name, (None, failed.get(name, "not measured")))
             if name in failed and name != matrix.baseline:   # infeasible from now on: the real server said so
                 refused[phase_one.key(flags)] = phase_one.Evaluation(flags, 0.0, infeasible=f"the real server: "
                                                                      f"{failed[name]}")
             diff = diffs.get(name)
-            current.measured.append(Measured(name, dict(flags), predicted[name].per_request_tok_s, speed, status,
+            current.measured.append(Measured(name, dict(flags), predicted[name], speed, status,
                                              diff.outcome if diff else None, diff.recommendation if diff else ""))
         floor = block.objective.floor_tok_s
         speeds_missed = False
@@ -254,12 +268,12 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
                 current.missed.append(f"{row.variant}: the real server would not start it ({failed[row.variant]})")
             elif row.error is not None and abs(row.error) > MISS:
                 speeds_missed = True
-                current.missed.append(f"{row.variant}: predicted {row.predicted_tok_s:.1f} tok/s per agent, "
-                                      f"measured {row.measured_tok_s:.1f} ({row.error:+.0%})")
-            elif floor and (row.predicted_tok_s or 0) >= floor > (row.measured_tok_s or 0):
+                current.missed.append(f"{row.variant}: predicted {row.predicted:.1f} {block.objective.figure}, "
+                                      f"measured {row.measured:.1f} ({row.error:+.0%})")
+            elif floor and (row.predicted or 0) >= floor > (row.measured or 0):
                 speeds_missed = True
                 current.missed.append(f"{row.variant}: predicted to hold {floor:g} tok/s per agent, measured "
-                                      f"{row.measured_tok_s or 0:.1f}")
+                                      f"{row.measured or 0:.1f}")
         kept = [row for row in current.measured if row.outcome == "keep" and row.variant not in failed]
         started = [row for row in current.measured if row.variant not in failed and row.variant != matrix.baseline]
         if kept or (result.winner is None and started):   # measured evidence stands; a later keep replaces it
