@@ -18,8 +18,15 @@ def flags_text(flags: Mapping[str, FlagValue]) -> str:
     return ", ".join(f"{k} {v}" for k, v in flags.items()) or "(the baseline's)"
 
 
+def amount(value: float, unit: str) -> str:
+    """A count of agents whole, tok/s to a tenth, good req/s to three figures."""
+    if unit == "agents":
+        return f"{value:.0f} {unit}"
+    return f"{fmt_num(value)} {unit}" if unit == "tok/s" else f"{value:.3g} {unit}"
+
+
 def _value(e: Evaluation, unit: str) -> str:
-    return f"{e.value:g} {unit}" if e.feasible else f"0 ({e.infeasible})"
+    return amount(e.value, unit) if e.feasible else f"0 ({e.infeasible})"
 
 
 def _row(e: Evaluation, unit: str) -> list[str]:
@@ -41,7 +48,8 @@ def search_table(number: int, basis: str, found: SearchResult, baseline: Evaluat
     front = found.pareto()
     if front:
         notes.append("Pareto front (more " + unit + ", or more KV cache): " + "; ".join(
-            f"{e.value:g} {unit} with {fmt_num(e.kv_cache_tokens)} tokens ({flags_text(e.flags)})" for e in front))
+            f"{amount(e.value, unit)} with {fmt_num(e.kv_cache_tokens)} tokens ({flags_text(e.flags)})"
+            for e in front))
     return Table(title=f"Round {number}, phase 1: the search, predicted", headers=[*HEADERS, ""], rows=rows,
                  align="lrrrrl", notes=notes)
 
@@ -52,8 +60,8 @@ def exhaustive_table(found: SearchResult, every: SearchResult) -> Table:
     notes = [f"every configuration of the grid: {len(every.evaluations)}, predicted"]
     if best is not None and pick is not None:
         gap = 0.0 if not best.value else pick.value / best.value - 1
-        notes.append(f"the grid's best: {best.value:g} {unit} ({flags_text(best.flags)}); the search's pick: "
-                     f"{pick.value:g} {unit} ({gap:+.1%}) after {len(found.evaluations)} evaluations "
+        notes.append(f"the grid's best: {amount(best.value, unit)} ({flags_text(best.flags)}); the search's pick: "
+                     f"{amount(pick.value, unit)} ({gap:+.1%}) after {len(found.evaluations)} evaluations "
                      f"({len(found.evaluations) / len(every.evaluations):.0%} of the grid)")
     return Table(title="The exhaustive grid (the yardstick for the search)", notes=notes)
 

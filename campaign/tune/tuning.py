@@ -31,7 +31,7 @@ import yaml
 
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
-from campaign.core.errors import ConfigError
+from campaign.core.errors import CampaignError, ConfigError
 from campaign.night import orchestrate, replay
 from campaign.night import search as phase_one
 from campaign.night.matrix import Matrix, load_matrix
@@ -282,7 +282,11 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         if not current.missed:
             break
         if speeds_missed:   # the costs were wrong: fit them to what was measured (a refusal alone is not)
-            costs = calibration.fit(calibration.run_cells(run).observations).costs
+            try:
+                costs = calibration.fit(calibration.run_cells(run).observations).costs
+            except CampaignError as exc:   # what was measured stands; the search is not run on a guess
+                current.missed.append(f"no refit from {run.root.name}: {exc.message}")
+                break
     searched_again = f"; then {result.verdict}" if result.verdict else ""
     if result.winner is not None and result.settled:
         evidence = [f"{result.objective}; {matrix.name}'s search, {len(result.rounds)} round(s)",
