@@ -15,7 +15,7 @@ import yaml
 
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
-from campaign.night import replay
+from campaign.night import replay, store
 from campaign.night import search as phase_one
 from campaign.night.matrix import load_matrix
 from campaign.night.search_spec import SearchBlock
@@ -233,3 +233,22 @@ def test_goodput_is_predicted_open_loop_and_its_phase_2_needs_the_wall_clock(
     assert code == 0, err
     assert "goodput at 0.5 req/s of 2,048-token prompts and 64-token replies, SLO TTFT p99 <= 5000 ms" in out
     assert " good req/s " in out
+
+
+@pytest.mark.wall_timed
+def test_phase_2_on_the_wall_clock_runs_its_launches_side_by_side_on_a_gpu_pool(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phase 2 as `campaign run --gpus 0,1` runs a night: the simulator over HTTP (at 20x), two launches at a
+    time on two simulated GPUs, each declaring the GPU it was given; predicted and measured side by side."""
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
+    matrix = ROOT / "tests" / "fixtures" / "matrices" / "pool-tune.yaml"
+    code, out, err = campaign(capsys, "tune", str(matrix), "--engine", "sim", "--gpus", "0,1", "--out", str(tmp_path),
+                              "--plain")
+    assert code == 0, err[-3000:]
+    assert "Round 1, phase 2: against the baseline" in out and "Predicted total tok/s" in out
+    final = out.strip().splitlines()[-1]
+    assert final.startswith(("tune: keep candidate-1 (settled)", "tune: unsettled: candidate-1")), final
+    runs = [store.RunDir(p) for p in sorted(tmp_path.glob("tune-pool-tune-*/pool-tune-confirm-*/*"))]
+    assert runs and all(r.manifest().pool == [0, 1] for r in runs)
+    placed = [(p.gpus[0].index, p.started_utc) for r in runs for _, p in r.placements() if p.gpus]
+    assert {gpu for gpu, _ in placed} == {0, 1} and len(placed) >= 4

@@ -295,7 +295,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         result.verdict = f"keep {result.winner.variant} (settled): {result.profile}{searched_again}"
     elif result.winner is not None:
         result.verdict = (f"unsettled: {result.winner.variant} is the search's pick, but no candidate was kept "
-                          f"against the baseline ({result.winner.outcome}); no profile written")
+                          f"against the baseline ({result.winner.outcome}); no profile written{searched_again}")
     else:
         result.verdict = ("no candidate was measured: the real server started none "
                           + (f"({'; '.join(m for r in result.rounds for m in r.missed)})" if result.rounds else "")
