@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -85,6 +85,29 @@ class SearchResult:
 
 
 ConfigFor = Callable[[Mapping[str, FlagValue]], SimConfig]
+
+
+class Probes:
+    """Probe cells already replayed. A configuration that seats every agent (max-num-seqs at least the probe's
+    concurrency) runs the same engine steps whatever its max-num-seqs: the engine never runs more requests than
+    were sent. So such probes are keyed with max-num-seqs set to the concurrency, and only cells without a
+    finding are kept (a finding's words may name the configuration's own max-num-seqs)."""
+
+    def __init__(self) -> None:
+        self._cells: dict[str, replay.VirtualCell] = {}
+        self.replayed = 0
+
+    def cell(self, config: SimConfig, objective: Objective, concurrency: int) -> replay.VirtualCell:
+        seated = config.max_num_seqs >= concurrency
+        key = repr((replace(config, max_num_seqs=concurrency, non_default={}) if seated else config, objective,
+                    concurrency))
+        found = self._cells.get(key)
+        if found is None:
+            found = probe(config, objective, concurrency)
+            self.replayed += 1
+            if seated and not found.findings:
+                self._cells[key] = found
+        return found
 
 
 def probe(config: SimConfig, objective: Objective, concurrency: int) -> replay.VirtualCell:
@@ -161,8 +184,9 @@ def _refused(config: SimConfig) -> str | None:
 
 
 def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlock,
-             baseline_kv: int | None = None) -> Evaluation:
+             baseline_kv: int | None = None, cells: Probes | None = None) -> Evaluation:
     objective, limits = block.objective, block.constraints
+    replayed = cells or Probes()
     own = dict(flags)
     refused = _refused(config)
     if refused is not None:
@@ -186,7 +210,7 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
         return Evaluation(own, run.goodput_rps, kv_cache_tokens=kv, ttft_p99_s=run.ttft_p99_s, probes=1)
     if objective.kind == "total-tok-s":
         assert objective.concurrency is not None
-        cell = probe(config, objective, objective.concurrency)
+        cell = replayed.cell(config, objective, objective.concurrency)
         if not meets(cell):
             why = cell.reasons[0] if cell.reasons else f"{cell.status}, or over the TTFT bound"
             return Evaluation(own, 0.0, infeasible=f"at {objective.concurrency} streams: {why}", kv_cache_tokens=kv,
@@ -195,10 +219,10 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
                           per_request_tok_s=cell.per_request_tok_s, total_tok_s=cell.total_tok_s,
                           ttft_p99_s=_ttft_p99(cell), probes=1)
     fit = agents_that_fit(kv, objective.context + objective.max_tokens, config.block()) or 0
-    low, high, best, probes = 1, min(fit, config.max_num_seqs, MAX_AGENTS), None, 0
+    low, high, best, probes = 1, min(fit, config.max_num_seqs, MAX_AGENTS), None, 0   # asked, cached or not
     while low <= high:   # per-agent speed falls as agents are added: the largest count that meets the floor
         middle = (low + high) // 2
-        cell = probe(config, objective, middle)
+        cell = replayed.cell(config, objective, middle)
         probes += 1
         if meets(cell):
             best, low = (middle, cell), middle + 1
@@ -266,6 +290,7 @@ def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = No
     study = optuna.create_study(direction="maximize", sampler=sampler)
     space = distributions(block)
     result = SearchResult(block.objective)
+    replayed = Probes()
     seen: dict[str, Evaluation] = dict(known or {})
     evaluated = 0
     while evaluated < wanted and result.asked < 20 * wanted:
@@ -274,7 +299,7 @@ def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = No
         flags = _flags(block, trial.params)
         name = key(flags)
         if name not in seen:
-            seen[name] = evaluate(config_for(flags), flags, block, baseline_kv)
+            seen[name] = evaluate(config_for(flags), flags, block, baseline_kv, replayed)
             result.evaluations.append(seen[name])
             evaluated += 1
         study.tell(trial, seen[name].value)
@@ -298,8 +323,9 @@ def exhaustive(block: SearchBlock, config_for: ConfigFor, *, baseline_kv: int | 
     """Every configuration of the grid (those in `known`, a search's, are not evaluated again)."""
     done = {key(e.flags): e for e in (known.evaluations if known else [])}
     result = SearchResult(block.objective)
+    replayed = Probes()
     for flags in grid(block):
         found = done.get(key(flags))
-        result.evaluations.append(found or evaluate(config_for(flags), flags, block, baseline_kv))
+        result.evaluations.append(found or evaluate(config_for(flags), flags, block, baseline_kv, replayed))
         result.asked += 1
     return result

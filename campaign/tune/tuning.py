@@ -214,8 +214,11 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
                                "server), or predict only (--confirm 0)")
     baseline = next(v for v in matrix.variants if v.name == matrix.baseline)
     base = dict(baseline.flags)
-    folder = out / f"tune-{matrix.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
-    folder.mkdir(parents=True, exist_ok=False)
+    stamp = f"tune-{matrix.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    folder = next(out / name for name in (stamp, *(f"{stamp}-{i}" for i in range(2, 1000)))
+                  if not (out / name).exists())
+    folder.mkdir()
     result = Outcome(matrix.name, block.objective.describe(), folder, block.objective.figure, grid=block.grid_size())
     costs: StepCosts | None = None
     refused: dict[str, phase_one.Evaluation] = {}     # what the real server would not start, fed back
