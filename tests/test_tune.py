@@ -90,8 +90,8 @@ def test_a_model_that_missed_is_fitted_again_and_searched_again(
     candidates well under their prediction, so the step costs are fitted to the confirmation run and the
     search runs again on them, saying so; its pick is confirmed against the baseline in a second round."""
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "launch-noise:0.02,decode-speed:0.7")
-    code, out, err = campaign(capsys, "tune", small_space(tmp_path), "--engine", "sim", "--clock", "virtual",
-                              "--out", str(tmp_path), "--plain")
+    code, out, err = campaign(capsys, "tune", small_space(tmp_path, confirm=1), "--engine", "sim", "--clock",
+                              "virtual", "--out", str(tmp_path), "--plain")
     assert code == 0, err[-3000:]
     first = out[out.index("Round 1, phase 2"):out.index("Round 2, phase 1")]
     missed = r"the model missed: candidate-1: predicted 20\.\d tok/s per agent, measured 1\d\.\d \(\+\d+%\)"
@@ -118,8 +118,8 @@ def test_a_candidate_the_real_server_refuses_is_infeasible_from_then_on(
         return raw
 
     monkeypatch.setattr(tuning, "_confirmation_matrix", refusing)
-    code, out, err = campaign(capsys, "tune", small_space(tmp_path), "--engine", "sim", "--clock", "virtual",
-                              "--out", str(tmp_path), "--plain")
+    code, out, err = campaign(capsys, "tune", small_space(tmp_path, confirm=1), "--engine", "sim", "--clock",
+                              "virtual", "--out", str(tmp_path), "--plain")
     assert code == 0, err[-3000:]
     first = out[out.index("Round 1, phase 2"):out.index("Round 2, phase 1")]
     assert "the model missed: candidate-1: the real server would not start it (launch failed: out_of_memory)" in first
@@ -259,7 +259,7 @@ def test_shared_probes_change_no_figure() -> None:
     concurrency): every evaluation reads exactly as it does alone. (Over a5000-tune's whole 100-configuration
     grid too, measured once: no difference, 13 s instead of 35.)"""
     block = SearchBlock.model_validate({
-        "flags": {"max-num-batched-tokens": [2048, 8192], "max-num-seqs": [8, 16, 48]},
+        "flags": {"max-num-batched-tokens": [2048, 8192], "max-num-seqs": [16, 48]},
         "objective": {"kind": "agents-at-floor", "context": "16K", "max_tokens": 256, "floor_tok_s": 20}})
 
     def config_for(flags: dict[str, object]) -> object:
