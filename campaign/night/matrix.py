@@ -33,6 +33,7 @@ from campaign.measure.slo import Slo
 from campaign.measure.study import agents_key  # the experiment names its own results
 from campaign.measure.traces import TraceFormat
 from campaign.night.search_spec import SearchBlock
+from campaign.night.token_counts import tokens
 from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
@@ -59,18 +60,6 @@ def suggested_margin(value: object) -> float | None:
     if match is None:
         return None
     return float(match.group(1)) if match.group(1) is not None else SUGGESTED_MARGIN
-
-
-def tokens(value: Any) -> int:
-    """8k -> 8192; 6616 -> 6616; '26.5k' -> 27136."""
-    if isinstance(value, bool):
-        raise ValueError("expected a token count")
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    scale = 1024 if text.endswith("k") else 1
-    number = float(text[:-1] if text.endswith("k") else text)
-    return int(number * scale)
 
 
 TokenList = list[int]

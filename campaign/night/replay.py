@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from campaign.core import stats
@@ -48,7 +49,7 @@ from campaign.measure.cells import (
 from campaign.measure.runner import MAX_ROUNDS, SAMPLE_EVERY_S
 from campaign.night.matrix import Matrix
 from campaign.server import argv
-from campaign.server.profiles import FlagValue, load_profile
+from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
@@ -114,6 +115,12 @@ def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = No
     """The simulator's configuration for a launch profile with `flags` on top, parsed from the same command
     line the launcher builds."""
     profile, path = load_profile(profile_name)
+    return loaded_profile_config(profile, path, flags)
+
+
+def loaded_profile_config(profile: LaunchProfile, path: Path,
+                          flags: Mapping[str, FlagValue] | None = None) -> SimConfig:
+    """profile_config for a profile already loaded (a search builds hundreds of configurations of one)."""
     if not profile.simulatable:
         raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
                           hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")

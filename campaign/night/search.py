@@ -150,10 +150,9 @@ def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoo
     ends = [r.finish for r in truth.all_requests() if r.finish is not None]
     span = max(ends) - scheduled[0] if ends else 0.0
     good = sum(latency.meets(objective.slo) for latency in latencies)
-    ttfts = sorted(latency.ttft_ms / 1000 for latency in latencies if latency.ttft_ms is not None)
     return OpenLoop(goodput_rps=good / span if span > 0 else 0.0,
                     held=slos.evaluate(objective.slo, latencies).passed,
-                    ttft_p99_s=ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None,
+                    ttft_p99_s=_p99([latency.ttft_ms / 1000 for latency in latencies if latency.ttft_ms is not None]),
                     requests=len(latencies))
 
 
@@ -166,9 +165,14 @@ def figure_at(config: SimConfig, objective: Objective, load: int | None) -> floa
     return cell.per_request_tok_s if objective.kind == "agents-at-floor" else cell.total_tok_s
 
 
+def _p99(values: list[float]) -> float | None:
+    """The nearest-rank 99th percentile (a value some request had); None without values."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)] if ordered else None
+
+
 def _ttft_p99(cell: replay.VirtualCell) -> float | None:
-    ttfts = sorted(r.ttft for r in cell.requests if r.ttft is not None)
-    return ttfts[min(len(ttfts) - 1, math.ceil(0.99 * len(ttfts)) - 1)] if ttfts else None
+    return _p99([r.ttft for r in cell.requests if r.ttft is not None])
 
 
 def _refused(config: SimConfig) -> str | None:
@@ -264,7 +268,7 @@ def _flags(block: SearchBlock, params: Mapping[str, Any]) -> dict[str, FlagValue
     for name, space in block.flags.items():
         value = params[name]
         if isinstance(space, Range):
-            out[name] = int(value) if space.integral else round(float(value), 10)
+            out[name] = space.cast(value)
         else:
             out[name] = space[int(value)]
     return out
@@ -310,11 +314,13 @@ def grid(block: SearchBlock) -> list[dict[str, FlagValue]]:
     """Every configuration of a finite space (ValueError where a range is continuous)."""
     axes: list[list[tuple[str, FlagValue]]] = []
     for name, space in block.flags.items():
-        values = space if isinstance(space, list) else space.values()
+        if isinstance(space, list):
+            axes.append([(name, v) for v in space])
+            continue
+        values = space.values()
         if values is None:
             raise ValueError(f"{name}: a continuous range has no grid; give it a step")
-        integral = isinstance(space, Range) and space.integral
-        axes.append([(name, int(v) if integral and isinstance(v, float) else v) for v in values])
+        axes.append([(name, space.cast(v)) for v in values])
     return [dict(combo) for combo in itertools.product(*axes)]
 
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from campaign.measure.slo import Slo
 from campaign.measure.slo import parse as slo_parse
+from campaign.night.token_counts import tokens
 from campaign.server.profiles import FlagValue
 
 MAX_AGENTS = 512   # agents-at-floor searches concurrency up to this (and the KV cache's and max-num-seqs' limits)
@@ -48,6 +49,10 @@ class Range(BaseModel):
     @property
     def integral(self) -> bool:
         return all(float(v).is_integer() for v in (self.low, self.high, self.step or 0.5))
+
+    def cast(self, value: float) -> int | float:
+        """A value of the range as the flag takes it: whole where the range is, else to 10 decimals."""
+        return int(value) if self.integral else round(float(value), 10)
 
     def values(self) -> list[float] | None:
         """The grid's values, low to high; None where the range is continuous."""
@@ -82,12 +87,8 @@ class Objective(BaseModel):
 
     @field_validator("context", mode="before")
     @classmethod
-    def _human(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            scale = 1024 if text[-1:] in "kK" else 1
-            return int(float(text.rstrip("kK")) * scale) if scale > 1 else value
-        return value
+    def _count(cls, value: Any) -> Any:
+        return tokens(value)
 
     @field_validator("slo", mode="before")
     @classmethod

@@ -39,7 +39,7 @@ from campaign.night.progress import Progress
 from campaign.night.search_spec import Objective, SearchBlock
 from campaign.night.store import RunDir, replace_text
 from campaign.server.argv import merge_flags
-from campaign.server.profiles import FlagValue, load_profile
+from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim.config import Faults, SimConfig
 from campaign.sim.model import StepCosts
 
@@ -105,11 +105,12 @@ def _basis(config: SimConfig) -> str:
             "ladder within 10%, seed 004's table within 8%, median 2%)")
 
 
-def _config_for(profile_path: Path, base: Mapping[str, FlagValue], costs: StepCosts | None) -> phase_one.ConfigFor:
+def _config_for(profile: LaunchProfile, profile_path: Path, base: Mapping[str, FlagValue],
+                costs: StepCosts | None) -> phase_one.ConfigFor:
     """The simulator phase 1 predicts with: the machine's physics only (a fault or a launch's noise, set for the
     real server's simulator, is not the model's), with fitted costs once a confirmation has been measured."""
     def config_for(flags: Mapping[str, FlagValue]) -> SimConfig:
-        config = replay.profile_config(str(profile_path), merge_flags(dict(base), dict(flags)))
+        config = replay.loaded_profile_config(profile, profile_path, merge_flags(dict(base), dict(flags)))
         return replace(config, faults=Faults(), speed_factor=1.0, costs_override=costs)
     return config_for
 
@@ -224,7 +225,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
     refused: dict[str, phase_one.Evaluation] = {}     # what the real server would not start, fed back
     wanted = confirm if confirm is not None else block.confirm
     for number in range(1, ROUNDS + 1):
-        config_for = _config_for(profile_path, base, costs)
+        config_for = _config_for(profile, profile_path, base, costs)
         base_config = config_for({})
         baseline_eval = phase_one.evaluate(base_config, {}, block)
         kv = baseline_eval.kv_cache_tokens
