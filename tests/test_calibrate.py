@@ -174,9 +174,13 @@ def test_a_measured_file_is_checked_where_it_is_named(tmp_path: Path, capsys: py
             sim_config.parse(base + argv)
         assert said in capsys.readouterr().err
     old = tmp_path / "old.yaml"
-    old.write_text(path.read_text().replace("schema_version: 1", "schema_version: 0"))
-    with pytest.raises(ValueError, match="schema_version 0; this tool reads 1: calibrate again"):
+    old.write_text(path.read_text().replace("schema_version: 2", "schema_version: 0"))
+    with pytest.raises(ValueError, match="schema_version 0; this tool reads 1, 2: calibrate again"):
         sim_measured.load(old)
+    # Format 1 (before `power`) still reads, as an entry without a power model.
+    first = tmp_path / "first.yaml"
+    first.write_text(path.read_text().replace("schema_version: 2", "schema_version: 1").replace("power: null\n", ""))
+    assert sim_measured.load(first).power is None
     profile = tmp_path / "p.yaml"
     profile.write_text(yaml.safe_dump({"model": "m", "hardware": str(path), "model_shape": "qwen3-32b"}))
     with pytest.raises(ConfigError, match="drop model_shape"):

@@ -168,7 +168,7 @@ def test_predict_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize("change, said", [
     ({"search": None}, "search: the matrix has no search: block for campaign tune to search"),
-    ({"search.objective.kind": "joules-per-token"}, "search.objective.kind"),
+    ({"search.objective.kind": "joules-per-token"}, "joules-per-token needs concurrency"),
     ({"search.objective.kind": "goodput"}, "goodput needs rate_rps"),
     ({"search.flags.max-num-seqs": [0, 8]}, "search.flags"),
     ({"search.objective.floor_tok_s": None}, "agents-at-floor needs floor_tok_s"),

@@ -45,9 +45,10 @@ from campaign.night.store import RunDir, StoredCell, replace_text
 from campaign.server.vllm_flags import normalize_flag
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
-from campaign.sim.config import SimConfig
-from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware, MemoryRecord, StepCostsRecord
-from campaign.sim.model import GIB, StepCosts
+from campaign.sim import truth as sim_truth
+from campaign.sim.config import Faults, SimConfig
+from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware, MemoryRecord, PowerRecord, StepCostsRecord
+from campaign.sim.model import GIB, StepCosts, StepPower
 from campaign.sim.truth import StepTruth
 
 Figure = Literal["ttft_s", "total_tok_s"]
@@ -70,6 +71,8 @@ class Observation:
     figure: Figure
     values: tuple[float, ...]
     held_out: bool = False
+    # A decode cell's measured energy per token, each repeat that had one (NVML's counter); () without.
+    energy: tuple[float, ...] = ()
 
     @property
     def measured(self) -> float:
@@ -89,9 +92,11 @@ class Fitted:
     unmeasured: list[str]      # cost terms no fitted cell exercised (left at 0: the run says nothing of them)
     settled: bool = True       # the last round moved no fitted cell's figure by SETTLED (on its schedule)
     determined: int = len(TERMS)   # how many of the terms the cells tell apart (the rank of their rows)
+    power: PowerRecord | None = None   # fitted to the cells' energy per token; None: no cell measured energy
 
-    def summary(self, held_out: bool) -> ErrorSummary:
-        errors = [abs(c.error) for c in self.cells if c.held_out is held_out and c.error is not None]
+    def summary(self, held_out: bool, figures: tuple[str, ...] = ("ttft_s", "total_tok_s")) -> ErrorSummary:
+        errors = [abs(c.error) for c in self.cells
+                  if c.held_out is held_out and c.error is not None and c.figure in figures]
         return ErrorSummary(cells=len(errors), median_abs=statistics.median(errors) if errors else None,
                             max_abs=max(errors) if errors else None)
 
@@ -175,15 +180,59 @@ def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted
         if settled:
             break
     cells = []
-    for obs in observations:
-        cell = _replay(obs, costs)
+    replayed = [(obs, _replay(obs, costs)) for obs in observations]
+    for obs, cell in replayed:
         predicted = figure_of(cell, obs.figure) if cell.status == "Valid" else None
         cells.append(FitCell(variant=obs.variant, key=obs.spec.key, figure=obs.figure, measured=obs.measured,
                              spread=obs.spread, predicted=predicted,
                              error=None if predicted is None else predicted / obs.measured - 1, held_out=obs.held_out))
-    return Fitted(costs=costs, cells=cells, iterations=iterations,
+    power, energy_cells = fit_power(costs, replayed)
+    return Fitted(costs=costs, cells=cells + energy_cells, iterations=iterations,
                   unmeasured=[name for name, seen in zip(TERMS, used, strict=True) if not seen], settled=settled,
-                  determined=determined)
+                  determined=determined, power=power)
+
+
+def _energy_row(costs: StepCosts, cell: replay.VirtualCell) -> np.ndarray | None:
+    """What a replayed decode cell's energy per token is linear in (StepPower's terms), or None: no figure."""
+    generated = sum(r.tokens for r in cell.requests)
+    if cell.status != "Valid" or not generated or not cell.steps:
+        return None
+    return np.array(sim_truth.energy_terms(costs, cell.steps)) / generated
+
+
+def fit_power(costs: StepCosts, replayed: Sequence[tuple[Observation, replay.VirtualCell]]
+              ) -> tuple[PowerRecord | None, list[FitCell]]:
+    """The power model (StepPower: watts while computing and while reading memory) whose energy per token over
+    each decode cell's replayed steps reads as measured (relative least squares, NNLS), on the fitted costs'
+    schedule; and every such cell's prediction (held-out ones predicted, not fitted). None where no fitted cell measured
+    energy (a run without NVML: the CPU build, a machine without a GPU)."""
+    rows, targets = [], []
+    usable = [(obs, cell, _energy_row(costs, cell)) for obs, cell in replayed if obs.energy]
+    for obs, _, row in usable:
+        if row is not None and not obs.held_out:
+            rows.append(row)
+            targets.append(statistics.median(obs.energy))
+    if not rows:
+        return None, []
+    a = np.array(rows) / np.array(targets)[:, None]
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    solution, _ = nnls(a / scale, np.ones(len(rows)))
+    watts = solution / scale
+    power = StepPower(compute_w=float(watts[0]), memory_w=float(watts[1]))
+    singular = np.linalg.svd(a / scale, compute_uv=False)
+    determined = int(np.linalg.matrix_rank(a / scale, tol=1e-3 * singular[0])) if singular[0] > 0 else 0
+    cells = []
+    for obs, _, row in usable:
+        measured = statistics.median(obs.energy)
+        predicted = None if row is None else float(row @ watts)
+        spread = (max(obs.energy) - min(obs.energy)) / measured if len(obs.energy) > 1 else None
+        cells.append(FitCell(variant=obs.variant, key=obs.spec.key, figure="energy_j_per_token", measured=measured,
+                             spread=spread, predicted=predicted,
+                             error=None if predicted is None else predicted / measured - 1, held_out=obs.held_out))
+    errors = [abs(c.error) for c in cells if not c.held_out and c.error is not None]
+    return PowerRecord(compute_w=power.compute_w, memory_w=power.memory_w, cells=len(rows),
+                       determined=determined, median_abs_error=statistics.median(errors) if errors else None,
+                       max_abs_error=max(errors) if errors else None), cells
 
 
 # --- a stored run's cells as observations ----------------------------------------------------------------
@@ -267,7 +316,10 @@ def launch_config(server: ServerRecord, window: int) -> SimConfig:
         argv.append("--no-enable-prefix-caching")
     entry = _entry("trial", server, memory, window, START)
     try:
-        return sim_config.parse_checked(argv, measured=entry, launch="")
+        config = sim_config.parse_checked(argv, measured=entry, launch="")
+        # The machine's physics only: a fault the environment sets for a simulated "real" server
+        # (CAMPAIGN_SIM_FAULTS) is what the fitted costs must absorb, not something to replay on top of them.
+        return replace(config, faults=Faults(), speed_factor=1.0)
     except ValueError as exc:
         raise CampaignError(f"{server.launch_dir}: the simulator cannot stand in for this launch: {exc}",
                             hint="calibrate from a run without it") from None
@@ -317,8 +369,11 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
             continue
         out = {f"{variant}:{key}", key} & wanted
         seen |= out
+        energy = tuple(c.result.energy_j_per_token for c in cells
+                       if c.result.status == "Valid" and c.result.energy_j_per_token)
         observations.append(Observation(variant=variant, spec=cells[0].result.spec, config=configs[variant],
-                                        figure=kinds.pop(), values=tuple(values), held_out=bool(out)))
+                                        figure=kinds.pop(), values=tuple(values), held_out=bool(out),
+                                        energy=energy))
     unknown = wanted - seen
     skipped_keys = {line.split(": ", 1)[0]: line for line in skipped}
     for name in sorted(unknown):
@@ -341,7 +396,7 @@ def calibrate(run: RunDir, name: str, held_out: Iterable[str] = ()) -> tuple[Mea
     window = max(s.facts.max_model_len or 0 for s in cells.servers.values())
     entry = _entry(name, server, _memory(server), window, fitted.costs, source=str(run.root)).model_copy(update={
         "fit": fitted.cells, "fitted_error": fitted.summary(held_out=False),
-        "held_out_error": fitted.summary(held_out=True)})
+        "held_out_error": fitted.summary(held_out=True), "power": fitted.power})
     return entry, fitted, cells
 
 

@@ -122,10 +122,11 @@ SLO_METRICS = {"goodput_rps", "slo_met_fraction"}  # a rate cell has them only a
 def judged_tests(cells: list[CellSpec], launches_a_side: int) -> int:
     """How many (cell, deciding metric) pairs a variant's verdicts will rest on, as analysis/verdicts.py judges
     them: a p99 only with TAIL_MIN_REPEATS launches a side (counted then, though its sample count may still
-    leave it out), no GPU telemetry (it exists only where NVML does), a rate cell's SLO figures only where it has
-    an SLO. Every cell counts, even one a variant will skip as over capacity: fewer tests would only narrow the
-    change told. Experiments are left out: their headline values are named by their results (and directed by
-    analysis/recommend.py, above this layer), so the count is a floor for a matrix with experiments."""
+    leave it out), no GPU telemetry (it exists only where NVML does, or a measured entry's power model), a rate
+    cell's SLO figures only where it has an SLO. Every cell counts, even one a variant will skip as over
+    capacity: fewer tests would only narrow the change told. Experiments are left out: their headline values
+    are named by their results (and directed by analysis/recommend.py, above this layer), so the count is a
+    floor for a matrix with experiments."""
     count = 0
     for cell in cells:
         for metric, _ in PHASE_METRICS[cell.phase]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -78,6 +78,9 @@ class VirtualCell:
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
     steps: list[sim_truth.StepTruth] = field(default_factory=list)   # every step of the cell, priming included
+    # A decode cell's energy over all its steps per measured token, as the tool counts NVML's (runner: the
+    # step's energy over the step's tokens); None where the hardware has no power model.
+    energy_j_per_token: float | None = None
 
     @property
     def reasons(self) -> list[str]:
@@ -173,9 +176,11 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = No
                                                         "without a token")])
         return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft,
                            requests=[request], counters=dict(sim.engine.counters), steps=truth.steps)
-    if spec.mode == "fixed":
-        return _fixed(sim, truth, config, spec, prompts)
-    return _sustained(sim, truth, config, spec, prompts)
+    cell = (_fixed if spec.mode == "fixed" else _sustained)(sim, truth, config, spec, prompts)
+    generated = sum(r.tokens for r in cell.requests)
+    if config.power is None or not generated or not cell.steps:
+        return cell
+    return replace(cell, energy_j_per_token=sim_truth.energy_j(config.power, config.costs, cell.steps) / generated)
 
 
 def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,

@@ -13,6 +13,7 @@ evaluation and not counted. Choices are ordinal (their index) where they are num
 ranges are Optuna's float or int distributions. `exhaustive` evaluates every configuration of a finite space,
 the yardstick the search is tested against. Every figure is a prediction of the simulator (the profile's
 hardware: the tables' calibration or a measured entry's fit), and is labelled so wherever it is shown.
+Objectives where lower is better (joules per token) are searched on their inverse (Objective.score).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Evaluation:
     per_request_tok_s: float | None = None
     total_tok_s: float | None = None
     ttft_p99_s: float | None = None
+    energy_j_per_token: float | None = None     # at the objective's load, where the hardware has a power model
     probes: int = 0                             # cells replayed to evaluate it
 
     @property
@@ -64,24 +66,28 @@ class SearchResult:
     evaluations: list[Evaluation] = field(default_factory=list)   # in the order evaluated, distinct
     asked: int = 0                                                # configurations the optimiser proposed
 
+    def score(self, e: Evaluation) -> float:
+        return self.objective.score(e.value, e.feasible)
+
     def best(self) -> Evaluation | None:
         feasible = [e for e in self.evaluations if e.feasible]
-        return max(feasible, key=lambda e: (e.value, e.kv_cache_tokens or 0)) if feasible else None
+        return max(feasible, key=lambda e: (self.score(e), e.kv_cache_tokens or 0)) if feasible else None
 
     def ranked(self) -> list[Evaluation]:
-        return sorted(self.evaluations, key=lambda e: (e.feasible, e.value, e.kv_cache_tokens or 0), reverse=True)
+        return sorted(self.evaluations, key=lambda e: (e.feasible, self.score(e), e.kv_cache_tokens or 0),
+                      reverse=True)
 
     def pareto(self) -> list[Evaluation]:
         """The feasible configurations no other beats on both the objective and the KV cache (more agents, or
         room for longer contexts): the trade a user picks from."""
         feasible = [e for e in self.evaluations if e.feasible]
         front = [e for e in feasible if not any(
-            o.value >= e.value and (o.kv_cache_tokens or 0) >= (e.kv_cache_tokens or 0)
+            self.score(o) >= self.score(e) and (o.kv_cache_tokens or 0) >= (e.kv_cache_tokens or 0)
             and (o.value, o.kv_cache_tokens) != (e.value, e.kv_cache_tokens) for o in feasible)]
         unique: dict[tuple[float, int | None], Evaluation] = {}
         for e in front:
             unique.setdefault((e.value, e.kv_cache_tokens), e)
-        return sorted(unique.values(), key=lambda e: e.value, reverse=True)
+        return sorted(unique.values(), key=self.score, reverse=True)
 
 
 ConfigFor = Callable[[Mapping[str, FlagValue]], SimConfig]
@@ -158,10 +164,12 @@ def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoo
 
 def figure_at(config: SimConfig, objective: Objective, load: int | None) -> float | None:
     """The figure phase 2 compares, as the simulator predicts it: per-agent tok/s at `load` agents (agents-
-    at-floor), total tok/s at the objective's concurrency, or goodput at its rate."""
+    at-floor), total tok/s or energy per token at the objective's concurrency, or goodput at its rate."""
     if objective.kind == "goodput":
         return open_loop(config, objective).goodput_rps
     cell = probe(config, objective, objective.concurrency or load or 1)
+    if objective.kind == "joules-per-token":
+        return cell.energy_j_per_token
     return cell.per_request_tok_s if objective.kind == "agents-at-floor" else cell.total_tok_s
 
 
@@ -212,16 +220,21 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
             return Evaluation(own, 0.0, infeasible=f"TTFT p99 over {limits.ttft_p99_s:g} s", kv_cache_tokens=kv,
                               ttft_p99_s=run.ttft_p99_s, probes=1)
         return Evaluation(own, run.goodput_rps, kv_cache_tokens=kv, ttft_p99_s=run.ttft_p99_s, probes=1)
-    if objective.kind == "total-tok-s":
+    if objective.kind in ("total-tok-s", "joules-per-token"):
         assert objective.concurrency is not None
         cell = replayed.cell(config, objective, objective.concurrency)
         if not meets(cell):
             why = cell.reasons[0] if cell.reasons else f"{cell.status}, or over the TTFT bound"
             return Evaluation(own, 0.0, infeasible=f"at {objective.concurrency} streams: {why}", kv_cache_tokens=kv,
                               probes=1)
-        return Evaluation(own, cell.total_tok_s or 0.0, kv_cache_tokens=kv, concurrency=objective.concurrency,
+        energy = cell.energy_j_per_token
+        if objective.kind == "joules-per-token" and energy is None:
+            return Evaluation(own, 0.0, infeasible="no energy figure: the hardware has no power model",
+                              kv_cache_tokens=kv, probes=1)
+        value = energy if objective.kind == "joules-per-token" else cell.total_tok_s
+        return Evaluation(own, value or 0.0, kv_cache_tokens=kv, concurrency=objective.concurrency,
                           per_request_tok_s=cell.per_request_tok_s, total_tok_s=cell.total_tok_s,
-                          ttft_p99_s=_ttft_p99(cell), probes=1)
+                          ttft_p99_s=_ttft_p99(cell), energy_j_per_token=energy, probes=1)
     fit = agents_that_fit(kv, objective.context + objective.max_tokens, config.block()) or 0
     low, high, best, probes = 1, min(fit, config.max_num_seqs, MAX_AGENTS), None, 0   # asked, cached or not
     while low <= high:   # per-agent speed falls as agents are added: the largest count that meets the floor
@@ -239,7 +252,7 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
     count, cell = best
     return Evaluation(own, float(count), kv_cache_tokens=kv, concurrency=count,
                       per_request_tok_s=cell.per_request_tok_s, total_tok_s=cell.total_tok_s,
-                      ttft_p99_s=_ttft_p99(cell), probes=probes)
+                      ttft_p99_s=_ttft_p99(cell), energy_j_per_token=cell.energy_j_per_token, probes=probes)
 
 
 def _numeric(values: list[FlagValue]) -> bool:
@@ -306,7 +319,7 @@ def search(block: SearchBlock, config_for: ConfigFor, *, trials: int | None = No
             seen[name] = evaluate(config_for(flags), flags, block, baseline_kv, replayed)
             result.evaluations.append(seen[name])
             evaluated += 1
-        study.tell(trial, seen[name].value)
+        study.tell(trial, result.score(seen[name]))
     return result
 
 

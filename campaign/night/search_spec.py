@@ -69,11 +69,14 @@ class Objective(BaseModel):
       max-num-seqs; the study's "how many agents can run against it at once".
     - total-tok-s: the total output rate with `concurrency` such streams.
     - goodput: requests a second that meet every bound of `slo` (the tool's definition: first send to last
-      end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`."""
+      end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`.
+    - joules-per-token: the energy all the launch's GPUs draw per output token (idle power included) with
+      `concurrency` such streams; lower is better. It needs a power model: a measured entry fitted to a run
+      that measured energy (NVML); the hardware tables know speeds, not power."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["agents-at-floor", "total-tok-s", "goodput"]
+    kind: Literal["agents-at-floor", "total-tok-s", "goodput", "joules-per-token"]
     context: int = Field(gt=0)
     max_tokens: int = Field(default=256, gt=0)
     floor_tok_s: float | None = Field(default=None, gt=0)
@@ -99,8 +102,8 @@ class Objective(BaseModel):
     def _needs(self) -> Objective:
         if self.kind == "agents-at-floor" and self.floor_tok_s is None:
             raise ValueError("agents-at-floor needs floor_tok_s (each agent's speed floor, tok/s)")
-        if self.kind == "total-tok-s" and self.concurrency is None:
-            raise ValueError("total-tok-s needs concurrency (the streams it is measured with)")
+        if self.kind in ("total-tok-s", "joules-per-token") and self.concurrency is None:
+            raise ValueError(f"{self.kind} needs concurrency (the streams it is measured with)")
         if self.kind == "goodput" and (self.rate_rps is None or self.slo is None):
             raise ValueError("goodput needs rate_rps (the offered load, req/s) and slo (e.g. {ttft_p99_ms: 2000, "
                              "tpot_p99_ms: 50})")
@@ -116,12 +119,25 @@ class Objective(BaseModel):
 
     @property
     def unit(self) -> str:
-        return {"agents-at-floor": "agents", "total-tok-s": "tok/s", "goodput": "good req/s"}[self.kind]
+        return {"agents-at-floor": "agents", "total-tok-s": "tok/s", "goodput": "good req/s",
+                "joules-per-token": "J/token"}[self.kind]
 
     @property
     def figure(self) -> str:
         """What phase 2 compares, predicted and measured, at the objective's load."""
-        return {"agents-at-floor": "tok/s per agent", "total-tok-s": "total tok/s", "goodput": "good req/s"}[self.kind]
+        return {"agents-at-floor": "tok/s per agent", "total-tok-s": "total tok/s", "goodput": "good req/s",
+                "joules-per-token": "J/token"}[self.kind]
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.kind == "joules-per-token"
+
+    def score(self, value: float, feasible: bool = True) -> float:
+        """What the search maximises: the value, or for energy its inverse (tokens per joule); 0 where
+        infeasible or undefined, the worst score."""
+        if not feasible or value <= 0:
+            return 0.0
+        return 1 / value if self.lower_is_better else value
 
     def describe(self) -> str:
         if self.kind == "agents-at-floor":
@@ -131,6 +147,9 @@ class Objective(BaseModel):
             assert self.slo is not None
             return (f"goodput at {self.rate_rps:g} req/s of {self.context:,}-token prompts and "
                     f"{self.max_tokens}-token replies, SLO {self.slo.text}")
+        if self.kind == "joules-per-token":
+            return (f"joules per output token at {self.concurrency} streams, {self.context:,}-token context, "
+                    f"{self.max_tokens}-token replies")
         return f"total tok/s at {self.concurrency} streams, {self.context:,}-token context"
 
 

@@ -263,6 +263,8 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
         prefix_cache_hits=counters.get("hits"),
         spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
         spec_mean_accepted=mean_accepted,
+        # As the runner counts NVML's energy; on hardware with a power model only (a measured entry's fit).
+        energy_j_per_token=cell.energy_j_per_token if spec.phase == "decode" else None,
         requests=[r.to_dict() for r in records])
 
 

@@ -1,5 +1,6 @@
 """`campaign calibrate`'s output as one table: every cell measured, its repeats' spread, the calibrated
-simulator's replay of it and the error, fitted or held out; then the error summaries and the fitted costs."""
+simulator's replay of it and the error, fitted or held out; then the error summaries, the fitted costs and the
+power model (or that the run measured no energy)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,25 @@ from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware
 def _figure(cell: FitCell, value: float | None) -> str:
     if value is None:
         return DASH
+    if cell.figure == "energy_j_per_token":
+        return f"{value:.3g} J/token"
     return f"{value * 1000:,.1f} ms" if cell.figure == "ttft_s" else f"{fmt_num(value)} tok/s"
+
+
+FIGURE_NAMES = {"ttft_s": "TTFT", "total_tok_s": "total tok/s", "energy_j_per_token": "energy per token"}
+
+
+def power_note(entry: MeasuredHardware) -> str:
+    """What the entry knows of the GPUs' power: the fit, or that the run measured no energy."""
+    power = entry.power
+    if power is None:
+        return ("power: the run measured no energy (no NVML: a CPU or a GPU without its counter), so joules per "
+                "token cannot be predicted on this entry")
+    told = "" if power.determined == 2 else ("; these cells do not tell the two apart (measure both a prefill-heavy "
+                                             "and a decode-heavy cell: many streams and one)")
+    return (f"power (all GPUs): {power.compute_w:,.0f} W while computing, {power.memory_w:,.0f} W while reading "
+            f"memory, fitted to {power.cells} decode cell(s)' energy per token: median |error| "
+            f"{_pct(power.median_abs_error, False)}, worst {_pct(power.max_abs_error, False)}" + told)
 
 
 def _pct(value: float | None, signed: bool = True) -> str:
@@ -30,7 +49,7 @@ def _summary(what: str, summary: ErrorSummary) -> str:
 def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str], skipped: Sequence[str],
           settled: bool = True, determined: int = 5) -> Table:
     step = entry.step
-    rows = [[c.variant, c.key, "TTFT" if c.figure == "ttft_s" else "total tok/s", _figure(c, c.measured),
+    rows = [[c.variant, c.key, FIGURE_NAMES[c.figure], _figure(c, c.measured),
              _pct(c.spread, False) if c.spread is not None else DASH, _figure(c, c.predicted), _pct(c.error),
              "held out: predicted" if c.held_out else "fitted"] for c in entry.fit]
     notes = [
@@ -44,6 +63,7 @@ def table(entry: MeasuredHardware, *, iterations: int, unmeasured: Sequence[str]
         f"{step.kv_read_s_per_token * 1e9:.3f} ns a token of KV read",
         f"KV cache as its log said: {entry.memory.kv_cache_tokens:,} tokens in {entry.memory.block_size}-token "
         f"blocks; max-model-len {entry.window:,} by default",
+        power_note(entry),
     ]
     if not settled:
         notes.append(f"the fit did not settle in {iterations} rounds: the last moved a cell's figure by over 0.2%")

@@ -47,7 +47,8 @@ def search_table(number: int, basis: str, found: SearchResult, baseline: Evaluat
              "(a configuration asked again is answered from its first evaluation)"]
     front = found.pareto()
     if front:
-        notes.append("Pareto front (more " + unit + ", or more KV cache): " + "; ".join(
+        better = "less" if found.objective.lower_is_better else "more"
+        notes.append(f"Pareto front ({better} {unit}, or more KV cache): " + "; ".join(
             f"{amount(e.value, unit)} with {fmt_num(e.kv_cache_tokens)} tokens ({flags_text(e.flags)})"
             for e in front))
     return Table(title=f"Round {number}, phase 1: the search, predicted", headers=[*HEADERS, ""], rows=rows,
@@ -69,7 +70,8 @@ def exhaustive_table(found: SearchResult, every: SearchResult) -> Table:
 def confirmation_table(number: int, load: int, figure: str, run: str,
                        rows: list[tuple[str, str, float | None, float | None, float | None, str, str]],
                        missed: list[str]) -> Table:
-    grid = [[variant, flags, DASH if p is None else f"{p:.1f}", DASH if m is None else f"{m:.1f}",
+    shown = "{:.3g}" if figure == "J/token" else "{:.1f}"
+    grid = [[variant, flags, DASH if p is None else shown.format(p), DASH if m is None else shown.format(m),
              DASH if e is None else f"{e:+.1%}", status, outcome] for variant, flags, p, m, e, status, outcome in rows]
     notes = [f"measured on the real server: {run}", "error: predicted / measured - 1"]
     notes += [f"the model missed: {line}" for line in missed]

@@ -140,6 +140,7 @@ class SimConfig:
     kv_cache_memory_bytes: int | None = None  # per card, as passed: the cache's size outright (vLLM's flag)
     # Step costs a fit is trying (campaign calibrate): they replace the tables' or the measured file's.
     costs_override: sim_model.StepCosts | None = None
+    power_override: sim_model.StepPower | None = None   # likewise, the power a fit is trying
 
     @property
     def name(self) -> str:
@@ -177,6 +178,16 @@ class SimConfig:
             return self.measured.step.costs()
         return sim_model.step_costs(hardware=self.hardware, model=self.model_shape, tp=self.tensor_parallel_size,
                                     drafter=self.drafter)
+
+    @property
+    def power(self) -> sim_model.StepPower | None:
+        """What the GPUs draw (energy per token): a measured entry's fit where its run measured energy; None
+        for the tables (they know speeds, not power) and for an entry fitted without energy."""
+        if self.power_override is not None:
+            return self.power_override
+        if self.measured is not None and self.measured.power is not None:
+            return self.measured.power.power()
+        return None
 
     def memory(self) -> sim_model.Memory:
         if self.measured is not None:

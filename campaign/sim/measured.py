@@ -9,6 +9,9 @@ the tables do not know (an L40S with a new model, the CPU build here) becomes si
 The file is a typed, versioned record like a run's files. Format history:
 1 - first format: step costs, memory at the measured launch, the fit's cells (measured, predicted, error; the
     held-out ones predicted, not fitted) and its error summary.
+2 - `power`: what the GPUs draw while computing and while reading memory (watts), fitted to the cells' energy
+    per token where the run measured it (NVML); null otherwise. A format-1 file reads as one without it. A fit
+    cell's `figure` may be `energy_j_per_token`.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from campaign.sim.model import GIB, Memory, StepCosts
+from campaign.sim.model import GIB, Memory, StepCosts, StepPower
 
-MEASURED_SCHEMA_VERSION = 1
+MEASURED_SCHEMA_VERSION = 2
+READABLE = (1, 2)   # format 1 lacks only `power`
 
 
 class _Record(BaseModel):
@@ -49,6 +53,23 @@ class StepCostsRecord(_Record):
                    prefill_s_per_token=costs.prefill_s_per_token,
                    attention_s_per_token_ctx=costs.attention_s_per_token_ctx,
                    kv_read_s_per_token=costs.kv_read_s_per_token)
+
+
+class PowerRecord(_Record):
+    """The fitted power model (campaign.sim.model.StepPower), in watts, all the launch's GPUs together."""
+
+    compute_w: float = Field(ge=0, description="while a step's arithmetic runs (decode positions, prompt tokens, "
+                                               "attention)")
+    memory_w: float = Field(ge=0, description="while a step's reads run (the fixed cost with the weights' read, "
+                                              "the KV read)")
+    cells: int = Field(ge=0, description="decode cells whose measured energy per token it was fitted to")
+    determined: int = Field(ge=0, le=2, description="how many of the two terms those cells tell apart")
+    median_abs_error: float | None = Field(description="median |predicted / measured - 1| of energy per token "
+                                                       "over those cells")
+    max_abs_error: float | None = Field(description="the largest such error")
+
+    def power(self) -> StepPower:
+        return StepPower(compute_w=self.compute_w, memory_w=self.memory_w)
 
 
 class MemoryRecord(_Record):
@@ -90,8 +111,9 @@ class FitCell(_Record):
 
     variant: str = Field(description="the run's variant")
     key: str = Field(description="the cell's key")
-    figure: Literal["ttft_s", "total_tok_s"] = Field(description="what was compared: a prefill cell's TTFT, a "
-                                                                 "decode cell's total tok/s")
+    figure: Literal["ttft_s", "total_tok_s", "energy_j_per_token"] = Field(
+        description="what was compared: a prefill cell's TTFT, a decode cell's total tok/s, or its energy per "
+                    "token (the power model's fit; format 2)")
     measured: float = Field(description="the median over the run's repeats, in the hardware's units")
     spread: float | None = Field(description="the repeats' (max - min) / median: the machine's own noise on it; "
                                              "None with one repeat")
@@ -125,6 +147,8 @@ class MeasuredHardware(_Record):
     fit: list[FitCell] = Field(description="every cell compared, fitted and held out")
     fitted_error: ErrorSummary = Field(description="over the fitted cells")
     held_out_error: ErrorSummary = Field(description="over the held-out cells: the prediction's error")
+    power: PowerRecord | None = Field(default=None, description="what the GPUs draw, fitted to measured energy "
+                                                                "per token; None: the run measured no energy")
 
 
 def load(path: Path) -> MeasuredHardware:
@@ -136,8 +160,8 @@ def load(path: Path) -> MeasuredHardware:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a measured hardware file (a mapping is expected)")
     version = data.get("schema_version")
-    if version != MEASURED_SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema_version {version!r}; this tool reads {MEASURED_SCHEMA_VERSION}: "
+    if version not in READABLE:
+        raise ValueError(f"{path}: schema_version {version!r}; this tool reads {', '.join(map(str, READABLE))}: "
                          "calibrate again (campaign calibrate RUN)")
     try:
         return MeasuredHardware.model_validate(data)

@@ -179,6 +179,35 @@ class StepCosts:
                 + (t_decode + t_draft + (1 - prefill_share) * t_mem) / decode_speed)
 
 
+    def split(self, features: tuple[float, float, float, float, float]) -> tuple[float, float]:
+        """A step's time by what bounds it, from its features (StepTruth.features: 1, decode positions, prompt
+        tokens, prompt x context, KV context read): (compute: the decode positions', prompt tokens' and
+        attention's arithmetic; memory: the fixed cost with the weights' read, and the KV read). A drafter's
+        time is in neither (the features do not carry it)."""
+        _, decode, prefill, weight, read = features
+        compute = (self.decode_s_per_token * decode + self.prefill_s_per_token * prefill
+                   + self.attention_s_per_token_ctx * weight)
+        return compute, self.fixed_s + self.kv_read_s_per_token * read
+
+
+@dataclass(frozen=True)
+class StepPower:
+    """What the launch's GPUs draw, all together, while a step runs: `compute_w` while its compute terms run
+    and `memory_w` while its memory terms run (StepCosts.split). Arithmetic near the power limit (prefill) and
+    reads from memory (decode at a small batch) draw different power on a GPU, so the two are apart; the energy
+    of a span of steps is then linear in the two, which is how `campaign calibrate` fits them to measured energy
+    per token (NVML's counter). Idle time between steps is not modelled: the tool's closed-loop cells keep the
+    engine busy from their first step to their last (a replay has no gap), and the few idle moments NVML counts
+    in a measured step land in the two fitted powers. The tables carry no power model: a datasheet TDP says what
+    a card may draw, not what a step does."""
+
+    compute_w: float
+    memory_w: float
+
+    def terms(self) -> tuple[float, float]:
+        return self.compute_w, self.memory_w
+
+
 def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None = None) -> StepCosts:
     """The roofline of a (hardware, model) pair of the tables at tensor parallelism `tp`, as step costs."""
     cal = calibration_for(hardware, model)

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from campaign.core import stats
 from campaign.sim.engine import Request, Step
+from campaign.sim.model import StepCosts, StepPower
 
 FORMAT = 1
 
@@ -100,6 +101,24 @@ class StepTruth:
         step's model_s is StepCosts' coefficients dotted with these."""
         return (1.0, float(self.decode_tokens), float(self.prefill_tokens), float(self.prefill_weight),
                 float(self.context_read))
+
+
+def energy_terms(costs: StepCosts, steps: Sequence[StepTruth]) -> tuple[float, float]:
+    """What a span of engine steps' energy is linear in (StepPower's terms, in their order): the seconds its
+    steps ran compute work and memory work. A step's model seconds (speed faults and launch noise in) are
+    shared between the two as its costs split it."""
+    compute_s = memory_s = 0.0
+    for step in steps:
+        compute, memory = costs.split(step.features())
+        share = compute / (compute + memory) if compute + memory > 0 else 0.0
+        compute_s += step.model_s * share
+        memory_s += step.model_s * (1 - share)
+    return compute_s, memory_s
+
+
+def energy_j(power: StepPower, costs: StepCosts, steps: Sequence[StepTruth]) -> float:
+    """The energy the launch's GPUs drew over a span of steps (StepPower's model)."""
+    return sum(w * s for w, s in zip(power.terms(), energy_terms(costs, steps), strict=True))
 
 
 class Recorder:

@@ -8,9 +8,10 @@ then proves its pick on the real server against the baseline, with the usual ver
   folder: a prefill cell and the objective's cell at the best candidate's load, `repeats: auto`), run as
   `campaign run` runs one (the engine, clock, GPU pool or Ray of the command line), and diffed: each candidate's
   keep / revert / no difference / not settled, with the predicted and the measured figure side by side.
-- Where the prediction missed (a measured per-agent speed more than MISS away from its prediction, or a
-  candidate predicted to hold the floor that did not), the step costs are fitted again to what phase 2 measured
-  (analysis.calibrate, on the confirmation run) and the search runs again on them: at most ROUNDS rounds.
+- Where the prediction missed (a measured figure more than MISS away from its prediction, or a candidate
+  predicted to hold the floor that did not), the step costs (and the power model, where the run measured
+  energy) are fitted again to what phase 2 measured (analysis.calibrate, on the confirmation run) and the search
+  runs again on them: at most ROUNDS rounds.
 - The result: a launch profile with the winning flags (tuned-profile.yaml in the tune's folder) when a candidate
   is kept, settled; otherwise the report says the pick is unsettled, or that nothing beat the baseline.
 
@@ -41,7 +42,7 @@ from campaign.night.store import RunDir, replace_text
 from campaign.server.argv import merge_flags
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim.config import Faults, SimConfig
-from campaign.sim.model import StepCosts
+from campaign.sim.model import StepCosts, StepPower
 
 ROUNDS = 2      # search, confirm; at most once more on costs fitted to what the confirmation measured
 MISS = 0.10     # a measured per-agent speed this far from its prediction: the model missed; calibrate again
@@ -93,25 +94,36 @@ class Outcome:
     verdict: str = ""
 
 
+def _power_basis(config: SimConfig) -> str:
+    if config.power_override is not None:
+        return "; power fitted to the last confirmation run's energy"
+    power = config.measured.power if config.measured is not None else None
+    if power is None:
+        return ""
+    return (f"; power fitted to {power.cells} cell(s)' energy (median error {(power.median_abs_error or 0):.1%}, "
+            f"worst {(power.max_abs_error or 0):.1%})")
+
+
 def _basis(config: SimConfig) -> str:
     if config.costs_override is not None:
-        return "step costs fitted to the last confirmation run (campaign calibrate's fit)"
+        return "step costs fitted to the last confirmation run (campaign calibrate's fit)" + _power_basis(config)
     if config.measured is not None:
         held, fitted = config.measured.held_out_error, config.measured.fitted_error
         error = held if held.cells else fitted
         return (f"measured entry {config.measured.name} ({'held-out' if held.cells else 'fitted'} median error "
-                f"{(error.median_abs or 0):.1%}, worst {(error.max_abs or 0):.1%})")
+                f"{(error.median_abs or 0):.1%}, worst {(error.max_abs or 0):.1%})" + _power_basis(config))
     return (f"the tables' {config.hardware} / {config.model_shape} calibration (fitted to the seeds: seed 000's "
             "ladder within 10%, seed 004's table within 8%, median 2%)")
 
 
 def _config_for(profile: LaunchProfile, profile_path: Path, base: Mapping[str, FlagValue],
-                costs: StepCosts | None) -> phase_one.ConfigFor:
+                costs: StepCosts | None, power: StepPower | None = None) -> phase_one.ConfigFor:
     """The simulator phase 1 predicts with: the machine's physics only (a fault or a launch's noise, set for the
-    real server's simulator, is not the model's), with fitted costs once a confirmation has been measured."""
+    real server's simulator, is not the model's), with fitted costs (and power) once a confirmation has been
+    measured."""
     def config_for(flags: Mapping[str, FlagValue]) -> SimConfig:
         config = replay.loaded_profile_config(profile, profile_path, merge_flags(dict(base), dict(flags)))
-        return replace(config, faults=Faults(), speed_factor=1.0, costs_override=costs)
+        return replace(config, faults=Faults(), speed_factor=1.0, costs_override=costs, power_override=power)
     return config_for
 
 
@@ -174,7 +186,8 @@ def _measured(run: RunDir, objective: Objective, load: int) -> dict[str, tuple[f
         spec = cell.result.spec
         if spec.phase == phase and (phase == "rate" or spec.concurrency == load):
             by_variant.setdefault(cell.variant, []).append(cell.result)
-    name = {"agents-at-floor": "per_request_tok_s", "total-tok-s": "total_tok_s", "goodput": "goodput_rps"}
+    name = {"agents-at-floor": "per_request_tok_s", "total-tok-s": "total_tok_s", "goodput": "goodput_rps",
+            "joules-per-token": "energy_j_per_token"}
     out = {}
     for variant, results in by_variant.items():
         values = [getattr(r, name[objective.kind]) for r in results if r.status == "Valid"]
@@ -222,11 +235,17 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
     folder.mkdir()
     result = Outcome(matrix.name, block.objective.describe(), folder, block.objective.figure, grid=block.grid_size())
     costs: StepCosts | None = None
+    power: StepPower | None = None
     refused: dict[str, phase_one.Evaluation] = {}     # what the real server would not start, fed back
     wanted = confirm if confirm is not None else block.confirm
     for number in range(1, ROUNDS + 1):
-        config_for = _config_for(profile, profile_path, base, costs)
+        config_for = _config_for(profile, profile_path, base, costs, power)
         base_config = config_for({})
+        if block.objective.lower_is_better and base_config.power is None:
+            raise ConfigError(str(profile_path), "hardware", "joules per token needs a power model, and this "
+                              "profile's hardware has none (the tables know speeds, not power; a measured entry "
+                              "has one only where its run measured energy)",
+                              hint="calibrate from a run on the GPU with NVML energy: campaign calibrate RUN_DIR")
         baseline_eval = phase_one.evaluate(base_config, {}, block)
         kv = baseline_eval.kv_cache_tokens
         found = phase_one.search(block, config_for, trials=trials, baseline_kv=kv, known=refused)
@@ -234,7 +253,8 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         result.rounds.append(current)
         if exhaustive and number == 1:
             result.exhaustive = phase_one.exhaustive(block, config_for, baseline_kv=kv, known=found)
-        better = [e for e in found.ranked() if e.feasible and e.value > baseline_eval.value][:max(1, wanted)]
+        better = [e for e in found.ranked() if e.feasible and found.score(e) > found.score(baseline_eval)
+                  ][:max(1, wanted)]
         if not better or not wanted:
             result.verdict = ("nothing the search found beats the baseline's predicted "
                               f"{baseline_eval.value:g} {block.objective.unit}" if not better
@@ -272,8 +292,9 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
                 current.missed.append(f"{row.variant}: the real server would not start it ({failed[row.variant]})")
             elif row.error is not None and abs(row.error) > MISS:
                 speeds_missed = True
-                current.missed.append(f"{row.variant}: predicted {row.predicted:.1f} {block.objective.figure}, "
-                                      f"measured {row.measured:.1f} ({row.error:+.0%})")
+                shown = ".3g" if block.objective.lower_is_better else ".1f"
+                current.missed.append(f"{row.variant}: predicted {row.predicted:{shown}} {block.objective.figure}, "
+                                      f"measured {row.measured:{shown}} ({row.error:+.0%})")
             elif floor and (row.predicted or 0) >= floor > (row.measured or 0):
                 speeds_missed = True
                 current.missed.append(f"{row.variant}: predicted to hold {floor:g} tok/s per agent, measured "
@@ -287,7 +308,9 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
             break
         if speeds_missed:   # the costs were wrong: fit them to what was measured (a refusal alone is not)
             try:
-                costs = calibration.fit(calibration.run_cells(run).observations).costs
+                refit = calibration.fit(calibration.run_cells(run).observations)
+                costs = refit.costs
+                power = refit.power.power() if refit.power is not None else power   # no energy: keep the last
             except CampaignError as exc:   # what was measured stands; the search is not run on a guess
                 current.missed.append(f"no refit from {run.root.name}: {exc.message}")
                 break
