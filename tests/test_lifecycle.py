@@ -138,8 +138,13 @@ def test_an_interrupt_in_the_middle_of_a_stop_still_stops_and_records_it(tmp_pat
         timer = threading.Timer(0.5, _thread.interrupt_main)   # inside SIGINT's 5 s grace
         timer.start()
         began = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
+        try:
             server.stop()
+        except KeyboardInterrupt:
+            pass
+        else:   # seen once in a full suite (not since, 3 runs alone and 1 suite): say how the stop went
+            pytest.fail(f"the stop ended without the interrupt after {time.monotonic() - began:.1f} s: "
+                        f"{server.stop_info}; timer fired: {timer.finished.is_set()}")
         assert time.monotonic() - began < 4.0      # not the grace: killed at the interrupt
         assert server.stop_info is not None and server.stop_info.mode == "sigkill"   # recorded before it rose
         assert_gone({server.pid})

@@ -113,10 +113,10 @@ class VirtualLaunch:
         """The cell replayed; random ids on /v1/completions from `ids`, other prompts as the tool makes them."""
         maker: sim_virtual.PromptMaker = ids
         if spec.prompts != "random" or spec.endpoint != "completions":
-            key = (spec.prompts, spec.endpoint)
-            # One source a process: its corpus, tokenized once (7 s for the prose corpus), serves every launch,
-            # and its salted tags keep every prompt unique across them.
-            maker = _TEXTS[key] = _TEXTS.get(key) or TextPrompts(spec.prompts, spec.endpoint)
+            key = (spec.prompts, spec.endpoint, self.config.tokenizer)
+            # One source a process (and tokenizer): its corpus, tokenized once (7 s for the prose corpus), serves
+            # every launch, and its salted tags keep every prompt unique across them.
+            maker = _TEXTS[key] = _TEXTS.get(key) or TextPrompts(spec.prompts, spec.endpoint, self.config.tokenizer)
         return cell_result(self.config, spec, sim_virtual.run_cell(self.config, spec, maker))
 
     def experiment(self, experiment: Experiment, prompts: sim_virtual.Prompts, *,
@@ -180,18 +180,20 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
 
 
 class LocalTokenizer:
-    """The simulator's tokenizer and chat template (what its /tokenize answers), called in this process."""
+    """The simulator's tokenizer and chat template (what its /tokenize answers), called in this process:
+    the model's own with `path` (--tokenizer), else the built-in approximation."""
 
-    def __init__(self) -> None:
-        self.tokenizer = sim_text.Tokenizer()
+    def __init__(self, path: str | None = None) -> None:
+        self.tokenizer = sim_text.tokenizer_for(path)
 
     async def tokenize(self, *, prompt: str | None = None,
                        messages: list[dict[str, Any]] | None = None) -> list[int]:
         return self.encode(prompt=prompt, messages=messages)
 
     def encode(self, *, prompt: str | None = None, messages: list[dict[str, Any]] | None = None) -> list[int]:
-        text = sim_text.chat_prompt(messages) if messages is not None else (prompt or "")
-        return self.tokenizer.encode(text)
+        if messages is not None:
+            return self.tokenizer.encode(self.tokenizer.chat(messages), add_special_tokens=False)
+        return self.tokenizer.encode(prompt or "")
 
     async def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -201,8 +203,8 @@ class TextPrompts:
     """The tool's own text or chat prompts (prompts.Prompts) as the engine receives them: token ids, a chat
     message through the server's template. A prompt the tool cannot make is a PromptError, as over HTTP."""
 
-    def __init__(self, kind: str, endpoint: str) -> None:
-        self.tokenizer = LocalTokenizer()
+    def __init__(self, kind: str, endpoint: str, tokenizer: str | None = None) -> None:
+        self.tokenizer = LocalTokenizer(tokenizer)
         # Seeded: a virtual night draws the same corpus windows every time it is run (repeats differ).
         self.source = prompts.Prompts(kind, endpoint, tokenizer=self.tokenizer, seed=0)
         self.template_prefix = 0
@@ -219,7 +221,7 @@ class TextPrompts:
         return await self.source.next(tokens)
 
 
-_TEXTS: dict[tuple[str, str], TextPrompts] = {}
+_TEXTS: dict[tuple[str, str, str | None], TextPrompts] = {}
 
 
 def record(truth: RequestTruth) -> RequestRecord:

@@ -173,6 +173,8 @@ def build(
     else:
         head = [resolve_path(profile.executable), "serve", model]
     argv = head + flag_args(flags) + ["--host", host, "--port", str(chosen_port)]
+    if profile.tokenizer and "tokenizer" not in {normalize_flag(k) for k in flags}:
+        argv += ["--tokenizer", resolve_path(profile.tokenizer)]
     if profile.served_model_name:
         argv += ["--served-model-name", profile.served_model_name]
     tls: TLS | None = None

