@@ -123,30 +123,35 @@ def test_keyboard_interrupt_during_launch_still_tears_down(tmp_path: Path) -> No
     assert_gone({server.pid})
 
 
-def test_an_interrupt_in_the_middle_of_a_stop_still_stops_and_records_it(tmp_path: Path) -> None:
+def test_an_interrupt_in_the_middle_of_a_stop_still_stops_and_records_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray cancels a task with a KeyboardInterrupt, and one landed while that task was stopping its server:
     the stop was left half done, with no stop record (a full run caught a launch without stop.json). Now the
-    tree is killed outright, the stop recorded, and the interrupt raised after."""
-    import _thread
-    import threading
-
+    tree is killed outright, the stop recorded, and the interrupt raised after. The interrupt lands at a
+    known point, the first wait of SIGINT's grace: a timer's `_thread.interrupt_main` (the first form of this
+    test) was lost twice in full suites, swallowed where the main thread happened to be (a stop that then
+    ran its whole 10 s of grace, interrupt never seen), so the place it lands is now the test's, not the host's."""
     spec = spec_for("ignore-signals")
     server = server_for(spec, tmp_path, grace_sigint_s=5.0, grace_sigterm_s=5.0)
     server.start()
     try:
         server.wait_ready()
-        timer = threading.Timer(0.5, _thread.interrupt_main)   # inside SIGINT's 5 s grace
-        timer.start()
+        waits = server._wait_gone
+        calls = []
+
+        def interrupted(timeout_s: float) -> bool:
+            calls.append(timeout_s)
+            if len(calls) == 1:   # inside SIGINT's grace, the child still ignoring it
+                time.sleep(0.5)
+                raise KeyboardInterrupt
+            return waits(timeout_s)
+
+        monkeypatch.setattr(server, "_wait_gone", interrupted)
         began = time.monotonic()
-        try:
+        with pytest.raises(KeyboardInterrupt):
             server.stop()
-        except KeyboardInterrupt:
-            pass
-        else:   # seen once in a full suite (not since, 3 runs alone and 1 suite): say how the stop went
-            pytest.fail(f"the stop ended without the interrupt after {time.monotonic() - began:.1f} s: "
-                        f"{server.stop_info}; timer fired: {timer.finished.is_set()}")
         assert time.monotonic() - began < 4.0      # not the grace: killed at the interrupt
-        assert server.stop_info is not None and server.stop_info.mode == "sigkill"   # recorded before it rose
+        assert calls[0] == 5.0 and server.stop_info is not None and server.stop_info.mode == "sigkill"
         assert_gone({server.pid})
         assert port_is_free(spec.host, spec.port)
     finally:
