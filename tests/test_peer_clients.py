@@ -210,3 +210,38 @@ def test_a_prompt_over_the_window_is_vllms_400(pair: tuple[LaunchedServer, Path]
     assert error["type"] == "BadRequestError" and error["param"] == "input_tokens" and error["code"] == 400
     assert error["message"].startswith("This model's maximum context length is 131072 tokens. However, your prompt "
                                        "contains 131073 input tokens")
+
+
+GUIDELLM = PROJECT_ROOT / "tests" / "fixtures" / "peers" / "guidellm-0.8.1" / "requests.jsonl"
+
+
+@needs_tokenizer
+def test_guidellms_recorded_chat_requests_get_what_the_real_cpu_build_gave_them(tmp_path: Path) -> None:
+    """Done when (issue 38): GuideLLM 0.8.1's own chat requests, as recorded in front of the real vLLM 0.32 CPU
+    build (max_completion_tokens 64, ignore_eos, content as a list of text parts, streamed with include_usage and
+    continuous_usage_stats), sent to the simulator serving the same model name with the tiny model's tokenizer:
+    64 output tokens each (it gave 16 before), and the prompt length the real build counted (541: 512 of text
+    plus the chat template's framing) within 1%, in the stream's last usage chunk as GuideLLM reads it."""
+    recorded = [json.loads(line) for line in GUIDELLM.read_text().splitlines()]
+    chats = [r for r in recorded if r["path"] == "/v1/chat/completions"]
+    assert len(chats) == 16 and all(r["body"]["max_completion_tokens"] == 64 for r in chats)
+    profile, _ = load_profile("a5000-tp2")
+    # At 20x: counts do not depend on the clock, and 16 requests one after another take 25 s at 1x.
+    profile = profile.model_copy(update={"api_key_env": None, "tokenizer": str(TOKENIZER),
+                                         "served_model_name": chats[0]["body"]["model"],
+                                         "env": {**profile.env, "CAMPAIGN_SIM_TIME_SCALE": "20"}})
+    with launched(profile, tmp_path / "server.log", engine="sim") as server:
+        for probe in (r for r in recorded if r["method"] == "GET"):
+            assert httpx.get(server.spec.base_url + probe["path"]).status_code == probe["status"]
+        for request in chats:
+            with httpx.stream("POST", server.spec.base_url + request["path"], json=request["body"],
+                              timeout=120) as reply:
+                assert reply.status_code == 200
+                events = [json.loads(line[6:]) for line in reply.iter_lines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+            usage = events[-1]["usage"]
+            assert events[-1]["choices"] == [] and usage["completion_tokens"] == 64
+            real = request["usage"]["prompt_tokens"]
+            assert abs(usage["prompt_tokens"] / real - 1) <= 0.01, (usage["prompt_tokens"], real)
+            tokens = sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content"))
+            assert tokens == 64

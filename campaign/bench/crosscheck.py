@@ -10,9 +10,10 @@ replies, ignore_eos) from:
 Each client's requests are the truth's in arrival order (the clients run apart), so every figure a client
 prints stands beside the same figure computed from the truth records of its own requests: requests, prompt
 tokens the server counted (what the client asked for beside it), tokens generated, median TTFT, median ITL and
-median TPOT. Where a client defines a figure differently the table says so (GuideLLM's time per output token
-counts the first token's wait: (end - start) / tokens, so it is compared with the truth's figure of the same
-definition). Nothing here is judged: it shows a user what each tool measures.
+median TPOT. Where a client defines a figure differently it sits in the row of its definition (GuideLLM's
+"ITL" is (last token - first) / (tokens - 1) per request, this table's TPOT; its "TPOT" counts the first
+token's wait, (last token - start) / tokens, a row of its own), beside the truth's figure of that definition.
+Nothing here is judged: it shows a user what each tool measures.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ TOKENIZER = PROJECT_ROOT / "models" / "tiny-qwen3"
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 GUIDELLM = PROJECT_ROOT / ".venv-guidellm" / "bin" / "guidellm"
 FIGURES = ("requests", "prompt tokens", "generated tokens", "TTFT median (ms)", "ITL median (ms)",
-           "TPOT median (ms)")
+           "TPOT median (ms)", "TPOT with the first token's wait, median (ms)")
 
 
 @dataclass
@@ -51,22 +52,24 @@ class Client:
     asked_prompt: int
     figures: dict[str, float | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    tpot_counts_first: bool = False   # its TPOT is (end - start) / tokens, the first token's wait included
 
 
-def truth_figures(requests: Sequence[RequestTruth], *, tpot_counts_first: bool = False) -> dict[str, float | None]:
-    """The figures from the truth records of one client's requests, by their definitions."""
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def truth_figures(requests: Sequence[RequestTruth]) -> dict[str, float | None]:
+    """The figures from the truth records of one client's requests, by their definitions: ITL per token gap;
+    TPOT per request, (last token - first) / (tokens - 1); and with the first token's wait, (last token -
+    arrival) / tokens (GuideLLM's TPOT)."""
     gaps = [(b[0] - a[0]) * 1000 for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
     ttfts = [r.ttft * 1000 for r in requests if r.ttft is not None]
-    if tpot_counts_first:
-        tpots = [(r.emits[-1][0] - r.arrival) * 1000 / r.tokens for r in requests if r.emits and r.tokens]
-    else:
-        tpots = [(r.emits[-1][0] - r.emits[0][0]) * 1000 / (r.tokens - 1) for r in requests if r.tokens > 1]
+    tpots = [(r.emits[-1][0] - r.emits[0][0]) * 1000 / (r.tokens - 1) for r in requests if r.tokens > 1]
+    waited = [(r.emits[-1][0] - r.arrival) * 1000 / r.tokens for r in requests if r.emits and r.tokens]
     return {"requests": len(requests), "prompt tokens": sum(r.prompt_tokens for r in requests),
-            "generated tokens": sum(r.tokens for r in requests),
-            "TTFT median (ms)": statistics.median(ttfts) if ttfts else None,
-            "ITL median (ms)": statistics.median(gaps) if gaps else None,
-            "TPOT median (ms)": statistics.median(tpots) if tpots else None}
+            "generated tokens": sum(r.tokens for r in requests), "TTFT median (ms)": _median(ttfts),
+            "ITL median (ms)": _median(gaps), "TPOT median (ms)": _median(tpots),
+            "TPOT with the first token's wait, median (ms)": _median(waited)}
 
 
 def probe(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client:
@@ -102,20 +105,36 @@ def guidellm(server: LaunchedServer, concurrency: int, requests: int, prompt: in
         return "GuideLLM: not run (no .venv-guidellm: `make crosscheck` installs it)"
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "guidellm.json"
+        # GuideLLM 0.8.1's own syntax (tests/fixtures/peers/guidellm-0.8.1/README.md has the recorded run).
         out = subprocess.run([
-            str(GUIDELLM), "run", "--backend", f"kind=openai_http,target={server.spec.base_url},model={TOKENIZER}",
+            str(GUIDELLM), "run", "--backend",
+            f"kind=openai_http,target={server.spec.base_url},model={server.spec.served_model_name}",
             "--profile", f"kind=concurrent,streams={concurrency}",
             "--data", f"kind=synthetic_text,prompt_tokens={prompt},output_tokens={reply}",
-            "--tokenizer", f"kind=hf_auto,path={TOKENIZER}", "--constraint", f"kind=max_requests,count={requests}",
-            "--output-path", str(report)], capture_output=True, text=True, timeout=1800, cwd=PROJECT_ROOT,
+            "--tokenizer", f"kind=hf_auto,model={TOKENIZER}", "--constraint", f"kind=max_requests,count={requests}",
+            "--output", f"kind=json,path={report}"], capture_output=True, text=True, timeout=1800, cwd=folder,
             env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": str(GUIDELLM.parent)})
         if out.returncode != 0 or not report.exists():
             return f"GuideLLM: failed ({(out.stderr.strip().splitlines() or ['no output'])[-1]})"
         data = json.loads(report.read_text())
-    return f"GuideLLM: report read not yet written ({len(data)} keys)"
+    done = data["benchmarks"][0]["requests"]["successful"]
+
+    def median(key: str) -> float | None:
+        return _median([float(r[key]) for r in done if r.get(key) is not None])
+
+    return Client("GuideLLM", len(done), prompt * requests, {
+        "requests": len(done), "prompt tokens": sum(int(r["prompt_tokens"]) for r in done),
+        "generated tokens": sum(int(r["output_tokens"]) for r in done),
+        "TTFT median (ms)": median("time_to_first_token_ms"),
+        # GuideLLM's ITL per request is (last - first) / (tokens - 1): this table's TPOT; its TPOT counts the
+        # first token's wait, (last - start) / tokens: the row of that definition.
+        "TPOT median (ms)": median("inter_token_latency_ms"),
+        "TPOT with the first token's wait, median (ms)": median("time_per_output_token_ms")},
+        notes=["GuideLLM: medians over its requests; its ITL is this table's TPOT (per request), its TPOT the "
+               "row with the first token's wait; it asks for chat, so its prompts carry the template's framing"])
 
 
-CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench)
+CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench, guidellm)
 
 
 def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) -> Table:
@@ -126,15 +145,15 @@ def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) 
     ran: list[Client] = []
     skipped: list[str] = []
     with launched(profile, folder / "server.log", engine="sim") as server:
-        for client in CLIENTS:
-            outcome = client(server, concurrency, requests, prompt, reply)
+        for measure in CLIENTS:
+            outcome = measure(server, concurrency, requests, prompt, reply)
             (ran.append(outcome) if isinstance(outcome, Client) else skipped.append(outcome))
     truth = sorted(sim_truth.read(truth_path).requests, key=lambda r: r.arrival)
     headers, columns, start = ["Figure"], [], 0
     for client in ran:
         mine, start = truth[start:start + client.requests], start + client.requests
         headers += [client.name, "truth"]
-        columns += [client.figures, truth_figures(mine, tpot_counts_first=client.tpot_counts_first)]
+        columns += [client.figures, truth_figures(mine)]
     rows = [[figure, *(_shown(column.get(figure)) for column in columns)] for figure in FIGURES]
     notes = [f"the simulated A5000 pair (a5000-tp2) counting with {TOKENIZER.relative_to(PROJECT_ROOT)}; "
              f"{concurrency} concurrent requests of {prompt}-token prompts and {reply}-token replies, each client "
