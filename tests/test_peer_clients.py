@@ -204,12 +204,20 @@ def test_several_served_names_are_aliases() -> None:
 @needs_tokenizer
 def test_a_prompt_over_the_window_is_vllms_400(pair: tuple[LaunchedServer, Path]) -> None:
     server, _ = pair
-    over = post(server, "/v1/completions", {"prompt": [7] * 131_073, "max_tokens": 1})
+    over = post(server, "/v1/completions", {"prompt": [7] * 131_080, "max_tokens": 1})
     assert over.status_code == 400
     error = over.json()["error"]
     assert error["type"] == "BadRequestError" and error["param"] == "input_tokens" and error["code"] == 400
-    assert error["message"].startswith("This model's maximum context length is 131072 tokens. However, your prompt "
-                                       "contains 131073 input tokens")
+    assert error["message"] == (
+        "This model's maximum context length is 131072 tokens. However, your prompt contains 131080 input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=131080)")
+    # A text prompt is counted only to one token past the window, as vLLM 0.32 tokenizes it: "at least".
+    text = post(server, "/v1/completions", {"prompt": "the " * 140_000, "max_tokens": 1}).json()["error"]
+    assert "your prompt contains at least 131073 input tokens" in text["message"]
+    assert text["message"].endswith("(parameter=input_tokens, value=131073)")
+    full = post(server, "/v1/completions", {"prompt": [7] * 131_072, "max_tokens": 4})
+    assert full.status_code == 400 and full.json()["error"]["param"] == "max_tokens"
 
 
 GUIDELLM = PROJECT_ROOT / "tests" / "fixtures" / "peers" / "guidellm-0.8.1" / "requests.jsonl"

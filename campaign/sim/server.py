@@ -280,7 +280,8 @@ class Server:
         asked = data.get("max_completion_tokens") if chat else None
         asked = asked if asked is not None else data.get("max_tokens", None if chat else 16)
         rest = self.config.max_model_len - len(prompt)
-        refused, max_tokens = window_answer(self.config, len(prompt), int(asked) if asked is not None else rest)
+        refused, max_tokens = window_answer(self.config, len(prompt), int(asked) if asked is not None else rest,
+                                            text=chat or not isinstance(data.get("prompt"), list))
         if refused is not None:
             message, param = refused
             return await self.respond(writer, 400, self.error(message, param))
@@ -414,15 +415,22 @@ class _Metrics(Collector):
         yield family
 
 
-def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int) -> tuple[tuple[str, str | None] | None, int]:
+def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int, *,
+                  text: bool = False) -> tuple[tuple[str, str | None] | None, int]:
     """How the server answers a prompt and reply against its window: ((the 400's message, its param), or None)
-    and the reply length it runs with (vLLM >= 0.32 clamps silently where older versions refuse)."""
+    and the reply length it runs with (vLLM >= 0.32 clamps silently where older versions refuse). vLLM 0.32
+    tokenizes a text prompt only to one token past the window, so it says "at least" that many; a prompt of
+    token ids is counted exactly. A prompt that fills the window leaves no room for one token."""
     window = config.max_model_len
     if prompt_tokens > window:
+        shown = min(prompt_tokens, window + 1) if text else prompt_tokens
+        qualifier = "at least " if shown == window + 1 else ""
         return (f"This model's maximum context length is {window} tokens. However, your prompt contains "
-                f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
-                f"{PROMPT_RE_HINT}", "input_tokens"), max_tokens
+                f"{qualifier}{shown} input tokens, which exceeds this limit even without any output tokens. "
+                f"{PROMPT_RE_HINT} (parameter=input_tokens, value={shown})", "input_tokens"), max_tokens
     if config.clamps_max_tokens:
+        if prompt_tokens == window:
+            return ("max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens"), 0
         return None, min(max_tokens, window - prompt_tokens)  # the silent clamp of vLLM >= 0.32
     if prompt_tokens + max_tokens > window:
         return (f"This model's maximum context length is {window} tokens. However, you requested {max_tokens} "
