@@ -34,8 +34,9 @@ class Request:
     computed: int = 0                    # prompt tokens with KV computed (cache hits included)
     generated: int = 0
     blocks: list[int] = field(default_factory=list)
-    queried: int = 0                     # prompt tokens looked up in the prefix cache (again after a preemption)
+    queried: int = 0                     # prompt tokens looked up in the prefix cache (until a preemption)
     hits: int = 0                        # of those, found cached
+    cached: int | None = None            # prompt tokens the prefix cache held when it was first scheduled
     preemptions: int = 0
     slow: bool = False                   # bimodal fault: this group of four runs at the slow speed
     aborted: bool = False
@@ -76,6 +77,29 @@ class NoTruth:
 
     def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
         pass
+
+
+class Tee:
+    """Several sinks fed the same events, in order (the truth file and the server's histograms)."""
+
+    def __init__(self, *sinks: TruthSink) -> None:
+        self.sinks = sinks
+
+    def arrival(self, req: Request, t: float) -> None:
+        for sink in self.sinks:
+            sink.arrival(req, t)
+
+    def emit(self, req: Request, t: float, tokens: int) -> None:
+        for sink in self.sinks:
+            sink.emit(req, t, tokens)
+
+    def finish(self, req: Request, t: float, reason: str) -> None:
+        for sink in self.sinks:
+            sink.finish(req, t, reason)
+
+    def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
+        for sink in self.sinks:
+            sink.step(step, start, end, running=running, waiting=waiting, kv_used=kv_used)
 
 
 @dataclass
@@ -161,7 +185,7 @@ class Engine:
                 self.waiting.popleft()
                 self._finish(req, at, "abort")
                 continue
-            self._admit(req)
+            hit = self._admit(req)
             took = self._prefill_chunk(req, budget)
             if took is None:
                 self.blocks.release(req.blocks)
@@ -169,6 +193,8 @@ class Engine:
             self.waiting.popleft()
             self.running.append(req)
             req.admitted = at if req.admitted is None else req.admitted
+            req.cached = hit if req.cached is None else req.cached
+            self._count_lookup(req, hit)
             budget -= took[0]
             prefill_tokens += took[0]
             prefill_weight += took[1]
@@ -213,6 +239,10 @@ class Engine:
             if not self.blocks.grow(req.blocks, req.context + produced):
                 self._preempt(keep=req)
                 continue
+            if req.generated == 0:
+                # vLLM counts a prompt once, whole (cached tokens included), when its first token comes out
+                # (the request's PrefillStats, taken once): not per chunk, and not again after a preemption.
+                self.counters["prompt"] += len(req.prompt)
             req.generated += produced
             self.counters["generation"] += produced
             req.sink(produced)
@@ -259,18 +289,25 @@ class Engine:
                 req.slow = slow
         return any(r.slow for r in self.running)
 
-    def _admit(self, req: Request) -> None:
-        """Claim the prompt's cached prefix blocks; their tokens count as computed (hits)."""
+    def _admit(self, req: Request) -> int:
+        """Claim the prompt's cached prefix blocks; their tokens count as computed (hits), which it returns."""
         if req.hashes is None:
             req.hashes = self.blocks.hashes(req.prompt) if self.blocks.prefix_caching else []
         req.blocks = self.blocks.cached_prefix(req.prompt, req.hashes)
         hit_tokens = len(req.blocks) * self.blocks.block_size
         req.computed = hit_tokens
+        return hit_tokens
+
+    def _count_lookup(self, req: Request, hit_tokens: int) -> None:
+        """The prefix-cache counters, as vLLM 0.32 counts them: at admission (a lookup for a request that then
+        found no blocks is not counted), only with prefix caching on, and only until the request's first
+        preemption (a preempted request's lookups go to figures vLLM does not export)."""
+        if not self.blocks.prefix_caching or req.preemptions:
+            return
         req.hits += hit_tokens
         req.queried += len(req.prompt)
         self.counters["queries"] += len(req.prompt)
         self.counters["hits"] += hit_tokens
-        self.counters["prompt"] += hit_tokens
 
     def _prefill_chunk(self, req: Request, budget: int) -> tuple[int, int] | None:
         """Schedule the request's next prompt chunk within `budget`: (tokens, tokens x mean attention span),
@@ -280,7 +317,6 @@ class Engine:
             return None
         weight = chunk * (req.computed + chunk // 2)
         req.computed += chunk
-        self.counters["prompt"] += chunk
         # Like vLLM V1, full blocks are hashed when they are allocated for this step, so a request scheduled
         # right after this one already finds them.
         self.blocks.register((req.hashes or [])[: req.computed // self.blocks.block_size], req.blocks)

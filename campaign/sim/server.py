@@ -37,7 +37,8 @@ from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import VERSION, SimConfig
-from campaign.sim.engine import Engine, Request, engine_for
+from campaign.sim.engine import Engine, Request, Tee, engine_for
+from campaign.sim.histograms import RequestHistograms
 
 PROMPT_RE_HINT = "Please reduce the length of the input prompt."
 BEHIND_WARN = 0.01       # warn when the engine fell behind its clock for over 1% of a stretch ...
@@ -138,7 +139,8 @@ class Driver:
 
 # --- HTTP --------------------------------------------------------------------------------------------
 class Server:
-    def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory) -> None:
+    def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory, *,
+                 histograms: RequestHistograms | None = None) -> None:
         self.config = config
         self.driver = driver
         self.engine = driver.engine
@@ -148,7 +150,8 @@ class Server:
         self.api_key = config.api_key
         # vLLM serves its dev endpoints (/reset_prefix_cache among them) only with VLLM_SERVER_DEV_MODE=1.
         self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in {"", "0"}
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.histograms = histograms
+        self.registry = histograms.registry if histograms is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(self))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -183,6 +186,8 @@ class Server:
         if path == "/version":
             return await self.respond(writer, 200, json.dumps({"version": VERSION}).encode())
         if path == "/metrics":
+            if self.histograms is not None:
+                self.histograms.fold()  # what the engine did up to now, as vLLM's logger has recorded it
             return await self.respond(writer, 200, generate_latest(self.registry), "text/plain; version=0.0.4")
         if path.startswith("/v1") and self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
@@ -383,7 +388,13 @@ class _Metrics(Collector):
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", e.counters["preemptions"])
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", e.counters["prompt"])
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", e.generation_tokens(now))
-        yield counter("vllm:request_success", "Count of successfully processed requests.", float(e.success))
+        # vLLM labels it by finished_reason, every reason present from the start; the simulator's replies all
+        # end at their length (no EOS is drawn), and a client's abort is not a success in vLLM either.
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=[*labels, "finished_reason"])
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            success.add_metric([*values, reason], float(e.success) if reason == "length" else 0.0)
+        yield success
         if s.config.num_speculative_tokens:
             yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", e.counters["drafts"])
             yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", e.counters["draft_tokens"])
@@ -594,9 +605,17 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         sys.stdout.flush()
         os._exit(1)
 
-    engine = engine_for(config, truth, on_crash=crash)
-    driver = Driver(engine, clock, log, after_send=None if truth is None else truth.flush)
-    server = Server(config, driver, mem)
+    histograms = RequestHistograms(CollectorRegistry(auto_describe=False), model_name=config.name,
+                                   max_model_len=config.max_model_len)
+
+    def after_send() -> None:
+        histograms.fold()
+        if truth is not None:
+            truth.flush()
+
+    engine = engine_for(config, histograms if truth is None else Tee(truth, histograms), on_crash=crash)
+    driver = Driver(engine, clock, log, after_send=after_send)
+    server = Server(config, driver, mem, histograms=histograms)
     tls = None
     if config.ssl_certfile:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -10,7 +10,7 @@ same at any time scale:
      "drafts": n, "draft_tokens": n, "accepted": n}
     {"kind": "request", "id": "cmpl-sim-7", "arrival": t, "prompt_tokens": n, "max_tokens": n,
      "emits": [[t, tokens], ...], "finish": t, "reason": "length" | "abort", "admitted": t, "queried": n,
-     "hits": n, "preemptions": n}
+     "hits": n, "preemptions": n, "cached": n}
 
 A request's tokens are stamped when they left: on the wall clock the server wakes a little after a step's
 planned `end`, and that later time is recorded (on a virtual clock the two are equal). `anchor` maps the
@@ -19,8 +19,10 @@ by every process of the machine) is the simulated time (p - anchor) x time_scale
 (and flushed) when they end, once the tokens of the step they ended in have gone out; a request still
 running when the server stops, or when it crashes on purpose, is written then, without `finish`.
 With the `launch-noise` fault the start record carries the launch's `speed_factor`, already in every `model_s`.
-Prefix-cache `queried` and `hits` are the engine's own bookkeeping, the same that feeds its counters: they
-check that the tool attributes the counter to the right requests, not the counter itself.
+Prefix-cache `queried` and `hits` are the engine's own bookkeeping, the same that feeds its counters (as vLLM's,
+they stop counting at a request's first preemption): they check that the tool attributes the counter to the right
+requests, not the counter itself. `cached` is what the cache held when the request was first scheduled (vLLM's
+num_cached_tokens; absent in files written before it was added, read as None).
 
 The figures below are computed from the truth alone, by their definitions, not by the tool's arithmetic
 (cells.py), so a mistake there shows up as a difference.
@@ -55,6 +57,7 @@ class RequestTruth:
     queried: int = 0
     hits: int = 0
     preemptions: int = 0
+    cached: int | None = None   # prompt tokens the prefix cache held at its first scheduling (None: never)
 
     @property
     def tokens(self) -> int:
@@ -164,6 +167,7 @@ class Recorder:
 def _filled(truth: RequestTruth, req: Request) -> RequestTruth:
     """The request's bookkeeping, copied onto its truth record when it is written."""
     truth.admitted, truth.queried, truth.hits, truth.preemptions = req.admitted, req.queried, req.hits, req.preemptions
+    truth.cached = req.cached
     return truth
 
 
