@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from campaign.night.launcher import LaunchedServer, launched
+from campaign.server import metrics
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import server as sim
@@ -68,6 +69,7 @@ def test_vllm_bench_serve_against_the_simulated_pair_gets_the_prompts_it_asked_f
         out = subprocess.run([str(VLLM_PYTHON), str(PROJECT_ROOT / "campaign" / "bench" / "vllm_bench.py"),
                               server.spec.base_url, str(TOKENIZER), "512", "64", "4:8", "16:16"],
                              capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+        scraped = httpx.get(server.spec.base_url + "/metrics").text   # what AIPerf's server metrics read
     assert out.returncode == 0, out.stderr[-3000:]
     runs = [json.loads(line[len("RESULT "):]) for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert [r["concurrency"] for r in runs] == [4, 16]
@@ -90,6 +92,17 @@ def test_vllm_bench_serve_against_the_simulated_pair_gets_the_prompts_it_asked_f
         print(f"bench serve at {run['concurrency']}: {counted:,} prompt tokens counted for {len(mine)} x 512; "
               f"median ITL {run['median_itl_ms']:.2f} ms (truth {statistics.median(gaps) * 1000:.2f}), "
               f"mean TTFT {run['mean_ttft_ms']:.1f} ms (truth {statistics.mean(ttfts) * 1000:.1f})")
+    # The server's own histograms of the same requests, read as a client of /metrics reads them, are the truth's
+    # by vLLM's definitions (tests/test_sim_histograms.py checks each bucket on a virtual clock).
+    server_side = metrics.parse(scraped)
+    firsts = [r.ttft for r in requests if r.ttft is not None]
+    assert server_side.value("vllm:time_to_first_token_seconds_count") == len(firsts) == len(requests)
+    assert server_side.value("vllm:time_to_first_token_seconds_sum") == pytest.approx(sum(firsts), rel=1e-9)
+    assert server_side.value("vllm:inter_token_latency_seconds_count") == sum(len(r.emits) - 1 for r in requests)
+    assert server_side.value("vllm:e2e_request_latency_seconds_sum") == pytest.approx(
+        sum((r.finish or 0) - r.arrival for r in requests), rel=1e-9)
+    assert server_side.value("vllm:request_prompt_tokens_sum") == sum(r.prompt_tokens for r in requests)
+
 
 
 def start_up_lines(*argv: str) -> list[str]:

@@ -4,8 +4,8 @@ It takes vLLM's flags that matter (sim_config), prints a startup log in vLLM's f
 memory model computes (sim_model), and serves /health, /version, /v1/models, /v1/completions (streaming,
 continuous usage stats, ignore_eos, min_tokens, token-id or text prompts), /v1/chat/completions (ChatML, and
 reasoning_content when started with a reasoning parser), /tokenize, /detokenize (sim_text's tokenizer),
-/reset_prefix_cache (with VLLM_SERVER_DEV_MODE=1, as vLLM) and /metrics with vLLM's metric names.
-Speculative acceptance follows how predictable each prompt is (sim_text). The
+/reset_prefix_cache (with VLLM_SERVER_DEV_MODE=1, as vLLM) and /metrics with vLLM's metric names and its
+request histograms (sim_histograms). Speculative acceptance follows how predictable each prompt is (sim_text). The
 engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); here it is driven against the wall
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
 times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
