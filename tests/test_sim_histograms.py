@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from campaign.bench import crosscheck
 from campaign.server import argv
 from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
@@ -202,3 +203,25 @@ def test_the_tools_reader_reads_the_histograms_samples() -> None:
     snapshot = m.parse(generate_latest(run.histograms.registry).decode())
     assert snapshot.value("vllm:time_to_first_token_seconds_count") == 1
     assert snapshot.value("vllm:e2e_request_latency_seconds_count") == 1
+
+
+def test_crosschecks_server_view_is_the_truths_means_over_a_clients_run() -> None:
+    """`make crosscheck` reads the histograms' delta over one client's run: its mean TTFT and mean ITL are the
+    truth's of that run's requests (the requests before it are out of the delta)."""
+    run = virtual("h200")
+    run.sim.submit(unique(900), 30)
+    run.sim.run()
+    run.histograms.fold()
+    before = m.parse(generate_latest(run.histograms.registry).decode())
+    for i in range(4):
+        run.sim.submit(unique(300 + 100 * i), 25)
+    run.sim.run()
+    run.histograms.fold()
+    delta = m.Delta(before, m.parse(generate_latest(run.histograms.registry).decode()))
+    mine = run.recorder.requests[1:]
+    ttft = sum((r.ttft or 0) for r in mine) / 4 * 1000
+    gaps = [(b[0] - a[0]) * 1000 for r in mine for a, b in itertools.pairwise(r.emits)]
+    itl = sum(gaps) / len(gaps)
+    line = crosscheck.server_view("client", delta, mine)
+    assert line == (f"client: the server's /metrics over its run: 4 requests finished, mean TTFT {ttft:,.2f} ms "
+                    f"(truth {ttft:,.2f}), mean ITL {itl:,.2f} ms (truth {itl:,.2f})")

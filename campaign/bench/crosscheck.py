@@ -13,6 +13,9 @@ tokens the server counted (what the client asked for beside it), tokens generate
 median TPOT. Where a client defines a figure differently it sits in the row of its definition (GuideLLM's
 "ITL" is (last token - first) / (tokens - 1) per request, this table's TPOT; its "TPOT" counts the first
 token's wait, (last token - start) / tokens, a row of its own), beside the truth's figure of that definition.
+Beside each client, the server's own view of the same run: the delta of vLLM's request histograms in /metrics
+(what AIPerf's server metrics and dashboards read) over that client's run, its mean TTFT and mean ITL (one gap
+per engine output), with the truth's means of the same definitions.
 Nothing here is judged: it shows a user what each tool measures.
 """
 
@@ -28,10 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 from campaign.measure.cells import CellSpec
 from campaign.measure.runner import Measurer
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.report.tables import Table, to_text
+from campaign.server import metrics
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.sim import truth as sim_truth
 from campaign.sim.truth import RequestTruth
@@ -134,6 +140,29 @@ def guidellm(server: LaunchedServer, concurrency: int, requests: int, prompt: in
                "row with the first token's wait; it asks for chat, so its prompts carry the template's framing"])
 
 
+def _scrape(server: LaunchedServer) -> metrics.MetricsSnapshot:
+    return metrics.parse(httpx.get(server.spec.base_url + "/metrics", timeout=30).text)
+
+
+def server_view(name: str, delta: metrics.Delta, requests: Sequence[RequestTruth]) -> str:
+    """What the server's histograms say of one client's run, beside the truth's figures of their definitions."""
+    def mean(family: str) -> float | None:
+        count = delta(f"{family}_count")
+        return delta(f"{family}_sum") * 1000 / count if count else None
+
+    ttfts = [r.ttft * 1000 for r in requests if r.ttft is not None]
+    gaps = [(b[0] - a[0]) * 1000 for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
+    shown = {"mean TTFT": (mean("vllm:time_to_first_token_seconds"), statistics.fmean(ttfts) if ttfts else None),
+             "mean ITL": (mean("vllm:inter_token_latency_seconds"), statistics.fmean(gaps) if gaps else None)}
+    finished = delta("vllm:e2e_request_latency_seconds_count")
+    parts = [f"{what} {_ms(server)} ms (truth {_ms(truth)})" for what, (server, truth) in shown.items()]
+    return f"{name}: the server's /metrics over its run: {finished:,.0f} requests finished, {', '.join(parts)}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
 CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench, guidellm)
 
 
@@ -142,24 +171,29 @@ def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) 
     profile, _ = load_profile("a5000-tp2")
     profile = profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": str(truth_path)},
                                          "api_key_env": None, "tokenizer": str(TOKENIZER)})
-    ran: list[Client] = []
+    ran: list[tuple[Client, metrics.Delta]] = []
     skipped: list[str] = []
     with launched(profile, folder / "server.log", engine="sim") as server:
         for measure in CLIENTS:
+            before = _scrape(server)
             outcome = measure(server, concurrency, requests, prompt, reply)
-            (ran.append(outcome) if isinstance(outcome, Client) else skipped.append(outcome))
+            if isinstance(outcome, Client):
+                ran.append((outcome, metrics.Delta(before, _scrape(server))))
+            else:
+                skipped.append(outcome)
     truth = sorted(sim_truth.read(truth_path).requests, key=lambda r: r.arrival)
-    headers, columns, start = ["Figure"], [], 0
-    for client in ran:
+    headers, columns, views, start = ["Figure"], [], [], 0
+    for client, delta in ran:
         mine, start = truth[start:start + client.requests], start + client.requests
         headers += [client.name, "truth"]
         columns += [client.figures, truth_figures(mine)]
+        views.append(server_view(client.name, delta, mine))
     rows = [[figure, *(_shown(column.get(figure)) for column in columns)] for figure in FIGURES]
     notes = [f"the simulated A5000 pair (a5000-tp2) counting with {TOKENIZER.relative_to(PROJECT_ROOT)}; "
              f"{concurrency} concurrent requests of {prompt}-token prompts and {reply}-token replies, each client "
              "in turn; truth: the simulator's records of that client's own requests",
-             *(f"{c.name} asked for {c.asked_prompt:,} prompt tokens" for c in ran),
-             *(note for c in ran for note in c.notes), *skipped]
+             *(f"{c.name} asked for {c.asked_prompt:,} prompt tokens" for c, _ in ran),
+             *(note for c, _ in ran for note in c.notes), *views, *skipped]
     return Table(title="crosscheck: each client's figures beside the truth", headers=headers, rows=rows,
                  align="l" + "r" * (len(headers) - 1), notes=notes)
 
