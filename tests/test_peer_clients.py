@@ -10,6 +10,7 @@ its 0.32 source (vllm/entrypoints/...: the error bodies, the model check, max_co
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import subprocess
 from collections.abc import Iterator
@@ -190,6 +191,25 @@ def test_streamed_usage_as_vllm_sends_it(pair: tuple[LaunchedServer, Path]) -> N
     refused = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                     "stream_options": {"include_usage": True}})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream_options"
+
+
+def test_a_head_request_gets_headers_and_no_body_as_from_vllm(pair: tuple[LaunchedServer, Path]) -> None:
+    """AIPerf 0.13.0 checks /metrics with HEAD before it collects server metrics. vLLM (uvicorn) answers a HEAD
+    with the GET's status and headers and no body; the simulator sent the body too, which aiohttp read as the
+    next reply's status line ("Bad status line"), so AIPerf turned its server metrics off. On one connection:
+    HEAD /metrics, then GET /health, and the second reply follows the first's headers directly."""
+    server, _ = pair
+    host, port = server.spec.host, server.spec.port
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(f"HEAD /metrics HTTP/1.1\r\nhost: {host}\r\n\r\n"
+                     f"GET /health HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
+        raw = b""
+        while chunk := conn.recv(65536):
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and int(dict(
+        line.split(": ", 1) for line in head.decode().split("\r\n")[1:])["content-length"]) > 1000
+    assert rest.startswith(b"HTTP/1.1 200"), rest[:80]
 
 
 @needs_tokenizer

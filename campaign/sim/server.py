@@ -17,6 +17,7 @@ startup log it prints, on one event loop with the engine; a request's path is re
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 import signal
@@ -41,6 +42,9 @@ from campaign.sim.engine import Engine, Request, Tee, engine_for
 from campaign.sim.histograms import RequestHistograms
 
 PROMPT_RE_HINT = "Please reduce the length of the input prompt."
+# The request being answered is a HEAD: its reply is the GET's status and headers, no body (RFC 9110; uvicorn
+# drops the body vLLM's app writes). One per connection's task, so concurrent connections do not share it.
+_HEAD: contextvars.ContextVar[bool] = contextvars.ContextVar("head", default=False)
 BEHIND_WARN = 0.01       # warn when the engine fell behind its clock for over 1% of a stretch ...
 BEHIND_EVERY_S = 10.0    # ... of this many simulated seconds
 
@@ -163,6 +167,7 @@ class Server:
                 method, path, _ = lines[0].split(" ", 2)
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+                _HEAD.set(method == "HEAD")
                 keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
@@ -175,7 +180,7 @@ class Server:
                       content_type: str = "application/json") -> bool:
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
-                     f"\r\n".encode() + body)
+                     f"\r\n".encode() + (b"" if _HEAD.get() else body))
         await writer.drain()
         return True
 
