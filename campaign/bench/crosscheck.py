@@ -6,7 +6,9 @@ replies, ignore_eos) from:
 - this tool (`campaign probe`'s measurement: a fixed decode cell, random token ids on /v1/completions);
 - vLLM 0.32's `bench serve` (its random dataset; run by .venv-vllm's Python through bench/vllm_bench.py);
 - GuideLLM (its synthetic text through /v1/chat/completions; run from .venv-guidellm, which `make crosscheck`
-  installs), where that environment exists.
+  installs), where that environment exists;
+- AIPerf (its synthetic text through /v1/chat/completions, streamed, ignore_eos; run from .venv-aiperf, which
+  `make crosscheck` installs), where that environment exists, with its own server metrics (it scrapes /metrics).
 Each client's requests are the truth's in arrival order (the clients run apart), so every figure a client
 prints stands beside the same figure computed from the truth records of its own requests: requests, prompt
 tokens the server counted (what the client asked for beside it), tokens generated, median TTFT, median ITL and
@@ -45,6 +47,7 @@ from campaign.sim.truth import RequestTruth
 TOKENIZER = PROJECT_ROOT / "models" / "tiny-qwen3"
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 GUIDELLM = PROJECT_ROOT / ".venv-guidellm" / "bin" / "guidellm"
+AIPERF = PROJECT_ROOT / ".venv-aiperf" / "bin" / "aiperf"
 FIGURES = ("requests", "prompt tokens", "generated tokens", "TTFT median (ms)", "ITL median (ms)",
            "TPOT median (ms)", "TPOT with the first token's wait, median (ms)")
 
@@ -163,7 +166,49 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.2f}"
 
 
-CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench, guidellm)
+def aiperf(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client | str:
+    if not AIPERF.exists():
+        return "AIPerf: not run (no .venv-aiperf: `make crosscheck` installs it)"
+    with tempfile.TemporaryDirectory() as folder:
+        # AIPerf 0.13.0's syntax. Not HF_HUB_OFFLINE: with it, AIPerf reads a tokenizer path as a hub id.
+        out = subprocess.run([
+            str(AIPERF), "profile", "--model", server.spec.served_model_name, "--url", server.spec.base_url,
+            "--endpoint-type", "chat", "--streaming", "--concurrency", str(concurrency), "--request-count",
+            str(requests), "--prompt-input-tokens-mean", str(prompt), "--prompt-input-tokens-stddev", "0",
+            "--prompt-output-tokens-mean", str(reply), "--prompt-output-tokens-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--tokenizer", str(TOKENIZER), "--output-artifact-dir", folder,
+            "--ui-type", "simple", "--no-gpu-telemetry"], capture_output=True, text=True, timeout=1800, cwd=folder,
+            env={"PATH": str(AIPERF.parent), "HOME": folder})
+        report, server_report = Path(folder) / "profile_export_aiperf.json", Path(folder) / "server_metrics_export.json"
+        if out.returncode != 0 or not report.exists():
+            return f"AIPerf: failed ({(out.stdout.strip().splitlines() or ['no output'])[-1]})"
+        data = json.loads(report.read_text())
+        scraped = json.loads(server_report.read_text()) if server_report.exists() else {}
+
+    def figure(key: str, stat: str = "avg") -> float | None:
+        value = (data.get(key) or {}).get(stat)
+        return None if value is None else float(value)
+
+    def server_mean(name: str) -> str:
+        series = ((scraped.get("metrics") or {}).get(name) or {}).get("series") or [{}]
+        mean = (series[0].get("stats") or {}).get("avg")
+        return "not read" if mean is None else f"{mean * 1000:,.2f} ms"
+
+    return Client("AIPerf", int(figure("request_count") or 0), prompt * requests, {
+        "requests": figure("request_count"), "prompt tokens": figure("total_usage_prompt_tokens"),
+        "generated tokens": figure("total_usage_completion_tokens"),
+        "TTFT median (ms)": figure("time_to_first_token", "p50"),
+        # AIPerf's ITL per request is (last - first) / (tokens - 1): this table's TPOT, as GuideLLM's.
+        "TPOT median (ms)": figure("inter_token_latency", "p50")},
+        notes=["AIPerf: prompt and generated tokens are the server's usage; its ITL is this table's TPOT (per "
+               "request); it asks for chat, so its prompts carry the template's framing",
+               f"AIPerf: its own server metrics (the histograms it scraped): mean TTFT "
+               f"{server_mean('vllm:time_to_first_token_seconds')}, mean ITL "
+               f"{server_mean('vllm:inter_token_latency_seconds')}"])
+
+
+CLIENTS: tuple[Callable[[LaunchedServer, int, int, int, int], Client | str], ...] = (probe, vllm_bench, guidellm,
+                                                                                      aiperf)
 
 
 def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) -> Table:
