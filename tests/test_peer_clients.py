@@ -253,17 +253,21 @@ def test_a_prompt_over_the_window_is_vllms_400(pair: tuple[LaunchedServer, Path]
     assert full.status_code == 400 and full.json()["error"]["param"] == "max_tokens"
 
 
-GUIDELLM = PROJECT_ROOT / "tests" / "fixtures" / "peers" / "guidellm-0.8.1" / "requests.jsonl"
+PEERS = PROJECT_ROOT / "tests" / "fixtures" / "peers"
 
 
 @needs_tokenizer
-def test_guidellms_recorded_chat_requests_get_what_the_real_cpu_build_gave_them(tmp_path: Path) -> None:
-    """Done when (issue 38): GuideLLM 0.8.1's own chat requests, as recorded in front of the real vLLM 0.32 CPU
-    build (max_completion_tokens 64, ignore_eos, content as a list of text parts, streamed with include_usage and
-    continuous_usage_stats), sent to the simulator serving the same model name with the tiny model's tokenizer:
-    64 output tokens each (it gave 16 before), and the prompt length the real build counted (541: 512 of text
-    plus the chat template's framing) within 1%, in the stream's last usage chunk as GuideLLM reads it."""
-    recorded = [json.loads(line) for line in GUIDELLM.read_text().splitlines()]
+@pytest.mark.parametrize("peer", ["guidellm-0.8.1", "aiperf-0.13.0"])
+def test_peers_recorded_chat_requests_get_what_the_real_cpu_build_gave_them(tmp_path: Path, peer: str) -> None:
+    """Done when (issue 38): a peer's own requests, as recorded in front of the real vLLM 0.32 CPU build, sent to
+    the simulator serving the same model name with the tiny model's tokenizer. GuideLLM 0.8.1: max_completion_tokens
+    64, ignore_eos, content as a list of text parts, streamed with include_usage and continuous_usage_stats.
+    AIPerf 0.13.0: the same limit with content as a string and include_usage alone, and its server-metrics
+    checks (HEAD then GET /metrics). Each chat gets 64 output tokens (16 before: max_completion_tokens was
+    ignored) and the prompt length the real build counted (541: 512 of text plus the chat template's framing)
+    within 1%, in the stream's last usage chunk as the peer reads it; every other request gets the real build's
+    status (a HEAD's bodiless reply is checked on the wire above)."""
+    recorded = [json.loads(line) for line in (PEERS / peer / "requests.jsonl").read_text().splitlines()]
     chats = [r for r in recorded if r["path"] == "/v1/chat/completions"]
     assert len(chats) == 16 and all(r["body"]["max_completion_tokens"] == 64 for r in chats)
     profile, _ = load_profile("a5000-tp2")
@@ -272,8 +276,9 @@ def test_guidellms_recorded_chat_requests_get_what_the_real_cpu_build_gave_them(
                                          "served_model_name": chats[0]["body"]["model"],
                                          "env": {**profile.env, "CAMPAIGN_SIM_TIME_SCALE": "20"}})
     with launched(profile, tmp_path / "server.log", engine="sim") as server:
-        for probe in (r for r in recorded if r["method"] == "GET"):
-            assert httpx.get(server.spec.base_url + probe["path"]).status_code == probe["status"]
+        for probe in (r for r in recorded if r["method"] in {"GET", "HEAD"}):
+            answer = httpx.request(probe["method"], server.spec.base_url + probe["path"])
+            assert answer.status_code == probe["status"], probe
         for request in chats:
             with httpx.stream("POST", server.spec.base_url + request["path"], json=request["body"],
                               timeout=120) as reply:
