@@ -291,3 +291,29 @@ def test_peers_recorded_chat_requests_get_what_the_real_cpu_build_gave_them(tmp_
             assert abs(usage["prompt_tokens"] / real - 1) <= 0.01, (usage["prompt_tokens"], real)
             tokens = sum(1 for e in events if e["choices"] and e["choices"][0]["delta"].get("content"))
             assert tokens == 64
+
+
+def test_prompt_tokens_details_say_what_the_prefix_cache_held(tmp_path: Path) -> None:
+    """With vLLM's --enable-prompt-tokens-details a reply's usage carries prompt_tokens_details.cached_tokens
+    (AIPerf's prompt-cache figures read it): the tokens the prefix cache held when the request was first
+    scheduled, which the truth records as `cached`. A 2,000-token prompt sent twice on the A5000 pair (800-token
+    blocks): nothing the first time, two whole blocks the second, streamed or not. Without the flag, no details."""
+    truth_path = tmp_path / "truth.jsonl"
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"api_key_env": None, "env": {
+        **profile.env, "CAMPAIGN_SIM_TIME_SCALE": "20", "CAMPAIGN_SIM_TRUTH": str(truth_path)}})
+    prompt = list(range(1000, 3000))
+    with launched(profile, tmp_path / "server.log", {"enable-prompt-tokens-details": True}, engine="sim") as server:
+        first = post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 2}).json()["usage"]
+        with httpx.stream("POST", server.spec.base_url + "/v1/completions", timeout=120, json={
+                "prompt": prompt, "max_tokens": 2, "stream": True,
+                "stream_options": {"include_usage": True}}) as reply:
+            events = [json.loads(line[6:]) for line in reply.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert events[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 1600}
+    assert [r.cached for r in sorted(sim_truth.read(truth_path).requests, key=lambda r: r.arrival)] == [0, 1600]
+    with launched(profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": ""}}),
+                  tmp_path / "plain.log", engine="sim") as server:
+        assert "prompt_tokens_details" not in post(server, "/v1/completions", {"prompt": prompt,
+                                                                               "max_tokens": 2}).json()["usage"]

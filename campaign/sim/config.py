@@ -133,6 +133,8 @@ class SimConfig:
     truth: Path | None                   # where to write the truth records (JSON lines), if anywhere
     non_default: dict[str, Any] = field(default_factory=dict)  # for the "non-default args" log line
     reasoning_parser: str | None = None  # chat replies open with reasoning (half of each reply)
+    # vLLM's --enable-prompt-tokens-details: a reply's usage says how many prompt tokens the prefix cache held.
+    prompt_tokens_details: bool = False
     drafter: ModelShape | None = None    # a separate drafter model (speculative_config "model"), if any
     launch: str = ""                     # the launch's identity in its night (LAUNCH_ENV); "" outside a night
     speed_factor: float = 1.0            # every engine step's time is multiplied by it (fault launch-noise)
@@ -265,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-memory-bytes", type=_human_int)   # per card; overrides the utilisation's share
     # Accepted and without effect on the simulation.
     p.add_argument("--reasoning-parser")   # a chat reply then opens with reasoning, sent as reasoning_content
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")  # usage's prompt_tokens_details
     for flag in ("--dtype", "--load-format", "--tool-call-parser", "--quantization", "--hf-token"):
         p.add_argument(flag)
     p.add_argument("--model-loader-extra-config", type=json.loads)  # how weights load (e.g. S3 credentials)
@@ -396,6 +399,7 @@ def parse(argv: list[str], *, launch: str | None = None,
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,
         acceptance_rate=float(spec["acceptance_rate"]) if k and "acceptance_rate" in spec else None,
         reasoning_parser=args.reasoning_parser, drafter=drafter,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
         kv_cache_dtype=args.kv_cache_dtype, time_scale=args.time_scale, seed=args.seed, version_style=version,
         faults=faults, truth=truth, non_default=non_default, launch=identity,
         speed_factor=launch_speed(faults.launch_noise, args.seed, identity), measured=measured,

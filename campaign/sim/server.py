@@ -311,8 +311,7 @@ class Server:
         if not stream:
             while await queue.get() is not None:
                 pass
-            usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
-                                     "total_tokens": len(prompt) + req.generated}
+            usage = self.usage(req, len(prompt))
             reply = self.tokenizer.reply(req.generated)
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "length"}
@@ -347,8 +346,7 @@ class Server:
                 await writer.drain()
             if options.get("include_usage"):
                 final: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [],
-                         "usage": {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
-                                   "total_tokens": len(prompt) + req.generated}}
+                                         "usage": self.usage(req, len(prompt))}
                 self._chunk(writer, b"data: " + json.dumps(final).encode() + b"\n\n")
             self._chunk(writer, b"data: [DONE]\n\n")
             writer.write(b"0\r\n\r\n")
@@ -357,6 +355,15 @@ class Server:
             self.engine.abort(req)
             return False
         return True
+
+    def usage(self, req: Request, prompt_tokens: int) -> dict[str, Any]:
+        """A finished reply's usage; with --enable-prompt-tokens-details, as vLLM 0.32, the prompt tokens the
+        prefix cache held when the request was first scheduled (its num_cached_tokens)."""
+        usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": req.generated,
+                                 "total_tokens": prompt_tokens + req.generated}
+        if self.config.prompt_tokens_details and req.cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": req.cached}
+        return usage
 
     @staticmethod
     def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
