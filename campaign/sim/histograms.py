@@ -23,7 +23,10 @@ sampling, n > 1, which the simulator does not serve) and the KV-block residency 
 
 Events are queued as the engine emits them and observed by `fold()`, which the server calls once a step's
 tokens are on the wire and before each scrape: an observation costs about 0.6 us, and 128 of them must not
-delay the tokens they describe.
+delay the tokens they describe. Measured on this machine (the H200 profile, 64 streams of 2K prompts on a
+virtual clock, 60 simulated seconds, 50,345 tokens): the engine alone 1.4 ms of wall time per simulated second,
+with the histograms 2.0 ms, about 0.7 us per token; seed 004's 3,150 tok/s at 20x would spend about 4.5% of a
+core on them.
 """
 
 from __future__ import annotations
