@@ -110,6 +110,13 @@ def test_decode_matrix_and_prefill_row(target: Target) -> None:
         assert cell.status == "Valid", (cell.spec.key, cell.reasons)
         assert all(a.code in CLIENT_STALLS for a in cell.attempts if not a.accepted), cell.attempts
         assert cell.prefix_cache_hits == 0
+        # The server's own view from vLLM's histograms: a first token for each of the step's requests, and a
+        # mean TTFT inside the client's (vLLM's clock starts once it has the request and stops before the
+        # token is written; the client's spans both ends).
+        assert cell.server_first_tokens == len(cell.records), cell.spec.key
+        assert cell.server_ttft_mean_ms is not None and cell.client_ttft_mean_ms is not None
+        assert 0 < cell.server_ttft_mean_ms <= cell.client_ttft_mean_ms + 1.0, (
+            cell.spec.key, cell.server_ttft_mean_ms, cell.client_ttft_mean_ms)
     prefill = results[:2]
     assert [c.label for c in prefill] == ["single-stream", "single-stream"]
     assert all(c.prompt_tok_s is not None and c.prompt_tok_s > 0 for c in prefill)

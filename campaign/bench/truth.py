@@ -231,7 +231,7 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
         truth = mine[0]
         figures.append(Figure(where, "prompt_tok_s", "rate", cell.prompt_tok_s, truth.prompt_tok_s))
         figures.append(Figure(where, "ttft", "latency", _seconds(cell.ttft_ms), truth.ttft))
-        return figures, None
+        return figures + server_view_figures(where, cell, mine), None
     delay = matched.delivery(records, mine)
     if cell.window is not None:
         start, end = matched.window(cell.window, delay)
@@ -267,7 +267,23 @@ def cell_figures(cell: CellResult, matched: Matched) -> tuple[list[Figure], floa
                               _around(window["avg_before_first_token"],
                                       _waiting_slack(matched.truth.requests, start, end))))
     figures += _latency_figures(where, cell, latency, scale)
+    if cell.spec.ttft != "warm":  # a warm cell's priming requests are in the server's view, not in its records
+        figures += server_view_figures(where, cell, mine)
     return figures, delay
+
+
+def server_view_figures(where: str, cell: CellResult, requests: list[RequestTruth]) -> list[Figure]:
+    """The server's own view of a step (its request histograms between the step's scrapes: every request of
+    the step, each gap between a request's engine outputs) and the client's mean TTFT over the same requests,
+    beside the truth of those requests."""
+    firsts = [r.ttft for r in requests if r.ttft is not None]
+    gaps = [b[0] - a[0] for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
+    return [
+        Figure(where, "server_first_tokens", "count", _count(cell.server_first_tokens), float(len(firsts))),
+        Figure(where, "server_ttft_mean", "latency", _seconds(cell.server_ttft_mean_ms), stats.mean(firsts)),
+        Figure(where, "server_itl_mean", "latency", _seconds(cell.server_itl_mean_ms), stats.mean(gaps)),
+        Figure(where, "client_ttft_mean", "latency", _seconds(cell.client_ttft_mean_ms), stats.mean(firsts)),
+    ]
 
 
 def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:
@@ -318,7 +334,7 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
     ]
     # The loop's lag is the wall's: the simulated seconds are that many times more (as for decode cells).
     return figures + list(_latency_figures(where, cell, latency, matched.scale)) + steadiness_figures(
-        cell, matched, delay)
+        cell, matched, delay) + server_view_figures(where, cell, everyone)
 
 
 def steadiness_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:

@@ -640,6 +640,16 @@ class CellResult(BaseModel):
     # The largest of them (format 13): one stall a p99 of a few hundred samples skips, yet all of a tail when
     # the tail is one moment's (streams in step read their tokens at once; see bench/truth._lag_slack_s).
     client_lag_max_ms: float | None = None
+    # The server's own view of the step (format 15): vLLM's request histograms between the step's two scrapes,
+    # each its sum over its count, in the hardware's ms (a simulator's are in simulated seconds): the mean
+    # time to first token and the mean gap between a request's engine outputs, with how many first tokens they
+    # counted (every request of the step, priming included); beside them the client's mean TTFT over the same
+    # requests, so the difference is what the client's side adds (network, a proxy, its own loop). None where
+    # the server exports no such histogram.
+    server_first_tokens: int | None = None
+    server_ttft_mean_ms: float | None = None
+    server_itl_mean_ms: float | None = None
+    client_ttft_mean_ms: float | None = None
     running_median: float | None = None
     waiting_max: float | None = None
     # The server's gauges sampled inside a sustained window (a few samples; see `notes` for how many): mean

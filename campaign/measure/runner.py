@@ -190,6 +190,21 @@ def sim_behind_share(window: list[tuple[float, float]], delta: m.Delta) -> float
     return behind / (busy + behind) if busy + behind > 0 else None
 
 
+def server_view(delta: m.Delta, records: list[RequestRecord], scale: float) -> dict[str, Any]:
+    """The server's own mean TTFT and inter-token gap over the step (vLLM's histograms between its scrapes, in
+    the server's seconds: the hardware's, a simulator's included) and the client's mean TTFT over the same
+    requests, converted to the hardware's time; empty where the server exports no TTFT histogram."""
+    ttft = m.histogram_mean(delta, m.TTFT_HISTOGRAM)
+    if ttft is None:
+        return {}
+    itl = m.histogram_mean(delta, m.ITL_HISTOGRAM)
+    firsts = [r.ttft_s for r in records if r.ttft_s is not None]
+    client = stats.mean(firsts)
+    return {"server_first_tokens": ttft[0], "server_ttft_mean_ms": None if ttft[1] is None else ttft[1] * 1000,
+            "server_itl_mean_ms": None if itl is None or itl[1] is None else itl[1] * 1000,
+            "client_ttft_mean_ms": None if client is None else client * 1000 * scale}
+
+
 def _lag_ms(lags: list[float]) -> float | None:
     p99 = stats.percentile(lags, 99)
     return None if p99 is None else 1000.0 * p99
@@ -757,6 +772,7 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, trace_implied_hits=load.implied_hits,
+            **server_view(delta, records, scale),
             cache_state=step.cache, steadiness=steadiness,
             requests=[r.to_dict() for r in records])
 
@@ -885,6 +901,7 @@ class Measurer:
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta),
             attempts=attempts, requests=[r.to_dict() for r in records],
+            **server_view(delta, records + step.priming, scale),
         )
 
 

@@ -64,6 +64,11 @@ Format history:
     (each two request lifetimes or more) of throughput and TPOT with Mann-Kendall's trend, Sen's line and the
     CV of each; a drift is the caveat `not_steady` on a Valid cell.
     Older files have none of these fields (None).
+15 - cells carry the server's own view of their step: `server_first_tokens`, `server_ttft_mean_ms` and
+    `server_itl_mean_ms` from vLLM's request histograms (vllm:time_to_first_token_seconds,
+    vllm:inter_token_latency_seconds) between the step's two scrapes, in the hardware's ms, and beside them
+    `client_ttft_mean_ms`, the client's mean TTFT over the same requests. Older cells, a server without the
+    histograms and a campaign replayed on a virtual clock have none (None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -88,7 +93,7 @@ from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -490,6 +495,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored per-request rates kept as written
     12: _defaults_suffice,  # 12 -> 13: cells' client_lag_max_ms (None: not stored)
     13: _defaults_suffice,  # 13 -> 14: cell specs' trace and results' trace_implied_hits (None: not a trace)
+    14: _defaults_suffice,  # 14 -> 15: cells' server view (None: not read)
 }
 
 

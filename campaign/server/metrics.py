@@ -25,6 +25,9 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# vLLM's request histograms (V1): read as their _sum and _count samples; optional (a server may not export them).
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 # Only the simulator's: simulated seconds it ran steps, and those it had work but fell behind its clock.
 SIM_BUSY = "campaign_sim:busy_seconds_total"
 SIM_BEHIND = "campaign_sim:behind_seconds_total"
@@ -154,6 +157,15 @@ class Delta:
         if self.before.has(name) and self.after.has(name):
             return self.after.values[name] - self.before.values[name]
         return None
+
+
+def histogram_mean(delta: Delta, name: str) -> tuple[int, float | None] | None:
+    """(observations, their mean) of a histogram between two scrapes, from its _count and _sum samples; the
+    mean is None when nothing was observed; None when the server does not export the histogram."""
+    count, total = delta.optional(f"{name}_count"), delta.optional(f"{name}_sum")
+    if count is None or total is None:
+        return None
+    return int(round(count)), total / count if count else None
 
 
 def speculative(delta: Delta) -> bool:
