@@ -344,7 +344,10 @@ def verdict_lines(table: Table) -> list[str]:
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
                  "per_request_tok_s", "prompt_tok_s", "ttft_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_ms",
                  "itl_p90_ms", "itl_p99_ms", "tpot_ms", "tpot_p90_ms", "tpot_p99_ms", "e2e_ms", "e2e_p90_ms",
-                 "e2e_p99_ms", "latency_requests", "itl_samples", "energy_j_per_token", "avg_active", "completed",
+                 "e2e_p99_ms", "latency_requests", "itl_samples",
+                 # the server's own view beside the client's (format 15)
+                 "server_first_tokens", "server_ttft_mean_ms", "server_itl_mean_ms", "client_ttft_mean_ms",
+                 "energy_j_per_token", "avg_active", "completed",
                  "output_tokens", "measured_s", "time_scale", "discarded_steps", "discarded_tokens",
                  # rate cells (format 6)
                  "request_rate", "achieved_rate_rps", "goodput_rps", "slo_met_fraction", "slo_passed",
