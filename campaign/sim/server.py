@@ -168,7 +168,12 @@ class Server:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 _HEAD.set(method == "HEAD")
-                keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
+                try:
+                    keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
+                except (ValueError, TypeError, AttributeError) as exc:
+                    # A body the handlers could not read (not JSON, a field of the wrong type): a 400 naming it,
+                    # as vLLM's validation answers, never a connection dropped with no reply.
+                    keep = await self.respond(writer, 400, self.error(f"invalid request: {exc}"))
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -219,7 +224,7 @@ class Server:
                 return await self.respond(writer, 404, self.error(
                     f"The model `{model}` does not exist. Valid aliases: {', '.join(self.config.names)}.", "model",
                     kind="NotFoundError", code=404))
-            if data.get("stream_options") is not None and not data.get("stream"):
+            if data.get("stream_options") and not data.get("stream"):   # vLLM: a non-empty one only
                 return await self.respond(writer, 400, self.error(
                     "Stream options can only be defined when `stream=True`.", "stream_options"))
             if path == "/v1/completions":
@@ -228,8 +233,12 @@ class Server:
             if not isinstance(messages, list) or not messages:
                 return await self.respond(writer, 400, self.error("messages: a non-empty list is required",
                                                                   "messages"))
+            kwargs = data.get("chat_template_kwargs") or {}
+            if not isinstance(kwargs, dict):
+                return await self.respond(writer, 400, self.error(
+                    "chat_template_kwargs: Input should be a valid dictionary", "chat_template_kwargs"))
             try:
-                text = self.tokenizer.chat(messages, **(data.get("chat_template_kwargs") or {}))
+                text = self.tokenizer.chat(messages, **kwargs)
             except ValueError as exc:
                 return await self.respond(writer, 400, self.error(str(exc)))
             # The rendered template carries its own special tokens: encoded without adding more, as vLLM does.
@@ -274,6 +283,7 @@ class Server:
 
     async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float, *,
                           prompt: list[int] | None = None, chat: bool = False) -> bool:
+        given: object = None
         if prompt is None:
             given = data.get("prompt")
             if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str | list):
@@ -284,17 +294,25 @@ class Server:
             # Token ids are taken as they are, whatever the tokenizer (the OpenAI API allows them).
             prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
                 self.tokenizer.encode(str(given)) or [1])
-        min_tokens = int(data.get("min_tokens") or 0)
+        min_tokens = data.get("min_tokens") or 0
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
+            return await self.respond(writer, 400, self.error(
+                f"min_tokens: Input should be a valid integer, got {min_tokens!r}", "min_tokens"))
         # vLLM 0.32: chat takes max_completion_tokens over max_tokens, and without either the rest of the
         # window; completions default to 16 (an explicit null: the rest of the window).
-        asked = data.get("max_completion_tokens") if chat else None
-        asked = asked if asked is not None else data.get("max_tokens", None if chat else 16)
+        param = "max_completion_tokens" if chat and data.get("max_completion_tokens") is not None else "max_tokens"
+        asked = data.get(param, None if chat else 16)
+        if isinstance(asked, float) and asked.is_integer():
+            asked = int(asked)   # pydantic's lax int, as vLLM parses it
+        limit = limit_answer(self.config, param, asked)
+        if limit is not None:
+            return await self.respond(writer, 400, self.error(*limit))
+        assert asked is None or isinstance(asked, int)
         rest = self.config.max_model_len - len(prompt)
-        refused, max_tokens = window_answer(self.config, len(prompt), int(asked) if asked is not None else rest,
-                                            text=chat or not isinstance(data.get("prompt"), list))
+        refused, max_tokens = window_answer(self.config, len(prompt), asked if asked is not None else rest,
+                                            text=chat or isinstance(given, str))
         if refused is not None:
-            message, param = refused
-            return await self.respond(writer, 400, self.error(message, param))
+            return await self.respond(writer, 400, self.error(*refused))
         if min_tokens > max_tokens:
             return await self.respond(writer, 400, self.error(
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."))
@@ -436,6 +454,23 @@ class _Metrics(Collector):
                                    labels=[*labels, *scheduler])
         family.add_metric([*values, *scheduler.values()], 1.0)
         yield family
+
+
+def limit_answer(config: SimConfig, param: str, asked: object) -> tuple[str, str] | None:
+    """vLLM 0.32's answer to the reply limit a request asked for, before its prompt is looked at: (the 400's
+    message, its param), or None. Not a whole number: pydantic's refusal; over the window: the request
+    parameters' check (renderers/params.py); below 1: SamplingParams' (it names max_tokens, whichever field
+    was sent)."""
+    if asked is None:
+        return None
+    if isinstance(asked, bool) or not isinstance(asked, int):
+        return f"{param}: Input should be a valid integer, got {asked!r}", param
+    if config.clamps_max_tokens and asked > config.max_model_len:
+        return (f"{param}={asked} cannot be greater than max_model_len={config.max_model_len}. Please request "
+                f"fewer output tokens. (parameter={param}, value={asked})", param)
+    if asked < 1:
+        return f"max_tokens must be at least 1, got {asked}. (parameter=max_tokens, value={asked})", "max_tokens"
+    return None
 
 
 def window_answer(config: SimConfig, prompt_tokens: int, max_tokens: int, *,

@@ -24,11 +24,15 @@ import json
 import re
 import zlib
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HfTokenizerFile
 
@@ -108,7 +112,10 @@ class ModelTokenizer:
         if isinstance(template, list):   # named templates: the default one, as transformers picks it
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         self.template = template if isinstance(template, str) else None
-        self.special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
+        # A special token is a string, or (older configs) an AddedToken dict whose text is its `content`.
+        self.special = {k: v if isinstance(v, str) else v["content"] for k, v in config.items()
+                        if k.endswith("_token") and (isinstance(v, str) or (
+                            isinstance(v, dict) and isinstance(v.get("content"), str)))}
         self.description = f"{file} (the model's own, Hugging Face tokenizers)" + (
             "" if self.template else "; no chat template")
         self._reply_token = self._single_token_word()
@@ -127,16 +134,10 @@ class ModelTokenizer:
         if self.template is None:
             raise ValueError("this tokenizer has no chat template, so chat requests cannot be rendered (vLLM "
                              "answers them with an error too); give one with chat_template.jinja")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-
-        env.globals["raise_exception"] = raise_exception
         flat = [{**m, "content": _text_of(m.get("content"))} for m in messages]
         try:
-            return env.from_string(self.template).render(messages=flat, add_generation_prompt=add_generation_prompt,
-                                                         **self.special, **kwargs)
+            return _environment().from_string(self.template).render(
+                {**self.special, **kwargs, "messages": flat, "add_generation_prompt": add_generation_prompt})
         except TemplateError as exc:
             raise ValueError(f"the chat template failed: {exc}") from None
 
@@ -152,6 +153,42 @@ class ModelTokenizer:
         return " the"
 
 
+class _Generation(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` tag (it marks the assistant's tokens for
+    training masks): rendered as its body, as transformers renders it outside mask tracking."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Macro) -> str:
+        return str(caller())
+
+
+def _tojson(x: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' tojson: no HTML escaping (Jinja's own escapes <, > and &, which changes the token count)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja environment transformers renders chat templates in (transformers 5's chat_template_utils):
+    sandboxed, blocks trimmed, loop controls ({% break %}, {% continue %}), the generation tag, its tojson,
+    raise_exception and strftime_now."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
+    return env
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -164,9 +201,21 @@ def _text_of(content: object) -> str:
     """A message's content as vLLM gives it to a string template: a string, or the text parts joined by
     newlines; None and an empty list read as empty."""
     if isinstance(content, list):
-        return "\n".join(str(p.get("text") or "") if isinstance(p, dict) else str(p) for p in content
-                         if not isinstance(p, dict) or p.get("type", "text") in TEXT_PARTS)
+        texts = [_part_text(p) for p in content]
+        return "\n".join(t for t in texts if t)   # vLLM skips a part with no text
     return "" if content is None else str(content)
+
+
+def _part_text(part: object) -> str | None:
+    """A content part's text as vLLM 0.32 reads it: `text` for text parts, `refusal` and `thinking` for those
+    types; None for a part that is not text-like (an image)."""
+    if not isinstance(part, dict):
+        return str(part)
+    kind = part.get("type", "text")
+    if kind not in TEXT_PARTS:
+        return None
+    value = part.get(kind if kind in {"refusal", "thinking"} else "text")
+    return None if value is None else str(value)
 
 
 TEXT_PARTS = {"text", "input_text", "output_text", "refusal", "thinking"}   # vLLM 0.32's text-like part types
