@@ -125,6 +125,9 @@ def test_calibrate_finds_the_power_model_again_from_a_runs_energy(
     assert code == 0, err
     entry = sim_measured.load(tmp_path / "measured" / "refit.yaml")
     assert entry.schema_version == sim_measured.MEASURED_SCHEMA_VERSION and entry.power is not None
+    costs = entry.step.model_dump()
+    for name, true in COSTS.items():   # the speed costs too, from the same start that knew neither
+        assert costs[name] == pytest.approx(true, rel=0.01), (name, costs)
     found = entry.power.power()
     for name in ("compute_w", "memory_w"):
         assert getattr(found, name) == pytest.approx(getattr(POWER, name), rel=0.01), (name, found)

@@ -24,7 +24,8 @@ TAIL_MIN_REPEATS = 3
 # ... and only where the client's own timing noise (its event loop's p99 lateness, which every token time it
 # stamps carries) is under MIN_EFFECT of the tail itself: a 6 ms ITL p99 stamped by a loop that runs 0.5 ms
 # late one time in a hundred moves by more than a 3% change on the host's whim, not the server's.
-# Measured only where NVML is: no row at all for a cell where neither side has the value (a CPU run, the simulator).
+# Measured only where NVML is, or replayed on an entry with a power model (a virtual run): no row at all for a
+# cell where neither side has the value (a CPU run, the simulator on the wall clock).
 TELEMETRY_METRICS = {"energy_j_per_token"}
 PREFILL_METRICS = (("prompt_tok_s", 1), ("ttft_ms", -1))
 # An open-loop rate cell: what a service gets at that load. The achieved rate is what was offered, not judged.

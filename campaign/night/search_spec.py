@@ -70,9 +70,10 @@ class Objective(BaseModel):
     - total-tok-s: the total output rate with `concurrency` such streams.
     - goodput: requests a second that meet every bound of `slo` (the tool's definition: first send to last
       end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`.
-    - joules-per-token: the energy all the launch's GPUs draw per output token (idle power included) with
-      `concurrency` such streams; lower is better. It needs a power model: a measured entry fitted to a run
-      that measured energy (NVML); the hardware tables know speeds, not power."""
+    - joules-per-token: the energy all the launch's GPUs draw per output token while their steps run (idle
+      time between steps is not modelled) with `concurrency` such streams; lower is better. It needs a power
+      model: a measured entry fitted to a run that measured energy (NVML); the hardware tables know speeds,
+      not power."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
