@@ -222,3 +222,18 @@ def test_joules_per_token_on_the_tables_is_refused_by_name(tmp_path: Path) -> No
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="joules per token needs a power model"):
         tuning.tune(str(path), out=tmp_path, how=tuning.Launching(engine="sim", clock="virtual"))
+
+
+def test_an_energy_tune_whose_machine_measures_no_energy_is_not_settled(
+        rig: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: phase 2 on the wall clock (the simulator over HTTP has no NVML, as a CPU build or a GPU
+    without energy readings has not) measured no energy, yet a keep on the other figures was written as settled
+    for an energy objective. Now the round says energy was not measured, and the pick is not settled."""
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
+    code, out, err = run_cli_out(capsys, "tune", str(tune_matrix(tmp_path, rig)), "--engine", "sim", "--out",
+                                 str(tmp_path), "--plain")
+    assert code == 0, err[-3000:]
+    assert "no energy was measured in this round" in out, out[-3000:]
+    assert "Round 2, phase 1" not in out   # another round would measure no energy either
+    final = out.strip().splitlines()[-1]
+    assert "(settled)" not in final, final

@@ -299,12 +299,20 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
                 speeds_missed = True
                 current.missed.append(f"{row.variant}: predicted to hold {floor:g} tok/s per agent, measured "
                                       f"{row.measured or 0:.1f}")
+        # An energy objective the real server measured no energy for (no NVML there, or the simulator on the
+        # wall clock) is not confirmed: a keep would rest on the other figures only.
+        unmeasured = block.objective.kind == "joules-per-token" and any(
+            row.measured is None for row in current.measured if row.variant not in failed)
+        if unmeasured:
+            current.missed.append("no energy was measured in this round (no NVML on the measured machine, or the "
+                                  "simulator on the wall clock): joules per token is not confirmed, and a keep "
+                                  "rests on the other figures only")
         kept = [row for row in current.measured if row.outcome == "keep" and row.variant not in failed]
         started = [row for row in current.measured if row.variant not in failed and row.variant != matrix.baseline]
         if kept or (result.winner is None and started):   # measured evidence stands; a later keep replaces it
             result.winner = kept[0] if kept else started[0]
-            result.settled = bool(kept)
-        if not current.missed:
+            result.settled = bool(kept) and not unmeasured
+        if not current.missed or unmeasured:   # another round would measure no energy either
             break
         if speeds_missed:   # the costs were wrong: fit them to what was measured (a refusal alone is not)
             try:
