@@ -194,7 +194,7 @@ def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted
 
 def _energy_row(costs: StepCosts, cell: replay.VirtualCell) -> np.ndarray | None:
     """What a replayed decode cell's energy per token is linear in (StepPower's terms), or None: no figure."""
-    generated = sum(r.tokens for r in cell.requests)
+    generated = cell.energy_tokens or sum(r.tokens for r in cell.requests)
     if cell.status != "Valid" or not generated or not cell.steps:
         return None
     return np.array(sim_truth.energy_terms(costs, cell.steps)) / generated

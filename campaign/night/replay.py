@@ -77,10 +77,15 @@ class VirtualCell:
     window: tuple[float, float] | None = None
     samples: list[tuple[float, float, float]] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=dict)
-    steps: list[sim_truth.StepTruth] = field(default_factory=list)   # every step of the cell, priming included
+    # Every step of the cell, priming included (and, where it has an energy figure, a sustained step's drain).
+    steps: list[sim_truth.StepTruth] = field(default_factory=list)
     # A decode cell's energy over all its steps per measured token, as the tool counts NVML's (runner: the
-    # step's energy over the step's tokens); None where the hardware has no power model.
+    # step's energy over the step's tokens, a sustained step's drain after its window included); None where the
+    # hardware has no power model.
     energy_j_per_token: float | None = None
+    # The tokens that energy is over: every measured request's, a sustained step's drain included (its
+    # `requests` stay as the window left them).
+    energy_tokens: int | None = None
 
     @property
     def reasons(self) -> list[str]:
@@ -177,10 +182,23 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = No
         return VirtualCell(spec, "Valid", ttft_s=ttft, prompt_tok_s=spec.context_tokens / ttft,
                            requests=[request], counters=dict(sim.engine.counters), steps=truth.steps)
     cell = (_fixed if spec.mode == "fixed" else _sustained)(sim, truth, config, spec, prompts)
-    generated = sum(r.tokens for r in cell.requests)
-    if config.power is None or not generated or not cell.steps:
+    if not cell.requests:
         return cell
-    return replace(cell, energy_j_per_token=sim_truth.energy_j(config.power, config.costs, cell.steps) / generated)
+    # The runner's energy is the whole step's over all the step's tokens, and a sustained step waits for every
+    # reply after its window closes: the drain is run here for the energy alone, the cell's own records and
+    # steps kept as the window left them (the records the recorder holds go on growing).
+    live = cell.requests
+    cell = replace(cell, requests=[replace(r, emits=list(r.emits)) for r in live])
+    sim.run()
+    generated = sum(r.tokens for r in live)
+    if not generated or not truth.steps:
+        return cell
+    # The steps grow by the drain's (a speed figure reads only its window's); the energy's tokens are kept, for
+    # the energy figure and for calibrate's fit of the power to it (whose trial configurations have no power).
+    cell = replace(cell, steps=truth.steps, energy_tokens=generated)
+    if config.power is None:
+        return cell
+    return replace(cell, energy_j_per_token=sim_truth.energy_j(config.power, config.costs, truth.steps) / generated)
 
 
 def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,
