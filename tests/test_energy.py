@@ -187,7 +187,8 @@ def test_tune_minimises_joules_per_token_and_confirms_it(rig: Path, tmp_path: Pa
                      out)
     assert best is not None, out
     assert float(best[2]) <= float(best[1]) * 1.01
-    assert "power fitted to 0 cell(s)' energy" in out   # the entry's power, as its file states it
+    # The entry's power, as its file states it: no fit error shown as a perfect 0.0% (review).
+    assert "power as the entry states it (0 cell(s) fitted: no fit error to show)" in out
     phase2 = out[out.index("Round 1, phase 2"):]
     assert "Predicted J/token" in phase2
     rows = {line.split()[0]: line for line in phase2.splitlines() if line.startswith(("baseline ", "candidate-"))}

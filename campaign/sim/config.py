@@ -158,7 +158,8 @@ class SimConfig:
 
     @property
     def clamps_max_tokens(self) -> bool:
-        """vLLM >= 0.32 silently clamps max_tokens to what the window leaves; older versions refuse."""
+        """vLLM >= 0.32 silently clamps max_tokens to what the window leaves (a max_tokens over the window itself
+        it refuses); older versions refuse any that does not fit."""
         return self.version_style >= Version("0.32")
 
     def block(self) -> int:

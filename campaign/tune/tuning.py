@@ -100,8 +100,10 @@ def _power_basis(config: SimConfig) -> str:
     power = config.measured.power if config.measured is not None else None
     if power is None:
         return ""
-    return (f"; power fitted to {power.cells} cell(s)' energy (median error {(power.median_abs_error or 0):.1%}, "
-            f"worst {(power.max_abs_error or 0):.1%})")
+    if power.median_abs_error is None or power.max_abs_error is None:   # written by hand, not fitted
+        return f"; power as the entry states it ({power.cells} cell(s) fitted: no fit error to show)"
+    return (f"; power fitted to {power.cells} cell(s)' energy (median error {power.median_abs_error:.1%}, "
+            f"worst {power.max_abs_error:.1%})")
 
 
 def _basis(config: SimConfig) -> str:
