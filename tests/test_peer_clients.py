@@ -238,6 +238,11 @@ def test_a_request_the_server_cannot_take_is_a_400_in_vllms_words(pair: tuple[La
     raw = httpx.post(server.spec.base_url + "/v1/completions", content=b"{not json", timeout=30,
                      headers={"content-type": "application/json"})
     assert raw.status_code == 400
+    assert error("/v1/completions", {"max_tokens": 2})["param"] == "prompt"   # no prompt at all
+    assert error("/v1/chat/completions", {"messages": [{"role": "user", "content": ["just a string"]}]})
+    # vLLM 0.32 reads a null max_tokens on completions as its default, 16, not as the rest of the window.
+    assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": None}).json()["usage"][
+        "completion_tokens"] == 16
     # A kwarg may override a special token the template reads; a float limit that is whole is an int to vLLM.
     assert post(server, "/v1/chat/completions", {**chat, "max_tokens": 2.0,
                                                  "chat_template_kwargs": {"bos_token": "x"}}).status_code == 200

@@ -8,8 +8,9 @@ scale. The definitions are vLLM's (vllm/v1/metrics/stats.py), on the engine's ow
 - time_to_first_token_seconds: a request's first token leaving - its arrival, as the token leaves;
 - inter_token_latency_seconds: each later emission - the one before it: one observation per engine output,
   however many tokens it carried (a speculative step's 1 + accepted tokens are one gap);
-- iteration_tokens_total: per engine step, the prompt tokens vLLM counts in it plus the tokens it generated
-  (vLLM counts a prompt whole, in the step its first token comes out; see Engine.complete);
+- iteration_tokens_total: per engine step that produced output, the prompt tokens vLLM counts in it plus the
+  tokens it generated (vLLM counts a prompt whole, in the step its first token comes out; see Engine.complete;
+  a step of prompt chunks alone is not observed);
 - per finished request (not an abort: vLLM's abort path records no finished stats):
   e2e_request_latency_seconds (finish - arrival), request_queue_time_seconds (first scheduled - arrival),
   request_prefill_time_seconds (first token - first scheduled), request_decode_time_seconds (last token -
@@ -152,7 +153,10 @@ class RequestHistograms:
         ]
 
     def step(self, step: Step, start: float, end: float, *, running: int, waiting: int, kv_used: int) -> None:
-        self._pending.append((self.iteration_tokens, self._step_prompt + self._step_generated))
+        # vLLM records an iteration's stats only when the step had outputs (async_llm: IterationStats() only
+        # if num_outputs): a step of prompt chunks alone is not observed.
+        if self._step_generated:
+            self._pending.append((self.iteration_tokens, self._step_prompt + self._step_generated))
         self._step_prompt = self._step_generated = 0
 
     # --- observing ------------------------------------------------------------------------------------------

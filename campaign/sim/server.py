@@ -25,6 +25,7 @@ import ssl
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,6 +46,22 @@ PROMPT_RE_HINT = "Please reduce the length of the input prompt."
 # The request being answered is a HEAD: its reply is the GET's status and headers, no body (RFC 9110; uvicorn
 # drops the body vLLM's app writes). One per connection's task, so concurrent connections do not share it.
 _HEAD: contextvars.ContextVar[bool] = contextvars.ContextVar("head", default=False)
+# The reply being written is a stream that has begun: an error then cannot become a reply of its own.
+_STREAMING: contextvars.ContextVar[bool] = contextvars.ContextVar("streaming", default=False)
+
+
+class BadRequest(ValueError):
+    """A request body the server cannot read (not JSON, not an object): vLLM's validation answers it with a 400."""
+
+
+def json_body(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise BadRequest(f"the body is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data
 BEHIND_WARN = 0.01       # warn when the engine fell behind its clock for over 1% of a stretch ...
 BEHIND_EVERY_S = 10.0    # ... of this many simulated seconds
 
@@ -168,12 +185,20 @@ class Server:
                 headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 _HEAD.set(method == "HEAD")
+                _STREAMING.set(False)
                 try:
                     keep = await self.route(method, path.split("?")[0], headers, body, writer, arrived)
-                except (ValueError, TypeError, AttributeError) as exc:
-                    # A body the handlers could not read (not JSON, a field of the wrong type): a 400 naming it,
-                    # as vLLM's validation answers, never a connection dropped with no reply.
-                    keep = await self.respond(writer, 400, self.error(f"invalid request: {exc}"))
+                except BadRequest as exc:
+                    keep = await self.respond(writer, 400, self.error(str(exc)))
+                except Exception as exc:
+                    if _STREAMING.get():
+                        raise   # mid-stream: the connection ends, as a server's would
+                    # A simulator bug answers as vLLM's would answer its own: a 500 naming it, never a connection
+                    # dropped with no reply.
+                    traceback.print_exc()
+                    keep = await self.respond(writer, 500, self.error(
+                        f"the simulator failed on this request: {type(exc).__name__}: {exc}",
+                        kind="InternalServerError", code=500))
                 if not keep or headers.get("connection", "").lower() == "close":
                     break
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -183,7 +208,8 @@ class Server:
 
     async def respond(self, writer: asyncio.StreamWriter, status: int, body: bytes,
                       content_type: str = "application/json") -> bool:
-        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Error"}[status]
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  500: "Internal Server Error"}[status]
         writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
                      f"\r\n".encode() + (b"" if _HEAD.get() else body))
         await writer.drain()
@@ -207,18 +233,18 @@ class Server:
                 headers.get("authorization") != f"Bearer {self.api_key}"):
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
         if path == "/tokenize" and method == "POST":
-            return await self.tokenize(json.loads(body or b"{}"), writer)
+            return await self.tokenize(json_body(body), writer)
         if path == "/reset_prefix_cache" and method == "POST" and self.dev_mode:
             if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
                 return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
             done = self.config.faults.reset_keeps_cache or self.engine.blocks.reset()
             return await self.respond(writer, 200, json.dumps({"success": done}).encode())
         if path == "/detokenize" and method == "POST":
-            data = json.loads(body or b"{}")
+            data = json_body(body)
             text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
             return await self.respond(writer, 200, json.dumps({"prompt": text}).encode())
         if path in {"/v1/completions", "/v1/chat/completions"} and method == "POST":
-            data = json.loads(body or b"{}")
+            data = json_body(body)
             model = data.get("model")
             if model and model not in self.config.names:   # vLLM's check, before any stream starts
                 return await self.respond(writer, 404, self.error(
@@ -286,6 +312,8 @@ class Server:
         given: object = None
         if prompt is None:
             given = data.get("prompt")
+            if given is None or given == "" or given == []:
+                return await self.respond(writer, 400, self.error("prompt: a prompt is required", "prompt"))
             if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str | list):
                 given = given[0]   # a batch of one
             if isinstance(given, list) and given and all(isinstance(t, list | str) for t in given):
@@ -299,9 +327,9 @@ class Server:
             return await self.respond(writer, 400, self.error(
                 f"min_tokens: Input should be a valid integer, got {min_tokens!r}", "min_tokens"))
         # vLLM 0.32: chat takes max_completion_tokens over max_tokens, and without either the rest of the
-        # window; completions default to 16 (an explicit null: the rest of the window).
+        # window; completions default to 16, absent or null (its normalize_null_max_tokens).
         param = "max_completion_tokens" if chat and data.get("max_completion_tokens") is not None else "max_tokens"
-        asked = data.get(param, None if chat else 16)
+        asked = data.get(param) if chat else (16 if data.get("max_tokens") is None else data["max_tokens"])
         if isinstance(asked, float) and asked.is_integer():
             asked = int(asked)   # pydantic's lax int, as vLLM parses it
         limit = limit_answer(self.config, param, asked)
@@ -337,6 +365,7 @@ class Server:
             return await self.respond(writer, 200, json.dumps({
                 "id": req.id, "object": "chat.completion" if chat else "text_completion", "model": model,
                 "choices": [choice], "usage": usage}).encode())
+        _STREAMING.set(True)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         kind = "chat.completion.chunk" if chat else "text_completion"
         # A reasoning model thinks first: with a reasoning parser, the first half of a chat reply is reasoning.

@@ -303,8 +303,8 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
                                       f"{row.measured or 0:.1f}")
         # An energy objective the real server measured no energy for (no NVML there, or the simulator on the
         # wall clock) is not confirmed: a keep would rest on the other figures only.
-        unmeasured = block.objective.kind == "joules-per-token" and any(
-            row.measured is None for row in current.measured if row.variant not in failed)
+        unmeasured = block.objective.kind == "joules-per-token" and not any(   # whatever a cell's status
+            c.result.energy_j_per_token is not None for c in run.cells() if c.result.spec.phase == "decode")
         if unmeasured:
             current.missed.append("no energy was measured in this round (no NVML on the measured machine, or the "
                                   "simulator on the wall clock): joules per token is not confirmed, and a keep "
