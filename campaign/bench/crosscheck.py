@@ -168,14 +168,16 @@ def _scrape(server: LaunchedServer) -> metrics.MetricsSnapshot:
 
 def server_view(name: str, delta: metrics.Delta, requests: Sequence[RequestTruth]) -> str:
     """What the server's histograms say of one client's run, beside the truth's figures of their definitions."""
-    def mean(family: str) -> float | None:
-        count = delta(f"{family}_count")
-        return delta(f"{family}_sum") * 1000 / count if count else None
+    def mean(family: str) -> float | None:   # the runner's reading of a histogram, in ms; absent is an error
+        found = metrics.histogram_mean(delta, family)
+        if found is None:
+            raise metrics.missing_error([f"{family}_count"], delta.after)
+        return None if found[1] is None else found[1] * 1000
 
     ttfts = [r.ttft * 1000 for r in requests if r.ttft is not None]
     gaps = [(b[0] - a[0]) * 1000 for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
-    shown = {"mean TTFT": (mean("vllm:time_to_first_token_seconds"), statistics.fmean(ttfts) if ttfts else None),
-             "mean ITL": (mean("vllm:inter_token_latency_seconds"), statistics.fmean(gaps) if gaps else None)}
+    shown = {"mean TTFT": (mean(metrics.TTFT_HISTOGRAM), statistics.fmean(ttfts) if ttfts else None),
+             "mean ITL": (mean(metrics.ITL_HISTOGRAM), statistics.fmean(gaps) if gaps else None)}
     finished = delta("vllm:e2e_request_latency_seconds_count")
     parts = [f"{what} {_ms(server)} ms (truth {_ms(truth)})" for what, (server, truth) in shown.items()]
     return f"{name}: the server's /metrics over its run: {finished:,.0f} requests finished, {', '.join(parts)}"

@@ -10,7 +10,7 @@ engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); her
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
 times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
 
-Long (about 550 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
+Long (about 720 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
 startup log it prints, on one event loop with the engine; a request's path is read in one place.
 """
 
