@@ -8,10 +8,15 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
+from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
+from campaign.core.hardware import LONG_MODEL_LEN_ENV
+from campaign.measure.cells import CellSpec, past_model_window
 from campaign.server.argv import LaunchSpec, free_port, port_is_free
 from campaign.server.lifecycle import ServerProcess
+from campaign.server.profiles import PROJECT_ROOT
 
 CHILD = Path(__file__).parent / "fakes" / "child_server.py"
 
@@ -156,3 +161,37 @@ def test_an_interrupt_in_the_middle_of_a_stop_still_stops_and_records_it(tmp_pat
         assert port_is_free(spec.host, spec.port)
     finally:
         server.stop()  # a no-op once stopped; a failed check above must not leave the child running
+
+
+def test_a_window_past_the_models_launches_when_vllm_is_told_to_allow_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 004's H200 profile with max-model-len 300,000, past Qwen3.5-27B's 262,144: with
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the profile's env the simulated vLLM 0.32 warns, in the words of the
+    error it raises without it, and serves; the launch reads the warning as what it is. (The real CPU build
+    does the same: tests/fixtures/logs/cpu_v0.32_tiny_long_window_allowed.log, and the n-gram night of
+    test_vllm_integration launches it so.)"""
+    data = yaml.safe_load((PROJECT_ROOT / "launch_profiles" / "h200.yaml").read_text())
+    data["env"][LONG_MODEL_LEN_ENV] = "1"
+    data["flags"]["max-model-len"] = 300_000
+    profile = tmp_path / "h200-long.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    log = tmp_path / "server.log"
+    capsys.readouterr()
+    assert run_cli(["launch", str(profile), "--engine", "sim", "--once", "--log", str(log)]) == 0, \
+        capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "max model len                         300,000" in out + err, out + err
+    warned = [line for line in log.read_text().splitlines() if "User-specified max_model_len (300000)" in line]
+    assert len(warned) == 1 and " WARNING " in warned[0]
+
+
+def test_a_cell_past_the_models_own_window_says_so_when_the_server_dies_there() -> None:
+    """The failed cell's reason names the model's window (the startup log's model_window) where its longest
+    request reaches past it, and says nothing of it where it does not or the window is unknown."""
+    long_cell = CellSpec(phase="decode", context_tokens=270_000, concurrency=1, max_tokens=256, mode="fixed")
+    short_cell = long_cell.model_copy(update={"context_tokens": 8192})
+    said = past_model_window(long_cell, 262_144)
+    assert said == ("; its longest request (prompt 270,000 + reply 256 tokens) reaches past the model's own window "
+                    "of 262,144 tokens, which max-model-len stretches with VLLM_ALLOW_LONG_MAX_MODEL_LEN: positions "
+                    "past it can crash the engine")
+    assert past_model_window(short_cell, 262_144) == "" and past_model_window(long_cell, None) == ""

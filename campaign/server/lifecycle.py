@@ -200,7 +200,8 @@ class ServerProcess:
                 time.sleep(self.poll_s)
 
     def _new_log_text(self, offset: int) -> tuple[str, int]:
-        """The log from a little before `offset` (a fatal line may straddle two reads) to its end."""
+        """The log from a little before `offset` (a fatal line may straddle two reads) to its end, in whole
+        lines: a WARNING line cut before its level would read as a line no logger levelled."""
         try:
             with self.log_path.open("rb") as handle:
                 start = max(0, offset - 4096)
@@ -208,7 +209,10 @@ class ServerProcess:
                 data = handle.read()
         except FileNotFoundError:
             return "", offset
-        return data.decode("utf-8", "replace"), start + len(data)
+        end = start + len(data)
+        if start > 0:
+            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        return data.decode("utf-8", "replace"), end
 
     def _fail(self, outcome: FailOutcome, message: str, kind: LaunchFailureKind | None = None,
               hint: str | None = None) -> None:

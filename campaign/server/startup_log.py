@@ -59,6 +59,10 @@ class StartupFacts(BaseModel):
     # True: the non-default args carry it (yours); False: they do not, so vLLM chose it by card size (256 on
     # cards under 70 GiB, 1024 on H100/H200-class ones, 128 per CPU worker); None: the log has no such line.
     max_num_seqs_set: bool | None = None
+    # The model's own window (max_position_embeddings, or the config key vLLM derived it from) where the log
+    # states it: vLLM does when max-model-len was asked past it, warning (VLLM_ALLOW_LONG_MAX_MODEL_LEN set) or
+    # refusing. Positions past it can crash the engine (format 16); None: the log does not say.
+    model_window: int | None = None
     # What a fact above rests on that the log does not print, in words (V0's "# GPU blocks: N" without a block
     # size: the KV cache is N x 16, vLLM's default); None: nothing was assumed, every fact is as printed.
     assumed: list[str] | None = None
@@ -154,6 +158,9 @@ _CG_NOTE = re.compile(
 _CG_DISABLED = re.compile(
     r"increas(?:e|ing) --gpu-memory-utilization from " + _FLOAT + r" to " + _FLOAT
 )
+# vllm/config/model.py: "User-specified max_model_len (N) is greater than the derived max_model_len
+# (max_position_embeddings=32768.0 or model_max_length=None in model's config.json)" (0.4 to 0.33 alike).
+_MODEL_WINDOW = re.compile(r"is greater than the derived max_model_len \((\w+)=(\d+)(?:\.0)?\b")
 _NON_DEFAULT_ARGS = re.compile(r"non-default args: (\{.*\})\s*$", re.MULTILINE)
 _SPEC_CONFIG = re.compile(r"speculative_config=SpeculativeConfig\(([^)]*)\)")
 _SPEC_METHOD = re.compile(r"method=['\"]?([\w-]+)")
@@ -196,17 +203,31 @@ _FAILURES: list[tuple[FailureKind, re.Pattern[str], str]] = [
 ]
 
 
+_STRIP_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# A log line vLLM wrote at a level below ERROR: `LEVEL MM-DD HH:MM:SS` after whatever prefix the process, a
+# container runtime or a CI runner put before it. What such a line says is never a failure: vLLM 0.32 warns
+# "User-specified max_model_len (N) is greater than the derived max_model_len ..." in the very words of the
+# ValueError it raises without VLLM_ALLOW_LONG_MAX_MODEL_LEN, and then serves (vllm/config/model.py).
+_BELOW_ERROR = re.compile(r"^.{0,160}?(?<![A-Za-z])(?:DEBUG|INFO|WARNING|WARN) +\d{1,2}-\d{1,2} \d{1,2}:\d{2}:\d{2}")
+
+
+def failure_text(text: str) -> str:
+    """`text` without the lines vLLM logged below ERROR (and without colour codes): where failures are read."""
+    lines = _STRIP_ANSI.sub("", text).splitlines(keepends=True)
+    return "".join(line for line in lines if not _BELOW_ERROR.match(line))
+
+
 def classify_failure(text: str) -> Failure | None:
-    """The first failure signature in `text`, most specific kind first."""
+    """The first failure signature in `text`, most specific kind first: from an exception's text, an ERROR line
+    or a line no logger levelled, never from an INFO or WARNING line (see `_BELOW_ERROR`)."""
+    text = failure_text(text)
     for kind, pattern, hint in _FAILURES:
         match = pattern.search(text)
         if match:
             message = " ".join(match.group(1).split())
             return Failure(kind=kind, message=message[:600], hint=hint)
     return None
-
-
-_STRIP_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # A quoted string (left as it is), or a JSON literal outside quotes (made Python's).
@@ -305,6 +326,9 @@ def parse(text: str) -> StartupFacts:
             values[field] = convert(args[key])
 
     _kv_from_v0_blocks(text, values)
+    window = _MODEL_WINDOW.search(text)
+    if window:
+        values["model_window"] = int(window.group(2))
 
     spec = _SPEC_CONFIG.search(text)
     spec_text = spec.group(1) if spec else None
