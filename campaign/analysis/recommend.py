@@ -301,7 +301,12 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
             c.baseline_statuses]
     gained = [c.key for c in diff.cells if "Over capacity" in c.baseline_statuses and "Over capacity" not in
               c.variant_statuses]
-    unjudged = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)]
+    unjudged = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)
+                and c.phase != "experiment"]
+    # An experiment not Valid on a side is not judged there (a burst the client did not send at once); said,
+    # but it holds up no verdict: the study's experiments describe the server, the cells decide.
+    unread = [c for c in diff.cells if _UNJUDGED & set(c.variant_statuses + c.baseline_statuses)
+              and c.phase == "experiment"]
     # Judged like every cell, but said: their averages span two regimes of the window.
     unsteady = [c.key for c in diff.cells if Reason.NOT_STEADY in c.variant_reasons + c.baseline_reasons]
     kv_change = _pct((base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens"))
@@ -326,10 +331,11 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     if unsteady:
         parts.append(f"not steady in {_listed(unsteady)} (its averages span two regimes of the window: "
                      f"{REASON_HINTS[Reason.NOT_STEADY]})")
-    if unjudged:
-        codes = sorted({code for c in unjudged for code in c.variant_reasons + c.baseline_reasons} - CAVEATS)
-        why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or "see the cells' reasons"
-        parts.append(f"{len(unjudged)} cell(s) not valid ({_listed([c.key for c in unjudged])}; {why})")
+    for kind, found in (("cell", unjudged), ("experiment", unread)):
+        if found:
+            codes = sorted({code for c in found for code in c.variant_reasons + c.baseline_reasons} - CAVEATS)
+            why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or f"see the {kind}s' reasons"
+            parts.append(f"{len(found)} {kind}(s) not valid ({_listed([c.key for c in found])}; {why})")
 
     def sentence(verdict: str) -> str:
         return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"

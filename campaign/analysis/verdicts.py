@@ -9,7 +9,7 @@ fills in a VariantDiff's outcome is in recommend.py.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -198,6 +198,13 @@ def _client_noise(cells: list[StoredCell], key: str, metric: str) -> str | None:
             "must reach; a quieter client host, or fewer streams a client process, would let it be judged")
 
 
+def _status_note(statuses: Collection[str], base_statuses: Collection[str]) -> str:
+    """Which side of a cell or experiment was not Valid, in words ("" when both were)."""
+    return "; ".join(part for part in (
+        f"variant: {', '.join(sorted(statuses))}" if statuses else "",
+        f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
+
+
 def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
     specs = {c.result.spec.key: c.result for c in base + other}
     out = []
@@ -212,11 +219,7 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                                        for code in c.result.reason_codes})
         diff.baseline_reasons = sorted({code for c in base if c.result.spec.key == key
                                         for code in c.result.reason_codes})
-        if statuses or base_statuses:
-            diff.status_note = "; ".join(
-                part for part in (
-                    f"variant: {', '.join(sorted(statuses))}" if statuses else "",
-                    f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
+        diff.status_note = _status_note(statuses, base_statuses)
         metrics = PHASE_METRICS[result.phase]
         for metric, direction in metrics:
             if metric in TELEMETRY_METRICS and not (_values(base, key, metric) or _values(other, key, metric)):
@@ -248,6 +251,14 @@ def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], c
     out = []
     for key in keys:
         diff = CellDiff(key=key, phase="experiment", context_tokens=0, concurrency=0, label="experiment")
+        # As a cell's: which side was not Valid and why (a burst the client did not send at once is Invalid,
+        # and never judged: _experiment_values reads Valid results only).
+        statuses = {r["status"] for r in other if r["key"] == key} - {"Valid"}
+        base_statuses = {r["status"] for r in base if r["key"] == key} - {"Valid"}
+        diff.variant_statuses, diff.baseline_statuses = sorted(statuses), sorted(base_statuses)
+        diff.variant_reasons = sorted({Reason(c) for r in other if r["key"] == key for c in r.get("reason_codes", [])})
+        diff.baseline_reasons = sorted({Reason(c) for r in base if r["key"] == key for c in r.get("reason_codes", [])})
+        diff.status_note = _status_note(statuses, base_statuses)
         names = sorted({n for r in base + other if r["key"] == key for n in r.get("values", {})})
         for name in names:
             direction = value_direction(name)

@@ -68,6 +68,10 @@ class Reason(StrEnum):
     PROMPTS_UNAVAILABLE = "prompts_unavailable"
     SCHEDULE_BEHIND = "schedule_behind"
     CACHE_NOT_RESET = "cache_not_reset"
+    # Experiments (study.py): the client did not deliver the step's premise, or the server's gauges contradict
+    # what the client read.
+    SENDS_SPREAD = "sends_spread"
+    GAUGES_DISAGREE = "gauges_disagree"
     # Caveats a Valid cell may carry (CAVEATS): its figures stand, but a conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
     NOT_STEADY = "not_steady"
@@ -97,6 +101,11 @@ REASON_HINTS: dict[Reason, str] = {
                             "client-side costs (random prompts), or a quieter or bigger client machine",
     Reason.CACHE_NOT_RESET: "the step's prefix hits may include blocks cached before it: launch the server afresh "
                             "before the cell (a new repeat), or check for other clients holding requests",
+    Reason.SENDS_SPREAD: "the client's host was too busy to send the requests together: measure on a quieter or "
+                         "bigger client machine (the burst was measured again, up to three times)",
+    Reason.GAUGES_DISAGREE: "the server ran more requests at once than the client saw run together, which its "
+                            "gauges cannot over-read: the client's timestamps are wrong (a stalled client host); "
+                            "measure again on a quieter client machine",
     Reason.NOT_STEADY: "the window's average spans two regimes: a server still settling (measure after a warm-up "
                        "cell), a cooler or power-capped card (nvidia-smi -q -d PERFORMANCE), or a longer or lower "
                        "rate the server holds steadily",
@@ -191,6 +200,26 @@ def result_base(spec: CellSpec) -> dict[str, Any]:
     return {"spec": spec, "phase": spec.phase, "context_tokens": spec.context_tokens,
             "concurrency": spec.concurrency, "label": spec.label,
             "max_tokens": 1 if spec.phase == "prefill" else spec.max_tokens}
+
+
+def longest_request(spec: CellSpec) -> tuple[int, int]:
+    """The longest prompt and the longest reply one request of `spec` asks for (a rate cell's lengths vary)."""
+    if spec.phase == "rate":
+        return spec.lengths_range()[1]
+    return spec.context_tokens, result_base(spec)["max_tokens"]
+
+
+def past_model_window(spec: CellSpec, model_window: int | None) -> str:
+    """Why a server that died under `spec` may have: its longest request reaches past the model's own window
+    (the startup log's `model_window`, stated where max-model-len was stretched past it with
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN), where positions can crash the engine (public reports: a CUDA device-side
+    assert at the first such request). "" when it does not, or the window is not known."""
+    prompt, reply = longest_request(spec)
+    if model_window is None or prompt + reply <= model_window:
+        return ""
+    return (f"; its longest request (prompt {prompt:,} + reply {reply:,} tokens) reaches past the model's own "
+            f"window of {model_window:,} tokens, which max-model-len stretches with VLLM_ALLOW_LONG_MAX_MODEL_LEN: "
+            "positions past it can crash the engine")
 
 
 def findings_fields(findings: list[Finding]) -> dict[str, Any]:
@@ -599,11 +628,14 @@ class CellResult(BaseModel):
     total_tok_s: float | None = None
     # Median over requests of each one's tokens per second while it streamed: in a sustained window, one that
     # streams across an edge is timed from or to that edge, else from its first token inside (format 12).
+    # Shown as "stream tok/s" (campaign/report/names.py), never "per request": it is neither seed 000's per
+    # request figure (total_tok_s / concurrency, "total ÷ streams", prefill included) nor 1000 / tpot_ms.
     per_request_tok_s: float | None = None
     prompt_tok_s: float | None = None
     # Latency distributions (ms): the unsuffixed field is the median, then p90 and p99. TTFT per request;
     # inter-token latency per token (a read carrying k tokens after a gap g counts k gaps of g/k); time per
-    # output token per request, (last token - first token) / (tokens - 1); end-to-end per request.
+    # output token per request, (last token - first token) / (tokens - 1) over its whole reply, shown as TPOT
+    # in ms and never as a rate (1000 / tpot_ms is not per_request_tok_s); end-to-end per request.
     ttft_ms: float | None = None
     ttft_p90_ms: float | None = None
     ttft_p99_ms: float | None = None

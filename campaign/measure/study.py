@@ -31,7 +31,7 @@ from campaign.core import stats
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import answers
-from campaign.measure.cells import Attempt, CellResult, CellSpec
+from campaign.measure.cells import Attempt, CellResult, CellSpec, Finding, Reason
 from campaign.measure.prompts import Prompts, PromptSource
 from campaign.measure.runner import Measurer, Target
 from campaign.server import metrics as m
@@ -47,6 +47,8 @@ class ExperimentResult(BaseModel):
     key: str
     status: Literal["Valid", "Invalid", "Failed", "Contaminated"]
     reasons: list[str] = Field(default_factory=list)
+    # The Reason code of each entry of `reasons` that has one, in the same order (format 16; older files none).
+    reason_codes: list[Reason] = Field(default_factory=list)
     # Headline numbers, compared across variants like cell metrics (None when undefined).
     values: dict[str, float | None] = Field(default_factory=dict)
     verdict: str = ""
@@ -70,34 +72,98 @@ VALUE_DIRECTIONS = {
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 3
+# A burst (the overload experiment's, each prefix-order arm's) is simultaneous only if its sends all left within
+# this share of the first request's life (from the first send to the first request's last token). Past it the
+# first requests may be done before the last are sent, and "ran concurrently" measures the client's host: a
+# demo burst of 80 once left over 3.6 s on a busy host and read "1 ran concurrently, 79 queued" (the idle
+# host's burst leaves within 1 ms).
+SEND_SPREAD_SHARE = 0.10
 
 
 class _Contaminated(Exception):
     def __init__(self, step: str, attempts: list[Attempt]) -> None:
-        super().__init__(f"foreign traffic in all {len(attempts)} attempts at {step} "
-                         f"({', '.join(str(a.excess_tokens) for a in attempts)} extra tokens)")
+        foreign = [a for a in attempts if a.code == Reason.CONTAMINATED]
+        some = "all" if len(foreign) == len(attempts) else f"{len(foreign)} of the"
+        super().__init__(f"foreign traffic in {some} {len(attempts)} attempts at {step} "
+                         f"({', '.join(str(a.excess_tokens) for a in foreign)} extra tokens)")
+
+
+class _NotDelivered(Exception):
+    """Every attempt at a step missed its premise (a burst that did not leave together): the last one's value
+    is kept, so that what was measured is stored beside why it cannot be read."""
+
+    def __init__(self, value: object, delta: m.Delta) -> None:
+        super().__init__("the step's premise was missed in every attempt")
+        self.value, self.delta = value, delta
+
+
+def send_spread(records: list[RequestRecord]) -> tuple[float | None, float | None]:
+    """A burst's sends: how far apart its first and last left, and the first request's life (the first send to
+    the earliest last token of a completed request), in the records' seconds; None where undefined."""
+    if not records:
+        return None, None
+    first = min(r.send_t for r in records)
+    lasts = [r.chunk_t[-1] for r in records if r.ok and r.chunk_t]
+    return max(r.send_t for r in records) - first, (min(lasts) - first if lasts else None)
+
+
+def spread_finding(spread_s: float | None, life_s: float | None, *, sends: int, what: str) -> Finding | None:
+    """Why a burst was not one, from `send_spread`'s two figures (in the hardware's seconds); None when it was
+    (or it cannot be told: nothing completed)."""
+    if spread_s is None or life_s is None or life_s <= 0 or spread_s <= SEND_SPREAD_SHARE * life_s:
+        return None
+    return Finding(Reason.SENDS_SPREAD, (
+        f"{what}: its {sends} sends left over {1000 * spread_s:,.1f} ms, {100 * spread_s / life_s:.0f}% of the "
+        f"first request's life ({1000 * life_s:,.1f} ms), beyond the {100 * SEND_SPREAD_SHARE:g}% that keeps "
+        "them simultaneous"))
+
+
+def burst_finding(records: list[RequestRecord], *, what: str, time_scale: float = 1.0) -> Finding | None:
+    """`spread_finding` of a burst's own records."""
+    spread, life = send_spread(records)
+    return spread_finding(_scaled(spread, time_scale), _scaled(life, time_scale), sends=len(records), what=what)
+
+
+def _with_findings(result: ExperimentResult, findings: list[Finding]) -> ExperimentResult:
+    """`result` Invalid for `findings` (its figures kept, for the reader, never for a verdict: the diff judges
+    Valid experiments only)."""
+    if not findings or result.status != "Valid":
+        return result
+    return result.model_copy(update={"status": "Invalid", "reasons": [f.message for f in findings],
+                                     "reason_codes": [f.code for f in findings]})
 
 
 async def _bracketed(target: Target, control: httpx.AsyncClient, step: Callable[[], Awaitable[T]],
                      records_of: Callable[[T], list[RequestRecord]], attempts: list[Attempt], *,
-                     name: str) -> tuple[T, m.Delta]:
+                     name: str, premise: Callable[[T], Finding | None] | None = None) -> tuple[T, m.Delta]:
     """One experiment step between two counter readings, like a cell's: a step with foreign tokens is
-    discarded, counted and rerun (`step` makes fresh prompts each call); after MAX_ATTEMPTS, _Contaminated."""
+    discarded, counted and rerun (`step` makes fresh prompts each call); after MAX_ATTEMPTS, _Contaminated.
+    `premise`: why a step the client did not deliver as meant cannot be read (None: it can); such a step is
+    discarded and rerun as well, and after MAX_ATTEMPTS of them, _NotDelivered with the last one's value."""
     measurer = Measurer(target)
+    # The server's families, and a simulator's time scale, which the step's figures are converted by: an
+    # experiment may be the first thing measured on this target.
+    await measurer.check_metrics(control)
     tries: list[Attempt] = []
     for _ in range(MAX_ATTEMPTS):
         before = await measurer.scrape(control)
         value = await step()
         after, attempt = await measurer.bracket(control, before, records_of(value))
+        missed = premise(value) if attempt.accepted and premise is not None else None
+        if missed is not None:
+            attempt = attempt.model_copy(update={"accepted": False, "reason": missed.message, "code": missed.code})
         tries.append(attempt)
         attempts.append(attempt)
         if attempt.accepted:
             return value, m.Delta(before, after)
+    if tries[-1].code == Reason.SENDS_SPREAD:
+        raise _NotDelivered(value, m.Delta(before, after))
     raise _Contaminated(name, tries)
 
 
 def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: list[Attempt]) -> ExperimentResult:
-    return ExperimentResult(kind=kind, key=key, status="Contaminated", reasons=[str(exc)], attempts=attempts,
+    return ExperimentResult(kind=kind, key=key, status="Contaminated", reasons=[str(exc)],
+                            reason_codes=[Reason.CONTAMINATED], attempts=attempts,
                             discarded_steps=sum(1 for a in attempts if not a.accepted))
 
 
@@ -295,11 +361,17 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         await task
         return records, wall
 
+    def missed(value: tuple[list[RequestRecord], float]) -> Finding | None:
+        return burst_finding(value[0], what="the burst", time_scale=target.time_scale)
+
     try:
         async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
-            (records, wall), _ = await _bracketed(target, control, burst, lambda v: v[0], attempts, name="the burst")
+            (records, wall), _ = await _bracketed(target, control, burst, lambda v: v[0], attempts,
+                                                  name="the burst", premise=missed)
     except _Contaminated as exc:
         return _contaminated("overload", f"overload-x{factor:g}", exc, attempts)
+    except _NotDelivered as exc:   # the last burst, Invalid by overload_result's own reading of its sends
+        records, wall = exc.value  # type: ignore[misc]
     return overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=wall,
                            gauges=list(zip(sampled_t, running, waiting, strict=True)), attempts=attempts,
                            time_scale=target.time_scale)
@@ -326,14 +398,20 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
     ran = n - queued if first_end is not None else None
     peak_running = max(running) if running else None
     peak_waiting = max(waiting) if waiting else None
+    spread, life = (_scaled(x, time_scale) for x in send_spread(records))
+    findings = [f for f in (spread_finding(spread, life, sends=n, what="the burst"),
+                            _gauges_finding(ran, peak_running)) if f is not None]
     verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
                f"{queued} queued, {completed} completed, {errored} errors")
-    if errored == 0 and queued:
+    if findings:
+        # Not the client's reading beside the gauges' as if both stood: why neither answers the question.
+        verdict = f"not measured: {'; '.join(f.message for f in findings)}"
+    elif errored == 0 and queued:
         verdict += ("; overload degrades into queueing rather than failure, so a load test can report total "
                     "success while hiding a queue")
-    if peak_running is not None:
+    if peak_running is not None and not findings:
         verdict += f" (server gauges: up to {peak_running:g} running, {_g(peak_waiting)} waiting)"
-    return ExperimentResult(
+    result = ExperimentResult(
         kind="overload", key=f"overload-x{factor:g}", status="Valid" if first_end is not None else "Failed",
         reasons=[] if first_end is not None else ["no request of the burst completed"], verdict=verdict,
         values={"ran_concurrently": None if ran is None else float(ran),
@@ -341,10 +419,25 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
+        # send_spread_s and first_life_s (the hardware's seconds): how far apart the burst's sends left, and
+        # the first request's life, which the spread must be a small part of (SEND_SPREAD_SHARE).
         details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall_s, "time_scale": time_scale,
-                 "samples": len(running), "gauges": [list(g) for g in gauges]},
+                 "samples": len(running), "gauges": [list(g) for g in gauges], "send_spread_s": spread,
+                 "first_life_s": life},
         requests=[r.to_dict() for r in records], attempts=attempts,
         discarded_steps=sum(1 for a in attempts if not a.accepted))
+    return _with_findings(result, findings)
+
+
+def _gauges_finding(ran: int | None, peak_running: float | None) -> Finding | None:
+    """The client's "ran concurrently" against the server's sampled running gauge. Sampling can only miss a
+    peak, never add one: a gauge that saw more running at once than the client saw run together says the
+    client's timestamps are wrong (its host stalled between the requests' sends or reads)."""
+    if ran is None or peak_running is None or peak_running <= ran:
+        return None
+    return Finding(Reason.GAUGES_DISAGREE, (
+        f"the server's gauge saw {peak_running:g} requests running at once where the client saw {ran} run "
+        "concurrently; a sampled gauge can miss a peak, never add one"))
 
 
 def _g(value: float | None) -> str:
@@ -383,25 +476,50 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
                                       request_id=f"{arm}{i}") for i, p in enumerate(batch)))
                 return list(records), (time.perf_counter() - began) * target.time_scale   # the hardware's s
 
+            def missed(value: tuple[list[RequestRecord], float], arm: str = arm) -> Finding | None:
+                return burst_finding(value[0], what=f"the {arm} arm", time_scale=target.time_scale)
+
             try:
                 (records, wall), delta = await _bracketed(target, control, run_arm, lambda v: v[0], attempts,
-                                                          name=f"the {arm} arm")
+                                                          name=f"the {arm} arm", premise=missed)
             except _Contaminated as exc:
                 return _contaminated("prefix-order", f"prefix-order-K{agents}", exc, attempts)
-            arms[arm] = prefix_arm(records, wall, queries=delta(m.PREFIX_QUERIES), hits=delta(m.PREFIX_HITS))
+            except _NotDelivered as exc:   # stored as measured; prefix_order_result reads why it cannot stand
+                records, wall = exc.value  # type: ignore[misc]
+                arms[arm] = prefix_arm(records, wall, queries=exc.delta(m.PREFIX_QUERIES),
+                                       hits=exc.delta(m.PREFIX_HITS), time_scale=target.time_scale)
+                return prefix_order_result(arms, agents=agents, block=block, shared_len=shared_len,
+                                           task_tokens=task_tokens, attempts=attempts, time_scale=target.time_scale)
+            arms[arm] = prefix_arm(records, wall, queries=delta(m.PREFIX_QUERIES), hits=delta(m.PREFIX_HITS),
+                                   time_scale=target.time_scale)
     return prefix_order_result(arms, agents=agents, block=block, shared_len=shared_len, task_tokens=task_tokens,
                                attempts=attempts, time_scale=target.time_scale)
 
 
-def prefix_arm(records: list[RequestRecord], wall_s: float, *, queries: float, hits: float) -> dict[str, Any]:
-    """One arm: its wall time (the hardware's seconds), and the prefix cache's hits over its queries."""
+def prefix_arm(records: list[RequestRecord], wall_s: float, *, queries: float, hits: float,
+               time_scale: float = 1.0) -> dict[str, Any]:
+    """One arm: its wall time (the hardware's seconds), the prefix cache's hits over its queries, and how far
+    apart its sends left beside its first request's life (the hardware's seconds: its agents arrive together)."""
+    spread, life = (_scaled(x, time_scale) for x in send_spread(records))
     return {"wall_s": wall_s, "hit_rate": hits / queries if queries else None, "hits": hits, "queries": queries,
-            "errors": [r.error for r in records if not r.ok], "server_ids": [r.server_id for r in records]}
+            "errors": [r.error for r in records if not r.ok], "server_ids": [r.server_id for r in records],
+            "sends": len(records), "send_spread_s": spread, "first_life_s": life}
 
 
 def prefix_order_result(arms: dict[str, dict[str, Any]], *, agents: int, block: int, shared_len: int,
                         task_tokens: int, attempts: list[Attempt], time_scale: float = 1.0) -> ExperimentResult:
-    """The three arms side by side: how much faster the shared text first is, and its cache hits."""
+    """The three arms side by side: how much faster the shared text first is, and its cache hits. An arm whose
+    agents did not arrive together (or one the client never delivered, stored alone) makes it Invalid."""
+    findings = [f for arm, a in arms.items() if (f := spread_finding(
+        a.get("send_spread_s"), a.get("first_life_s"), sends=a.get("sends", 0), what=f"the {arm} arm")) is not None]
+    if findings or len(arms) < 3:
+        return ExperimentResult(
+            kind="prefix-order", key=f"prefix-order-K{agents}", status="Invalid",
+            reasons=[f.message for f in findings], reason_codes=[f.code for f in findings],
+            verdict=f"not measured: {'; '.join(f.message for f in findings)}", attempts=attempts,
+            discarded_steps=sum(1 for a in attempts if not a.accepted),
+            details={"block_size": block, "shared_tokens": shared_len, "task_tokens": task_tokens, "arms": arms,
+                     "time_scale": time_scale})
     sf, tf, un = arms["shared-first"], arms["task-first"], arms["unrelated"]
     speedup = min(tf["wall_s"], un["wall_s"]) / sf["wall_s"] if sf["wall_s"] else None
     verdict = (f"{agents} agents, {shared_len:,}-token shared block ({shared_len // block} blocks of {block}): "

@@ -33,7 +33,7 @@ from campaign.core.errors import (
 from campaign.core.vllm_bounds import out_of_bounds
 from campaign.http.endpoint import Timeouts
 from campaign.measure import capacity, study
-from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm
+from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm, past_model_window
 from campaign.measure.runner import Measurer
 from campaign.night import limits, store
 from campaign.night import replay as sim_virtual
@@ -337,7 +337,8 @@ class Campaign:
                 result = CellResult(spec=spec, phase=spec.phase, context_tokens=spec.context_tokens,
                                     concurrency=spec.concurrency, label=spec.label, status="Failed",
                                     **findings_fields([Finding(Reason.SERVER_DIED, "the server died during this "
-                                                               "cell, and again when it was retried")]))
+                                                               "cell, and again when it was retried"
+                                                               + past_model_window(spec, server.facts.model_window))]))
             assert result is not None
             # The raw GPU samples of the step the result describes (its last attempt); None: no GPU, or no step.
             step = monitor.take() if monitor is not None else None

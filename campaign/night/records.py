@@ -69,6 +69,13 @@ Format history:
     vllm:inter_token_latency_seconds) between the step's two scrapes, in the hardware's ms, and beside them
     `client_ttft_mean_ms`, the client's mean TTFT over the same requests. Older cells, a server without the
     histograms and a campaign replayed on a virtual clock have none (None).
+16 - experiments carry `reason_codes` beside their reasons, as cells do: `sends_spread` where a burst's sends
+    (the overload experiment's, a prefix-order arm's) left over more than a tenth of its first request's
+    life, measured again up to three times, then Invalid; `gauges_disagree` where the server's running gauge
+    saw more requests at once than the client saw run concurrently; `contaminated`. The overload experiment's
+    details and each prefix-order arm carry `send_spread_s` and `first_life_s` (the hardware's seconds).
+    Startup facts carry `model_window`, the model's own window where the log states it (max-model-len asked
+    past it). Older files have none (no codes, None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -93,7 +100,7 @@ from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -342,7 +349,7 @@ class Knee(_Record):
     concurrency: int = Field(description="the last concurrency worth its cost")
     next_concurrency: int = Field(description="the step after it")
     aggregate_gain_pct: float = Field(description="what that step adds in aggregate tokens/s, %")
-    per_request_loss_pct: float = Field(description="what it costs each request, %")
+    per_request_loss_pct: float = Field(description="what it costs each stream's stream tok/s, %")
 
 
 class CapacityAtSlo(_Record):
@@ -370,7 +377,7 @@ class ShortAnswers(_Record):
     context_window: int | None = Field(description="max_model_len as launched")
     max_num_seqs: Any = Field(description="the scheduler cap as launched; None: vLLM's card-size default")
     useful_concurrency: int | None = Field(description="requests at once that each still get the floor")
-    useful_floor_tok_s: float | None = Field(description="that floor, tokens/s per request")
+    useful_floor_tok_s: float | None = Field(description="that floor, in stream tok/s")
     capacity_at_floor: dict[str, int | None] = Field(description="per floor (tokens/s), the useful concurrency")
     naive_capacity: int | None = Field(description="aggregate peak / floor: what a naive reading would say")
     naive_capacity_warning: str | None = Field(description="said when the naive reading overstates capacity")
@@ -492,10 +499,11 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     8: _defaults_suffice,  # 8 -> 9: the manifest's clock (wall) and not_replayed (none)
     9: _hardware_units,    # 9 -> 10: a time-scaled run's figures in the hardware's units
     10: _defaults_suffice,  # 10 -> 11: settled.json is new (a run of fixed repeats has none)
-    11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored per-request rates kept as written
+    11: _defaults_suffice,  # 11 -> 12: startup facts' `assumed` (None); stored stream tok/s kept as written
     12: _defaults_suffice,  # 12 -> 13: cells' client_lag_max_ms (None: not stored)
     13: _defaults_suffice,  # 13 -> 14: cell specs' trace and results' trace_implied_hits (None: not a trace)
     14: _defaults_suffice,  # 14 -> 15: cells' server view (None: not read)
+    15: _defaults_suffice,  # 15 -> 16: experiments' reason codes (none) and facts' model_window (None)
 }
 
 

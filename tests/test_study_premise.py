@@ -1,0 +1,148 @@
+"""Issue 50: an experiment whose premise the client did not deliver (a burst whose sends did not leave together)
+is measured again, then stands Invalid with a typed reason, and the diff never judges it; a client reading that
+the server's own gauges contradict says so instead of standing beside them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from campaign.analysis.verdicts import _experiment_diffs
+from campaign.http.client import RequestRecord
+from campaign.measure import study
+from campaign.measure.cells import Reason
+from campaign.measure.runner import Target
+from campaign.night.launcher import LaunchedServer, launched
+from campaign.server.profiles import load_profile
+
+TIME_SCALE = 5.0
+
+
+def burst(n: int, *, spread_s: float, life_s: float, reply: int = 8) -> list[RequestRecord]:
+    """n requests whose sends are spread evenly over `spread_s`, each living `life_s` from its send."""
+    records = []
+    for i in range(n):
+        send = i * spread_s / max(1, n - 1)
+        chunks = [send + life_s * (k + 1) / reply for k in range(reply)]
+        records.append(RequestRecord(id=f"burst{i}", prompt_tokens=64, max_tokens=reply, send_t=send, status=200,
+                                     usage_prompt_tokens=64, usage_completion_tokens=reply, chunk_t=chunks,
+                                     chunk_tokens=[1] * reply, end_t=chunks[-1]))
+    return records
+
+
+def test_the_demos_burst_that_was_not_one_is_invalid_and_says_why() -> None:
+    """The demo's small-cache launch 2 (issue 50): 80 sends over 3.6 s, the first request done before the
+    second left, read "1 ran concurrently, 79 queued" as Valid beside gauges that saw up to 30 running and none
+    waiting. Both are now findings of an Invalid experiment, its figures kept for the reader."""
+    records = burst(80, spread_s=3.6, life_s=0.04)
+    gauges = [(0.5 + 0.25 * i, 30.0 if i < 4 else 10.0, 0.0) for i in range(12)]
+    result = study.overload_result(records, max_num_seqs=64, factor=1.25, wall_s=3.7, gauges=gauges, attempts=[])
+    assert result.status == "Invalid"
+    assert result.reason_codes == [Reason.SENDS_SPREAD, Reason.GAUGES_DISAGREE]
+    assert "80 sends left over 3,600.0 ms" in result.reasons[0]
+    assert "saw 30 requests running at once where the client saw 1 run concurrently" in result.reasons[1]
+    assert result.verdict.startswith("not measured: ") and "server gauges" not in result.verdict
+    assert result.details["send_spread_s"] == pytest.approx(3.6) and result.details["first_life_s"] == 0.04
+    assert result.values["ran_concurrently"] == 1.0   # kept as measured, never judged (status)
+
+
+def test_a_burst_that_left_together_stands() -> None:
+    """The baseline's burst of the same demo left within 1 ms: Valid, its spread stored (on a time-scaled
+    server, in the hardware's seconds), and gauges that saw no more running than the client counted agree."""
+    records = burst(80, spread_s=0.001, life_s=2.0)
+    gauges = [(0.25 * i, 64.0, 16.0) for i in range(8)]
+    result = study.overload_result(records, max_num_seqs=64, factor=1.25, wall_s=2.0, gauges=gauges, attempts=[],
+                                   time_scale=TIME_SCALE)
+    assert result.status == "Valid" and result.reason_codes == [] and result.reasons == []
+    assert result.details["send_spread_s"] == pytest.approx(0.001 * TIME_SCALE)
+    assert result.details["first_life_s"] == pytest.approx(2.0 * TIME_SCALE)
+    # Exactly at the limit still stands; just past it does not.
+    at = study.spread_finding(0.1, 1.0, sends=2, what="the burst")
+    past = study.spread_finding(0.1001, 1.0, sends=2, what="the burst")
+    assert at is None and past is not None and past.code == Reason.SENDS_SPREAD
+
+
+@pytest.fixture(scope="module")
+def a5000(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
+    profile, _ = load_profile("a5000-tp2")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CAMPAIGN_SIM_TIME_SCALE", str(TIME_SCALE))
+        with launched(profile, tmp_path_factory.mktemp("a5000") / "server.log", engine="sim") as server:
+            yield server
+
+
+def late_sends(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> list[str]:
+    """Every request but each step's first leaves `delay_s` late: the client's host, stalled on purpose."""
+    real: Callable[..., Awaitable[RequestRecord]] = study.stream_completion
+    sent: list[str] = []
+
+    async def delayed(*args: Any, request_id: str, **kwargs: Any) -> RequestRecord:
+        if not request_id.endswith("0"):
+            await asyncio.sleep(delay_s)
+        sent.append(request_id)
+        return await real(*args, request_id=request_id, **kwargs)
+
+    monkeypatch.setattr(study, "stream_completion", delayed)
+    return sent
+
+
+def test_a_burst_the_client_delays_is_measured_again_then_invalid(
+        a5000: LaunchedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over HTTP on the simulated A5000 pair: the burst's first request leaves at once, the others 0.5 s later,
+    when the first has long finished (16 tokens). Each attempt is discarded for it and the burst sent again,
+    three times; the experiment then stands Invalid with the typed reason and the last burst's spread."""
+    target: Target = a5000.target()
+    sent = late_sends(monkeypatch, 0.5)
+    result = asyncio.run(study.overload(target, max_num_seqs=2, prompt_tokens=32, reply_tokens=16))
+    assert len(sent) == 3 * 3   # three attempts of three requests each
+    assert [a.code for a in result.attempts] == [Reason.SENDS_SPREAD] * 3
+    assert not any(a.accepted for a in result.attempts) and result.discarded_steps == 3
+    # The gauges may also have seen the two late requests run together where the client counted one.
+    assert result.status == "Invalid" and result.reason_codes[0] == Reason.SENDS_SPREAD
+    assert set(result.reason_codes) <= {Reason.SENDS_SPREAD, Reason.GAUGES_DISAGREE}
+    assert result.details["send_spread_s"] >= 0.5 * TIME_SCALE
+    assert len(result.requests) == 3   # the last burst, stored as measured
+
+
+def test_a_prefix_order_arm_the_client_delays_is_invalid(
+        a5000: LaunchedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for prefix order: its first arm's agents did not arrive together, so the arms are not compared."""
+    target: Target = a5000.target()
+    late_sends(monkeypatch, 0.5)
+    result = asyncio.run(study.prefix_order(target, block_size=800, agents=2, shared_tokens=800, task_tokens=32,
+                                            reply_tokens=8))
+    assert result.status == "Invalid" and result.reason_codes == [Reason.SENDS_SPREAD]
+    assert "the shared-first arm" in result.reasons[0] and len(result.attempts) == 3
+    assert list(result.details["arms"]) == ["shared-first"]   # measured, kept, and not compared
+
+
+def test_an_undelayed_burst_over_http_stands_with_its_spread(a5000: LaunchedServer) -> None:
+    """The control: the same burst and arms, sent as the client sends them, are Valid, each with its spread."""
+    target: Target = a5000.target()
+    over = asyncio.run(study.overload(target, max_num_seqs=2, prompt_tokens=32, reply_tokens=16))
+    assert over.status == "Valid", over.reasons
+    assert over.details["send_spread_s"] <= study.SEND_SPREAD_SHARE * over.details["first_life_s"]
+    order = asyncio.run(study.prefix_order(target, block_size=800, agents=2, shared_tokens=800, task_tokens=32,
+                                           reply_tokens=8))
+    assert order.status == "Valid", order.reasons
+    assert all(arm["send_spread_s"] is not None for arm in order.details["arms"].values())
+
+
+def test_the_diff_never_judges_a_burst_that_was_not_one(tmp_path: Path) -> None:
+    """Three Valid bursts a side against three whose sends spread: nothing is judged from the Invalid side, and
+    the diff says which side was not Valid and why."""
+    good = study.overload_result(burst(80, spread_s=0.001, life_s=2.0), max_num_seqs=64, factor=1.25, wall_s=2.0,
+                                 gauges=[], attempts=[])
+    spread = study.overload_result(burst(80, spread_s=3.6, life_s=0.04), max_num_seqs=64, factor=1.25, wall_s=3.7,
+                                   gauges=[], attempts=[])
+    base = [good.model_dump(mode="json") for _ in range(3)]
+    other = [spread.model_dump(mode="json") for _ in range(3)]
+    (diff,) = _experiment_diffs(base, other, comparable=True)
+    assert diff.variant_statuses == ["Invalid"] and diff.variant_reasons == [Reason.SENDS_SPREAD]
+    assert diff.status_note == "variant: Invalid"
+    for metric in diff.metrics:
+        assert metric.n_variant == 0 and metric.verdict not in {"better", "worse", "no difference"}, metric
