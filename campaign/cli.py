@@ -42,7 +42,7 @@ from campaign.night.launcher import launched
 from campaign.night.limits import raise_open_files
 from campaign.night.matrix import load_matrix
 from campaign.night.orchestrate import preflight
-from campaign.night.planning import make_plan
+from campaign.night.planning import left_out, make_plan
 from campaign.night.progress import Progress
 from campaign.night.store import latest_run
 from campaign.report import calibration as calibration_report
@@ -397,8 +397,10 @@ def plan(
                f"({engine or prof.engine}, serving {prof.served_name}); flags checked against {checked.source}")
     for warning in checked.warnings:
         typer.echo(warning.line())
-    typer.echo(report.text(report.plan_tables(make_plan(loaded, prof, latest_run(out, loaded.name)),
-                                              repeats=loaded.repeats)))
+    planned = make_plan(loaded, prof, latest_run(out, loaded.name))
+    typer.echo(report.text(report.plan_tables(planned, repeats=loaded.repeats)))
+    for line in left_out(planned):   # the estimate covers what will run
+        typer.echo(line)
 
 
 @app.command()

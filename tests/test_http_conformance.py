@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 from fakes.raw_http import (
     DONE,
@@ -46,6 +47,8 @@ from fakes.raw_http import (
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
 from campaign.http.streamclient import Limits, Reply, SSEDecoder, StreamClient, StreamError, StreamTimeout
+from campaign.night.launcher import launched
+from campaign.server.profiles import load_profile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -941,3 +944,33 @@ def test_closing_the_client_ends_a_request_in_flight_at_once(arun: Runner[Any]) 
         record, took = arun(run(server.url))
     assert not record.ok and record.error_kind == "closed" and "client was closed" in (record.error or "")
     assert took < 1.0
+
+
+# -- the API key guards what vLLM's guards, no more -------------------------------------------------------------
+
+
+def test_the_simulators_api_key_guards_only_the_paths_vllms_guards(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.32's AuthenticationMiddleware asks for the key only under /v1 (and /v2, /inference, /cohere): a
+    simulator behind a key answers /tokenize, /detokenize and the dev mode's /reset_prefix_cache without it, and
+    refuses /v1/completions."""
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
+    monkeypatch.setenv("SIM_KEY", "sk-sim-test")
+    profile, _ = load_profile("a5000-tp2")
+    profile = profile.model_copy(update={"api_key_env": "SIM_KEY",
+                                         "env": {**profile.env, "VLLM_SERVER_DEV_MODE": "1"}})
+    with launched(profile, tmp_path / "server.log", engine="sim") as server:
+        base = server.spec.base_url
+        model = server.spec.served_model_name
+        tokens = httpx.post(f"{base}/tokenize", json={"model": model, "prompt": "hello world"}, timeout=30)
+        assert tokens.status_code == 200, tokens.text
+        ids = tokens.json()["tokens"]
+        text = httpx.post(f"{base}/detokenize", json={"model": model, "tokens": ids}, timeout=30)
+        assert text.status_code == 200, text.text
+        reset = httpx.post(f"{base}/reset_prefix_cache", timeout=30)
+        assert reset.status_code == 200, reset.text
+        body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 1}
+        assert httpx.post(f"{base}/v1/completions", json=body, timeout=30).status_code == 401
+        keyed = httpx.post(f"{base}/v1/completions", json=body, timeout=30,
+                           headers={"Authorization": "Bearer sk-sim-test"})
+        assert keyed.status_code == 200, keyed.text

@@ -308,7 +308,8 @@ def test_littles_law_starts_the_concurrency_search_at_the_rate_times_the_mean_la
 @pytest.mark.parametrize("axis, limit, start, expected", [
     ("concurrency", 21, 23, [23, 21, 22]),          # just past the answer: one probe below it, then neighbours
     ("concurrency", 21, 20, [20, 22, 21]),          # just below: one step up past it
-    ("rate", 3.1, 3.3, [3.3, 2.99, 3.14]),    # rates: the resolution squared (1.1025); 5% at three figures
+    # Rates: the resolution squared (1.1025), then 3.14 over 2.99 is 5.02%, over the 5%: one probe more.
+    ("rate", 3.1, 3.3, [3.3, 2.99, 3.14, 3.06]),
 ])
 def test_a_search_started_near_the_answer_opens_its_bracket_by_small_steps(
         axis: Literal["rate", "concurrency"], limit: float, start: float, expected: list[float]) -> None:
@@ -330,6 +331,37 @@ def test_a_search_started_near_the_answer_opens_its_bracket_by_small_steps(
     wide: list[float] = []
     asyncio.run(capacity.search(_threshold(5.0, wide), axis="rate", start=2.0, floor=0.01, near=True))
     assert wide[:5] == [2.0, 2.21, 2.69, 3.6, 5.32]
+
+
+@pytest.mark.parametrize("low, high, resolved", [
+    (9.99, 10.5, False),    # 5.1% apart: rounding 9.99 x 1.05 = 10.4895 up to 10.5 once let it through
+    (9.99, 10.4, True),     # 4.1%
+    (9.51, 9.99, False),    # 5.05%: 9.51 x 1.05 = 9.9855 read 9.99
+    (2.97, 3.11, True),     # 4.7%
+    (2.0, 2.1, True),       # exactly 5%, float noise and all
+    (0.3, 0.316, False),    # 5.3%
+])
+def test_a_rate_bracket_is_resolved_only_within_the_resolution(low: float, high: float, resolved: bool) -> None:
+    """Resolved means the first fail is at most 5% above the last pass, a decade boundary or not."""
+    assert capacity._resolved(low, high, integer=False, resolution=0.05) is resolved
+
+
+def test_a_search_across_a_decade_boundary_ends_within_its_resolution() -> None:
+    """Started at its limit just below 10 req/s, the search used to stop at 9.99 and 10.5 (5.1%); it now
+    probes between them until the first fail is within 5%."""
+    result = asyncio.run(capacity.search(_threshold(9.99), axis="rate", start=9.99, floor=0.01, near=True))
+    assert result.resolved and result.last_pass == 9.99 and result.first_fail is not None
+    assert result.first_fail <= 9.99 * 1.05
+
+
+def test_a_resolution_finer_than_three_figures_ends_at_the_next_probed_value() -> None:
+    """Rates are probed at three significant figures: at a 0.1% resolution no value lies between 6.1 and 6.11
+    (0.16% apart), so the search ends there, resolved, rather than spend its budget on unrounded midpoints."""
+    result = asyncio.run(capacity.search(_threshold(6.1), axis="rate", start=1.0, floor=0.01, resolution=0.001,
+                                         max_probes=40))
+    assert result.resolved and (result.last_pass, result.first_fail) == (6.1, 6.11), result.probes
+    assert capacity._resolved(9.99, 10.0, integer=False, resolution=0.001)
+    assert not capacity._resolved(9.99, 10.1, integer=False, resolution=0.001)
 
 
 def _curved(edge: float, seen: list[float], *, power: float = 3.0, noise: float = 1.0) -> Any:

@@ -237,3 +237,121 @@ def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(t
     assert task.launches == {"launch-1": "launch-2"} and stored["launch"] == "launch-2"
     assert (run.root / "variants/A/launch-2/warmup.json").exists()
     assert not (run.root / "variants/A/cells/prefill-L8/bad.json").exists()  # warned, never fatal
+
+
+# --- a trace cell on Ray (issue 50): its file travels with the task ----------------------------------------
+AZURE_CONV = PROJECT_ROOT / "matrices" / "traces" / "azure-conv-2023-1k.csv"
+
+
+def _trace_night(tmp_path: Path) -> tuple[Path, Path]:
+    """A trace matrix whose file is on the controller only (controller/conv.csv): its path and the matrix's."""
+    trace = tmp_path / "controller" / "conv.csv"
+    trace.parent.mkdir()
+    trace.write_bytes(AZURE_CONV.read_bytes())
+    matrix = tmp_path / "t.yaml"
+    matrix.write_text("name: t\nprofile: h200\nbaseline: a\nvariants:\n  - name: a\nrepeats: 1\nwarmup: false\n"
+                      "workloads:\n  - {kind: trace, file: controller/conv.csv, duration_s: 30}\n")
+    return trace, matrix
+
+
+def test_a_trace_matrix_is_let_through_to_the_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace workload used to be refused before the night on --executor ray; every check before the cluster
+    now lets it through (the cluster stands in here: reached, it says so)."""
+    from campaign.cli import run_cli
+    from campaign.core.errors import CampaignError
+    from campaign.night import ray_executor
+
+    def reached(address: str | None, widest: int, *, simulated_gpus: int | None = None) -> None:
+        raise CampaignError("reached the cluster")
+
+    monkeypatch.setattr(ray_executor, "connect", reached)
+    _, matrix = _trace_night(tmp_path)
+    capsys.readouterr()
+    code = run_cli(["run", str(matrix), "--engine", "sim", "--executor", "ray", "--out", str(tmp_path / "runs")])
+    assert (code, capsys.readouterr().err) == (1, "Error: reached the cluster\n")
+
+
+def test_a_trace_travels_with_its_ray_task_and_its_records_name_the_controllers_file(tmp_path: Path) -> None:
+    """The controller reads the night's traces once; the node, which has no such file, writes its copy into
+    its scratch run and rebuilds the very cells the controller planned (same keys), replaying the copy's
+    requests; the records it streams back name the controller's file. A trace edited since the run began is
+    refused on the controller, and a copy that is not what the run began with on the node."""
+    import json as _json
+
+    from campaign.core.errors import ConfigError
+    from campaign.night import orchestrate, ray_executor
+    from campaign.night.launch import Options
+    from campaign.night.progress import Progress
+    from campaign.server.profiles import load_profile
+
+    trace, matrix_file = _trace_night(tmp_path)
+    matrix, matrix_path, _ = load_matrix(str(matrix_file))
+    profile, profile_path = load_profile("h200")
+    run = store.RunDir.create(tmp_path / "runs", "t")
+    store.write_new(run.manifest_path, orchestrate.manifest(matrix, matrix_path, profile, profile_path,
+                                                            Options(engine="sim")))
+    shipped = ray_executor.trace_files(run)
+    assert shipped == {str(trace): AZURE_CONV.read_bytes()}
+    (planned,) = matrix.cells()
+    trace.rename(tmp_path / "elsewhere.csv")   # the node's view: no such file
+
+    node = tmp_path / "node"
+    node.mkdir()
+    text, back = ray_executor.localized(node, run.manifest_path.read_text(), shipped)
+    (node / "manifest.json").write_text(text)
+    (cell,) = store.RunDir(node).manifest().matrix_model().cells()
+    assert cell.key == planned.key and cell.trace is not None and planned.trace is not None
+    assert cell.trace.path != planned.trace.path == str(trace)
+    assert len(cell.trace.load()) == planned.trace.requests   # replayed from the node's copy
+
+    record = node / "variants" / "a" / "cells" / cell.key / "rep-0.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(_json.dumps({"variant": "a", "result": {"spec": cell.model_dump(mode="json")}}))
+    sent: list[dict[str, object]] = []
+    ray_executor._Streamer(node, sent.append, back).flush()
+    (event,) = sent
+    ((_, streamed),) = event["files"]  # type: ignore[misc]
+    assert _json.loads(streamed)["result"]["spec"]["trace"]["path"] == str(trace)
+
+    # Edited since the run began: refused on the controller before any cluster, and on a node.
+    (tmp_path / "elsewhere.csv").rename(trace)
+    trace.write_bytes(AZURE_CONV.read_bytes() + b"\n")
+    with pytest.raises(ConfigError, match="the trace changed since the run began"):
+        ray_executor.RayExecutor(run, Progress(total_cells=0, estimate_s=0, live=False), engine="sim").execute([])
+    with pytest.raises(ConfigError, match="the trace changed since the run began"):
+        ray_executor.localized(tmp_path / "node2", run.manifest_path.read_text(), {str(trace): trace.read_bytes()})
+
+
+@pytest.mark.cpu_heavy
+def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path: Path) -> None:
+    """End to end on a local Ray (the simulated H200's one card: the launches run one after another). Once the
+    first cell is back the trace file is moved away (a node without the controller's files), and back once the
+    second is (the controller's diff reads it at the end): the second launch still replays the trace, from the
+    bytes its task carries, and every record names the controller's file."""
+    trace, matrix = _trace_night(tmp_path)
+    matrix.write_text(matrix.read_text().replace("  - name: a\n", "  - name: a\n  - name: b\n"
+                                                                   "    flags: {max-num-seqs: 64}\n"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CAMPAIGN_SIM_TIME_SCALE": "20"}
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+                             str(tmp_path / "runs"), "--plain", "--executor", "ray"], cwd=PROJECT_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    away = tmp_path / "elsewhere.csv"
+    try:
+        for count, (source, target) in enumerate([(trace, away), (away, trace)], 1):
+            deadline = time.monotonic() + 120
+            while len(list(tmp_path.glob("runs/t/*/variants/*/cells/*/rep-*.json"))) < count:
+                assert time.monotonic() < deadline and proc.poll() is None, f"cell {count} never came back"
+                time.sleep(0.05)
+            source.rename(target)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    run = store.RunDir(next((tmp_path / "runs" / "t").glob("*")))
+    cells = run.cells()
+    assert len(cells) == 3 and all(c.result.status == "Valid" for c in cells), [
+        (c.variant, c.result.status, c.result.reasons) for c in cells]
+    assert {c.result.spec.trace.path for c in cells if c.result.spec.trace} == {str(trace)}

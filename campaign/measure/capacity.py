@@ -146,10 +146,23 @@ def _placed(guess: float | None, low: float, high: float, fallback: float, *, in
     return float(round(x)) if integer else float(f"{x:.3g}")
 
 
+def _next_probed(x: float) -> float:
+    """The smallest value of three significant figures above `x` (rates are probed at three: 9.99 -> 10.0)."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - 2)
+    steps = math.floor(float(f"{x / unit:.9g}")) + 1   # x / unit in [100, 1000), read past float noise
+    return float(f"{steps * unit:.3g}")
+
+
 def _resolved(low: float, high: float, *, integer: bool, resolution: float) -> bool:
-    """Within `resolution` of each other, at the three significant figures rates are probed at (2.97 and 3.12
-    are 5% apart: 2.97 x 1.05 is 3.1185, which is 3.12), or for concurrency, that or neighbours."""
-    return high <= float(f"{low * (1 + resolution):.3g}") or (integer and high - low <= 1)
+    """The first failing value truly within `resolution` of the last passing one (high / low at most 1.05, a
+    hair of float noise allowed: rounding the bound to three figures let 9.99 and 10.5, 5.1% apart, through),
+    or no value of three figures left strictly between them to probe (a resolution finer than the figures
+    allow still ends); for concurrency, that or neighbours."""
+    if integer and high - low <= 1:
+        return True
+    if high <= low * (1 + resolution) * (1 + 1e-9):
+        return True
+    return not integer and low > 0 and high <= _next_probed(low)
 
 
 async def search(probe: Callable[[float], Awaitable[Probe]], *, axis: Literal["rate", "concurrency"],

@@ -15,8 +15,8 @@ from campaign.core.errors import CampaignError, ConfigError, LaunchError
 from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
-from campaign.measure.cells import CellSpec
-from campaign.night.matrix import DecodeWorkload, Matrix
+from campaign.measure.cells import CellSpec, longest_request
+from campaign.night.matrix import ContextWindowExperiment, DecodeWorkload, LongContextExperiment, Matrix
 from campaign.server import flag_list
 from campaign.server.flag_values import canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
@@ -24,6 +24,8 @@ from campaign.server.vllm_flags import normalize_flag
 
 # Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
 FD_RESERVE = 64
+# The flags whose product is a launch's width in GPUs (flag_values.parallel_width).
+PARALLEL_SIZES = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
 # Flags that change the model's config, and so the window vLLM derives from it (rope_scaling, YaRN).
 WINDOW_OVERRIDES = frozenset({"hf-overrides", "rope-scaling", "rope-theta"})
 # vLLM 0.32's max-num-seqs when not set (vllm/engine/arg_utils.py): 1024 on cards of 70 GiB or more but the
@@ -38,6 +40,7 @@ class PlanWarning(StrEnum):
     ABOVE_SEATS = "above_seats"
     OPEN_FILES = "open_files"
     DEV_MODE_EXPOSED = "dev_mode_exposed"
+    STRETCHED_WINDOW = "stretched_window"
 
 
 HINTS: dict[PlanWarning, str] = {
@@ -50,6 +53,12 @@ HINTS: dict[PlanWarning, str] = {
                             "measures",
     PlanWarning.DEV_MODE_EXPOSED: "keep host 127.0.0.1, or drop VLLM_SERVER_DEV_MODE (trace and rate cells then "
                                   "stand on fresh prompts, their cache not reset)",
+    # vLLM's own warning (config/model.py): past it positions "lead to nan" with RoPE, "a CUDA array
+    # out-of-bounds error" with absolute ones; public reports: a device-side assert at the first such request.
+    PlanWarning.STRETCHED_WINDOW: "vLLM serves it, but a request past the model's max_position_embeddings can "
+                                  "crash the engine (a CUDA device-side assert, index out of bounds) or read NaNs: "
+                                  "keep the cells within the model's window, or raise the window by RoPE scaling "
+                                  "(hf-overrides) where the model supports it",
 }
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -75,6 +84,11 @@ class Notice:
 
     def line(self) -> str:
         return f"warning: {self.message} ({self.hint})"
+
+
+def reach(spec: CellSpec) -> int:
+    """The tokens a cell needs of a window, as the runner checks them: its longest prompt and reply."""
+    return sum(longest_request(spec))
 
 
 def _places(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None,
@@ -104,10 +118,19 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
             return
         count, what = cards[1], f"the profile's hardware {profile.hardware}"
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
-        width = parallel_width(canonical(profile.flags, flags, overrides or {}))
-        if width is not None and width > count:
-            raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
-                              f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
+        merged = canonical(profile.flags, flags, overrides or {})
+        width = parallel_width(merged)
+        if width is None or width <= count:
+            continue
+        # Named where a factor that widens it was written: --set, else the variant, else the profile.
+        wide = {k for k in PARALLEL_SIZES if number_of(BOUNDS[k], merged.get(k, 1)) not in (None, 1)}
+        given = [k for k in overrides or {} if canonical({k: None}).keys() & wide]
+        if given:
+            where, key = "launch --set", ", ".join(given)
+        elif not canonical(flags).keys() & wide:
+            where, key = str(profile_path), "flags"
+        raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
+                          f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
 
 
 def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
@@ -141,6 +164,49 @@ def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
                           "model_shape); vLLM refuses it",
                           hint=f"lower max-model-len to {shape.window} or less, or set {LONG_MODEL_LEN_ENV}=1 in "
                                "the profile's env where the model's RoPE scaling allows it")
+
+
+def stretched_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+                     matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> list[Notice]:
+    """Each launch whose max-model-len passes the model's window because VLLM_ALLOW_LONG_MAX_MODEL_LEN lets it
+    (check_window refuses it otherwise), said with the cells and experiments that reach past the model's
+    window: vLLM serves the launch, and may crash at the first request longer than the model knows."""
+    shape = MODELS.get((profile.model_shape or "").lower())
+    allowed = profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
+    if shape is None or shape.window is None or not long_model_len_allowed(allowed):
+        return []
+    notices = []
+    for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
+        merged = canonical(profile.flags, flags, overrides or {})
+        value = merged.get("max-model-len")
+        asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
+        if WINDOW_OVERRIDES & merged.keys() or asked is None or asked <= shape.window:
+            continue
+        if "max-model-len" in canonical(overrides or {}):
+            where, key = "launch --set", "max-model-len"
+        elif "max-model-len" not in canonical(flags):
+            where, key = str(profile_path), "flags"
+        past = [] if matrix is None else _past(matrix, shape.window, int(asked))
+        notices.append(Notice(PlanWarning.STRETCHED_WINDOW, (
+            f"{where}: {key}: {name}: max-model-len {asked:,.0f} is past the model's window, {shape.window:,} "
+            f"tokens (max_position_embeddings of {shape.name}), stretched by {LONG_MODEL_LEN_ENV}; "
+            + (f"past {shape.window:,} tokens: {', '.join(past)}" if past
+               else "no cell or experiment reaches past it"))))
+    return notices
+
+
+def _past(matrix: Matrix, window: int, asked: int) -> list[str]:
+    """The cells and experiments that send a prompt and reply longer than `window` (to at most `asked`, the
+    launch's: longer ones are refused, not sent), each with its tokens."""
+    out = [f"{c.key} ({reach(c):,} tokens)" for c in matrix.cells() if window < reach(c) <= asked]
+    for experiment in matrix.experiments():
+        if isinstance(experiment, ContextWindowExperiment):   # its prompts fill the launch's window
+            out.append(f"{experiment.key} ({asked:,} tokens)")
+        elif isinstance(experiment, LongContextExperiment):
+            sent = [c + experiment.reply_tokens for c in experiment.contexts if window < c + experiment.reply_tokens
+                    <= asked]
+            out += [f"{experiment.key} ({max(sent):,} tokens)"] if sent else []
+    return out
 
 
 def unlisted_flags(unlisted: list[flag_list.FlagUse], source: str) -> list[Notice]:

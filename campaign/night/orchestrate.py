@@ -28,7 +28,6 @@ from campaign.night.matrix import (
     AUTO_FIRST_ROUNDS,
     AUTO_MAX_REPEATS,
     Matrix,
-    TraceWorkload,
     definition_hash,
     load_matrix,
     night_uses,
@@ -88,7 +87,8 @@ def preflight(profile: LaunchProfile, profile_path: Path, engine: str | None, ma
     seats = [] if matrix is None else limits.check_concurrency(matrix, matrix_path, profile, overrides,
                                                                here=will_launch)
     exposed = limits.dev_mode_exposed(profile, profile_path)
-    return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats, *exposed])
+    stretched = limits.stretched_window(profile, profile_path, matrix, matrix_path, overrides)
+    return Checked(flags.source, [*limits.unlisted_flags(unlisted, flags.source), *seats, *exposed, *stretched])
 
 
 def declare_secrets(profile: LaunchProfile, matrix: Matrix | None = None,
@@ -351,7 +351,7 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
         matrix, not_replayed = sim_night.replayable(matrix, matrix_path)
     checked = preflight(profile, profile_path, engine, matrix, matrix_path, placed=gpus is not None or ray)
     gpus = gpus if gpus is not None or ray or clock == "virtual" else _profile_pool(profile, profile_path)
-    _check_ray_options(ray, gpus, ray_address, matrix, matrix_path)
+    _check_ray_options(ray, gpus, ray_address)
     if ray:
         widest = max(pool.width(profile, dict(v.flags)) for v in matrix.all_variants())
         # The simulator on a local Ray: the simulated cards (the profile's hardware), at least the widest launch.
@@ -402,7 +402,7 @@ def resumed(root: Path, *, engine: str | None, more_repeats: int | None, gpus: l
         notices += [f"resuming {run.root}: {len(run.cells())} cells already stored", *_unlocked(locked)]
         # A resume keeps its executor and pool unless given others.
         on_ray = stored.executor == "ray" if ray is None else ray
-        _check_ray_options(on_ray, gpus, ray_address, matrix, Path(stored.matrix.path))
+        _check_ray_options(on_ray, gpus, ray_address)
         gpus = None if on_ray else (gpus if gpus is not None else stored.pool)
         if gpus is not None:
             check_pool(gpus, engine, mixed_gpus=mixed_gpus)
@@ -440,13 +440,7 @@ def _ray_address(given: str | None) -> str | None:
     return given or os.environ.get("RAY_ADDRESS") or None
 
 
-def _check_ray_options(ray: bool, gpus: list[int] | None, address: str | None, matrix: Matrix,
-                       matrix_path: Path) -> None:
-    traced = [i for i, w in enumerate(matrix.workloads) if isinstance(w, TraceWorkload)]
-    if ray and traced:
-        # A Ray node rebuilds its cells from the matrix, reading the trace at this machine's path.
-        raise ConfigError(str(matrix_path), f"workloads[{traced[0]}]", "a trace is read on this machine; a Ray node "
-                          "would look for it at this machine's path", hint="run it without --executor ray")
+def _check_ray_options(ray: bool, gpus: list[int] | None, address: str | None) -> None:
     if ray and gpus is not None:
         raise CampaignError("--gpus and --executor ray: Ray places launches on its nodes' GPUs itself",
                             hint="drop --gpus (Ray's num_gpus per node says what each node has)")

@@ -4,11 +4,16 @@ An estimate is built from token counts and rates: what each cell and each experi
 context-window probe on a 131K-token window sends two prompts of about 131K tokens), at the prefill and
 decode rates and the start-up time the last run of the same campaign measured, or at stated guesses when
 there is none. After a run, each launch's actual time (start to stopped, from server.json and stop.json)
-stands beside its estimate, and the next plan scales its estimate by how far off the last one was.
+stands beside its estimate, and the next plan scales its estimate by how far off the last one was. A launch's
+estimate leaves out the cells it will not run, as far as the last run says what its server became: over
+capacity at its variant's KV cache (skipped), or past its window (max-model-len).
 
 A plan also says, per variant, the smallest change its launches can tell apart from the rig's noise (how much
 a cell's headline figure moves between launches: measured by the last run, else stated in the profile), given
 how many tests the variant's verdicts will rest on, and warns when that is above the matrix's minimum effect.
+
+Long (about 520 lines): the estimate, what each launch will not run, the rig's noise and the plan that prints
+them read the same last run, and are kept in one place so that the plan and the night's ETA agree.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from pydantic import ValidationError
 
 from campaign.core import stats
 from campaign.core.errors import CampaignError
+from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure.cells import CellSpec, over_capacity, primary_metric
 from campaign.measure.judged import FAMILY_ALPHA, PHASE_METRICS, TAIL_METRICS, TAIL_MIN_REPEATS, TELEMETRY_METRICS
+from campaign.night.limits import reach
 from campaign.night.matrix import (
     AUTO_MAX_REPEATS,
     AgentsExperiment,
@@ -38,7 +45,9 @@ from campaign.night.matrix import (
     SloSearchExperiment,
     schedule,
 )
+from campaign.night.progress import fmt_duration
 from campaign.night.store import RunDir
+from campaign.server.flag_values import canonical
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 from campaign.server.vllm_flags import normalize_flag
@@ -72,6 +81,8 @@ class Rates:
     source: str  # said with every estimate: measured where, or guessed
     correction: float = 1.0  # the last run's actual / estimated time per launch (its median)
     noise: Noise = UNKNOWN_NOISE  # between launches, from the same run (or profile) as the rates
+    # Each variant's server as the last run found it (KV cache, block size, window): what its launches skip.
+    servers: dict[str, StartupFacts] = field(default_factory=dict)
 
 
 GUESSED = Rates(GUESS_PREFILL_TOK_S, GUESS_DECODE_TOK_S, GUESS_LAUNCH_S,
@@ -154,14 +165,24 @@ def power(matrix: Matrix, noise: Noise) -> list[Power]:
 class Estimate:
     launches: int
     launch_s: float
-    cells_s: float  # the cells of one launch, warm-up and warm check included
+    # The cells of one launch, warm-up and warm check included, each launch without the cells it will not run:
+    # the mean over the schedule's launches (variant_cells_s: each variant's).
+    cells_s: float
     experiments_s: dict[str, float] = field(default_factory=dict)  # per experiment key, one launch
     rates: Rates = GUESSED
     power: list[Power] = field(default_factory=list)  # per variant judged: the smallest change it can tell
+    variant_cells_s: dict[str, float] = field(default_factory=dict)   # per variant: its launches' cells_s
+    # Per variant, the cells its launches will not run (key: why), left out of its estimate.
+    not_run: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def per_launch_s(self) -> float:
+        """A launch of the schedule, on average (variant_launch_s: one variant's)."""
         return (self.launch_s + self.cells_s + sum(self.experiments_s.values())) * self.rates.correction
+
+    def variant_launch_s(self, variant: str) -> float:
+        cells = self.variant_cells_s.get(variant, self.cells_s)
+        return (self.launch_s + cells + sum(self.experiments_s.values())) * self.rates.correction
 
     @property
     def total_s(self) -> float:
@@ -172,7 +193,9 @@ class Estimate:
                 "launch_s": round(self.launch_s, 1), "cells_s": round(self.cells_s, 1),
                 "experiments_s": {k: round(v, 1) for k, v in self.experiments_s.items()},
                 "correction": round(self.rates.correction, 3), "rates_source": self.rates.source,
-                "power": [p.to_json() for p in self.power]}
+                "power": [p.to_json() for p in self.power],
+                "variant_launch_s": {v: round(self.variant_launch_s(v), 1) for v in self.variant_cells_s},
+                "not_run": {v: keys for v, keys in self.not_run.items() if keys}}
 
 
 def cell_s(spec: CellSpec, rates: Rates) -> float:
@@ -255,15 +278,57 @@ def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> f
     return total
 
 
-def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates = GUESSED) -> Estimate:
-    cells = matrix.cells()
-    per_cells = sum(cell_s(c, rates) for c in cells)
-    if cells and matrix.warmup:  # the warm-up's long prompts, and the first cell measured again at the end
+OVER_CAPACITY = "over capacity"   # how not_run's reasons begin: skipped at the KV cache ...
+OVER_WINDOW = "over the window"   # ... or past max-model-len (Invalid, not sent)
+
+
+def window_of(profile: LaunchProfile, flags: dict[str, Any], facts: StartupFacts) -> int | None:
+    """A launch's max-model-len: as its flags ask, else as the last run's server had it; None: unknown."""
+    asked = canonical(profile.flags, flags).get("max-model-len")
+    read = None if asked is None else number_of(BOUNDS["max-model-len"], asked)
+    return int(read) if read is not None else facts.max_model_len
+
+
+def not_run(cells: list[CellSpec], facts: StartupFacts, window: int | None) -> dict[str, str]:
+    """The cells a launch of a server with these facts will not run (key: why), as the runner decides it: a
+    decode cell over capacity at its KV cache is skipped, any cell whose longest prompt and reply pass its
+    window is not sent."""
+    out: dict[str, str] = {}
+    for c in cells:
+        if c.phase == "decode" and over_capacity(context_tokens=c.context_tokens, output_tokens=c.max_tokens,
+                                                 concurrency=c.concurrency, kv_cache_tokens=facts.kv_cache_tokens,
+                                                 block_size=facts.block_size):
+            out[c.key] = f"{OVER_CAPACITY} at its KV cache of {facts.kv_cache_tokens or 0:,} tokens"
+        elif window is not None and reach(c) > window:
+            out[c.key] = f"{OVER_WINDOW}: {reach(c):,} tokens past its max-model-len of {window:,}"
+    return out
+
+
+def launch_cells_s(cells: list[CellSpec], matrix: Matrix, rates: Rates) -> float:
+    """One launch's cells (those it runs), with the warm-up's long prompts and the first cell measured again."""
+    total = sum(cell_s(c, rates) for c in cells)
+    if cells and matrix.warmup:
         longest = max(c.context_tokens for c in cells)
-        per_cells += 2 * longest / rates.prefill_tok_s + cell_s(cells[0], rates)
-    return Estimate(launches=launches, launch_s=rates.launch_s, cells_s=per_cells,
+        total += 2 * longest / rates.prefill_tok_s + cell_s(cells[0], rates)
+    return total
+
+
+def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates = GUESSED) -> Estimate:
+    """`launches` launches of the matrix at the rates; each variant's without the cells it will not run (where
+    rates.servers says what its server became), so a launch's figure is the schedule's mean."""
+    cells = matrix.cells()
+    skipped: dict[str, dict[str, str]] = {}
+    per_variant: dict[str, float] = {}
+    for variant in matrix.ordered_variants():
+        facts = rates.servers.get(variant.name, StartupFacts())
+        skipped[variant.name] = not_run(cells, facts, window_of(profile, dict(variant.flags), facts))
+        per_variant[variant.name] = launch_cells_s([c for c in cells if c.key not in skipped[variant.name]],
+                                                   matrix, rates)
+    order = [name for name, _ in schedule(matrix)]
+    mean = statistics.fmean(per_variant[name] for name in order) if order else launch_cells_s(cells, matrix, rates)
+    return Estimate(launches=launches, launch_s=rates.launch_s, cells_s=mean,
                     experiments_s={e.key: experiment_s(e, matrix, profile, rates) for e in matrix.experiments()},
-                    rates=rates, power=power(matrix, rates.noise))
+                    rates=rates, power=power(matrix, rates.noise), variant_cells_s=per_variant, not_run=skipped)
 
 
 def _int_flag(flags: dict[str, Any], name: str) -> int | None:
@@ -346,9 +411,13 @@ def run_noise(run: RunDir) -> Noise | None:
 
 
 def _speeds_from(run: RunDir | None, profile: LaunchProfile | None) -> Rates:
+    servers: dict[str, StartupFacts] = {}
     try:
         cells = [c.result for c in run.cells() if c.result.status == "Valid"] if run is not None else []
-        ready = [s.ready_s for s in run.ready_servers()] if run is not None else []
+        launched = run.ready_servers() if run is not None else []
+        ready = [s.ready_s for s in launched]
+        for server in launched:
+            servers.setdefault(server.variant, server.facts)
         # A simulator's run at a time scale lived its launches that many times faster than the hardware (its
         # stored figures are the hardware's already, format 10); in simulated time the launches took no time to
         # speak of, and calibrate nothing.
@@ -371,7 +440,8 @@ def _speeds_from(run: RunDir | None, profile: LaunchProfile | None) -> Rates:
         prefill_tok_s=statistics.median(prefill) if prefill else GUESS_PREFILL_TOK_S,
         decode_tok_s=statistics.median(decode) if decode else GUESS_DECODE_TOK_S,
         launch_s=statistics.median(ready) if ready else GUESS_LAUNCH_S,
-        source=f"measured in {run.root}" + ("" if prefill and decode and ready else " (partly guessed)"))
+        source=f"measured in {run.root}" + ("" if prefill and decode and ready else " (partly guessed)"),
+        servers=servers)
     try:
         actual = [t.actual_s * scale for t in launch_times(run)]
         # How far this model is off even at the measured rates (overheads it does not see): the last run's
@@ -392,6 +462,8 @@ class VariantPlan:
     flags: dict[str, Any]
     kv_cache_tokens: int | None  # as the last run found it; None: unknown until launched
     skipped: list[str]  # cells over capacity at that KV cache: will be skipped
+    launches: int = 0   # in the schedule
+    not_run: dict[str, str] = field(default_factory=dict)   # key: why; skipped, or past the window
 
 
 @dataclass(frozen=True)
@@ -414,23 +486,20 @@ class Plan:
 def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -> Plan:
     order = schedule(matrix)
     cells = matrix.cells()
-    known: dict[str, StartupFacts] = {}
     previous_times: list[LaunchTime] = []
     if previous is not None:
         try:
-            for server in previous.ready_servers():
-                known.setdefault(server.variant, server.facts)
             previous_times = launch_times(previous)
         except CampaignError:
             previous = None  # unreadable by this version: planned as if there were no last run
+    planned = estimate(matrix, profile, len(order), rates_from(previous, profile))
     variants = []
     for variant in matrix.ordered_variants():
-        facts = known.get(variant.name, StartupFacts())
-        skipped = [c.key for c in cells if c.phase == "decode" and over_capacity(
-            context_tokens=c.context_tokens, output_tokens=c.max_tokens, concurrency=c.concurrency,
-            kv_cache_tokens=facts.kv_cache_tokens, block_size=facts.block_size)]
-        variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens, skipped))
-    planned = estimate(matrix, profile, len(order), rates_from(previous, profile))
+        facts = planned.rates.servers.get(variant.name, StartupFacts())
+        left = planned.not_run.get(variant.name, {})
+        variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens,
+                                    [k for k, why in left.items() if why.startswith(OVER_CAPACITY)],
+                                    sum(name == variant.name for name, _ in order), left))
     at_most = None
     if matrix.until_settled:
         rounds = max(matrix.max_repeats or matrix.repeats, matrix.repeats)
@@ -438,3 +507,16 @@ def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -
         at_most = (rounds, len(longest), planned.per_launch_s * len(longest))
     return Plan(launches=order, variants=variants, cells=cells, estimate=planned, previous=previous,
                 previous_times=previous_times, at_most=at_most, budget_s=matrix.budget_s)
+
+
+def left_out(plan: Plan) -> list[str]:
+    """What the estimate leaves out, a line a variant that will not run every cell: those cells and why, and
+    what its launches are estimated at without them."""
+    lines = []
+    for v in plan.variants:
+        if not v.not_run:
+            continue
+        cells = "; ".join(f"{key} ({why})" for key, why in v.not_run.items())
+        lines.append(f"not in the estimate: {v.name}'s launches ({v.launches}, "
+                     f"{fmt_duration(plan.estimate.variant_launch_s(v.name))} each) will not run {cells}")
+    return lines

@@ -9,6 +9,10 @@ whole; a server log goes once its launch has ended). The controller writes them 
 its own (a task's launch-1 becomes the controller's next free launch folder of that variant, and the records
 that name it are rewritten to match), so the store, resume and diff are the serial ones.
 
+A trace cell's file is read on the controller: its bytes travel with each task (put in Ray's object store
+once), and the node replays them from a scratch copy, its records naming the controller's path as a serial run's
+do; nothing of the trace need exist on the node.
+
 A node lost mid-launch: what it streamed before stays; the loss is recorded as that launch's failure
 (`node_lost`), and the job is sent again with what is still not stored, up to MAX_NODE_LOSSES times. Ctrl-C
 cancels every task; each stops its server (the task's KeyboardInterrupt runs the launch's clean-up), sends
@@ -33,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core import secret
-from campaign.core.errors import CampaignError
+from campaign.core.errors import CampaignError, ConfigError
+from campaign.measure import traces
 from campaign.night import limits, store
 from campaign.night.launch import Campaign, LaunchWork, Options
 from campaign.night.progress import Progress
@@ -93,11 +98,14 @@ class _QueueProgress(Progress):
 
 
 class _Streamer:
-    """Sends each finished file of the scratch run once (server logs when their launch has ended)."""
+    """Sends each finished file of the scratch run once (server logs when their launch has ended), a record's
+    paths of shipped files (`paths`: scratch copy -> the controller's path) put back as the controller's."""
 
-    def __init__(self, root: Path, send: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, root: Path, send: Callable[[dict[str, Any]], None], paths: dict[str, str] | None = None
+                 ) -> None:
         self.root = root
         self.send = send
+        self.paths = paths or {}
         self.sent: set[Path] = set()
         self.lock = threading.Lock()
 
@@ -109,15 +117,72 @@ class _Streamer:
                     continue
                 if path.suffix != ".json" and not (path.parent / "placement.json").exists():
                     continue  # a log still being written
-                files.append((str(path.relative_to(self.root)), path.read_bytes().decode(errors="replace")))
+                text = path.read_bytes().decode(errors="replace")
+                if self.paths and path.suffix == ".json":
+                    try:
+                        text = json.dumps(_swapped(json.loads(text), self.paths), indent=1) + "\n"
+                    except ValueError:
+                        pass   # not JSON after all: sent as it is, the controller warns of it
+                files.append((str(path.relative_to(self.root)), text))
                 self.sent.add(path)
             if files:
                 self.send({"event": "files", "files": files})
 
 
+def _swapped(value: Any, paths: dict[str, str]) -> Any:
+    """`value` (parsed JSON) with every string that is a key of `paths` replaced by its value."""
+    if isinstance(value, str):
+        return paths.get(value, value)
+    if isinstance(value, list):
+        return [_swapped(v, paths) for v in value]
+    if isinstance(value, dict):
+        return {k: _swapped(v, paths) for k, v in value.items()}
+    return value
+
+
+def trace_files(run: store.RunDir) -> dict[str, bytes]:
+    """The trace files the night's cells replay (the matrix's `file`s, as resolved on the controller), read here
+    to travel with each task: a node has no share of this machine's files. One edited since the run began is
+    refused, as a resume refuses it."""
+    manifest = run.manifest()
+    traces.check_unchanged(manifest.cells)
+    files = {str(w["file"]) for w in manifest.matrix.raw.get("workloads") or []
+             if isinstance(w, dict) and w.get("kind") == "trace" and isinstance(w.get("file"), str)}
+    out = {}
+    for file in sorted(files):
+        try:
+            out[file] = Path(file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(file, "", f"cannot read the trace: {exc.strerror or exc}",
+                              hint="restore the file, or start a new run") from None
+    return out
+
+
+def localized(root: Path, manifest_text: str, files: dict[str, bytes]) -> tuple[str, dict[str, str]]:
+    """On the node: each shipped trace written under the scratch run (keeping its name, which its cells' keys
+    carry), the manifest pointed at those copies, and the copies checked against the digests the run began
+    with. Returns the manifest's text and the map back (scratch copy -> the controller's path)."""
+    if not files:
+        return manifest_text, {}
+    there: dict[str, str] = {}
+    back: dict[str, str] = {}
+    for index, (file, content) in enumerate(sorted(files.items())):
+        copy = root / "traces" / str(index) / Path(file).name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(content)
+        # A cell's trace path is str(Path(file)): the same file, maybe spelled more tidily.
+        there |= {file: str(copy), str(Path(file)): str(copy)}
+        back[str(copy)] = str(Path(file))
+    data = _swapped(json.loads(manifest_text), there)
+    traces.check_unchanged(data.get("cells") or [])
+    return json.dumps(data), back
+
+
 def run_launch(task: str, manifest_text: str, baseline_servers: list[str], variant: str, repeat: int,
-               cell_keys: list[str], experiment_keys: list[str], engine: str | None, queue: Any) -> dict[str, Any]:
-    """The Ray task: one launch of the schedule on this node's GPUs (Ray chose them), streamed back."""
+               cell_keys: list[str], experiment_keys: list[str], engine: str | None, queue: Any,
+               files: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """The Ray task: one launch of the schedule on this node's GPUs (Ray chose them), streamed back. `files`:
+    the trace files its cells replay (trace_files), by the controller's path."""
     import ray
 
     def send(event: dict[str, Any]) -> None:
@@ -128,12 +193,13 @@ def run_launch(task: str, manifest_text: str, baseline_servers: list[str], varia
     # node's hard limit as the command raises its own, and the launch checks its cells against that.
     limits.raise_open_files()
     root = Path(tempfile.mkdtemp(prefix="campaign-ray-"))
+    manifest_text, paths = localized(root, manifest_text, files or {})
     (root / "manifest.json").write_text(manifest_text)
     for index, text in enumerate(baseline_servers):  # a `suggested` flag reads the baseline's startup facts
         launch = root / "variants" / "_baseline" / f"launch-{index + 1}"
         launch.mkdir(parents=True)
         (launch / "server.json").write_text(text)
-    streamer = _Streamer(root, send)
+    streamer = _Streamer(root, send, paths)
     stop = threading.Event()
 
     def stream() -> None:
@@ -197,12 +263,15 @@ class RayExecutor:
     blocked: Callable[[Any, set[tuple[str, int]]], bool] = lambda job, done: False
     losses: list[str] = field(default_factory=list)
     _orphans: dict[str, dict[str, str]] = field(default_factory=dict)  # files of a task no longer tracked
+    _files: Any = None   # the night's trace files (trace_files), in Ray's object store once; None: none
 
     def execute(self, jobs: list[Any]) -> None:
         ray = require_ray()
         from ray.util.queue import Queue
 
+        shipped = trace_files(self.run)   # before the cluster is joined: a changed trace is refused first
         connect(self.address, max((j.width for j in jobs), default=1))
+        self._files = ray.put(shipped) if shipped else None
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # The queue's actor on the controller's own node: a lost worker node must not take the results with it.
@@ -269,7 +338,8 @@ class RayExecutor:
         env = forwarded_env(self.engine)
         options: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}
         return self._remote.options(num_gpus=job.width, num_cpus=1, max_retries=0, **options).remote(
-            name, manifest, servers, job.variant, job.repeat, cells, experiments, self.engine, self.queue)
+            name, manifest, servers, job.variant, job.repeat, cells, experiments, self.engine, self.queue,
+            self._files or {})
 
     def _launch_dir(self, task: _Task) -> Path:
         """The task's last launch folder in the run, where its failure goes; a new one where it sent none, or

@@ -43,6 +43,8 @@ from campaign.sim.engine import Engine, Request, Tee, engine_for
 from campaign.sim.histograms import RequestHistograms
 
 PROMPT_RE_HINT = "Please reduce the length of the input prompt."
+# The paths vLLM's API key guards (its AuthenticationMiddleware's GUARDED_PREFIX); every other answers without it.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 # The request being answered is a HEAD: its reply is the GET's status and headers, no body (RFC 9110; uvicorn
 # drops the body vLLM's app writes). One per connection's task, so concurrent connections do not share it.
 _HEAD: contextvars.ContextVar[bool] = contextvars.ContextVar("head", default=False)
@@ -225,18 +227,16 @@ class Server:
             if self.histograms is not None:
                 self.histograms.fold()  # what the engine did up to now, as vLLM's logger has recorded it
             return await self.respond(writer, 200, generate_latest(self.registry), "text/plain; version=0.0.4")
-        if path.startswith("/v1") and self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
+        # vLLM 0.32 asks for the key only under GUARDED_PREFIX (entrypoints/serve/middleware/authenticate.py):
+        # /tokenize, /detokenize, /reset_prefix_cache, /health and /metrics answer without it.
+        if path.startswith(GUARDED_PREFIX) and self.api_key and (
+                headers.get("authorization") != f"Bearer {self.api_key}"):
             return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
         if path == "/v1/models":
             return await self.respond(writer, 200, json.dumps(self.models()).encode())
-        if path in {"/tokenize", "/detokenize"} and self.api_key and (
-                headers.get("authorization") != f"Bearer {self.api_key}"):
-            return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
         if path == "/tokenize" and method == "POST":
             return await self.tokenize(json_body(body), writer)
         if path == "/reset_prefix_cache" and method == "POST" and self.dev_mode:
-            if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
-                return await self.respond(writer, 401, json.dumps({"error": "Unauthorized"}).encode())
             done = self.config.faults.reset_keeps_cache or self.engine.blocks.reset()
             return await self.respond(writer, 200, json.dumps({"success": done}).encode())
         if path == "/detokenize" and method == "POST":
