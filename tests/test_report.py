@@ -15,7 +15,7 @@ from PIL import Image
 from campaign.cli import run_cli
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.night import planning, store
-from campaign.report import closing, tables
+from campaign.report import closing, names, tables
 from campaign.report import html as html_report
 from campaign.report import text as report
 
@@ -145,9 +145,11 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
     lines = report.verdict_lines(html_report.verdict(data))
     by_variant = {d.variant: d for d in data.diffs}
     floors = {v: report.floor_capacity(data.short.get(d.baseline), data.short.get(v)) for v, d in by_variant.items()}
-    assert floors == {"broken": "—", "small-cache": "4 -> 4 at 40 tok/s", "small-chunk": "4 -> 4 at 40 tok/s",
-                      "tight": "—"}
-    assert lines[:4] == [f"{v}: {d.outcome}{', provisionally' if d.provisional else ''}: {d.recommendation}"
+    assert floors == {"broken": "—", "small-cache": "4 -> 4 at 40 stream tok/s",
+                      "small-chunk": "4 -> 4 at 40 stream tok/s", "tight": "—"}
+    # The stored sentence names fields; the verdict shows them by their names (campaign.report.names).
+    assert lines[:4] == [f"{v}: {d.outcome}{', provisionally' if d.provisional else ''}: "
+                         f"{names.named(d.recommendation)}"
                          + ("" if floors[v] == "—" else f" [streams at the floor: {floors[v]}]")
                          for v, d in by_variant.items()]
     assert lines[1].startswith("small-cache: revert: kv-cache-memory-bytes 1G -> 64M: KV cache -93.8%")
@@ -270,7 +272,7 @@ def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path:
     # The same launches copied: nothing differs, but at this fixture's launch-to-launch spread (up to 96%)
     # nothing is shown within 3% either.
     assert verdict[0].startswith("- baseline@B: not settled: no flag change (A/A): not settled: ")
-    assert verdict[0].endswith("[streams at the floor: 4 -> 4 at 40 tok/s]")
+    assert verdict[0].endswith("[streams at the floor: 4 -> 4 at 40 stream tok/s]")
     assert any(line.startswith("- small-cache@B: revert: kv-cache-memory-bytes 1G -> 64M") for line in verdict)
     assert any("last-week (@B): baseline moved" in line for line in verdict)
     data = html_report.gather(run_dir, store.RunDir(other))
@@ -392,8 +394,8 @@ def test_the_plan_is_one_table_model_too(tmp_path: Path) -> None:
     assert "decode-sustained-L8192-C64-N256-W30  aggregate   " in text and "overload-x1.25" in text
     # 5 launches x (90 s start + 100 s of cells + 10 s of experiments) = 1,000 s.
     assert text.endswith("estimated duration: 16m40s = 5 launches x 3m20s (start 90 s, cells with warm-up and warm "
-                         "check 100 s, experiments 10 s)\nrates: 1,000 prompt tok/s, 30.0 tok/s per stream, 90 s to "
-                         "start: guessed: no earlier run")
+                         "check 100 s, experiments 10 s)\nrates: 1,000 prompt tok/s, 30.0 stream tok/s "
+                         "(single-stream), 90 s to start: guessed: no earlier run")
     assert "| 5 | baseline | 3 | drift sentinel |" in tables.to_markdown(plan[0])
     assert "<td>5</td><td class=\"l\">baseline</td>" in tables.to_html(plan[0])
 
@@ -434,3 +436,93 @@ def test_the_plan_warns_that_one_repeat_judges_nothing_measured() -> None:
     assert "repeats: 1 with more than one variant" in warned and "keep or revert provisionally" in warned
     assert "repeats: 1 with" not in plan(2, ["baseline", "memory"])
     assert "repeats: 1 with" not in plan(1, ["baseline"])
+
+
+# --- issue 50: one cell, three per-stream speeds, three names --------------------------------------------------
+SEED_000 = 'seed 000\'s "per request"'   # the one place "per request" may be said: naming what total ÷ streams was
+
+
+def _per_request_said(text: str) -> list[str]:
+    """Where a rendering says "per request" (or per-request) other than naming seed 000's figure."""
+    text = html.unescape(text).replace(SEED_000, "")
+    return [text[max(0, m.start() - 40):m.end() + 40] for m in re.finditer(r"per[- ]request", text, re.IGNORECASE)]
+
+
+def test_each_per_stream_speed_has_one_name_in_every_rendering(run_dir: store.RunDir) -> None:
+    """Issue 50: stream tok/s (per_request_tok_s), total ÷ streams (total tok/s over the requests at once, shown,
+    never stored) and TPOT (a time) have one name each in the text, Markdown and HTML tables, the diff, the
+    verdict and the legend; the HTML header carries the definition the legend gives; and no rendering calls
+    any of them "per request"."""
+    data = html_report.gather(run_dir)
+    command_line = report.cells_by_variant_text(run_dir.cells(), run_dir.servers())
+    markdown = html_report.render_markdown(data)
+    page = html_report.render_html(data)
+    tables_in_page = HtmlTables(page)
+    cells = list(report.latest_cells(run_dir.cells())["baseline"].values())
+    table = report.all_measurements_tables(cells)[0]
+    headers = list(table.headers)
+    stream, share, tpot = headers.index("Stream tok/s"), headers.index("Total ÷ streams"), headers.index("TPOT")
+    assert headers[stream - 2:stream + 1] == ["Total tok/s", "Total ÷ streams", "Stream tok/s"]
+    for grid in (text_grid(command_line.split("### baseline\n", 1)[1], table.title),
+                 markdown_grid(markdown.split("## Variant: baseline\n", 1)[1], table.title),
+                 tables_in_page.tables[("Variant: baseline", table.title)]):
+        assert grid[0] == headers
+        assert not [h for h in grid[0] if re.search(r"per[- ]request", h, re.IGNORECASE)]
+        for cell, row in zip(cells, grid[1:], strict=True):
+            # Stream tok/s is the stored field; total ÷ streams the stored total over the requests at once, in
+            # decode cells only (a prefill has one request and no total).
+            assert row[stream] == report.fmt_num(cell.per_request_tok_s)
+            assert row[tpot] == report.fmt_itl(cell.tpot_ms)
+            if cell.phase == "decode":
+                assert cell.total_tok_s is not None
+                assert row[share] == f"{cell.total_tok_s / cell.concurrency:,.1f}"
+            else:
+                assert row[share] == report.DASH
+    assert [c.concurrency for c in cells if c.phase == "decode"] == [1, 4]   # a real division, not only by one
+    # The HTML header says what the figure is, in the legend's words.
+    definition = names.definition("per_request_tok_s")
+    assert definition is not None
+    assert f'<th title="{html.escape(definition)}">Stream tok/s</th>' in page
+    legend = {row[0]: row for row in tables_in_page.tables[("The figures", "")]}
+    assert legend["stream tok/s"] == ["stream tok/s", "per_request_tok_s", definition, "decode cells"]
+    assert legend["total ÷ streams"][3] == "no: shown only"
+    assert legend["TPOT"][1] == "tpot_ms" and "1000 / TPOT is not stream tok/s" in legend["TPOT"][2]
+    # The diff and the verdict name the figures, never the fields the stored sentences carry; the report says,
+    # under the A/B tables and in the legend, which speed the verdict judged.
+    judged = ("speed, as the verdict judges it: total tok/s and stream tok/s in decode cells; prompt tok/s in "
+              "prefill cells; total tok/s in rate cells; never total ÷ streams or 1000 / TPOT")
+    diff = report.diff_text(data.diffs)
+    for rendered in (diff, markdown, html.unescape(page)):
+        assert judged in rendered
+        assert _per_request_said(rendered) == []
+    assert "stream tok/s" in diff and "per_request_tok_s" not in diff
+    before_legend = markdown.split("## The figures", 1)[0]
+    assert "| stream tok/s |" in before_legend and "per_request_tok_s" not in before_legend
+    assert _per_request_said(command_line) == []
+
+
+def test_a_stored_sentence_shows_the_fields_it_names_by_their_names() -> None:
+    """The recommendation is stored with field names (summary.json is read by machines); every rendering shows
+    the figures' names, and leaves alone what is not a figure's field (an experiment's value, a flag)."""
+    stored = ("max-num-batched-tokens 2,048 -> 64: worse: per_request_tok_s at decode-sustained-L512-C4-N64-W4, "
+              "ttft_p99_ms at decode-fixed-L512-C8-N64; moved: mean_total_tok_s at overload-x1.25 better; "
+              "tpot_ms, prompt_tok_s")
+    assert names.named(stored) == (
+        "max-num-batched-tokens 2,048 -> 64: worse: stream tok/s at decode-sustained-L512-C4-N64-W4, TTFT p99 at "
+        "decode-fixed-L512-C8-N64; moved: mean_total_tok_s at overload-x1.25 better; TPOT, prompt tok/s")
+    assert names.name("generation_tok_s_drop_pct") == "generation_tok_s_drop_pct"   # not a figure of the table
+    assert names.header("per_request_tok_s") == "Stream tok/s" and names.header("tpot_p99_ms") == "TPOT p99"
+    assert names.total_over_streams("decode", 361.6, 8) == pytest.approx(45.2)
+    assert names.total_over_streams("rate", 361.6, 1) is None and names.total_over_streams("decode", None, 8) is None
+
+
+def test_the_docs_use_the_figures_names_and_hold_their_legend_word_for_word() -> None:
+    """docs/results.md holds the legend the report shows (generated: `python -m campaign.report.names`), and no
+    doc calls a figure "per request" but to name what seed 000 meant by it (total ÷ streams)."""
+    root = Path(__file__).parent.parent
+    assert names.markdown() in (root / "docs" / "results.md").read_text(), \
+        "docs/results.md's figures are stale: paste `python -m campaign.report.names` under ## The figures"
+    said = {path.name: _per_request_said(" ".join(path.read_text().split()))
+            for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
+    # results-format.md is generated from the records' own descriptions (campaign/night/records.py).
+    assert {doc: where for doc, where in said.items() if where and doc != "results-format.md"} == {}

@@ -82,3 +82,16 @@ def test_every_rendering_shows_the_same_cell_texts() -> None:
         assert "| " + " | ".join(row) + " |" in to_markdown(SMALL)
         assert [value for value in row if value in to_text(SMALL)] == row
         assert all(f">{value}</td>" in to_html(SMALL) for value in row)
+
+
+def test_a_header_says_what_its_figure_is_where_a_format_can_show_it() -> None:
+    """A header's hover text (a figure's definition) is data on the table: an HTML title on its <th>, nothing in
+    text or Markdown, whose headers stay the same words."""
+    table = Table(headers=["Context", "Stream tok/s"], rows=[["8K", "53.2"]],
+                  header_titles=[None, 'tokens a second "while it streamed"'])
+    page = to_html(table)
+    assert '<th class="l">Context</th><th title="tokens a second &quot;while it streamed&quot;">Stream tok/s</th>' \
+        in page
+    assert to_text(table).splitlines()[0] == "Context  Stream tok/s"
+    assert to_markdown(table).splitlines()[0] == "| Context | Stream tok/s |"
+    assert "title=" not in to_html(Table(headers=["A", "B"], rows=[["1", "2"]]))

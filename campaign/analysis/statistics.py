@@ -39,7 +39,7 @@ def _spread(values: list[float], floor: float) -> float:
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: reject where adjusted < alpha, and the chance of
     any false rejection in the family stays below alpha under any dependence between the tests (a variant's
-    metrics are correlated: total and per-request tok/s move together), which Bonferroni also gives, less
+    metrics are correlated: total tok/s and stream tok/s move together), which Bonferroni also gives, less
     powerfully."""
     m = len(p_values)
     order = sorted(range(m), key=lambda i: p_values[i])

@@ -42,7 +42,7 @@ def streaming_rate(chunks: Sequence[tuple[float, int]], start: float, end: float
     they are not counted) or to its last. Timing a request that streams across an edge by its own first or
     last chunk there instead made every such request's rate move with how late those few chunks came: a host
     stall just after the window opened delayed every stream's first chunk inside alike, and on the simulated
-    H200's 64-stream cell at 20x (a 1 s window) under two CPU hogs, 3 cells in 36 read per-request rates 1-4%
+    H200's 64-stream cell at 20x (a 1 s window) under two CPU hogs, 3 cells in 36 read stream tok/s 1-4%
     off the simulator's truth while their total rates stayed within 0.5% (one session's check, not stored);
     timed this way, an edge's stall moves a request's rate no more than the window's total, which
     tests/test_truth.py shows on a stall replayed by hand. None with nothing inside or no time between its

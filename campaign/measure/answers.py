@@ -22,7 +22,7 @@ AGENT_CONTEXTS = (4000, 8000, 16000, 32000)
 
 @dataclass(frozen=True)
 class LadderStep:
-    """One rung of the decode ladder: C requests at once, aggregate and per-request speed."""
+    """One rung of the decode ladder: C requests at once, aggregate and stream tok/s."""
 
     concurrency: int
     total_tok_s: float
@@ -51,7 +51,7 @@ class Knee:
 
 
 def knee(ladder: Sequence[LadderStep], *, gain: float = KNEE_GAIN, loss: float = KNEE_LOSS) -> Knee | None:
-    """Where doubling stops paying: the first step buying < `gain` aggregate for > `loss` per request."""
+    """Where doubling stops paying: the first step buying < `gain` aggregate for > `loss` of stream tok/s."""
     steps = sorted(ladder, key=lambda s: s.concurrency)
     for a, b in zip(steps, steps[1:], strict=False):
         if a.total_tok_s <= 0 or a.per_request_tok_s <= 0:
@@ -194,7 +194,7 @@ def short_answers(*, cells: Sequence[object], facts: dict[str, object] | None, f
     useful = capacities.get(f"{chosen:g}") if chosen else None
     warning = None
     if naive is not None and useful is not None and naive > useful:
-        warning = (f"peak / floor = {naive} overstates capacity: per-request speed falls as concurrency rises, so "
+        warning = (f"peak / floor = {naive} overstates capacity: stream tok/s falls as concurrency rises, so "
                    f"the honest count at {chosen:g} tok/s is {useful}")
     tp = facts.get("tensor_parallel_size")
     bound = roofline(hardware, model_shape, tensor_parallel=tp if isinstance(tp, int) else None)

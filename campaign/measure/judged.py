@@ -9,6 +9,9 @@ MIN_EFFECT = 0.03        # the default minimum effect: a change under 3% is no d
 FAMILY_ALPHA = 0.05      # the family-wise error rate of one variant's verdicts
 # (metric, +1 when higher is better, -1 when lower is better)
 # energy_j_per_token (NVIDIA GPUs only): a flag that saves energy at equal speed is a result too.
+# A decode cell's speed is judged by total_tok_s and per_request_tok_s (shown as "stream tok/s"), never by
+# total_tok_s / concurrency (shown as "total ÷ streams", seed 000's "per request": it moves with total_tok_s)
+# nor by 1000 / tpot_ms; the reports say so from these tables (campaign/report/names.py names every figure).
 DECODE_METRICS = (("total_tok_s", 1), ("per_request_tok_s", 1), ("ttft_ms", -1), ("energy_j_per_token", -1),
                   ("ttft_p99_ms", -1), ("itl_p99_ms", -1))
 # Tail latencies are judged only where every measurement's p99 rests on enough samples: below that a p99 is

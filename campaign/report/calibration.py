@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from campaign.report.names import name
 from campaign.report.tables import Table
 from campaign.report.text import DASH, fmt_num
 from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware
@@ -19,7 +20,9 @@ def _figure(cell: FitCell, value: float | None) -> str:
     return f"{value * 1000:,.1f} ms" if cell.figure == "ttft_s" else f"{fmt_num(value)} tok/s"
 
 
-FIGURE_NAMES = {"ttft_s": "TTFT", "total_tok_s": "total tok/s", "energy_j_per_token": "energy per token"}
+# A fitted figure by its name (campaign.report.names): the fit's TTFT is in seconds, the cells' in ms.
+FIGURE_NAMES = {"ttft_s": name("ttft_ms"), "total_tok_s": name("total_tok_s"),
+                "energy_j_per_token": name("energy_j_per_token")}
 
 
 def power_note(entry: MeasuredHardware) -> str:

@@ -20,7 +20,7 @@ from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
 from campaign.night.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.night.store import RunDir, replace_text
-from campaign.report import plots
+from campaign.report import names, plots
 from campaign.report import text as report
 from campaign.report.tables import Cell, Table, md_escape, to_html, to_markdown
 
@@ -251,6 +251,14 @@ def diff_tables(data: ReportData) -> list[Table]:
     return [report.diff_table(d) for d in data.diffs]
 
 
+LEGEND = "The figures"
+
+
+def legend() -> Table:
+    """What every figure the report names is, and which speed the verdict judges (campaign.report.names)."""
+    return replace(names.legend(), title="")
+
+
 def _how(data: ReportData) -> str:
     cells = [c for cells in data.all_cells.values() for c in cells]
     discarded = sum(c.discarded_steps for c in cells)
@@ -307,7 +315,8 @@ def render_html(data: ReportData) -> str:
     for heading, tables in sections(data):
         parts += [f"<h2>{_e(heading)}</h2>", *map(to_html, tables)]
     parts.append(_experiments_html(data))
-    titles = {"throughput": "Aggregate and per-request tok/s against concurrency",
+    titles = {"throughput": f"{names.header('total_tok_s')} and {names.name('per_request_tok_s')} against "
+                            "concurrency",
               "ttft": "Time to first token against prompt length", "prefill": "Prefill tok/s against context",
               "agents": "Agents that fit against context per agent"}
     if any(k in titles for k in data.charts):
@@ -315,7 +324,9 @@ def render_html(data: ReportData) -> str:
                                                  for k, p in data.charts.items() if k in titles))
     if data.diffs:
         parts.append("<h2>A/B: every variant against the baseline</h2>"
-                     + "".join(to_html(t) for t in diff_tables(data)))
+                     + "".join(to_html(t) for t in diff_tables(data))
+                     + f'<p class="note">{_e(report.JUDGED_SPEEDS)}</p>')
+    parts.append(f"<h2>{_e(LEGEND)}</h2>" + to_html(legend()))
     parts.append(_how(data))
     body = "\n".join(p for p in parts if p)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(manifest.campaign)} '
@@ -336,7 +347,10 @@ def render_markdown(data: ReportData) -> str:
                   if kind in data.charts]
     parts.append("## A/B: every variant against the baseline")
     parts += [to_markdown(t) for t in diff_tables(data)] or [report.NOTHING_TO_COMPARE]
+    if data.diffs:
+        parts.append(md_escape(report.JUDGED_SPEEDS))
     parts.append(md_escape(f"drift: {data.drift_text}"))
+    parts += [f"## {md_escape(LEGEND)}", to_markdown(legend())]
     return "\n\n".join(parts) + "\n"
 
 

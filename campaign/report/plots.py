@@ -4,12 +4,14 @@ single-stream or aggregate where it matters."""
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from campaign.measure import answers
 from campaign.measure.cells import CellResult
+from campaign.report import names
 
 DPI = 110
 
@@ -40,16 +42,22 @@ def _save(fig: Any, path: Path) -> Path:
 
 def throughput_vs_concurrency(by_variant: Mapping[str, Sequence[CellResult]], short: dict[str, dict[str, Any]],
                               path: Path) -> Path | None:
-    """Seed 000's table as a picture: aggregate and per-request tok/s against concurrency, knee and floors."""
+    """Seed 000's table as a picture against concurrency: total tok/s with the knee; stream tok/s with the speed
+    floors it is held to, and beside it, dotted, total ÷ streams (seed 000's "per request", prefill included),
+    so the two per-stream figures are never read as one."""
     ladders = {v: answers.ladder_from_cells(cells) for v, cells in by_variant.items()}
     ladders = {v: ladder for v, ladder in ladders.items() if ladder}
     if not ladders:
         return None
+    stream, share = names.name("per_request_tok_s"), names.name(names.TOTAL_OVER_STREAMS)
     fig, (ax_total, ax_each) = _subplots(1, 2, figsize=(11, 4.2))
     for variant, ladder in ladders.items():
         xs = [s.concurrency for s in ladder]
         ax_total.plot(xs, [s.total_tok_s for s in ladder], marker="o", label=variant)
-        ax_each.plot(xs, [s.per_request_tok_s for s in ladder], marker="o", label=variant)
+        line = ax_each.plot(xs, [s.per_request_tok_s for s in ladder], marker="o", label=f"{variant}: {stream}")[0]
+        shares = [names.total_over_streams("decode", s.total_tok_s, s.concurrency) for s in ladder]
+        ax_each.plot(xs, [math.nan if v is None else v for v in shares], marker=".", linestyle=":",
+                     color=line.get_color(), label=f"{variant}: {share}")
         knee = (short.get(variant) or {}).get("knee")
         if knee:
             ax_total.axvline(knee["concurrency"], linestyle=":", color="grey")
@@ -57,9 +65,9 @@ def throughput_vs_concurrency(by_variant: Mapping[str, Sequence[CellResult]], sh
                               fontsize=8, color="grey")
     for floor in answers.DEFAULT_FLOORS:
         ax_each.axhline(floor, linestyle="--", linewidth=0.8, color="tab:red")
-        ax_each.annotate(f"{floor:g} tok/s floor", (1, floor), fontsize=8, color="tab:red", va="bottom")
-    for ax, title, label in ((ax_total, "Aggregate (all requests together)", "total tok/s"),
-                             (ax_each, "Per request (what each user feels)", "tok/s per request")):
+        ax_each.annotate(f"{floor:g} {stream} floor", (1, floor), fontsize=8, color="tab:red", va="bottom")
+    for ax, title, label in ((ax_total, "Aggregate (all requests together)", names.name("total_tok_s")),
+                             (ax_each, f"Each stream: {stream} (solid), {share} (dotted)", "tok/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(label)
@@ -124,7 +132,7 @@ def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
     with its 95% interval on one % axis, the band of the minimum effect shaded, better green, worse red, no
     difference blue, not settled grey; a change without an interval (one measurement a side) a hollow point, a cell or
     metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""
-    rows: list[tuple[str, Any]] = [(f"{c.key}  {m.metric}", m) for c in diff.cells for m in c.metrics]
+    rows: list[tuple[str, Any]] = [(f"{c.key}  {names.name(m.metric)}", m) for c in diff.cells for m in c.metrics]
     rows += [(f"{c.key}  (not valid)", None) for c in diff.cells if not c.metrics and c.status_note]
     # The launch facts' changes are exact (no interval): the KV cache's often decides the verdict.
     facts = [(f"launch fact  {key}", pct) for key, _, _, pct in diff.fact_changes if pct is not None]

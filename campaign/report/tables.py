@@ -3,7 +3,8 @@
 A table is built once, as data (`Table` of `Cell`s), and every output renders that same object, the way
 hyperfine's Markdown, AsciiDoc and Org exporters share one table and differ only in row syntax. The renderers
 add nothing a table does not say: the HTML-only parts of a cell (hover title, CSS class, heat-map shade) are
-data on the cell, ignored where a format cannot show them.
+data on the cell, ignored where a format cannot show them; so is a header's hover text (what the column's figure is,
+`header_titles`).
 
 Shapes: a table with headers is a grid (left out when it has no rows), with `lead` lines said before it (the
 diff's flag and fact changes) and `notes` after it. A table without headers is a titled list of its notes
@@ -38,6 +39,10 @@ class Table:
     lead: Sequence[Item] = ()    # lines before the grid
     notes: Sequence[Item] = ()   # lines after the grid; a table without headers is a list of these
     cls: str = ""                # HTML class of the <table> ("heat" for the decode matrix)
+    header_titles: Sequence[str | None] = ()  # HTML hover text per header (a figure's definition), or None
+
+    def header_title(self, index: int) -> str | None:
+        return self.header_titles[index] if index < len(self.header_titles) else None
 
     def column_align(self, index: int) -> str:
         if index < len(self.align):
@@ -135,6 +140,12 @@ def _td(c: Cell, align: str) -> str:
     return f"<td{_attrs([c.cls, 'l' if align == 'l' else None], c)}>{_e(c.text)}</td>"
 
 
+def _th(table: Table, index: int) -> str:
+    text = table.headers[index]
+    c = Cell(text, title=table.header_title(index))
+    return f"<th{_attrs(['l' if table.column_align(index) == 'l' else None], c)}>{_e(text)}</th>"
+
+
 def _li(items: Sequence[Item]) -> str:
     return "<ul>" + "".join(f"<li{_attrs([c.cls], c)}>{_e(c.text.strip())}</li>"
                             for c in map(cell, items)) + "</ul>"
@@ -145,8 +156,7 @@ def to_html(table: Table) -> str:
     if table.lead:
         parts.append(_li(table.lead))
     if table.headers and table.rows:
-        head = "".join(f"<th{_attrs(['l' if table.column_align(i) == 'l' else None])}>{_e(h)}</th>"
-                       for i, h in enumerate(table.headers))
+        head = "".join(_th(table, i) for i in range(len(table.headers)))
         body = "".join("<tr>" + "".join(_td(cell(c), table.column_align(i)) for i, c in enumerate(row)) + "</tr>"
                        for row in table.rows)
         parts.append(f"<table{_attrs([table.cls])}><tr>{head}</tr>{body}</table>")

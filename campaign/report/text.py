@@ -1,8 +1,9 @@
 """Presentation only: cell results and facts -> labelled tables (campaign.report.tables), rendered as text here and
 as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it.
 
-Long (about 760 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
-virtual replays, export rows); each is short and they share the column vocabulary defined here."""
+Long (about 790 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
+virtual replays, export rows); each is short and they share the column vocabulary defined here, the figures'
+names and definitions taken from campaign.report.names."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from campaign.night.planning import Plan, Power, cell_s
 from campaign.night.progress import fmt_duration
 from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
 from campaign.night.replay import VirtualCell
+from campaign.report import names
+from campaign.report.names import TOTAL_OVER_STREAMS, header
 from campaign.report.tables import Cell, Item, Table, to_text
 from campaign.report.tables import cell as as_cell
 
@@ -98,7 +101,8 @@ def prefill_table(cells: Sequence[CellResult]) -> Table | None:
                                                                                           cls="bad"),
          fmt_ms(c.ttft_ms)] for c in prefill]
     return Table(title="Prefill (single-stream, one request, max_tokens 1)",
-                 headers=["Context", "Prompt tok/s", "TTFT"], rows=rows)
+                 headers=["Context", header("prompt_tok_s"), header("ttft_ms")], rows=rows,
+                 header_titles=[None, names.definition("prompt_tok_s"), names.definition("ttft_ms")])
 
 
 def prefill_row(cells: Sequence[CellResult]) -> str | None:
@@ -106,9 +110,17 @@ def prefill_row(cells: Sequence[CellResult]) -> str | None:
     return None if table is None else to_text(table)
 
 
-ALL_HEADERS = ["Phase", "Context", "Requests at once", "Label", "Status", "Total tok/s", "Per request tok/s",
-               "TTFT", "Time between tokens", "TTFT p99", "ITL p99", "TPOT", "E2E p99", "Average active",
-               "Completed", "Output tokens", "Measured for", "Discarded steps", "Prefix-cache hits"]
+# The figures among the columns, by the stored field (or the figure derived when shown) each one shows: their
+# headers are the figures' names, and in HTML their hover text what each is (campaign.report.names).
+ALL_FIGURES = ("total_tok_s", TOTAL_OVER_STREAMS, "per_request_tok_s", "ttft_ms", "itl_ms", "ttft_p99_ms",
+               "itl_p99_ms", "tpot_ms", "e2e_p99_ms")
+_ALL_COLUMNS: list[tuple[str, str | None]] = [
+    *((h, None) for h in ("Phase", "Context", "Requests at once", "Label", "Status")),
+    *((header(k), k) for k in ALL_FIGURES),
+    *((h, None) for h in ("Average active", "Completed", "Output tokens", "Measured for", "Discarded steps",
+                          "Prefix-cache hits"))]
+ALL_HEADERS = [h for h, _ in _ALL_COLUMNS]
+ALL_TITLES = [None if k is None else names.definition(k) for _, k in _ALL_COLUMNS]
 
 
 def tail_columns(c: CellResult) -> list[str]:
@@ -126,6 +138,7 @@ def _measurement_row(c: CellResult) -> list[Item]:
         fmt_context(c.context_tokens), str(c.concurrency), c.label,
         Cell(c.status, title=_why(c), cls=None if c.status == "Valid" else "bad"),
         fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
+        fmt_num(names.total_over_streams(c.phase, c.total_tok_s, c.concurrency)),
         fmt_num(c.per_request_tok_s), fmt_ms(c.ttft_ms),
         fmt_itl(c.itl_ms), *tail_columns(c), fmt_num(c.avg_active), fmt_num(c.completed),
         fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
@@ -136,14 +149,14 @@ def _measurement_row(c: CellResult) -> list[Item]:
 
 def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
     """Every cell's figures, then the speculative-decoding figures, why cells are not Valid, and their notes."""
-    out = [Table(title="All measurements (TTFT and time between tokens are medians, per token; prefill rows show "
-                       "prompt tok/s)", headers=ALL_HEADERS, rows=[_measurement_row(c) for c in cells],
-                 align="lrrll")]
+    out = [Table(title="All measurements (latencies are medians unless a column says p99; prefill rows show prompt "
+                       "tok/s under total tok/s)", headers=ALL_HEADERS, rows=[_measurement_row(c) for c in cells],
+                 align="lrrll", header_titles=ALL_TITLES)]
     speculative = [c for c in cells if c.spec_acceptance_rate is not None]
     if speculative:
         out.append(Table(
             title="Speculative decoding (from vllm:spec_decode_* counters over each step)",
-            headers=["Context", "Requests at once", "Prompts", "Total tok/s", "Acceptance rate",
+            headers=["Context", "Requests at once", "Prompts", header("total_tok_s"), "Acceptance rate",
                      "Mean accepted per draft", "Mean acceptance length"],
             rows=[[fmt_context(c.context_tokens), str(c.concurrency), _prompts_label(c.spec),
                    fmt_num(c.total_tok_s), f"{100 * (c.spec_acceptance_rate or 0):.1f}%",
@@ -153,7 +166,7 @@ def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
     if energy:
         out.append(Table(
             title="Energy (NVML, all GPUs over each step)",
-            headers=["Phase", "Context", "Requests at once", "Total tok/s", "Energy per output token"],
+            headers=["Phase", "Context", "Requests at once", header("total_tok_s"), header("energy_j_per_token")],
             rows=[["Decode", fmt_context(c.context_tokens), str(c.concurrency), fmt_num(c.total_tok_s),
                    f"{c.energy_j_per_token:,.3f} J/token"] for c in energy]))
     # A caveat is said beside a Valid cell; a cell that is not Valid says all its reasons under why.
@@ -180,8 +193,9 @@ def all_measurements(cells: Sequence[CellResult]) -> str:
     return text(all_measurements_tables(cells))
 
 
-RATE_HEADERS = ["Context", "Reply", "Rate asked", "Rate sent", "Status", "SLO held", "Goodput", "Met SLO",
-                "TTFT p99", "TPOT p99", "E2E p99", "In flight (mean / peak)", "Requests", "Total tok/s"]
+RATE_HEADERS = ["Context", "Reply", "Rate asked", "Rate sent", "Status", "SLO held", header("goodput_rps"),
+                header("slo_met_fraction"), header("ttft_p99_ms"), header("tpot_p99_ms"), header("e2e_p99_ms"),
+                "In flight (mean / peak)", "Requests", header("total_tok_s")]
 
 
 def _rate_text(rate: float | None) -> str:
@@ -249,9 +263,10 @@ def _verdict_rows(d: Any) -> list[list[Item]]:
         for m in cell.metrics:
             ci = DASH if m.ci95_pct is None else f"[{m.ci95_pct[0]:+.1f}%, {m.ci95_pct[1]:+.1f}%]"
             rows.append([
-                cell.key, cell.label, m.metric, fmt_num(m.baseline), fmt_num(m.variant),
+                cell.key, cell.label, Cell(names.name(m.metric), title=names.definition(m.metric)),
+                fmt_num(m.baseline), fmt_num(m.variant),
                 DASH if m.change_pct is None else f"{m.change_pct:+.1f}%", ci, f"{m.n_baseline}/{m.n_variant}",
-                Cell(m.verdict + (f" ({m.note})" if m.note else ""), cls=VERDICT_CLASS.get(m.verdict)),
+                Cell(m.verdict + (f" ({names.named(m.note)})" if m.note else ""), cls=VERDICT_CLASS.get(m.verdict)),
             ])
         if cell.status_note:
             rows.append([cell.key, cell.label, "status", "", "", "", "", "", Cell(cell.status_note, cls="bad")])
@@ -260,7 +275,7 @@ def _verdict_rows(d: Any) -> list[list[Item]]:
 
 def diff_table(d: Any) -> Table:
     """One variant against its baseline: flag and fact changes, per-cell verdicts with 95% intervals, and the
-    recommendation."""
+    recommendation; every figure by its name (campaign.report.names), the stored sentence's fields too."""
     lead: list[Item] = []
     if not d.comparable:
         lead.append(Cell(f"NOT COMPARABLE: {d.not_comparable_reason} (use --force to compare anyway)", cls="warn"))
@@ -273,26 +288,32 @@ def diff_table(d: Any) -> Table:
              for key, a, b, pct in d.fact_changes]
     return Table(title=f"{d.variant} vs {d.baseline}", lead=lead, headers=DIFF_HEADERS, rows=_verdict_rows(d),
                  align="lllrrrrrl", notes=[Cell(f"tests: {d.family_line}", cls="note"),
-                                           Cell(f"recommendation: {d.recommendation}", cls="recommendation")])
+                                           Cell(f"recommendation: {names.named(d.recommendation)}",
+                                                cls="recommendation")])
+
+
+JUDGED_SPEEDS = names.judged_speeds()  # said once under the diff tables, and in the report's legend
 
 
 def diff_text(diffs: Sequence[Any]) -> str:
     """Flag and facts diffs, per-cell verdicts with 95% intervals, and the closing recommendations."""
     tables = [diff_table(d) for d in diffs]
-    return text(replace(t, title=f"== {t.title} ==") for t in tables) if tables else NOTHING_TO_COMPARE
+    if not tables:
+        return NOTHING_TO_COMPARE
+    return text(replace(t, title=f"== {t.title} ==") for t in tables) + f"\n\n{JUDGED_SPEEDS}"
 
 
 OUTCOME_CLASS = {"keep": "better", "revert": "worse", "no difference": "noise", "not settled": "warn"}
 
 
 def floor_capacity(base: dict[str, Any] | None, other: dict[str, Any] | None) -> str:
-    """`4 -> 8 at 40 tok/s`: the streams that each hold the speed floor (short answers), baseline -> variant;
+    """`4 -> 8 at 40 stream tok/s`: the streams that each hold the speed floor (short answers), baseline -> variant;
     a figure beside the verdict, which the diff's cells (not this count) decide."""
     a, b = (base or {}).get("useful_concurrency"), (other or {}).get("useful_concurrency")
     floor = (other or {}).get("useful_floor_tok_s") or (base or {}).get("useful_floor_tok_s")
     if a is None or b is None or not floor:
         return DASH
-    return f"{fmt_num(a, 0)} -> {fmt_num(b, 0)} at {floor:g} tok/s"
+    return f"{fmt_num(a, 0)} -> {fmt_num(b, 0)} at {floor:g} {names.name('per_request_tok_s')}"
 
 
 def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[str, CellResult]],
@@ -307,7 +328,7 @@ def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[st
     answers = short or {}
     for d in diffs:
         outcome = d.outcome + (", provisionally" if d.provisional else "")
-        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), d.recommendation,
+        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), names.named(d.recommendation),
                      floor_capacity(answers.get(d.baseline), answers.get(d.variant))])
     health: list[Item] = [Cell(f"drift: {drift}", cls="note")]
     not_valid = [(variant, c) for variant, cells in latest.items() for c in cells.values() if c.status != "Valid"]
@@ -431,16 +452,17 @@ def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
         return DASH if value is None else f"{fmt_num(value)}{unit}"
 
     floor = a.get("useful_floor_tok_s")
+    stream = names.name("per_request_tok_s")
     return [
         ["One request, nothing else running (single-stream)",
-         f"{num(a.get('single_stream_tok_s'), ' tok/s')}, first token in {fmt_ms(a.get('single_stream_ttft_ms'))}"],
+         f"{num(a.get('single_stream_tok_s'), f' {stream}')}, first token in {fmt_ms(a.get('single_stream_ttft_ms'))}"],
         ["The whole server, batched (aggregate peak)",
          f"{num(a.get('aggregate_peak_tok_s'), ' tok/s')}"
          + (f" at {a['aggregate_peak_concurrency']} concurrent" if a.get("aggregate_peak_concurrency") else "")],
         ["Prompt processing", num(a.get("prompt_tok_s"), " tok/s")],
         ["Context window", f"{num(a.get('context_window'))} tokens, prompt and completion share it"],
         ["Concurrent requests accepted (max-num-seqs)", num(a.get("max_num_seqs"))],
-        [f"Concurrent requests that are useful (at {floor:g} tok/s each)" if floor else "Useful concurrency",
+        [f"Concurrent requests that are useful (at {floor:g} {stream} each)" if floor else "Useful concurrency",
          num(a.get("useful_concurrency"))],
         *([[f"Capacity at the SLO ({slo['slo']})", capacity_text(slo)]] if (slo := a.get("capacity_at_slo")) else []),
     ]
@@ -469,12 +491,12 @@ def _side_by_side(title: str, first: str, by_variant: dict[str, dict[str, str]],
     highlighted (baseline None: none are, as for measured values, which always differ by noise)."""
     if not by_variant:
         return None
-    names: list[str] = []
+    keys: list[str] = []
     for values in by_variant.values():
-        names += [n for n in values if n not in names]
+        keys += [n for n in values if n not in keys]
     base = by_variant.get(baseline or "", {})
-    rows: list[list[Item]] = [[name, *(_changed(v.get(name, DASH), base.get(name) if variant != baseline else None)
-                                      for variant, v in by_variant.items())] for name in names]
+    rows: list[list[Item]] = [[key, *(_changed(v.get(key, DASH), base.get(key) if variant != baseline else None)
+                                     for variant, v in by_variant.items())] for key in keys]
     return Table(title=title, headers=[first, *by_variant], rows=rows, align="l" * (1 + len(by_variant)))
 
 
@@ -524,6 +546,17 @@ def decode_matrices_side_by_side(variants: Sequence[str], latest: dict[str, dict
                  rows=rows, cls="heat")
 
 
+def _naive_warning(a: dict[str, Any]) -> str:
+    """The naive capacity's warning in the figures' names (the short answers' own sentence where its numbers
+    are missing)."""
+    naive, useful, floor = a.get("naive_capacity"), a.get("useful_concurrency"), a.get("useful_floor_tok_s")
+    if naive is None or useful is None or not floor:
+        return str(a["naive_capacity_warning"])
+    stream = names.name("per_request_tok_s")
+    return (f"peak {names.name('total_tok_s')} / floor = {naive} overstates capacity: {stream} falls as "
+            f"concurrency rises, so the honest count at {floor:g} {stream} is {useful}")
+
+
 def short_answers_notes(a: dict[str, Any]) -> list[str]:
     """The lines under the table: floors, the knee, the naive-capacity warning, the roofline, agents that fit."""
     lines: list[str] = []
@@ -533,15 +566,16 @@ def short_answers_notes(a: dict[str, Any]) -> list[str]:
                      "simulated hardware's time")
     capacity = a.get("capacity_at_floor") or {}
     if capacity:
-        lines.append("Agents at a speed floor: " + ", ".join(
-            f"{f} tok/s -> {DASH if c is None else c}" for f, c in capacity.items()))
+        lines.append(f"Agents at a speed floor of {names.name('per_request_tok_s')}: " + ", ".join(
+            f"{f} -> {DASH if c is None else c}" for f, c in capacity.items()))
     knee = a.get("knee")
     if knee:
         lines.append(f"Knee: {knee['concurrency']} -> {knee['next_concurrency']} concurrent buys "
-                     f"{knee['aggregate_gain_pct']:+.0f}% aggregate and costs {knee['per_request_loss_pct']:.0f}% of "
-                     "each request's speed: past it the server only queues")
+                     f"{knee['aggregate_gain_pct']:+.0f}% {names.name('total_tok_s')} and costs "
+                     f"{knee['per_request_loss_pct']:.0f}% of {names.name('per_request_tok_s')}: past it the server "
+                     "only queues")
     if a.get("naive_capacity_warning"):
-        lines.append(f"warning: {a['naive_capacity_warning']}")
+        lines.append(f"warning: {_naive_warning(a)}")
     roof = a.get("roofline") or {}
     if roof.get("known"):
         parts = [f"Roofline ({roof['gpus']} x {roof['hardware']}, {roof['model']}): single-stream decode bound "
@@ -630,9 +664,9 @@ def power_notes(power: Sequence[Power], cells: list[CellSpec]) -> list[Cell]:
             key = (p.launches_a_side, p.until_settled, p.tests, p.noise.cv, p.noise.source, p.min_effect)
             groups.setdefault(key, []).append(p.variant)
     out = []
-    for names in groups.values():
-        p = next(q for q in power if q.variant == names[0])
-        who = ", ".join(names)
+    for variants in groups.values():
+        p = next(q for q in power if q.variant == variants[0])
+        who = ", ".join(variants)
         launches = (f"up to {p.launches_a_side} launches a side (`repeats: auto`)" if p.until_settled
                     else f"{p.launches_a_side} launches a side")
         change = p.detectable_change
@@ -692,8 +726,9 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
                f"{'es' if len(plan.launches) != 1 else ''} x "
                f"{fmt_duration(est.per_launch_s)} (start {est.launch_s:,.0f} s, cells with warm-up and warm check "
                f"{est.cells_s:,.0f} s, experiments {sum(est.experiments_s.values()):,.0f} s{correction})",
-               f"rates: {est.rates.prefill_tok_s:,.0f} prompt tok/s, {est.rates.decode_tok_s:,.1f} tok/s per "
-               f"stream, {est.rates.launch_s:,.0f} s to start: {est.rates.source}"] + _at_most(plan))
+               f"rates: {est.rates.prefill_tok_s:,.0f} {names.name('prompt_tok_s')}, {est.rates.decode_tok_s:,.1f} "
+               f"{names.name('per_request_tok_s')} (single-stream), {est.rates.launch_s:,.0f} s to start: "
+               f"{est.rates.source}"] + _at_most(plan))
     tables = [order, per_variant, per_launch]
     if plan.previous_times:
         tables.append(Table(
@@ -756,7 +791,9 @@ def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = 
         out.append(Table(title="Fixed-count decode, total tok/s (each request's own tok/s, TTFT excluded)",
                          headers=["Context", *map(str, columns)],
                          rows=[[fmt_context(ctx), *(ladder(at.get((ctx, s))) for s in columns)]
-                               for ctx in sorted({c.spec.context_tokens for c in fixed})]))
+                               for ctx in sorted({c.spec.context_tokens for c in fixed})],
+                         notes=[f"each rung: {names.name('total_tok_s')} ({names.name('per_request_tok_s')}); "
+                                f"{names.name(TOTAL_OVER_STREAMS)} would be the total over the column's count"]))
     prefill = [c for c in cells if c.spec.phase == "prefill"]
     if prefill:
         out.append(Table(title="Prefill (one request, max_tokens 1)", headers=["Context", "Prompt tok/s", "TTFT"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from campaign.night.search import Evaluation, SearchResult
+from campaign.report.names import header
 from campaign.report.tables import Table
 from campaign.report.text import DASH, fmt_num
 from campaign.server.profiles import FlagValue
@@ -35,7 +36,7 @@ def _row(e: Evaluation, unit: str) -> list[str]:
             DASH if e.ttft_p99_s is None else f"{e.ttft_p99_s * 1000:,.0f} ms"]
 
 
-HEADERS = ["Flags", "Predicted", "KV cache", "tok/s per agent", "TTFT p99"]
+HEADERS = ["Flags", "Predicted", "KV cache", f"{header('per_request_tok_s')} (at agents)", "TTFT p99"]
 
 
 def search_table(number: int, basis: str, found: SearchResult, baseline: Evaluation, grid: int | None) -> Table:
