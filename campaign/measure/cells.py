@@ -103,7 +103,7 @@ REASON_HINTS: dict[Reason, str] = {
                             "before the cell (a new repeat), or check for other clients holding requests",
     Reason.SENDS_SPREAD: "the client's host was too busy to send the requests together: measure on a quieter or "
                          "bigger client machine (the burst was measured again, up to three times)",
-    Reason.GAUGES_DISAGREE: "the server ran more requests at once than the client saw run together, which its "
+    Reason.GAUGES_DISAGREE: "the server ran more requests at once than the client had in flight, which its "
                             "gauges cannot over-read: the client's timestamps are wrong (a stalled client host); "
                             "measure again on a quieter client machine",
     Reason.NOT_STEADY: "the window's average spans two regimes: a server still settling (measure after a warm-up "

@@ -400,7 +400,7 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
     peak_waiting = max(waiting) if waiting else None
     spread, life = (_scaled(x, time_scale) for x in send_spread(records))
     findings = [f for f in (spread_finding(spread, life, sends=n, what="the burst"),
-                            _gauges_finding(ran, peak_running)) if f is not None]
+                            _gauges_finding(most_in_flight(records), peak_running)) if f is not None]
     verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
                f"{queued} queued, {completed} completed, {errored} errors")
     if findings:
@@ -429,15 +429,28 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
     return _with_findings(result, findings)
 
 
-def _gauges_finding(ran: int | None, peak_running: float | None) -> Finding | None:
-    """The client's "ran concurrently" against the server's sampled running gauge. Sampling can only miss a
-    peak, never add one: a gauge that saw more running at once than the client saw run together says the
-    client's timestamps are wrong (its host stalled between the requests' sends or reads)."""
-    if ran is None or peak_running is None or peak_running <= ran:
+def most_in_flight(records: list[RequestRecord]) -> int:
+    """The most of these requests the client had in flight at once by its own timestamps (sent, not yet ended)."""
+    events = sorted([(r.send_t, 1) for r in records] + [(r.end_t, -1) for r in records if r.end_t is not None],
+                    key=lambda e: (e[0], e[1]))   # an end before a send at the same instant
+    most = held = 0
+    for _, step in events:
+        held += step
+        most = max(most, held)
+    return most
+
+
+def _gauges_finding(in_flight: int, peak_running: float | None) -> Finding | None:
+    """The server's sampled running gauge against the client's own timestamps: the server cannot run more of
+    the burst at once than the client had in flight at once, and sampling can miss a peak, never add one. A
+    gauge above it says the client's timestamps are wrong (its host stalled between stamping and sending or
+    reading). (Not against "ran concurrently": requests the server holds in a chunked prefill when the first
+    request ends are running to its gauge and queued to that reading, without any contradiction.)"""
+    if peak_running is None or peak_running <= in_flight:
         return None
     return Finding(Reason.GAUGES_DISAGREE, (
-        f"the server's gauge saw {peak_running:g} requests running at once where the client saw {ran} run "
-        "concurrently; a sampled gauge can miss a peak, never add one"))
+        f"the server's gauge saw {peak_running:g} requests running at once where the client never had more than "
+        f"{in_flight} in flight by its own timestamps; a sampled gauge can miss a peak, never add one"))
 
 
 def _g(value: float | None) -> str:

@@ -72,8 +72,9 @@ Format history:
 16 - experiments carry `reason_codes` beside their reasons, as cells do: `sends_spread` where a burst's sends
     (the overload experiment's, a prefix-order arm's) left over more than a tenth of its first request's
     life, measured again up to three times, then Invalid; `gauges_disagree` where the server's running gauge
-    saw more requests at once than the client saw run concurrently; `contaminated`. The overload experiment's
-    details and each prefix-order arm carry `send_spread_s` and `first_life_s` (the hardware's seconds).
+    saw more requests at once than the client had in flight by its own timestamps; `contaminated`. The
+    overload experiment's details and each prefix-order arm carry `send_spread_s` and `first_life_s` (the
+    hardware's seconds).
     Startup facts carry `model_window`, the model's own window where the log states it (max-model-len asked
     past it). Older files have none (no codes, None).
 
