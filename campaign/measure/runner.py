@@ -27,6 +27,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from campaign.core import stats
 from campaign.core.errors import MetricMissingError
+from campaign.core.runqueue import RunQueueWait
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
 from campaign.http.streamclient import StreamClient
@@ -42,6 +43,7 @@ from campaign.measure.cells import (
     Reason,
     StepEvidence,
     findings_fields,
+    longest_request,
     over_capacity,
     queue_note,
     result_base,
@@ -164,17 +166,22 @@ async def loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event, inte
     client's own timing noise: a busy client, or a host that lends its cores elsewhere, shows here and nowhere
     in the server's counters. Timers are rounded to the millisecond (uvloop, and asyncio's epoll timeouts), so a
     timer's lateness counts only beyond that (a loop blocked outright shows there), and a ready callback's wait
-    (a queue of other callbacks ahead of it) is added."""
+    (a queue of other callbacks ahead of it) is added. A sample is at least the time the loop's thread waited
+    for a CPU since the last one (the kernel's count, core/runqueue): a host that held the thread off its cores
+    between two due timers delayed every token that arrived meanwhile, and no timer saw it."""
     loop = asyncio.get_running_loop()
-    while not stop.is_set():
-        due = time.perf_counter() + interval_s
-        await asyncio.sleep(interval_s)
-        woke = time.perf_counter()
-        ready = loop.create_future()
-        loop.call_soon(ready.set_result, None)
-        await ready
-        now = time.perf_counter()
-        samples.append((now, max(0.0, woke - due - TIMER_RESOLUTION_S) + (now - woke)))
+    with RunQueueWait() as waited:
+        before = waited.seconds()
+        while not stop.is_set():
+            due = time.perf_counter() + interval_s
+            await asyncio.sleep(interval_s)
+            woke = time.perf_counter()
+            ready = loop.create_future()
+            loop.call_soon(ready.set_result, None)
+            await ready
+            now, after = time.perf_counter(), waited.seconds()
+            samples.append((now, max(max(0.0, woke - due - TIMER_RESOLUTION_S) + (now - woke), after - before)))
+            before = after
 
 
 def sim_behind_share(window: list[tuple[float, float]], delta: m.Delta) -> float | None:
@@ -309,7 +316,7 @@ class Measurer:
             return CellResult(**base, status="Over capacity", **findings_fields([Finding(
                 Reason.OVER_CAPACITY, f"not run: {spec.concurrency} x ({spec.context_tokens:,} + {max_tokens:,}) "
                 f"tokens exceed the server's KV cache of {self.target.kv_cache_tokens:,} tokens")]))
-        longest, longest_reply = (spec.context_tokens, max_tokens) if spec.phase != "rate" else spec.lengths_range()[1]
+        longest, longest_reply = longest_request(spec)
         if self.target.max_model_len is not None and longest + longest_reply > self.target.max_model_len:
             return CellResult(**base, status="Invalid", **findings_fields([Finding(
                 Reason.OVER_WINDOW, f"not run: prompt {longest:,} + reply {longest_reply:,} tokens exceed "
