@@ -376,6 +376,10 @@ class Campaign:
         except httpx.HTTPError as exc:  # the server went away: no check, and the first reading stands as it is
             self.progress.note(f"  {variant.name} r{repeat + 1}: warm check not possible ({exc})")
             return
+        # As after a cell: a stop asked for during the check whose KeyboardInterrupt got lost (uvloop swallows
+        # one raised inside a transport's data_received as a "Fatal error on transport" and closes that
+        # connection) ran while the tool was stopping; it is not stored.
+        check_stop()
         why = not_warm(first, again)
         step = monitor.take() if monitor is not None else None
         self.run.write_guard(variant.name, repeat, again, launch=launch_dir.name, not_warm=why,
