@@ -17,6 +17,7 @@ from campaign.measure.cells import CellSpec, past_model_window
 from campaign.server.argv import LaunchSpec, free_port, port_is_free
 from campaign.server.lifecycle import ServerProcess
 from campaign.server.profiles import PROJECT_ROOT
+from campaign.server.startup_log import classify_failure
 
 CHILD = Path(__file__).parent / "fakes" / "child_server.py"
 
@@ -195,3 +196,28 @@ def test_a_cell_past_the_models_own_window_says_so_when_the_server_dies_there() 
                     "of 262,144 tokens, which max-model-len stretches with VLLM_ALLOW_LONG_MAX_MODEL_LEN: positions "
                     "past it can crash the engine")
     assert past_model_window(short_cell, 262_144) == "" and past_model_window(long_cell, None) == ""
+
+
+def test_the_log_is_read_in_whole_lines_however_its_writes_fall(tmp_path: Path) -> None:
+    """wait_ready reads what the server logged since its last look. A line still being written is read whole
+    later: a WARNING cut before its level would read as unlevelled, and a fatal line longer than any overlap
+    (vLLM's pydantic ValueError runs to kilobytes) cut in two would match in neither half."""
+    server = server_for(spec_for("ready"), tmp_path)
+    log = tmp_path / "server.log"
+    warning = ("(APIServer pid=7) WARNING 12-06 01:16:17 [model.py:2660] User-specified max_model_len (40960) is "
+               "greater than the derived max_model_len (max_position_embeddings=32768.0 or model_max_length=None "
+               "in model's config.json).\n")
+    fatal = ("Value error, User-specified max_model_len (40960) is greater than the derived max_model_len "
+             "(max_position_embeddings=32768.0 or model_max_length=None in model's config.json). "
+             + "x" * 4200 + "\n")
+    text, seen = "", 0
+    for piece in (warning[:30], warning[30:] + fatal[:4250], fatal[4250:]):
+        with log.open("a") as handle:
+            handle.write(piece)
+        new, seen = server._new_log_text(seen)
+        assert new.endswith("\n") or new == ""   # whole lines only
+        assert not new or classify_failure(new) is None or new.startswith("Value error")
+        text += new
+    assert text == warning + fatal and seen == len((warning + fatal).encode())
+    failure = classify_failure(fatal)
+    assert failure is not None and failure.kind == "bad_argument"

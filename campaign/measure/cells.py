@@ -666,8 +666,10 @@ class CellResult(BaseModel):
     discarded_tokens: int = 0
     max_tokens: int | None = None
     client_cpu: float | None = None
-    # p99 of how late the controller's event loop ran a due timer, in ms, over the window (the step where
-    # there is none): the client's own timing noise, which every latency it stamps carries (format 5).
+    # p99 of the client's stall samples, in ms, over the window (the step where there is none): each sample is
+    # how late the controller's event loop ran a due timer, or the time the host kept its thread off a CPU since
+    # the last sample (the kernel's count; from format 16's tool on), whichever is larger: the client's own
+    # timing noise, which every latency it stamps carries (format 5).
     client_lag_p99_ms: float | None = None
     # The largest of them (format 13): one stall a p99 of a few hundred samples skips, yet all of a tail when
     # the tail is one moment's (streams in step read their tokens at once; see bench/truth._lag_slack_s).

@@ -47,7 +47,8 @@ class ExperimentResult(BaseModel):
     key: str
     status: Literal["Valid", "Invalid", "Failed", "Contaminated"]
     reasons: list[str] = Field(default_factory=list)
-    # The Reason code of each entry of `reasons` that has one, in the same order (format 16; older files none).
+    # The Reason code of each finding among `reasons`, in their order (format 16; older files none): a reason
+    # that is no finding (a failed request's error, quoted) has no code.
     reason_codes: list[Reason] = Field(default_factory=list)
     # Headline numbers, compared across variants like cell metrics (None when undefined).
     values: dict[str, float | None] = Field(default_factory=dict)
@@ -410,7 +411,11 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
         verdict += ("; overload degrades into queueing rather than failure, so a load test can report total "
                     "success while hiding a queue")
     if peak_running is not None and not findings:
-        verdict += f" (server gauges: up to {peak_running:g} running, {_g(peak_waiting)} waiting)"
+        verdict += f" (server gauges: up to {peak_running:g} running, {_g(peak_waiting)} waiting"
+        if ran is not None and peak_running > ran:
+            # No contradiction (_gauges_finding): vLLM counts a request in its prefill chunks as running.
+            verdict += "; the gauge counts requests still in their prefill as running, this reading as queued"
+        verdict += ")"
     result = ExperimentResult(
         kind="overload", key=f"overload-x{factor:g}", status="Valid" if first_end is not None else "Failed",
         reasons=[] if first_end is not None else ["no request of the burst completed"], verdict=verdict,

@@ -76,7 +76,9 @@ Format history:
     overload experiment's details and each prefix-order arm carry `send_spread_s` and `first_life_s` (the
     hardware's seconds).
     Startup facts carry `model_window`, the model's own window where the log states it (max-model-len asked
-    past it). Older files have none (no codes, None).
+    past it). Older files have none (no codes, None). A cell's client lag samples (`client_lag_p99_ms`,
+    `client_lag_max_ms`) now also count the time the host kept the client's thread off a CPU (the kernel's
+    run-queue wait), so on a loaded host they read higher than format 15's for the same stalls.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.

@@ -200,19 +200,17 @@ class ServerProcess:
                 time.sleep(self.poll_s)
 
     def _new_log_text(self, offset: int) -> tuple[str, int]:
-        """The log from a little before `offset` (a fatal line may straddle two reads) to its end, in whole
-        lines: a WARNING line cut before its level would read as a line no logger levelled."""
+        """The log's whole lines from `offset` on, and the offset just past the last of them: a line still being
+        written is read whole on a later call (a WARNING line cut before its level would read as a line no
+        logger levelled, and a fatal line cut in two would match in neither half)."""
         try:
             with self.log_path.open("rb") as handle:
-                start = max(0, offset - 4096)
-                handle.seek(start)
+                handle.seek(offset)
                 data = handle.read()
         except FileNotFoundError:
             return "", offset
-        end = start + len(data)
-        if start > 0:
-            data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-        return data.decode("utf-8", "replace"), end
+        whole = data.rfind(b"\n") + 1
+        return data[:whole].decode("utf-8", "replace"), offset + whole
 
     def _fail(self, outcome: FailOutcome, message: str, kind: LaunchFailureKind | None = None,
               hint: str | None = None) -> None:
