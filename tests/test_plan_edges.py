@@ -1,19 +1,32 @@
 """What a real night still tripped on at plan time (issue 50): an estimate that counted a cell the plan itself
 skips, an over-wide launch blamed on the variant when `--set` made it wide, and a window stretched past the
-model's with VLLM_ALLOW_LONG_MAX_MODEL_LEN let through without a word.
+model's with VLLM_ALLOW_LONG_MAX_MODEL_LEN let through without a word. Then its review: each launch at its own
+variant's estimate (the last run's table, the correction, the ETA), what a launch will not run as the runner's
+typed findings, one rule for where a value was written and for a window past the model's, and an estimate that
+rests on a KV cache unknown before a launch said as such.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from fakes import builders
 
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
-from campaign.night import limits, planning, store
-from campaign.night.matrix import load_matrix
+from campaign.measure.cells import Finding, Reason
+from campaign.night import limits, orchestrate, planning, records, store
+from campaign.night.launch import LaunchWork, Options
+from campaign.night.matrix import Matrix, load_matrix
+from campaign.night.records import StopRecord
+from campaign.report import text as report
+from campaign.server import flag_values
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 
 WIDTHS = """
@@ -122,9 +135,10 @@ def test_the_estimate_leaves_out_the_cells_each_variant_will_skip(tmp_path: Path
     # The schedule's four launches (a b b a), each at its variant's figure.
     assert [name for name, _ in plan.launches] == ["a", "b", "b", "a"]
     assert est.total_s == pytest.approx(2 * est.variant_launch_s("a") + 2 * est.variant_launch_s("b"))
-    assert est.to_json()["not_run"] == {"a": {billion: "over capacity at its KV cache of 500,000 tokens"},
-                                        "b": {sixty_four: "over capacity at its KV cache of 50,000 tokens",
-                                              billion: "over capacity at its KV cache of 50,000 tokens"}}
+    over = {"code": "over_capacity", "message": "over capacity at its KV cache of 50,000 tokens"}
+    assert est.to_json()["not_run"] == {
+        "a": {billion: {**over, "message": "over capacity at its KV cache of 500,000 tokens"}},
+        "b": {sixty_four: over, billion: over}}
 
 
 def test_the_estimate_leaves_out_a_cell_past_the_window() -> None:
@@ -220,3 +234,187 @@ def test_the_plan_prints_the_stretched_window_warning(tmp_path: Path, capsys: py
     warned = [line for line in capsys.readouterr().out.splitlines() if "stretched by" in line]
     assert len(warned) == 1 and warned[0].startswith(f"warning: {matrix}: variants[1].flags: long: max-model-len "
                                                      "300,000 is past the model's window")
+
+
+# --- each launch at its own variant's estimate (the review of the above) -----------------------------------
+ESTIMATED = {"per_launch_s": 70.0, "variant_launch_s": {"a": 100.0, "b": 40.0}}
+BEGAN = datetime.fromisoformat("2026-12-01T00:00:00+00:00")   # builders.server's started_utc
+
+
+def _edit_manifest(run: store.RunDir, **fields: Any) -> None:
+    """The run's manifest with these fields replaced (its `estimate`, its `matrix` definition)."""
+    data = json.loads(run.manifest_path.read_text())
+    run.manifest_path.unlink()
+    run.manifest_path.write_text(json.dumps({**data, **fields}))
+
+
+def _launched(run: store.RunDir, variant: str, repeat: int, kv: int | None = None) -> Path:
+    launch = run.new_launch_dir(variant)
+    builders.server(launch, variant=variant, repeat=repeat, ready_s=60.0,
+                    facts={} if kv is None else {"kv_cache_tokens": kv, "block_size": 16})
+    return launch
+
+
+def _stopped(launch: Path, actual_s: float) -> None:
+    """A stop.json that makes the launch `actual_s` long, start to stopped (ready_s 60 of it)."""
+    store.write_new(launch / "stop.json", StopRecord(
+        stopped_utc=(BEGAN + timedelta(seconds=actual_s - 60.0)).isoformat(), mode="sigint", exit_code=0,
+        stop_s=1.0, swept=0, port_free=True, gpu_memory_released=None))
+
+
+def test_each_last_launch_stands_beside_its_own_variants_estimate(tmp_path: Path) -> None:
+    """A launch of b (estimated at 40 s) beside b's figure, a's (100 s) beside a's, not both beside the
+    schedule's mean (70 s); a variant the stored estimate does not name, and a run stored before variant
+    estimates, beside the mean."""
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="a", variants=["a", "b", "c"])
+    for variant in ("a", "b", "c"):
+        _stopped(_launched(run, variant, 0), 90.0)
+    _edit_manifest(run, estimate=ESTIMATED)
+    assert {t.variant: t.estimated_s for t in planning.launch_times(run)} == {"a": 100.0, "b": 40.0, "c": 70.0}
+    _edit_manifest(run, estimate={"per_launch_s": 70.0})
+    assert {t.variant: t.estimated_s for t in planning.launch_times(run)} == {"a": 70.0, "b": 70.0, "c": 70.0}
+
+
+def test_the_correction_is_the_median_of_each_launchs_actual_over_its_own_estimate(tmp_path: Path) -> None:
+    """The last run launched a three times and b once, each taking twice its own variant's estimate (b's leaves
+    out the 64 streams its cache cannot hold): the correction is x2. The median of the actual times over the
+    schedule's mean estimate said 4A / (A + B), as if b's launches were as long as a's."""
+    run = store.RunDir.create(tmp_path / "runs", "t")
+    builders.manifest(run, baseline="a", variants=["a", "b"])
+    raw = yaml.safe_load(BILLION.replace("CONCURRENCY", "[1, 64]"))
+    _edit_manifest(run, matrix={"path": "t.yaml", "raw": raw, "hash": "0"})
+    launches = [("a", _launched(run, "a", r, 500_000)) for r in range(3)] + [("b", _launched(run, "b", 0, 50_000))]
+    manifest = run.manifest()
+    again = planning.estimate(manifest.matrix_model(), manifest.profile_model(), 1, planning.rates_from(run))
+    assert again.rates.correction == 1.0   # no launch stopped yet: nothing to correct by
+    own = {v: again.variant_launch_s(v) for v in ("a", "b")}
+    assert own["a"] > own["b"] + 60
+    for variant, launch in launches:
+        _stopped(launch, 2 * own[variant])
+    assert planning.rates_from(run).correction == pytest.approx(2.0)
+
+
+def test_the_eta_sums_each_launch_left_at_its_own_variants_estimate(tmp_path: Path) -> None:
+    """A resume whose launches left are mostly b's (40 s each, a's 100 s): b, b, a is 180 s, not three times the
+    schedule's mean of 70 s; on a pool of two GPUs, two waves of their mean. A run stored before estimates is
+    estimated again at the profile's rates, each launch at its variant's."""
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="a", variants=["a", "b"])
+    path = tmp_path / "t.yaml"
+    path.write_text(BILLION.replace("CONCURRENCY", "[1, 64]"))
+    matrix, _, _ = load_matrix(str(path))
+    profile, _ = load_profile("h200")
+    left = [LaunchWork("b", 0, [], []), LaunchWork("b", 1, [], []), LaunchWork("a", 1, [], [])]
+    night = orchestrate.Night(run, matrix, profile, Options(), resumed=True, notices=[])
+    guessed = planning.estimate(matrix, profile, 1, planning.rates_from(None, profile))
+    assert night.estimate_s(left) == pytest.approx(guessed.schedule_s(["b", "b", "a"]), abs=0.2)   # as stored
+    _edit_manifest(run, estimate=ESTIMATED)
+    assert night.estimate_s(left) == pytest.approx(180.0)
+    assert replace(night, pool=[0, 1]).estimate_s(left) == pytest.approx(2 * 180.0 / 3)
+
+
+# --- what a launch will not run: the runner's typed findings ------------------------------------------------
+def test_what_a_launch_will_not_run_is_the_runners_finding_decided_by_its_code(tmp_path: Path) -> None:
+    """b's window of 1,000 tokens leaves out the single stream (1,088 tokens: over the window, not sent) and
+    its KV cache the 64 and the billion streams (over capacity, skipped): each is the finding the runner gives
+    that cell, and only the over-capacity ones are listed as skipped. The stored estimate keeps both the code
+    and the message."""
+    _last_run(tmp_path / "runs")
+    path = tmp_path / "w.yaml"
+    path.write_text(BILLION.replace("CONCURRENCY", "[1, 64, 1000000000]")
+                    .replace("{gpu-memory-utilization: 0.8}", "{max-model-len: 1000}"))
+    matrix, _, _ = load_matrix(str(path))
+    plan = planning.make_plan(matrix, load_profile("h200")[0], store.latest_run(tmp_path / "runs", "t"))
+    one, sixty_four, billion = (c.key for c in plan.cells)
+    b = plan.variants[1]
+    assert {key: why.code for key, why in b.not_run.items()} == {
+        one: Reason.OVER_WINDOW, sixty_four: Reason.OVER_CAPACITY, billion: Reason.OVER_CAPACITY}
+    assert all(isinstance(why, Finding) for why in b.not_run.values())
+    assert b.skipped == [sixty_four, billion]
+    assert plan.estimate.to_json()["not_run"]["b"][one] == {
+        "code": "over_window", "message": "over the window: 1,088 tokens past its max-model-len of 1,000"}
+
+
+# --- the format history ---------------------------------------------------------------------------------------
+def test_the_format_history_says_what_the_stored_estimate_became() -> None:
+    entry = (records.__doc__ or "").split("\n16 - ")[1].split("\n\n")[0]
+    for name in ("variant_launch_s", "not_run", "cells_s"):
+        assert f"`{name}`" in entry, name
+
+
+# --- one rule for where a value was written, one for a window past the model's --------------------------------
+def test_the_parallel_sizes_are_flag_values_own() -> None:
+    assert limits.PARALLEL_SIZES is flag_values.PARALLEL_SIZES
+    assert flag_values.parallel_width(dict.fromkeys(flag_values.PARALLEL_SIZES, 2)) == 8
+
+
+def test_a_value_set_gave_is_named_in_one_spelling_for_widths_and_windows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--set of `tensor_parallel_size` and of `max_model_len` are both named as vLLM's command line spells
+    them (a short name such as `dp` as given): one rule names where a value was written, for the width and
+    for the window alike."""
+    a5000, a5000_path = load_profile("a5000-tp2")
+    with pytest.raises(ConfigError) as caught:
+        limits.check_widths(a5000, a5000_path, None, None, {"tensor_parallel_size": 4})
+    assert (caught.value.path, caught.value.key) == ("launch --set", "tensor-parallel-size")
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    profile, profile_path = load_profile("h200")
+    with pytest.raises(ConfigError) as caught:
+        limits.check_window(profile, profile_path, None, None, {"max_model_len": 300000})
+    assert (caught.value.path, caught.value.key) == ("launch --set", "max-model-len")
+
+
+def test_the_window_refused_without_the_variable_is_the_one_warned_of_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For each launch past the model's window (a variant's, the profile's, --set's, and not one an
+    hf-overrides leaves to the launch), check_window without VLLM_ALLOW_LONG_MAX_MODEL_LEN refuses it where
+    stretched_window with it warns of it: the same place, key and window."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    allowed_file, matrix_file = _stretched(tmp_path, "1")
+    matrix, matrix_path, _ = load_matrix(str(matrix_file))
+    allowed, profile_path = load_profile(str(allowed_file))
+    plain = allowed.model_copy(update={"env": {}})
+    long_profile = {"flags": {**plain.flags, "max-model-len": 280000}}
+    yarn = {"hf-overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}}, "max-model-len": 300000}
+    cases: list[tuple[dict[str, Any], Matrix | None, dict[str, Any] | None]] = [
+        ({}, matrix, None), (long_profile, None, None), ({}, None, {"max-model-len": 290000}), ({}, None, yarn)]
+    refusals = 0
+    for update, m, overrides in cases:
+        where = None if m is None else matrix_path
+        warned = limits.stretched_window(allowed.model_copy(update=update), profile_path, m, where, overrides)
+        try:
+            limits.check_window(plain.model_copy(update=update), profile_path, m, where, overrides)
+        except ConfigError as refused:
+            refusals += 1
+            assert [n.message.split(" is past")[0] for n in warned] == [
+                str(refused).split(" is longer")[0]], (update, overrides)
+        else:
+            assert warned == [], (update, overrides)
+    assert refusals == 3   # the yarn launch is the launch's to judge
+
+
+# --- an estimate that rests on a KV cache unknown before a launch ---------------------------------------------
+def test_an_unknown_kv_cache_is_said_beside_the_estimate_it_decides(tmp_path: Path) -> None:
+    """No last run: nothing says whether a billion streams fit the KV cache, and estimated they are millions of
+    seconds, more than the rest of the launch together. The plan says so beside the estimate; an ordinary
+    matrix says nothing, nor a last run that found each variant's cache (the cell is left out), and a variant
+    the last run never launched is named."""
+    plan, _ = _plan(tmp_path, "[1, 64, 1000000000]")
+    billion = plan.cells[2].key
+    assert [v.unsure for v in plan.variants] == [[billion], [billion]]
+    line = (f"not known before a launch: whether 1 cell fits the KV cache (the largest, {billion}, needs "
+            "1,088,000,000,000 tokens); the estimate includes it")
+    assert planning.kv_unknown(plan) == line
+    said = report.text(report.plan_tables(plan, repeats=2)).splitlines()
+    estimated = next(i for i, text in enumerate(said) if text.startswith("estimated duration: "))
+    assert said[estimated + 1] == line
+    assert planning.kv_unknown(_plan(tmp_path, "[1, 64]")[0]) is None
+    # The last run launched a alone: b's cache is still unknown.
+    run = store.RunDir.create(tmp_path / "runs", "t")
+    builders.manifest(run, baseline="a", variants=["a", "b"])
+    _launched(run, "a", 0, 500_000)
+    assert planning.kv_unknown(_plan(tmp_path, "[1, 64, 1000000000]")[0]) == line.replace(
+        "the KV cache (", "the KV cache of b (")
+    _last_run(tmp_path / "runs")
+    assert planning.kv_unknown(_plan(tmp_path, "[1, 64, 1000000000]")[0]) is None

@@ -746,11 +746,17 @@ class CellResult(BaseModel):
         return [RequestRecord.from_dict(r) for r in self.requests]
 
 
+def kv_tokens_needed(*, context_tokens: int, output_tokens: int, concurrency: int, block_size: int | None) -> int:
+    """The KV cache C streams of L + N tokens hold at once, each sequence rounded up to whole KV blocks (none
+    where the block size is unknown)."""
+    block = block_size or 1
+    return concurrency * math.ceil((context_tokens + output_tokens) / block) * block
+
+
 def over_capacity(*, context_tokens: int, output_tokens: int, concurrency: int, kv_cache_tokens: int | None,
                   block_size: int | None) -> bool:
     """C x (L + N) tokens, each sequence rounded up to whole KV blocks, more than the cache holds."""
     if kv_cache_tokens is None:
         return False
-    block = block_size or 1
-    per_sequence = math.ceil((context_tokens + output_tokens) / block) * block
-    return concurrency * per_sequence > kv_cache_tokens
+    return kv_tokens_needed(context_tokens=context_tokens, output_tokens=output_tokens, concurrency=concurrency,
+                            block_size=block_size) > kv_cache_tokens

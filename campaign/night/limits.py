@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -18,14 +19,12 @@ from campaign.measure import shard
 from campaign.measure.cells import CellSpec, longest_request
 from campaign.night.matrix import ContextWindowExperiment, DecodeWorkload, LongContextExperiment, Matrix
 from campaign.server import flag_list
-from campaign.server.flag_values import canonical, parallel_width
+from campaign.server.flag_values import PARALLEL_SIZES, canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
 from campaign.server.vllm_flags import normalize_flag
 
 # Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
 FD_RESERVE = 64
-# The flags whose product is a launch's width in GPUs (flag_values.parallel_width).
-PARALLEL_SIZES = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
 # Flags that change the model's config, and so the window vLLM derives from it (rope_scaling, YaRN).
 WINDOW_OVERRIDES = frozenset({"hf-overrides", "rope-scaling", "rope-theta"})
 # vLLM 0.32's max-num-seqs when not set (vllm/engine/arg_utils.py): 1024 on cards of 70 GiB or more but the
@@ -101,6 +100,19 @@ def _places(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None,
              v.name, dict(v.flags)) for v in matrix.all_variants()]
 
 
+def _written(where: str, key: str, profile_path: Path, flags: Mapping[str, FlagValue],
+             overrides: Mapping[str, FlagValue], names: set[str]) -> tuple[str, str]:
+    """Where a launch's value of the flags `names` (canonical) was written, for an error to point at: --set
+    (its keys spelled as vLLM's command line takes them, a short name such as `dp` kept as given), else the
+    variant (`where` and `key`, as _places names it), else the profile."""
+    given = [normalize_flag(k) for k in overrides if canonical({k: None}).keys() & names]
+    if given:
+        return "launch --set", ", ".join(given)
+    if canonical(flags).keys() & names:
+        return where, key
+    return str(profile_path), "flags"
+
+
 def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
                  matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None, *,
                  placed: bool = False) -> None:
@@ -122,47 +134,63 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
         width = parallel_width(merged)
         if width is None or width <= count:
             continue
-        # Named where a factor that widens it was written: --set, else the variant, else the profile.
+        # Named where a factor that widens it was written.
         wide = {k for k in PARALLEL_SIZES if number_of(BOUNDS[k], merged.get(k, 1)) not in (None, 1)}
-        given = [k for k in overrides or {} if canonical({k: None}).keys() & wide]
-        if given:
-            where, key = "launch --set", ", ".join(given)
-        elif not canonical(flags).keys() & wide:
-            where, key = str(profile_path), "flags"
+        where, key = _written(where, key, profile_path, flags, overrides or {}, wide)
         raise ConfigError(where, key, f"{name} needs {width} GPUs (tensor x pipeline x data parallel size); "
                           f"{what} has {count}", hint="lower the parallel size, or name more GPUs in the profile")
 
 
-def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
-                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
-    """No launch asks for a max-model-len longer than the model's window where the profile states it (its
-    model_shape's max_position_embeddings): vLLM ends it with "User-specified max_model_len (N) is greater than
-    the derived max_model_len", unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set in the server's environment (the
-    profile's env over this shell's, as the launch passes them). A model-config override (hf-overrides,
-    rope-scaling: YaRN raises the window vLLM derives) or an env reference leaves it to the launch."""
+@dataclass(frozen=True)
+class _LongWindow:
+    """A launch whose max-model-len passes its model's window, named where the value was written."""
+
+    where: str
+    key: str
+    name: str      # the variant, or "the profile"
+    asked: int     # its max-model-len
+    model: str     # the profile's model_shape
+    window: int    # the model's max_position_embeddings
+
+
+def _long_model_len_env(profile: LaunchProfile) -> str:
+    """VLLM_ALLOW_LONG_MAX_MODEL_LEN as the server will see it: the profile's env over this shell's, as the
+    launch passes them."""
+    return profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
+
+
+def _past_models_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None,
+                        matrix_path: Path | None, overrides: dict[str, FlagValue] | None) -> Iterator[_LongWindow]:
+    """Each launch whose max-model-len is longer than the model's window where the profile states it (its
+    model_shape's max_position_embeddings). A model-config override (hf-overrides, rope-scaling: YaRN raises
+    the window vLLM derives) or a value not yet a number (an env reference) leaves it to the launch."""
     shape = MODELS.get((profile.model_shape or "").lower())
     if shape is None or shape.window is None:
         return
-    allowed = profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
-    if "${" in allowed or long_model_len_allowed(allowed):
-        return
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
         merged = canonical(profile.flags, flags, overrides or {})
-        if WINDOW_OVERRIDES & merged.keys():
-            continue
         value = merged.get("max-model-len")
         asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
-        if asked is None or asked <= shape.window:
+        if WINDOW_OVERRIDES & merged.keys() or asked is None or asked <= shape.window:
             continue
-        # Named where the value was written: --set, else the variant, else the profile.
-        if "max-model-len" in canonical(overrides or {}):
-            where, key = "launch --set", "max-model-len"
-        elif "max-model-len" not in canonical(flags):
-            where, key = str(profile_path), "flags"
-        raise ConfigError(where, key, f"{name}: max-model-len {asked:,.0f} is longer than the model's window, "
-                          f"{shape.window:,} tokens (max_position_embeddings of {shape.name}, the profile's "
-                          "model_shape); vLLM refuses it",
-                          hint=f"lower max-model-len to {shape.window} or less, or set {LONG_MODEL_LEN_ENV}=1 in "
+        where, key = _written(where, key, profile_path, flags, overrides or {}, {"max-model-len"})
+        yield _LongWindow(where, key, name, int(asked), shape.name, shape.window)
+
+
+def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | None = None,
+                 matrix_path: Path | None = None, overrides: dict[str, FlagValue] | None = None) -> None:
+    """No launch asks for a max-model-len longer than the model's window (_past_models_window): vLLM ends it
+    with "User-specified max_model_len (N) is greater than the derived max_model_len", unless
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN is set in the server's environment (then stretched_window says it); an env
+    reference in it is the launch's to read."""
+    allowed = _long_model_len_env(profile)
+    if "${" in allowed or long_model_len_allowed(allowed):
+        return
+    for long in _past_models_window(profile, profile_path, matrix, matrix_path, overrides):
+        raise ConfigError(long.where, long.key, f"{long.name}: max-model-len {long.asked:,} is longer than the "
+                          f"model's window, {long.window:,} tokens (max_position_embeddings of {long.model}, the "
+                          "profile's model_shape); vLLM refuses it",
+                          hint=f"lower max-model-len to {long.window} or less, or set {LONG_MODEL_LEN_ENV}=1 in "
                                "the profile's env where the model's RoPE scaling allows it")
 
 
@@ -171,26 +199,15 @@ def stretched_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix 
     """Each launch whose max-model-len passes the model's window because VLLM_ALLOW_LONG_MAX_MODEL_LEN lets it
     (check_window refuses it otherwise), said with the cells and experiments that reach past the model's
     window: vLLM serves the launch, and may crash at the first request longer than the model knows."""
-    shape = MODELS.get((profile.model_shape or "").lower())
-    allowed = profile.env.get(LONG_MODEL_LEN_ENV, os.environ.get(LONG_MODEL_LEN_ENV, ""))
-    if shape is None or shape.window is None or not long_model_len_allowed(allowed):
+    if not long_model_len_allowed(_long_model_len_env(profile)):
         return []
     notices = []
-    for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
-        merged = canonical(profile.flags, flags, overrides or {})
-        value = merged.get("max-model-len")
-        asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
-        if WINDOW_OVERRIDES & merged.keys() or asked is None or asked <= shape.window:
-            continue
-        if "max-model-len" in canonical(overrides or {}):
-            where, key = "launch --set", "max-model-len"
-        elif "max-model-len" not in canonical(flags):
-            where, key = str(profile_path), "flags"
-        past = [] if matrix is None else _past(matrix, shape.window, int(asked))
+    for long in _past_models_window(profile, profile_path, matrix, matrix_path, overrides):
+        past = [] if matrix is None else _past(matrix, long.window, long.asked)
         notices.append(Notice(PlanWarning.STRETCHED_WINDOW, (
-            f"{where}: {key}: {name}: max-model-len {asked:,.0f} is past the model's window, {shape.window:,} "
-            f"tokens (max_position_embeddings of {shape.name}), stretched by {LONG_MODEL_LEN_ENV}; "
-            + (f"past {shape.window:,} tokens: {', '.join(past)}" if past
+            f"{long.where}: {long.key}: {long.name}: max-model-len {long.asked:,} is past the model's window, "
+            f"{long.window:,} tokens (max_position_embeddings of {long.model}), stretched by {LONG_MODEL_LEN_ENV}; "
+            + (f"past {long.window:,} tokens: {', '.join(past)}" if past
                else "no cell or experiment reaches past it"))))
     return notices
 

@@ -186,17 +186,17 @@ class Night:
         return self._hardware_estimate_s(work) / self.run.manifest().time_scale
 
     def _hardware_estimate_s(self, work: list[LaunchWork]) -> float:
-        stored = self.run.manifest().estimate or {}
-        per_launch = stored.get("per_launch_s")
-        if not isinstance(per_launch, int | float):
-            per_launch = planning.estimate(self.matrix, self.profile, 1,
-                                           planning.rates_from(None, self.profile)).per_launch_s
+        """Each launch left at its own variant's stored estimate (a resume's are often mostly one variant)."""
+        stored = self.run.manifest().estimate
+        if stored is None:   # stored before estimates were (format < 5): as the plan would have stored it
+            stored = planning.estimate(self.matrix, self.profile, 1, planning.rates_from(None, self.profile)).to_json()
+        total = sum(planning.stored_launch_s(stored, w.variant) or 0.0 for w in work)
         if self.pool is not None and work:
-            # Side by side: the launches go in waves as wide as the pool has slots for the widest of them.
+            # Side by side: waves as wide as the pool has slots for the widest launch, each about their mean.
             jobs = pool_jobs(self.matrix, self.profile, [(w.variant, w.repeat) for w in work], self.pool)
             slots = max(1, len(self.pool) // int(max(j.width for j in jobs)))
-            return float(per_launch) * math.ceil(len(work) / slots)
-        return float(per_launch) * len(work)
+            return total / len(work) * math.ceil(len(work) / slots)
+        return total
 
     def execute(self, progress: Progress, judge: Judge | None = None,
                 clock: Callable[[], float] = time.monotonic) -> None:

@@ -12,7 +12,7 @@ A plan also says, per variant, the smallest change its launches can tell apart f
 a cell's headline figure moves between launches: measured by the last run, else stated in the profile), given
 how many tests the variant's verdicts will rest on, and warns when that is above the matrix's minimum effect.
 
-Long (about 520 lines): the estimate, what each launch will not run, the rig's noise and the plan that prints
+Long (about 580 lines): the estimate, what each launch will not run, the rig's noise and the plan that prints
 them read the same last run, and are kept in one place so that the plan and the night's ETA agree.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 from campaign.core import stats
 from campaign.core.errors import CampaignError
 from campaign.core.vllm_bounds import BOUNDS, number_of
-from campaign.measure.cells import CellSpec, over_capacity, primary_metric
+from campaign.measure.cells import CellSpec, Finding, Reason, kv_tokens_needed, over_capacity, primary_metric
 from campaign.measure.judged import FAMILY_ALPHA, PHASE_METRICS, TAIL_METRICS, TAIL_MIN_REPEATS, TELEMETRY_METRICS
 from campaign.night.limits import reach
 from campaign.night.matrix import (
@@ -172,17 +173,26 @@ class Estimate:
     rates: Rates = GUESSED
     power: list[Power] = field(default_factory=list)  # per variant judged: the smallest change it can tell
     variant_cells_s: dict[str, float] = field(default_factory=dict)   # per variant: its launches' cells_s
-    # Per variant, the cells its launches will not run (key: why), left out of its estimate.
-    not_run: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Per variant, the cells its launches will not run (key: why, Reason.OVER_CAPACITY or OVER_WINDOW as the
+    # runner's own finding for them), left out of its estimate.
+    not_run: dict[str, dict[str, Finding]] = field(default_factory=dict)
 
     @property
     def per_launch_s(self) -> float:
         """A launch of the schedule, on average (variant_launch_s: one variant's)."""
         return (self.launch_s + self.cells_s + sum(self.experiments_s.values())) * self.rates.correction
 
-    def variant_launch_s(self, variant: str) -> float:
+    def uncorrected_launch_s(self, variant: str) -> float:
+        """One launch of `variant` as the rates give it, before the last run's correction."""
         cells = self.variant_cells_s.get(variant, self.cells_s)
-        return (self.launch_s + cells + sum(self.experiments_s.values())) * self.rates.correction
+        return self.launch_s + cells + sum(self.experiments_s.values())
+
+    def variant_launch_s(self, variant: str) -> float:
+        return self.uncorrected_launch_s(variant) * self.rates.correction
+
+    def schedule_s(self, variants: list[str]) -> float:
+        """Launches of these variants in turn (a schedule's names), each at its own variant's estimate."""
+        return sum(self.variant_launch_s(v) for v in variants)
 
     @property
     def total_s(self) -> float:
@@ -195,7 +205,19 @@ class Estimate:
                 "correction": round(self.rates.correction, 3), "rates_source": self.rates.source,
                 "power": [p.to_json() for p in self.power],
                 "variant_launch_s": {v: round(self.variant_launch_s(v), 1) for v in self.variant_cells_s},
-                "not_run": {v: keys for v, keys in self.not_run.items() if keys}}
+                "not_run": {v: {key: {"code": str(why.code), "message": why.message} for key, why in keys.items()}
+                            for v, keys in self.not_run.items() if keys}}
+
+
+def stored_launch_s(stored: Mapping[str, Any], variant: str) -> float | None:
+    """One launch of `variant` as a run's stored estimate (its manifest's) put it: its variant's figure
+    (variant_launch_s), else, for a run stored before those, the schedule's mean (per_launch_s); None: a run
+    stored before estimates (format < 5)."""
+    own = stored.get("variant_launch_s")
+    value = own.get(variant) if isinstance(own, dict) else None
+    if not isinstance(value, int | float):
+        value = stored.get("per_launch_s")
+    return float(value) if isinstance(value, int | float) else None
 
 
 def cell_s(spec: CellSpec, rates: Rates) -> float:
@@ -278,10 +300,6 @@ def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> f
     return total
 
 
-OVER_CAPACITY = "over capacity"   # how not_run's reasons begin: skipped at the KV cache ...
-OVER_WINDOW = "over the window"   # ... or past max-model-len (Invalid, not sent)
-
-
 def window_of(profile: LaunchProfile, flags: dict[str, Any], facts: StartupFacts) -> int | None:
     """A launch's max-model-len: as its flags ask, else as the last run's server had it; None: unknown."""
     asked = canonical(profile.flags, flags).get("max-model-len")
@@ -289,18 +307,20 @@ def window_of(profile: LaunchProfile, flags: dict[str, Any], facts: StartupFacts
     return int(read) if read is not None else facts.max_model_len
 
 
-def not_run(cells: list[CellSpec], facts: StartupFacts, window: int | None) -> dict[str, str]:
-    """The cells a launch of a server with these facts will not run (key: why), as the runner decides it: a
-    decode cell over capacity at its KV cache is skipped, any cell whose longest prompt and reply pass its
-    window is not sent."""
-    out: dict[str, str] = {}
+def not_run(cells: list[CellSpec], facts: StartupFacts, window: int | None) -> dict[str, Finding]:
+    """The cells a launch of a server with these facts will not run (key: why, with the runner's code for it),
+    as the runner decides it: a decode cell over capacity at its KV cache is skipped, any cell whose longest
+    prompt and reply pass its window is not sent."""
+    out: dict[str, Finding] = {}
     for c in cells:
         if c.phase == "decode" and over_capacity(context_tokens=c.context_tokens, output_tokens=c.max_tokens,
                                                  concurrency=c.concurrency, kv_cache_tokens=facts.kv_cache_tokens,
                                                  block_size=facts.block_size):
-            out[c.key] = f"{OVER_CAPACITY} at its KV cache of {facts.kv_cache_tokens or 0:,} tokens"
+            out[c.key] = Finding(Reason.OVER_CAPACITY,
+                                 f"over capacity at its KV cache of {facts.kv_cache_tokens or 0:,} tokens")
         elif window is not None and reach(c) > window:
-            out[c.key] = f"{OVER_WINDOW}: {reach(c):,} tokens past its max-model-len of {window:,}"
+            out[c.key] = Finding(Reason.OVER_WINDOW,
+                                 f"over the window: {reach(c):,} tokens past its max-model-len of {window:,}")
     return out
 
 
@@ -317,7 +337,7 @@ def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates
     """`launches` launches of the matrix at the rates; each variant's without the cells it will not run (where
     rates.servers says what its server became), so a launch's figure is the schedule's mean."""
     cells = matrix.cells()
-    skipped: dict[str, dict[str, str]] = {}
+    skipped: dict[str, dict[str, Finding]] = {}
     per_variant: dict[str, float] = {}
     for variant in matrix.ordered_variants():
         facts = rates.servers.get(variant.name, StartupFacts())
@@ -352,9 +372,9 @@ class LaunchTime:
 
 
 def launch_times(run: RunDir) -> list[LaunchTime]:
-    """Each launch that became ready and stopped: its actual time, beside the estimate stored with the run."""
+    """Each launch that became ready and stopped: its actual time, beside its variant's estimate stored with the
+    run (stored_launch_s)."""
     stored = run.manifest().estimate or {}
-    estimated = stored.get("per_launch_s")
     out = []
     for server in run.ready_servers():
         stop = run.stop(server.launch_dir or "")
@@ -363,7 +383,7 @@ def launch_times(run: RunDir) -> list[LaunchTime]:
         began = datetime.fromisoformat(server.started_utc)
         actual = server.ready_s + (datetime.fromisoformat(stop.stopped_utc) - began).total_seconds()
         out.append(LaunchTime(server.launch_dir or "", server.variant, server.repeat, actual,
-                              float(estimated) if isinstance(estimated, int | float) else None))
+                              stored_launch_s(stored, server.variant)))
     return out
 
 
@@ -443,16 +463,18 @@ def _speeds_from(run: RunDir | None, profile: LaunchProfile | None) -> Rates:
         source=f"measured in {run.root}" + ("" if prefill and decode and ready else " (partly guessed)"),
         servers=servers)
     try:
-        actual = [t.actual_s * scale for t in launch_times(run)]
-        # How far this model is off even at the measured rates (overheads it does not see): the last run's
-        # launches, estimated again at its own rates, against what they took.
+        times = launch_times(run)
+        # How far this model is off even at the measured rates (overheads it does not see): each of the last
+        # run's launches, estimated again at its own rates as its variant's, against what it took.
         manifest = run.manifest()
-        again = estimate(manifest.matrix_model(), manifest.profile_model(), 1, measured).per_launch_s
+        again = estimate(manifest.matrix_model(), manifest.profile_model(), 1, measured)
     except (CampaignError, ValidationError, ValueError):
         return measured  # a last run this version cannot fully read calibrates nothing; it never stops a plan
-    if not actual or again <= 0 or virtual:
+    ratios = [t.actual_s * scale / again.variant_launch_s(t.variant) for t in times
+              if again.variant_launch_s(t.variant) > 0]
+    if not ratios or virtual:
         return measured
-    return replace(measured, correction=statistics.median(actual) / again)
+    return replace(measured, correction=statistics.median(ratios))
 
 
 # --- the plan --------------------------------------------------------------------------------------------
@@ -463,7 +485,8 @@ class VariantPlan:
     kv_cache_tokens: int | None  # as the last run found it; None: unknown until launched
     skipped: list[str]  # cells over capacity at that KV cache: will be skipped
     launches: int = 0   # in the schedule
-    not_run: dict[str, str] = field(default_factory=dict)   # key: why; skipped, or past the window
+    not_run: dict[str, Finding] = field(default_factory=dict)   # key: why; skipped, or past the window
+    unsure: list[str] = field(default_factory=list)   # cells whose fit in an unknown KV cache decides the estimate
 
 
 @dataclass(frozen=True)
@@ -498,15 +521,52 @@ def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -
         facts = planned.rates.servers.get(variant.name, StartupFacts())
         left = planned.not_run.get(variant.name, {})
         variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens,
-                                    [k for k, why in left.items() if why.startswith(OVER_CAPACITY)],
-                                    sum(name == variant.name for name, _ in order), left))
+                                    [k for k, why in left.items() if why.code == Reason.OVER_CAPACITY],
+                                    sum(name == variant.name for name, _ in order), left,
+                                    [c.key for c in hinges_on_kv(planned, variant.name, cells)]))
     at_most = None
     if matrix.until_settled:
         rounds = max(matrix.max_repeats or matrix.repeats, matrix.repeats)
         longest = schedule(matrix.model_copy(update={"repeats": rounds}))
-        at_most = (rounds, len(longest), planned.per_launch_s * len(longest))
+        at_most = (rounds, len(longest), planned.schedule_s([name for name, _ in longest]))
     return Plan(launches=order, variants=variants, cells=cells, estimate=planned, previous=previous,
                 previous_times=previous_times, at_most=at_most, budget_s=matrix.budget_s)
+
+
+def kv_need(spec: CellSpec) -> int:
+    """The KV cache tokens a decode cell's streams hold at once, C x (L + N) (the block size unknown too)."""
+    return kv_tokens_needed(context_tokens=spec.context_tokens, output_tokens=spec.max_tokens,
+                            concurrency=spec.concurrency, block_size=None)
+
+
+def hinges_on_kv(planned: Estimate, variant: str, cells: list[CellSpec]) -> list[CellSpec]:
+    """Where `variant`'s KV cache is unknown (no last run launched it, or its log did not say), the cells whose
+    fit in it decides the estimate: decode cells (the kind the runner skips over capacity) each estimated at
+    more than the rest of the launch together, so that, skipped, the launch takes less than half its estimate.
+    (A bound from the cards' memory would need the model's KV bytes per token and the weights' share, which a
+    profile need not state; this needs only the estimate it qualifies.)"""
+    if planned.rates.servers.get(variant, StartupFacts()).kv_cache_tokens is not None:
+        return []
+    left = planned.not_run.get(variant, {})
+    launch = planned.uncorrected_launch_s(variant)
+    return [c for c in cells if c.phase == "decode" and c.key not in left
+            and cell_s(c, planned.rates) > launch - cell_s(c, planned.rates)]
+
+
+def kv_unknown(plan: Plan) -> str | None:
+    """The line said beside the estimate where it rests on cells a KV cache unknown before a launch may not
+    hold (hinges_on_kv); None where it does not."""
+    unsure = [v for v in plan.variants if v.unsure]
+    if not unsure:
+        return None
+    keys = set().union(*(v.unsure for v in unsure))
+    cells = [c for c in plan.cells if c.key in keys]
+    largest = max(cells, key=kv_need)
+    whose = "" if len(unsure) == len(plan.variants) else f" of {', '.join(v.name for v in unsure)}"
+    many = len(cells) != 1
+    return (f"not known before a launch: whether {len(cells)} cell{'s' if many else ''} fit{'' if many else 's'} "
+            f"the KV cache{whose} (the largest, {largest.key}, needs {kv_need(largest):,} tokens); the estimate "
+            f"includes {'them' if many else 'it'}")
 
 
 def left_out(plan: Plan) -> list[str]:
@@ -516,7 +576,7 @@ def left_out(plan: Plan) -> list[str]:
     for v in plan.variants:
         if not v.not_run:
             continue
-        cells = "; ".join(f"{key} ({why})" for key, why in v.not_run.items())
+        cells = "; ".join(f"{key} ({why.message})" for key, why in v.not_run.items())
         lines.append(f"not in the estimate: {v.name}'s launches ({v.launches}, "
                      f"{fmt_duration(plan.estimate.variant_launch_s(v.name))} each) will not run {cells}")
     return lines

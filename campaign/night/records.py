@@ -78,7 +78,11 @@ Format history:
     Startup facts carry `model_window`, the model's own window where the log states it (max-model-len asked
     past it). Older files have none (no codes, None). A cell's client lag samples (`client_lag_p99_ms`,
     `client_lag_max_ms`) now also count the time the host kept the client's thread off a CPU (the kernel's
-    run-queue wait), so on a loaded host they read higher than format 15's for the same stalls.
+    run-queue wait), so on a loaded host they read higher than format 15's for the same stalls. The
+    manifest's `estimate` carries `variant_launch_s` (each variant's launch, without the cells it will not
+    run) and `not_run` (per variant, the cells left out of its estimate: key to `code`, over_capacity or
+    over_window, and `message`), and its `cells_s` is the mean over the schedule's launches (before: every
+    cell of one launch); a launch is compared with its variant's estimate where stored, else `per_launch_s`.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.

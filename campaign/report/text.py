@@ -13,7 +13,7 @@ from typing import Any
 
 from campaign.measure.cells import CAVEATS, CellResult, CellSpec
 from campaign.measure.judged import FAMILY_ALPHA
-from campaign.night.planning import Plan, Power, cell_s
+from campaign.night.planning import Plan, Power, cell_s, kv_unknown
 from campaign.night.progress import fmt_duration
 from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
 from campaign.night.replay import VirtualCell
@@ -719,6 +719,7 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     rows += [[key, "experiment", f"{seconds:,.0f} s"] for key, seconds in est.experiments_s.items()]
     correction = (f", x{est.rates.correction:.2f} for how far the last run's estimate was off"
                   if est.rates.correction != 1.0 else "")
+    unknown = kv_unknown(plan)   # said beside the estimate it qualifies
     per_launch = Table(
         title=f"Every launch: {len(plan.cells)} cells, {len(est.experiments_s)} experiments",
         headers=["Cell or experiment", "Label", "Estimated"], align="llr", rows=rows,
@@ -726,6 +727,7 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
                f"{'es' if len(plan.launches) != 1 else ''} x "
                f"{fmt_duration(est.per_launch_s)} (start {est.launch_s:,.0f} s, cells with warm-up and warm check "
                f"{est.cells_s:,.0f} s, experiments {sum(est.experiments_s.values()):,.0f} s{correction})",
+               *([unknown] if unknown else []),
                f"rates: {est.rates.prefill_tok_s:,.0f} {names.name('prompt_tok_s')}, {est.rates.decode_tok_s:,.1f} "
                f"{names.name('per_request_tok_s')} (single-stream), {est.rates.launch_s:,.0f} s to start: "
                f"{est.rates.source}"] + _at_most(plan))

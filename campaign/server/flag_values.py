@@ -28,6 +28,8 @@ _JSON_HINT = ("write it as a YAML mapping (e.g. speculative-config: {method: ngr
 _QUOTED = re.compile(r'("(?:[^"\\]|\\.)*")')
 _BARE_HUMAN = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
 _OBJECT = re.compile(r"(?s)^\s*{.*}\s*$")
+# The flags whose product is a launch's width in GPUs (parallel_width), canonical names.
+PARALLEL_SIZES = ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size")
 
 
 def _expanded(text: str) -> str:
@@ -100,7 +102,7 @@ def parallel_width(flags: Mapping[str, Any]) -> int | None:
     """GPUs one launch with these flags (canonical()) needs, tensor x pipeline x data parallel size; None
     where one of them is not yet a number (a reference, or a value value_problems refuses)."""
     width = 1
-    for name in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size"):
+    for name in PARALLEL_SIZES:
         value = flags.get(name, 1)
         read = number_of(BOUNDS[name], value)
         if read is None or read < 1 or read != int(read):
