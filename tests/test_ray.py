@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from campaign.measure.runner import CLIENT_STALLS
 from campaign.night import store
 from campaign.night.matrix import load_matrix, schedule
 from campaign.server.profiles import PROJECT_ROOT
@@ -352,6 +353,12 @@ def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path
     assert proc.returncode == 0, err[-3000:]
     run = store.RunDir(next((tmp_path / "runs" / "t").glob("*")))
     cells = run.cells()
-    assert len(cells) == 3 and all(c.result.status == "Valid" for c in cells), [
-        (c.variant, c.result.status, c.result.reasons) for c in cells]
+    # Each launch replayed the whole trace, from the bytes its task carried. A loaded host may leave a cell
+    # Invalid for its own client's stall at 20x (schedule_behind: the runner measured it again and says so),
+    # which is the client's finding, not the trace's; any other finding is a failure here.
+    assert len(cells) == 3, [(c.variant, c.result.status, c.result.reasons) for c in cells]
+    for c in cells:
+        assert c.result.status == "Valid" or set(c.result.reason_codes) <= set(CLIENT_STALLS), (
+            c.variant, c.result.status, c.result.reasons)
+        assert c.result.spec.trace is not None and len(c.result.requests) == c.result.spec.trace.requests
     assert {c.result.spec.trace.path for c in cells if c.result.spec.trace} == {str(trace)}
