@@ -153,21 +153,6 @@ def test_a_launch_wider_than_the_largest_node_is_refused_before_the_night(tmp_pa
     assert not list(tmp_path.glob("*/*/manifest.json"))
 
 
-@pytest.mark.cpu_heavy
-def test_the_simulator_runs_on_a_local_ray_with_no_address_on_a_machine_without_gpus(tmp_path: Path) -> None:
-    """Issue 33's case: without an address Ray starts a local instance, which declared no GPUs, and the night
-    stopped at once ("the largest node of the Ray cluster has 0 GPUs"). For the simulator the local Ray
-    declares the simulated cards, so a what-if on Ray runs on one machine."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
-    out = subprocess.run([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(tmp_path),
-                          "--plain", "--executor", "ray", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
-    assert len(run.cells()) == CELLS_AT_ONE_REPEAT
-    assert {p.parent.name for p in run.root.glob("variants/*/launch-*/placement.json")}   # placed by Ray
-
-
 # A one-node cluster started with a low soft limit on open files (as a raylet often has: 1,024), the hard one
 # kept: it prints its address, and shuts down when its stdin closes.
 _LOW_LIMIT_CLUSTER = """
@@ -329,7 +314,10 @@ def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path
     """End to end on a local Ray (the simulated H200's one card: the launches run one after another). Once the
     first cell is back the trace file is moved away (a node without the controller's files), and back once the
     second is (the controller's diff reads it at the end): the second launch still replays the trace, from the
-    bytes its task carries, and every record names the controller's file."""
+    bytes its task carries, and every record names the controller's file. Also issue 33's case: without an
+    address Ray starts a local instance, which declared no GPUs, and the night stopped at once ("the largest
+    node of the Ray cluster has 0 GPUs"); for the simulator the local Ray declares the simulated cards, so a
+    what-if on Ray runs on one machine (this test once had its own night: one local Ray start is enough)."""
     trace, matrix = _trace_night(tmp_path)
     matrix.write_text(matrix.read_text().replace("  - name: a\n", "  - name: a\n  - name: b\n"
                                                                    "    flags: {max-num-seqs: 64}\n"))
@@ -362,3 +350,4 @@ def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path
             c.variant, c.result.status, c.result.reasons)
         assert c.result.spec.trace is not None and len(c.result.requests) == c.result.spec.trace.requests
     assert {c.result.spec.trace.path for c in cells if c.result.spec.trace} == {str(trace)}
+    assert len(list(run.root.glob("variants/*/launch-*/placement.json"))) == 3   # every launch placed by Ray
