@@ -69,9 +69,9 @@ Format history:
     vllm:inter_token_latency_seconds) between the step's two scrapes, in the hardware's ms, and beside them
     `client_ttft_mean_ms`, the client's mean TTFT over the same requests. Older cells, a server without the
     histograms and a campaign replayed on a virtual clock have none (None).
-16 - experiments carry `reason_codes` beside their reasons, as cells do: `sends_spread` where a burst's sends
-    (the overload experiment's, a prefix-order arm's) left over more than a tenth of its first request's
-    life, measured again up to three times, then Invalid; `gauges_disagree` where the server's running gauge
+16 - experiments carry `reason_codes` beside their reasons, as cells do: `sends_spread` where the overload
+    experiment's burst left over more than a tenth of its first request's life, measured again up to three
+    times, then Invalid; `gauges_disagree` where the server's running gauge
     saw more requests at once than the client had in flight by its own timestamps; `contaminated`. The
     overload experiment's details and each prefix-order arm carry `send_spread_s` and `first_life_s` (the
     hardware's seconds).
