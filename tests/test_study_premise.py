@@ -16,6 +16,7 @@ from campaign.analysis.verdicts import _experiment_diffs
 from campaign.http.client import RequestRecord, new_client
 from campaign.measure import study
 from campaign.measure.cells import Reason
+from campaign.measure.figures import max_in_flight
 from campaign.measure.runner import Target
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server.profiles import load_profile
@@ -65,7 +66,7 @@ def test_a_burst_that_left_together_stands() -> None:
     assert result.status == "Valid" and result.reason_codes == [] and result.reasons == []
     assert result.values["ran_concurrently"] == 60 and result.values["peak_running"] == 64
     assert "the gauge counts requests still in their prefill as running, this reading as queued" in result.verdict
-    assert study.most_in_flight(records) == 80
+    assert max_in_flight(records) == 80
     assert result.details["send_spread_s"] == pytest.approx(0.001 * TIME_SCALE)
     assert result.details["first_life_s"] == pytest.approx(2.0 * TIME_SCALE)
     # Exactly at the limit still stands; just past it does not.

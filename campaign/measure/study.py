@@ -32,6 +32,7 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import answers
 from campaign.measure.cells import Attempt, CellResult, CellSpec, Finding, Reason
+from campaign.measure.figures import max_in_flight
 from campaign.measure.prompts import Prompts, PromptSource
 from campaign.measure.runner import Measurer, Target
 from campaign.server import metrics as m
@@ -402,7 +403,7 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
     peak_waiting = max(waiting) if waiting else None
     spread, life = (_scaled(x, time_scale) for x in send_spread(records))
     findings = [f for f in (spread_finding(spread, life, sends=n, what="the burst"),
-                            _gauges_finding(most_in_flight(records), peak_running)) if f is not None]
+                            _gauges_finding(max_in_flight(records), peak_running)) if f is not None]
     verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
                f"{queued} queued, {completed} completed, {errored} errors")
     if findings:
@@ -433,17 +434,6 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
         requests=[r.to_dict() for r in records], attempts=attempts,
         discarded_steps=sum(1 for a in attempts if not a.accepted))
     return _with_findings(result, findings)
-
-
-def most_in_flight(records: list[RequestRecord]) -> int:
-    """The most of these requests the client had in flight at once by its own timestamps (sent, not yet ended)."""
-    events = sorted([(r.send_t, 1) for r in records] + [(r.end_t, -1) for r in records if r.end_t is not None],
-                    key=lambda e: (e[0], e[1]))   # an end before a send at the same instant
-    most = held = 0
-    for _, step in events:
-        held += step
-        most = max(most, held)
-    return most
 
 
 def _gauges_finding(in_flight: int, peak_running: float | None) -> Finding | None:
