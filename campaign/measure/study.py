@@ -74,7 +74,7 @@ VALUE_DIRECTIONS = {
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 3
-# A burst (the overload experiment's, each prefix-order arm's) is simultaneous only if its sends all left within
+# The overload experiment's burst is simultaneous only if its sends all left within
 # this share of the first request's life (from the first send to the first request's last token). Past it the
 # first requests may be done before the last are sent, and "ran concurrently" measures the client's host: a
 # demo burst of 80 once left over 3.6 s on a busy host and read "1 ran concurrently, 79 queued" (the idle
@@ -94,9 +94,9 @@ class _NotDelivered(Exception):
     """Every attempt at a step missed its premise (a burst that did not leave together): the last one's value
     is kept, so that what was measured is stored beside why it cannot be read."""
 
-    def __init__(self, value: object, delta: m.Delta) -> None:
+    def __init__(self, value: object) -> None:
         super().__init__("the step's premise was missed in every attempt")
-        self.value, self.delta = value, delta
+        self.value = value
 
 
 def send_spread(records: list[RequestRecord]) -> tuple[float | None, float | None]:
@@ -159,7 +159,7 @@ async def _bracketed(target: Target, control: httpx.AsyncClient, step: Callable[
         if attempt.accepted:
             return value, m.Delta(before, after)
     if tries[-1].code == Reason.SENDS_SPREAD:
-        raise _NotDelivered(value, m.Delta(before, after))
+        raise _NotDelivered(value)
     raise _Contaminated(name, tries)
 
 
