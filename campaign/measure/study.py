@@ -12,7 +12,7 @@
 Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
 night.virtual feeds the same functions from the simulator's engine in simulated time.
 
-Long (about 590 lines) so that an experiment's two halves are read together.
+Long (about 700 lines) so that an experiment's two halves are read together.
 """
 
 from __future__ import annotations
