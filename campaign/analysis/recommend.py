@@ -7,9 +7,11 @@ short_answers_by_variant gives the study's short answers per variant from the sa
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
+from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown
 from campaign.analysis.statistics import MAX_ADVISED_REPEATS, Look, MetricVerdict, sequential_alpha, settle_advice
 from campaign.analysis.verdicts import (
     CellDiff,
@@ -83,11 +85,12 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     for cell in cells:
         by_variant[cell.variant].append(cell)
     experiments: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    # Each with its repeat: the launch it was measured on, for taking each launch's shared speed out.
     for stored in run.experiments():
-        experiments[stored.variant].append(stored.result.model_dump())
+        experiments[stored.variant].append(stored.result.model_dump() | {"repeat": stored.repeat})
     if other is not None:
         for stored in other.experiments():
-            experiments[f"{stored.variant}@B"].append(stored.result.model_dump())
+            experiments[f"{stored.variant}@B"].append(stored.result.model_dump() | {"repeat": stored.repeat})
     if base_name not in by_variant and base_name not in facts:
         raise CampaignError(f"baseline {base_name!r} has no measurements in {run.root}",
                             hint=f"variants measured: {', '.join(sorted(by_variant)) or 'none'}")
@@ -272,7 +275,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     change is not judged on the speed of random-id cells at all; cells that could not be measured leave it
     not settled; an A/A comes out "no difference" (shown) or "not settled", never keep or revert; a variant
     is "no difference" only where every deciding figure is shown within +-the minimum effect, and "not
-    settled" (with what would settle it) where any is neither. With one measurement a side nothing measured is
+    settled" (with what would settle it) where any is neither, unless the variant has a certain cost (a smaller
+    cache, fewer agents) and no benefit shown even once each launch's shared speed is taken out (benefit.py):
+    from three launches a side that is a revert (issue 54). With one measurement a side nothing measured is
     judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
     changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
         "no flag change (A/A)")
@@ -388,6 +393,18 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return "not settled", False, sentence("not settled: no comparable measurements")
     within = f"+-{100 * diff.look.min_effect:g}%"
     unsettled = [(c, m) for c, m in decisive if m.verdict == "not settled"]
+    costs = [] if diff.aa else _costs(base_facts, facts, kv_change)
+    if unsettled and costs and _fewest_launches(decisive) >= COST_REVERT_MIN_LAUNCHES:
+        # Issue 54: a certain cost with no benefit shown is reverted on the evidence so far, unless a benefit
+        # shows on its own once each launch's shared speed is taken out (benefit.py; verdict-check's rates).
+        shown = benefits_shown(_figures(decisive), diff.look.min_effect)
+        if not shown:
+            return "revert", False, sentence(_cost_revert_text(costs, unsettled, diff))
+        best = max(shown, key=lambda b: b.change_pct)
+        return "not settled", False, sentence(
+            f"{unsettled_text(unsettled, diff)}; it costs {_listed(costs)}, but {best.figure} is better by "
+            f"{best.change_pct:.1f}% on its own once each launch's shared speed is taken out (one-sided "
+            f"p={best.p_value:.3f}): a revert could throw a real benefit away")
     if unsettled:
         return "not settled", False, sentence(unsettled_text(unsettled, diff))
     if cost:
@@ -402,6 +419,64 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     if moved:
         noise += f"; moved, but describing the server rather than deciding: {_listed(moved)}"
     return "no difference", False, sentence(noise)
+
+
+def _costs(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float | None) -> list[str]:
+    """The launch facts that are certainly worse: exact from the startup log, with no noise to rule out (a
+    slower startup varies by launch; a figure shown worse is a harm and reverts on its own)."""
+    base = base_facts or {}
+    out = []
+    if kv_change is not None and kv_change <= -0.05:
+        out.append(f"{-kv_change:.1f}% KV cache")
+    before, after = base.get("max_concurrency"), facts.get("max_concurrency")
+    # Only where the cache's size is not known: otherwise the concurrency follows from it.
+    if kv_change is None and isinstance(before, int | float) and isinstance(after, int | float) and after < before:
+        out.append(f"max concurrency {before:g} -> {after:g}")
+    agents = (agents_that_fit(base.get("kv_cache_tokens"), AGENT_CONTEXT, base.get("block_size"),
+                              base.get("max_model_len")),
+              agents_that_fit(facts.get("kv_cache_tokens"), AGENT_CONTEXT, facts.get("block_size"),
+                              facts.get("max_model_len")))
+    if agents[0] is not None and agents[1] is not None and agents[1] < agents[0]:
+        out.append(f"agents at 8K context {agents[0]} -> {agents[1]}")
+    return out
+
+
+def _fewest_launches(decisive: list[tuple[CellDiff, MetricVerdict]]) -> int:
+    """The fewest measurements a side among the tested deciding figures (0: none tested)."""
+    return min((min(m.n_baseline, m.n_variant) for _, m in decisive if m.p_value is not None), default=0)
+
+
+def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure]:
+    """The deciding figures by launch, for benefit.py (a figure whose values by launch were not kept is left
+    out, as is one whose direction is unknown)."""
+    return [Figure(f"{m.metric} at {c.key}", m.direction, *m.by_launch) for c, m in decisive
+            if m.by_launch is not None and m.p_value is not None]
+
+
+def _cost_revert_text(costs: list[str], unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
+    """Why a cost with no benefit shown is reverted: the cost, that nothing was better, the largest benefit the
+    figures' own 95% intervals still allow, and how many launches a side would show no difference."""
+    within = f"+-{100 * diff.look.min_effect:g}%"
+    text = (f"revert (a cost with no benefit shown: it costs {_listed(costs)}; no figure better in {diff.tests} "
+            f"tests, nor on its own once each launch's shared speed is taken out")
+
+    def allowed(item: tuple[CellDiff, MetricVerdict]) -> float:
+        m = item[1]
+        if m.ci95_pct is None:
+            return -math.inf
+        return m.ci95_pct[1] if m.direction > 0 else -m.ci95_pct[0]
+
+    cell, widest = max(unsettled, key=allowed)
+    if allowed((cell, widest)) > 0:
+        text += (f"; the largest benefit still possible: {widest.metric} at {cell.key}, up to "
+                 f"{allowed((cell, widest)):.1f}%")
+    needed = [m.equivalence_repeats for _, m in unsettled]
+    if needed and all(n is not None for n in needed):
+        text += f"; {max(n or 0 for n in needed)} launches a side would show no difference within {within})"
+    else:
+        text += (f"; no difference within {within} is not reachable at this noise in {MAX_ADVISED_REPEATS} launches "
+                 "a side)")
+    return text
 
 
 def _random_spec_cells(diff: VariantDiff) -> list[str]:

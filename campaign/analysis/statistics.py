@@ -269,6 +269,9 @@ class MetricVerdict:
     direction: int = 1            # +1: higher is better; -1: lower is better
     # A capacity search answers to within its bracket: a change no wider than this (%) is not a verdict.
     resolution_pct: float | None = None
+    # The Valid values by launch (the repeat each was measured in), baseline's and variant's: what
+    # benefit.py takes each launch's shared speed out of (None: not kept, as for a verdict built by hand).
+    by_launch: tuple[dict[int, float], dict[int, float]] | None = None
 
     @property
     def beyond_noise_alone(self) -> bool:

@@ -122,13 +122,14 @@ def _values(cells: list[StoredCell], key: str, metric: str) -> list[float]:
     return values
 
 
-def _pairs(base: list[StoredCell], other: list[StoredCell], key: str, metric: str) -> list[tuple[float, float]]:
-    """The metric's Valid values by round (repeat), where both sides measured it in that round."""
-    def by_round(cells: list[StoredCell]) -> dict[int, float]:
-        return {c.repeat: float(getattr(c.result, metric)) for c in cells if c.result.spec.key == key
-                and c.result.status == "Valid" and getattr(c.result, metric) is not None}
+def _by_round(cells: list[StoredCell], key: str, metric: str) -> dict[int, float]:
+    """The metric's Valid values by round (repeat): one launch a side each."""
+    return {c.repeat: float(getattr(c.result, metric)) for c in cells if c.result.spec.key == key
+            and c.result.status == "Valid" and getattr(c.result, metric) is not None}
 
-    mine, theirs = by_round(base), by_round(other)
+
+def _pairs(mine: dict[int, float], theirs: dict[int, float]) -> list[tuple[float, float]]:
+    """The values by round where both sides measured it in that round."""
     return [(mine[r], theirs[r]) for r in sorted(mine.keys() & theirs.keys())]
 
 
@@ -239,8 +240,10 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
                         "no data", why))
                     continue
             floors = (_median_floor(base, key, metric), _median_floor(other, key, metric))
-            diff.metrics.append(verdict_for(_values(base, key, metric), _values(other, key, metric), direction,
-                                            metric, floors, pairs=_pairs(base, other, key, metric)))
+            rounds = (_by_round(base, key, metric), _by_round(other, key, metric))
+            verdict = verdict_for(_values(base, key, metric), _values(other, key, metric), direction, metric,
+                                  floors, pairs=_pairs(*rounds))
+            diff.metrics.append(replace(verdict, by_launch=rounds))
         out.append(diff)
     return out
 
@@ -269,6 +272,8 @@ def _experiment_diffs(base: list[dict[str, Any]], other: list[dict[str, Any]], c
                 continue
             verdict = verdict_for(_experiment_values(base, key, name), _experiment_values(other, key, name),
                                   direction, name)
+            verdict = replace(verdict, by_launch=(_experiment_rounds(base, key, name),
+                                                  _experiment_rounds(other, key, name)))
             diff.metrics.append(_within_resolution(verdict, [r for r in base + other if r["key"] == key]))
         out.append(diff)
     return out
@@ -297,3 +302,10 @@ def _within_resolution(verdict: MetricVerdict, results: list[dict[str, Any]]) ->
 def _experiment_values(results: list[dict[str, Any]], key: str, name: str) -> list[float]:
     return [float(r["values"][name]) for r in results
             if r["key"] == key and r["status"] == "Valid" and r["values"].get(name) is not None]
+
+
+def _experiment_rounds(results: list[dict[str, Any]], key: str, name: str) -> dict[int, float]:
+    """An experiment value's Valid values by round, for results that say their repeat (diff_run adds it)."""
+    return {int(r["repeat"]): float(r["values"][name]) for r in results
+            if r["key"] == key and r["status"] == "Valid" and r["values"].get(name) is not None
+            and r.get("repeat") is not None}

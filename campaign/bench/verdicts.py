@@ -15,6 +15,16 @@ tests/test_verdict_promises.py:
 - an A/A is called keep or revert (a false verdict) in at most 5% of nights, however many looks;
 - "no difference" is never the outcome of a true change of three times the minimum effect;
 - a true -20% change under 10% launch noise is called revert within the rounds, at a power printed here.
+
+Then issue 54's nights: three launches a side judged once, over a family of 37 tests (a5000-tuning's size),
+where the variant has a certain cost (0.8% less KV cache, seed 000's batch change) or none. Printed with their
+bounds, at the shipped profiles' stated noise (2% between launches) and at the noise `campaign plan` reads
+from the last run of a matrix (`--matrix`, `--out`):
+- a true null with a cost is reverted in at least 90% of nights;
+- a true benefit of twice the minimum effect on one deciding figure, with the cost, is reverted in at most 5%;
+- a variant with no cost and no change gets keep or revert in at most 5%.
+A true benefit of twice the minimum effect on every figure at once (a launch's shared speed, as far as the
+test can tell) is printed too, without a bound: three launches a side see it less often.
 """
 
 from __future__ import annotations
@@ -23,16 +33,25 @@ import argparse
 import math
 import random
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from campaign.analysis.recommend import recommend
 from campaign.analysis.statistics import Look, sequential_alpha, verdict_for
 from campaign.analysis.verdicts import CellDiff, Outcome, VariantDiff, family_wise
-from campaign.measure.judged import MIN_EFFECT
+from campaign.core.errors import CampaignError
+from campaign.measure.judged import FAMILY_ALPHA, MIN_EFFECT
+from campaign.night.matrix import load_matrix
+from campaign.night.planning import launch_noise
+from campaign.night.store import latest_run
+from campaign.server.profiles import load_profile
 
 CELLS = 3
 MEASUREMENT_ERROR = 0.01
 FACTS = {"kv_cache_tokens": 100_000}   # the same launch facts a side: only the measured figures decide
+COSTLY = {"kv_cache_tokens": 99_200}   # seed 000's batch change: 0.8% of the cache
+SHIPPED_NOISE = 0.02                   # the shipped profiles' stated noise between launches
+FAMILY = 37                            # a5000-tuning's family: cells x metrics tested
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,14 @@ class Scenario:
     launch_noise: float    # sigma of one launch's lognormal speed factor
     drift: float = 0.005   # the rig's slowdown per round, both sides
     max_rounds: int = 10
+    tests: int = 2 * CELLS  # the family: two metrics a cell (the last has tok/s alone where it is odd)
+    figure_effect: float = 0.0   # a true change of the first cell's tok/s alone (toward better when > 0)
+    cost: bool = False     # the variant's launches have 0.8% less KV cache
+    fixed: int | None = None   # judged once after this many launches a side, instead of round after round
+
+    @property
+    def cells(self) -> int:
+        return (self.tests + 1) // 2
 
 
 @dataclass
@@ -68,29 +95,37 @@ def _launch(rng: random.Random, scenario: Scenario, variant: bool, round_: int) 
     if variant:
         factor *= 1 + scenario.effect
     out = []
-    for cell in range(CELLS):
+    for cell in range(scenario.cells):
         speed = 100.0 * (cell + 1) * factor * (1 + rng.gauss(0.0, MEASUREMENT_ERROR))
+        if variant and cell == 0:
+            speed *= 1 + scenario.figure_effect
         ttft = 50.0 * (cell + 1) / factor * (1 + rng.gauss(0.0, MEASUREMENT_ERROR))
         out.append((speed, ttft))
     return out
 
 
-def judge(base: list[list[tuple[float, float]]], other: list[list[tuple[float, float]]], look: Look) -> Outcome:
-    """The variant's outcome at a look, by the diff's own code: per-cell verdicts, the family, the sentence."""
+def judge(base: list[list[tuple[float, float]]], other: list[list[tuple[float, float]]], look: Look,
+          tests: int | None = None, cost: bool = False) -> Outcome:
+    """The variant's outcome at a look, by the diff's own code: per-cell verdicts (with their values by
+    launch, as the diff keeps them), the family, the sentence. `tests`: the family's size (default: two
+    metrics for every cell measured); `cost`: the variant's launches have 0.8% less KV cache."""
+    tests = 2 * len(base[0]) if tests is None else tests
     cells = []
-    for index in range(CELLS):
+    for index in range(len(base[0])):
         diff = CellDiff(key=f"decode-{index}", phase="decode", context_tokens=1024, concurrency=index + 1,
                         label="aggregate")
-        for position, (metric, direction) in enumerate((("total_tok_s", 1), ("ttft_ms", -1))):
+        metrics = (("total_tok_s", 1), ("ttft_ms", -1))[:max(1, min(2, tests - 2 * index))]
+        for position, (metric, direction) in enumerate(metrics):
             mine = [launch[index][position] for launch in base]
             theirs = [launch[index][position] for launch in other]
             pairs = list(zip(mine, theirs, strict=True))   # one launch a side per round
-            diff.metrics.append(verdict_for(mine, theirs, direction, metric, pairs=pairs))
+            verdict = verdict_for(mine, theirs, direction, metric, pairs=pairs)
+            diff.metrics.append(replace(verdict, by_launch=(dict(enumerate(mine)), dict(enumerate(theirs)))))
         cells.append(diff)
     variant = VariantDiff(variant="v", baseline="b", flag_changes=[("x", 1, 2)], fact_changes=[], cells=cells,
                           comparable=True, look=look)
     variant.tests = family_wise(cells, look)
-    outcome, _, _ = recommend(variant, FACTS, FACTS)
+    outcome, _, _ = recommend(variant, FACTS, COSTLY if cost else FACTS)
     return outcome
 
 
@@ -99,6 +134,12 @@ def night(rng: random.Random, scenario: Scenario, min_effect: float = MIN_EFFECT
     base: list[list[tuple[float, float]]] = []
     other: list[list[tuple[float, float]]] = []
     outcome: Outcome = "not settled"
+    if scenario.fixed is not None:
+        # A night of fixed repeats: judged once, at the family's whole alpha.
+        base = [_launch(rng, scenario, False, r) for r in range(scenario.fixed)]
+        other = [_launch(rng, scenario, True, r) for r in range(scenario.fixed)]
+        return judge(base, other, Look(alpha=FAMILY_ALPHA, min_effect=min_effect), scenario.tests,
+                     scenario.cost), scenario.fixed
     for round_ in range(scenario.max_rounds):
         base.append(_launch(rng, scenario, False, round_))
         other.append(_launch(rng, scenario, True, round_))
@@ -107,7 +148,7 @@ def night(rng: random.Random, scenario: Scenario, min_effect: float = MIN_EFFECT
             continue
         look = Look(alpha=sequential_alpha(rounds, scenario.max_rounds), min_effect=min_effect, rounds=rounds,
                     max_rounds=scenario.max_rounds)
-        outcome = judge(base, other, look)
+        outcome = judge(base, other, look, scenario.tests, scenario.cost)
         if outcome != "not settled":
             return outcome, rounds
     return outcome, scenario.max_rounds
@@ -135,13 +176,73 @@ SCENARIOS = (
 )
 
 
+@dataclass(frozen=True)
+class Promise:
+    """One of issue 54's rates: the share of nights with these outcomes, and its bound."""
+
+    scenario: Scenario
+    outcomes: tuple[Outcome, ...]
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def line(self, tally: Tally) -> str:
+        share = tally.share(*self.outcomes)
+        what = " or ".join(self.outcomes)
+        if self.at_least is not None:
+            bound, ok = f"at least {100 * self.at_least:g}%", share >= self.at_least
+        elif self.at_most is not None:
+            bound, ok = f"at most {100 * self.at_most:g}%", share <= self.at_most
+        else:
+            return f"{self.scenario.name:<58} {what} in {100 * share:5.1f}% of {tally.nights} nights (no bound)"
+        return (f"{self.scenario.name:<58} {what} in {100 * share:5.1f}% of {tally.nights} nights "
+                f"(bound: {bound}): {'PASS' if ok else 'FAIL'}")
+
+
+def cost_promises(noise: float) -> tuple[Promise, ...]:
+    """Issue 54's rates at this noise between launches: three launches a side, a family of 37 tests."""
+    def at(name: str, *, cost: bool = False, effect: float = 0.0, figure_effect: float = 0.0) -> Scenario:
+        return Scenario(f"{name}, {100 * noise:.2g}% noise", effect, noise, drift=0.0, tests=FAMILY, fixed=3,
+                        figure_effect=figure_effect, cost=cost)
+
+    twice = 2 * MIN_EFFECT
+    return (Promise(at("cost, true null", cost=True), ("revert",), at_least=0.90),
+            Promise(at(f"cost, true +{100 * twice:g}% on one figure", cost=True, figure_effect=twice), ("revert",),
+                    at_most=0.05),
+            Promise(at("no cost, no change"), ("keep", "revert"), at_most=0.05),
+            Promise(at(f"cost, true +{100 * twice:g}% on every figure", cost=True, effect=twice), ("revert",)))
+
+
+def planned_noise(matrix: str, out: Path) -> tuple[float | None, str]:
+    """The noise between launches `campaign plan` reads for this matrix: its last run's, else its profile's."""
+    try:
+        planned, _, _ = load_matrix(matrix)
+        profile, _ = load_profile(planned.profile)
+    except CampaignError as exc:
+        return None, f"matrix {matrix!r} not read: {exc}"
+    noise = launch_noise(latest_run(out, planned.name), profile)
+    return noise.cv, noise.source or "nothing says"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nights", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--matrix", default="a5000-tuning", help="whose last run's noise to measure at too")
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="where its runs are stored")
     args = parser.parse_args()
     for scenario in SCENARIOS:
         print(run(scenario, args.nights, args.seed).line(), flush=True)  # noqa: T201
+    sigma, source = planned_noise(args.matrix, args.out)
+    print(f"\nA certain cost and no benefit shown (issue 54): 3 launches a side, {FAMILY} tests")  # noqa: T201
+    noises = [(SHIPPED_NOISE, "the shipped profiles' stated noise")]
+    if sigma is None:
+        print(f"  the plan's noise for {args.matrix}: unknown ({source})")  # noqa: T201
+    else:
+        noises.append((sigma, f"the noise `campaign plan` reads for {args.matrix}: {source}"))
+    for noise, where in noises:
+        print(f"  at {100 * noise:.2g}% between launches ({where}):", flush=True)  # noqa: T201
+        for promise in cost_promises(noise):
+            print("    " + promise.line(run(promise.scenario, args.nights, args.seed)), flush=True)  # noqa: T201
 
 
 if __name__ == "__main__":
