@@ -7,8 +7,10 @@ a side the best of ~37 figures looks better by the minimum effect in about a fif
 changed, and no per-figure test can both catch a true 6% benefit on one figure and stay quiet on those
 nights. The launches' shared part is measured instead:
 
-- each launch's factor is the median, over the figures it measured, of its value against that figure's mean
-  over every launch of both sides (in logs, turned so that higher is better);
+- each launch's factor is the median, over the cells it measured, of its value against that cell's mean over
+  every launch of both sides (in logs, turned so that higher is better; a cell's figures first reduced to
+  their median, since they move together); for a figure, its own cell is left out of the median, so that its
+  own change cannot move the factor taken out of it;
 - the launches as a whole: the variant's factors against the baseline's (a change that speeds up everything);
 - each figure on its own: its values with its launch's factor taken out (a change that helps one thing).
 
@@ -28,8 +30,10 @@ from dataclasses import dataclass
 from campaign.analysis.statistics import estimate
 from campaign.measure.judged import FAMILY_ALPHA
 
-# Fewer figures than this a launch and a median is no launch factor: a benefit on one of them would move it.
-NORMALIZE_MIN_FIGURES = 5
+# Fewer cells than this a launch (besides the figure's own) and a median is no launch factor: a benefit in one
+# of them would move it. Cells, not figures: one cell's figures move together (per-stream tok/s is the total
+# divided by the streams), so a cell counts once.
+NORMALIZE_MIN_CELLS = 5
 # Fewer launches a side than this and a cost is not reverted on the absence of a benefit: the guarantee
 # (a true benefit of twice the minimum effect thrown away in at most 5% of nights) is measured at three.
 COST_REVERT_MIN_LAUNCHES = 3
@@ -41,6 +45,7 @@ class Figure:
     """One deciding figure's values by launch (the repeat it was measured in) on each side."""
 
     name: str
+    cell: str                      # the cell (or experiment) it belongs to
     direction: int                 # +1: higher is better; -1: lower is better
     base: dict[int, float]
     variant: dict[int, float]
@@ -65,16 +70,39 @@ def _logs(figure: Figure) -> tuple[dict[int, float], dict[int, float]] | None:
             {k: figure.direction * math.log(v) - mean for k, v in figure.variant.items()})
 
 
-def launch_factors(figures: Sequence[Figure]) -> tuple[dict[int, float], dict[int, float]]:
-    """Each launch's shared speed in log units, toward better (0 where it measured too few figures to tell)."""
-    logs = [pair for pair in map(_logs, figures) if pair is not None]
+Logs = tuple[dict[int, float], dict[int, float]]
+
+
+def _cell_logs(figures: Sequence[Figure]) -> dict[str, Logs]:
+    """Per cell, each launch's median over the cell's figures of their centred logs (a cell counts once)."""
+    by_cell: dict[str, list[Logs]] = {}
+    for figure in figures:
+        logs = _logs(figure)
+        if logs is not None:
+            by_cell.setdefault(figure.cell, []).append(logs)
+    out = {}
+    for cell, pairs in by_cell.items():
+        sides = []
+        for side in (0, 1):
+            launches = sorted({k for pair in pairs for k in pair[side]})
+            sides.append({k: statistics.median(pair[side][k] for pair in pairs if k in pair[side])
+                          for k in launches})
+        out[cell] = (sides[0], sides[1])
+    return out
+
+
+def launch_factors(figures: Sequence[Figure], leave_out: str | None = None) -> Logs:
+    """Each launch's shared speed in log units, toward better: the median over the cells it measured (but
+    `leave_out`, the cell of the figure it is taken out of, so that figure's own change cannot move it); 0
+    where fewer than NORMALIZE_MIN_CELLS cells say."""
+    cells = [logs for cell, logs in _cell_logs(figures).items() if cell != leave_out]
     sides: list[dict[int, float]] = []
     for side in (0, 1):
-        launches = sorted({k for pair in logs for k in pair[side]})
+        launches = sorted({k for logs in cells for k in logs[side]})
         factors = {}
         for launch in launches:
-            seen = [pair[side][launch] for pair in logs if launch in pair[side]]
-            factors[launch] = statistics.median(seen) if len(seen) >= NORMALIZE_MIN_FIGURES else 0.0
+            seen = [logs[side][launch] for logs in cells if launch in logs[side]]
+            factors[launch] = statistics.median(seen) if len(seen) >= NORMALIZE_MIN_CELLS else 0.0
         sides.append(factors)
     return sides[0], sides[1]
 
@@ -87,6 +115,12 @@ def _shown(name: str, base: list[float], variant: list[float], min_effect: float
     return Benefit(name, 100 * math.expm1(est.diff), est.p_value / 2)
 
 
+def normalizable(figures: Sequence[Figure]) -> bool:
+    """Whether each figure's launch factor can be taken from enough other cells: without it a lucky launch
+    reads as a benefit on every figure, and no per-figure test can both catch a real one and stay quiet."""
+    return len({f.cell for f in figures}) > NORMALIZE_MIN_CELLS
+
+
 def benefits_shown(figures: Sequence[Figure], min_effect: float) -> list[Benefit]:
     """The benefits shown on their own once each launch's shared speed is taken out: every figure together
     first, then each figure; empty when none is."""
@@ -97,10 +131,12 @@ def benefits_shown(figures: Sequence[Figure], min_effect: float) -> list[Benefit
         together = _shown(EVERYTHING, list(base_f.values()), list(variant_f.values()), min_effect)
         if together is not None:
             found.append(together)
+    factors = {cell: launch_factors(figures, leave_out=cell) for cell in {f.cell for f in figures}}
     for figure in figures:
         logs = _logs(figure)
         if logs is None:
             continue
+        base_f, variant_f = factors[figure.cell]
         base = [v - base_f.get(k, 0.0) for k, v in logs[0].items()]
         variant = [v - variant_f.get(k, 0.0) for k, v in logs[1].items()]
         shown = _shown(figure.name, base, variant, min_effect)

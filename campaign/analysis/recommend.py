@@ -11,7 +11,13 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown
+from campaign.analysis.benefit import (
+    COST_REVERT_MIN_LAUNCHES,
+    NORMALIZE_MIN_CELLS,
+    Figure,
+    benefits_shown,
+    normalizable,
+)
 from campaign.analysis.statistics import MAX_ADVISED_REPEATS, Look, MetricVerdict, sequential_alpha, settle_advice
 from campaign.analysis.verdicts import (
     CellDiff,
@@ -124,7 +130,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
                            _pct((facts.get(base_name) or {}).get(f), (facts.get(variant) or {}).get(f)))
                           for f in FACT_FIELDS
                           if (facts.get(base_name) or {}).get(f) != (facts.get(variant) or {}).get(f)],
-            cells=_cell_diffs(base_cells, by_variant.get(variant, []), comparable)
+            # Another run's repeat r is no round of this run's: nothing to pair it with.
+            cells=_cell_diffs(base_cells, by_variant.get(variant, []), comparable, paired=not variant.endswith("@B"))
             + _experiment_diffs(experiments.get(base_name, []), experiments.get(variant, []), comparable),
             comparable=comparable, not_comparable_reason=reason, look=look,
         )
@@ -371,7 +378,6 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         m.verdict == "better" and m.metric not in TAIL_METRICS for _, m in decisive)
     rate_harm = kv_loss or bool(lost) or any(m.verdict == "worse" and m.metric not in TAIL_METRICS
                                              for _, m in decisive)
-    cost = kv_change is not None and kv_change <= -0.05 and not diff.aa
     # Streams the baseline served that the variant cannot hold at all (over capacity now, and a smaller cache)
     # are not weighed against a faster cell elsewhere: seed 000 reverted a drafter that cut the cache 5x.
     if lost and kv_loss and not gained and not kv_gain:
@@ -394,10 +400,12 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     within = f"+-{100 * diff.look.min_effect:g}%"
     unsettled = [(c, m) for c, m in decisive if m.verdict == "not settled"]
     costs = [] if diff.aa else _costs(base_facts, facts, kv_change)
-    if unsettled and costs and _fewest_launches(decisive) >= COST_REVERT_MIN_LAUNCHES:
+    figures = _figures(decisive)
+    if (unsettled and costs and figures is not None and _fewest_launches(figures) >= COST_REVERT_MIN_LAUNCHES
+            and normalizable(figures)):
         # Issue 54: a certain cost with no benefit shown is reverted on the evidence so far, unless a benefit
         # shows on its own once each launch's shared speed is taken out (benefit.py; verdict-check's rates).
-        shown = benefits_shown(_figures(decisive), diff.look.min_effect)
+        shown = benefits_shown(figures, diff.look.min_effect)
         if not shown:
             return "revert", False, sentence(_cost_revert_text(costs, unsettled, diff))
         best = max(shown, key=lambda b: b.change_pct)
@@ -405,9 +413,13 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
             f"{unsettled_text(unsettled, diff)}; it costs {_listed(costs)}, but {best.figure} is better by "
             f"{best.change_pct:.1f}% on its own once each launch's shared speed is taken out (one-sided "
             f"p={best.p_value:.3f}): a revert could throw a real benefit away")
+    if unsettled and costs:
+        # Why the cost alone did not revert it, and what would let it.
+        return "not settled", False, sentence(f"{unsettled_text(unsettled, diff)}; it costs {_listed(costs)}, "
+                                              f"but {_why_not_reverted(figures)}")
     if unsettled:
         return "not settled", False, sentence(unsettled_text(unsettled, diff))
-    if cost:
+    if costs:
         return "revert", False, sentence(f"revert (a cost with no benefit: every deciding figure is shown within "
                                          f"{within})")
     noise = (f"no difference: every deciding figure shown within {within} ({diff.tests} tests at "
@@ -436,21 +448,41 @@ def _costs(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: 
                               base.get("max_model_len")),
               agents_that_fit(facts.get("kv_cache_tokens"), AGENT_CONTEXT, facts.get("block_size"),
                               facts.get("max_model_len")))
-    if agents[0] is not None and agents[1] is not None and agents[1] < agents[0]:
+    # Only with a cache loss past rounding: whole agents drop by one for a few tokens less.
+    if out and agents[0] is not None and agents[1] is not None and agents[1] < agents[0]:
         out.append(f"agents at 8K context {agents[0]} -> {agents[1]}")
     return out
 
 
-def _fewest_launches(decisive: list[tuple[CellDiff, MetricVerdict]]) -> int:
-    """The fewest measurements a side among the tested deciding figures (0: none tested)."""
-    return min((min(m.n_baseline, m.n_variant) for _, m in decisive if m.p_value is not None), default=0)
+def _why_not_reverted(figures: list[Figure] | None) -> str:
+    """Why a cost with no benefit shown is not reverted yet (the conditions the promised rates rest on)."""
+    if figures is None:
+        return "a figure's values by launch are missing, so a benefit there could not be looked for"
+    if _fewest_launches(figures) < COST_REVERT_MIN_LAUNCHES:
+        return (f"a cost with no benefit shown is reverted only from {COST_REVERT_MIN_LAUNCHES} launches a side "
+                f"(this has {_fewest_launches(figures)})")
+    cells = len({f.cell for f in figures})
+    return (f"with {cells} cells a launch's shared speed cannot be told from a benefit: a cost with no benefit "
+            f"shown is reverted from {NORMALIZE_MIN_CELLS + 1} cells")
 
 
-def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure]:
-    """The deciding figures by launch, for benefit.py (a figure whose values by launch were not kept is left
-    out, as is one whose direction is unknown)."""
-    return [Figure(f"{m.metric} at {c.key}", m.direction, *m.by_launch) for c, m in decisive
-            if m.by_launch is not None and m.p_value is not None]
+def _fewest_launches(figures: list[Figure]) -> int:
+    """The fewest launches a side among the figures (0: none)."""
+    return min((min(len(f.base), len(f.variant)) for f in figures), default=0)
+
+
+def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure] | None:
+    """The tested deciding figures by launch, for benefit.py; None where one of them lacks its values by
+    launch (not kept, or fewer launches than measurements: a benefit there could not be looked for, so its
+    absence is no evidence)."""
+    out = []
+    for c, m in decisive:
+        if m.p_value is None:
+            continue
+        if m.by_launch is None or len(m.by_launch[0]) < m.n_baseline or len(m.by_launch[1]) < m.n_variant:
+            return None
+        out.append(Figure(f"{m.metric} at {c.key}", c.key, m.direction, *m.by_launch))
+    return out or None
 
 
 def _cost_revert_text(costs: list[str], unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:

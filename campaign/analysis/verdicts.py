@@ -206,7 +206,9 @@ def _status_note(statuses: Collection[str], base_statuses: Collection[str]) -> s
         f"baseline: {', '.join(sorted(base_statuses))}" if base_statuses else "") if part)
 
 
-def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool) -> list[CellDiff]:
+def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: bool,
+                paired: bool = True) -> list[CellDiff]:
+    """Each cell's diff; `paired`: the two sides' repeats are the rounds of one night (not two runs)."""
     specs = {c.result.spec.key: c.result for c in base + other}
     out = []
     for key in sorted(specs, key=lambda k: (specs[k].phase, specs[k].context_tokens, specs[k].concurrency)):
@@ -242,7 +244,7 @@ def _cell_diffs(base: list[StoredCell], other: list[StoredCell], comparable: boo
             floors = (_median_floor(base, key, metric), _median_floor(other, key, metric))
             rounds = (_by_round(base, key, metric), _by_round(other, key, metric))
             verdict = verdict_for(_values(base, key, metric), _values(other, key, metric), direction, metric,
-                                  floors, pairs=_pairs(*rounds))
+                                  floors, pairs=_pairs(*rounds) if paired else None)
             diff.metrics.append(replace(verdict, by_launch=rounds))
         out.append(diff)
     return out
