@@ -115,6 +115,11 @@ def _shown(name: str, base: list[float], variant: list[float], min_effect: float
     return Benefit(name, 100 * math.expm1(est.diff), est.p_value / 2)
 
 
+def fewest_launches(figures: Sequence[Figure]) -> int:
+    """The fewest launches a side among the figures (0: none)."""
+    return min((min(len(f.base), len(f.variant)) for f in figures), default=0)
+
+
 def normalizable(figures: Sequence[Figure]) -> bool:
     """Whether each figure's launch factor can be taken from enough other cells: without it a lucky launch
     reads as a benefit on every figure, and no per-figure test can both catch a real one and stay quiet."""

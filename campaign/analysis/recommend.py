@@ -7,18 +7,23 @@ short_answers_by_variant gives the study's short answers per variant from the sa
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
-from campaign.analysis.benefit import (
-    COST_REVERT_MIN_LAUNCHES,
-    NORMALIZE_MIN_CELLS,
-    Figure,
-    benefits_shown,
-    normalizable,
+from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown, fewest_launches, normalizable
+from campaign.analysis.sentences import (
+    capacity_texts,
+    cost_revert_text,
+    costs_of,
+    fmt_value,
+    kv_text,
+    listed,
+    repeats_advice,
+    unsettled_head,
+    unsettled_text,
+    why_not_reverted,
 )
-from campaign.analysis.statistics import MAX_ADVISED_REPEATS, Look, MetricVerdict, sequential_alpha, settle_advice
+from campaign.analysis.statistics import Look, MetricVerdict, sequential_alpha
 from campaign.analysis.verdicts import (
     CellDiff,
     Outcome,
@@ -29,7 +34,6 @@ from campaign.analysis.verdicts import (
 )
 from campaign.core.errors import CampaignError
 from campaign.measure import answers
-from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import CAVEATS, REASON_HINTS, Reason
 from campaign.measure.judged import TAIL_METRICS
 from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
@@ -40,7 +44,6 @@ from campaign.night.store import RunDir, StoredCell
 THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s", "goodput_rps"}
 FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
                "gpu_memory_utilization", "max_model_len")
-AGENT_CONTEXT = 8000     # the seed's "agents at 8K context" row
 KV_DECISIVE_PCT = 1.0    # a KV-cache change this large decides keep/revert like a measured one
 # Experiment values that describe the server but should not decide keep or revert on their own (they are
 # still tested, and Holm-adjusted, with the rest of the variant's family).
@@ -206,68 +209,8 @@ def _flag_changes(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str
     return [(k, base.get(k), other.get(k)) for k in keys if base.get(k) != other.get(k)]
 
 
-
-def _fmt_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
 # A cell neither side could measure for a reason other than capacity leaves the comparison open.
 _UNJUDGED = {"Invalid", "Contaminated", "Failed"}
-
-
-def _kv_text(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float) -> str:
-    kv_base, kv = (base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens")
-    text = f"KV cache {kv_change:+.1f}%"
-    windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len")) if isinstance(w, int)]
-    agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
-                               (base_facts or {}).get("max_model_len"))
-    agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
-    if windows and AGENT_CONTEXT > min(windows):
-        text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
-    elif agents_a is not None and agents_b is not None and agents_a != agents_b:
-        text += f", agents at 8K context {agents_a} -> {agents_b}"
-    return text
-
-
-def _listed(items: list[str], limit: int = 3) -> str:
-    return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-def _settle_advice(diff: VariantDiff) -> str:
-    """How many launches a side would settle it, from the noise seen on the cells' primary metrics: the
-    fewest that would either confirm the change seen or show none (each metric's own advice is in its row)."""
-    needed = sorted(m.repeats_needed for c in diff.cells for m in c.metrics
-                    if m.repeats_needed is not None and m.metric in {"total_tok_s", "prompt_tok_s"})
-    if not needed:
-        if any(m.metric in {"total_tok_s", "prompt_tok_s"} and "not reachable at this noise" in m.note
-               for c in diff.cells for m in c.metrics):
-            return (f"more launches would not settle it at this noise (over {MAX_ADVISED_REPEATS} a side for "
-                    "either answer): a quieter rig, or a larger min_effect")
-        return "run at least 2 repeats a side to know the noise (campaign run --resume RUN --repeats 2)"
-    typical = needed[len(needed) // 2]
-    return (f"run {typical} repeats (campaign run --resume RUN --repeats {typical}, or `repeats: auto`; at this "
-            f"noise {typical} a side settle the typical figure)")
-
-
-CAPACITY_UNITS = {"max_rate_rps": "req/s", "max_concurrency": "streams"}
-
-
-def _capacity_texts(diff: VariantDiff) -> list[str]:
-    """Capacity at the SLO, baseline -> variant, from the slo-search experiments: for a service, the line that
-    matters ("capacity at SLO 6.1 -> 7.4 req/s"), with what the test said of it."""
-    out = []
-    for cell in diff.cells:
-        for m in cell.metrics:
-            unit = CAPACITY_UNITS.get(m.metric)
-            if unit is None or m.baseline is None or m.variant is None:
-                continue
-            what = "capacity at SLO" if m.metric == "max_rate_rps" else "concurrency at SLO"
-            out.append(f"{what} {m.baseline:.3g} -> {m.variant:.3g} {unit} ({m.verdict})")
-    return out
 
 
 def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
@@ -286,7 +229,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     cache, fewer agents) and no benefit shown even once each launch's shared speed is taken out (benefit.py):
     from three launches a side that is a revert (issue 54). With one measurement a side nothing measured is
     judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
-    changes = ", ".join(f"{k} {_fmt_value(a)} -> {_fmt_value(b)}" for k, a, b in diff.flag_changes) or (
+    changes = ", ".join(f"{k} {fmt_value(a)} -> {fmt_value(b)}" for k, a, b in diff.flag_changes) or (
         "no flag change (A/A)")
     if not diff.comparable:
         return "not settled", False, f"{changes}: not comparable ({diff.not_comparable_reason}): not settled"
@@ -327,27 +270,27 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
 
     parts: list[str] = []
     if better:
-        parts.append(f"better: {_listed(better)}")
+        parts.append(f"better: {listed(better)}")
     if worse:
-        parts.append(f"worse: {_listed(worse)}")
+        parts.append(f"worse: {listed(worse)}")
     if kv_change is not None and abs(kv_change) >= 0.05:
-        parts.append(_kv_text(base_facts, facts, kv_change))
+        parts.append(kv_text(base_facts, facts, kv_change))
     if lost:
-        parts.append(f"over capacity now in {_listed(lost)}")
+        parts.append(f"over capacity now in {listed(lost)}")
     if gained:
-        parts.append(f"no longer over capacity in {_listed(gained)}")
-    parts += _capacity_texts(diff)
+        parts.append(f"no longer over capacity in {listed(gained)}")
+    parts += capacity_texts(diff)
     if random_spec:
-        parts.append(f"speculative decoding measured on random prompts in {_listed(random_spec)}, not judged on "
+        parts.append(f"speculative decoding measured on random prompts in {listed(random_spec)}, not judged on "
                      f"speed ({REASON_HINTS[Reason.SPEC_RANDOM_PROMPTS]})")
     if unsteady:
-        parts.append(f"not steady in {_listed(unsteady)} (its averages span two regimes of the window: "
+        parts.append(f"not steady in {listed(unsteady)} (its averages span two regimes of the window: "
                      f"{REASON_HINTS[Reason.NOT_STEADY]})")
     for kind, found in (("cell", unjudged), ("experiment", unread)):
         if found:
             codes = sorted({code for c in found for code in c.variant_reasons + c.baseline_reasons} - CAVEATS)
             why = "; ".join(f"{code.value}: {REASON_HINTS[code]}" for code in codes) or f"see the {kind}s' reasons"
-            parts.append(f"{len(found)} {kind}(s) not valid ({_listed([c.key for c in found])}; {why})")
+            parts.append(f"{len(found)} {kind}(s) not valid ({listed([c.key for c in found])}; {why})")
 
     def sentence(verdict: str) -> str:
         return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
@@ -361,7 +304,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         # Issue 20: one measurement a side is not evidence (nor are cells never Valid on both sides); only the
         # launch facts are exact, so they decide, provisionally.
         why = "one measurement" if one_measurement else "no cell measured on both sides"
-        advice = _settle_advice(diff)
+        advice = repeats_advice(diff)
         if gain and not loss:
             return "keep", True, sentence(f"keep, provisionally ({why}: {advice} to confirm)")
         if loss and not gain:
@@ -399,24 +342,24 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return "not settled", False, sentence("not settled: no comparable measurements")
     within = f"+-{100 * diff.look.min_effect:g}%"
     unsettled = [(c, m) for c, m in decisive if m.verdict == "not settled"]
-    costs = [] if diff.aa else _costs(base_facts, facts, kv_change)
+    costs = [] if diff.aa else costs_of(base_facts, facts, kv_change)
     figures = _figures(decisive)
-    if (unsettled and costs and figures is not None and _fewest_launches(figures) >= COST_REVERT_MIN_LAUNCHES
+    if (unsettled and costs and figures is not None and fewest_launches(figures) >= COST_REVERT_MIN_LAUNCHES
             and normalizable(figures)):
         # Issue 54: a certain cost with no benefit shown is reverted on the evidence so far, unless a benefit
         # shows on its own once each launch's shared speed is taken out (benefit.py; verdict-check's rates).
         shown = benefits_shown(figures, diff.look.min_effect)
         if not shown:
-            return "revert", False, sentence(_cost_revert_text(costs, unsettled, diff))
+            return "revert", False, sentence(cost_revert_text(costs, unsettled, diff))
         best = max(shown, key=lambda b: b.change_pct)
         return "not settled", False, sentence(
-            f"{unsettled_text(unsettled, diff)}; it costs {_listed(costs)}, but {best.figure} is better by "
+            f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, but {best.figure} is better by "
             f"{best.change_pct:.1f}% on its own once each launch's shared speed is taken out (one-sided "
             f"p={best.p_value:.3f}): a revert could throw a real benefit away")
     if unsettled and costs:
         # Why the cost alone did not revert it, and what would let it.
-        return "not settled", False, sentence(f"{unsettled_text(unsettled, diff)}; it costs {_listed(costs)}, "
-                                              f"but {_why_not_reverted(figures)}")
+        return "not settled", False, sentence(f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, "
+                                              f"but {why_not_reverted(figures)}")
     if unsettled:
         return "not settled", False, sentence(unsettled_text(unsettled, diff))
     if costs:
@@ -429,46 +372,8 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     moved = [f"{m.metric} at {c.key} {m.verdict}" for c in diff.cells for m in c.metrics
              if m.metric in DIAGNOSTIC_METRICS and m.verdict in {"better", "worse"}]
     if moved:
-        noise += f"; moved, but describing the server rather than deciding: {_listed(moved)}"
+        noise += f"; moved, but describing the server rather than deciding: {listed(moved)}"
     return "no difference", False, sentence(noise)
-
-
-def _costs(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float | None) -> list[str]:
-    """The launch facts that are certainly worse: exact from the startup log, with no noise to rule out (a
-    slower startup varies by launch; a figure shown worse is a harm and reverts on its own)."""
-    base = base_facts or {}
-    out = []
-    if kv_change is not None and kv_change <= -0.05:
-        out.append(f"{-kv_change:.1f}% KV cache")
-    before, after = base.get("max_concurrency"), facts.get("max_concurrency")
-    # Only where the cache's size is not known: otherwise the concurrency follows from it.
-    if kv_change is None and isinstance(before, int | float) and isinstance(after, int | float) and after < before:
-        out.append(f"max concurrency {before:g} -> {after:g}")
-    agents = (agents_that_fit(base.get("kv_cache_tokens"), AGENT_CONTEXT, base.get("block_size"),
-                              base.get("max_model_len")),
-              agents_that_fit(facts.get("kv_cache_tokens"), AGENT_CONTEXT, facts.get("block_size"),
-                              facts.get("max_model_len")))
-    # Only with a cache loss past rounding: whole agents drop by one for a few tokens less.
-    if out and agents[0] is not None and agents[1] is not None and agents[1] < agents[0]:
-        out.append(f"agents at 8K context {agents[0]} -> {agents[1]}")
-    return out
-
-
-def _why_not_reverted(figures: list[Figure] | None) -> str:
-    """Why a cost with no benefit shown is not reverted yet (the conditions the promised rates rest on)."""
-    if figures is None:
-        return "a figure's values by launch are missing, so a benefit there could not be looked for"
-    if _fewest_launches(figures) < COST_REVERT_MIN_LAUNCHES:
-        return (f"a cost with no benefit shown is reverted only from {COST_REVERT_MIN_LAUNCHES} launches a side "
-                f"(this has {_fewest_launches(figures)})")
-    cells = len({f.cell for f in figures})
-    return (f"with {cells} cells a launch's shared speed cannot be told from a benefit: a cost with no benefit "
-            f"shown is reverted from {NORMALIZE_MIN_CELLS + 1} cells")
-
-
-def _fewest_launches(figures: list[Figure]) -> int:
-    """The fewest launches a side among the figures (0: none)."""
-    return min((min(len(f.base), len(f.variant)) for f in figures), default=0)
 
 
 def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure] | None:
@@ -485,32 +390,6 @@ def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure] | N
     return out or None
 
 
-def _cost_revert_text(costs: list[str], unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
-    """Why a cost with no benefit shown is reverted: the cost, that nothing was better, the largest benefit the
-    figures' own 95% intervals still allow, and how many launches a side would show no difference."""
-    within = f"+-{100 * diff.look.min_effect:g}%"
-    text = (f"revert (a cost with no benefit shown: it costs {_listed(costs)}; no figure better in {diff.tests} "
-            f"tests, nor on its own once each launch's shared speed is taken out")
-
-    def allowed(item: tuple[CellDiff, MetricVerdict]) -> float:
-        m = item[1]
-        if m.ci95_pct is None:
-            return -math.inf
-        return m.ci95_pct[1] if m.direction > 0 else -m.ci95_pct[0]
-
-    cell, widest = max(unsettled, key=allowed)
-    if allowed((cell, widest)) > 0:
-        text += (f"; the largest benefit still possible: {widest.metric} at {cell.key}, up to "
-                 f"{allowed((cell, widest)):.1f}%")
-    needed = [m.equivalence_repeats for _, m in unsettled]
-    if needed and all(n is not None for n in needed):
-        text += f"; {max(n or 0 for n in needed)} launches a side would show no difference within {within})"
-    else:
-        text += (f"; no difference within {within} is not reachable at this noise in {MAX_ADVISED_REPEATS} launches "
-                 "a side)")
-    return text
-
-
 def _random_spec_cells(diff: VariantDiff) -> list[str]:
     """A change of speculative decoding measured on random token ids: their speed says nothing of text, so
     those cells decide nothing (other changes on a speculative server are measured like any other)."""
@@ -525,49 +404,6 @@ def _deciding(diff: VariantDiff, random_spec: list[str]) -> list[tuple[CellDiff,
             if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
 
 
-def _unsettled_head(unsettled: list[tuple[CellDiff, MetricVerdict]], look: Look) -> str:
-    """How many deciding figures are open, and the widest interval: where it is and which side is noisy."""
-    def width(item: tuple[CellDiff, MetricVerdict]) -> float:
-        ci = item[1].verdict_ci_pct
-        return ci[1] - ci[0] if ci is not None else 0.0
-
-    cell, widest = max(unsettled, key=width)
-    text = (f"not settled: {len(unsettled)} deciding figure(s) neither shown different nor within "
-            f"+-{100 * look.min_effect:g}%")
-    if widest.verdict_ci_pct is not None and widest.change_pct is not None:
-        lo, hi = widest.verdict_ci_pct
-        text += (f"; the widest, {widest.metric} at {cell.key}, {widest.change_pct:+.1f}% in [{lo:+.1f}%, "
-                 f"{hi:+.1f}%]")
-        if widest.spread_pct is not None:
-            text += f" ({_noisy_side(widest.spread_pct)})"
-    return text
-
-
-def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
-    """Why a variant is not settled and what would settle it: the widest interval, where it is and which side
-    is noisy; then, for the largest changes seen, the launches a side that would confirm each if it is real and
-    that would show no difference if it is not."""
-    look = diff.look
-    text = _unsettled_head(unsettled, look)
-    # The advice: first the changes fewest launches would confirm, then the largest.
-    closest = sorted(unsettled, key=lambda item: (item[1].confirm_repeats is None, item[1].confirm_repeats or 0,
-                                                  -abs(item[1].change_pct or 0.0)))[:2]
-    for cell, m in closest:
-        have = min(m.n_baseline, m.n_variant)
-        text += (f"; {m.metric} at {cell.key} {m.change_pct or 0.0:+.1f}%: "
-                 + settle_advice((m.change_pct or 0.0) / 100, m.confirm_repeats, m.equivalence_repeats, have,
-                                 look.min_effect))
-    return text
-
-
-def _noisy_side(spread_pct: tuple[float, float]) -> str:
-    base, variant = spread_pct
-    text = f"one launch varies {variant:.1f}% on the variant's side, {base:.1f}% on the baseline's"
-    if max(base, variant) > 2 * max(min(base, variant), 1e-9):
-        text += f": the {'variant' if variant > base else 'baseline'} is the noisy side"
-    return text
-
-
 def judged(run: RunDir) -> dict[str, Judged]:
     """Every variant's outcome at this look, for a night run until settled (orchestrate.Night.execute), with
     why an open one is open; more rounds cannot settle a variant that is not comparable. (A baseline that
@@ -577,7 +413,7 @@ def judged(run: RunDir) -> dict[str, Judged]:
         unsettled = [(c, m) for c, m in _deciding(d, _random_spec_cells(d)) if m.verdict == "not settled"]
         # Otherwise the sentence's end says why (cells not valid, a trade-off, an A/A's false positive).
         tail = d.recommendation if len(d.recommendation) <= 200 else "..." + d.recommendation[-200:]
-        why = _unsettled_head(unsettled, d.look) if unsettled else tail
+        why = unsettled_head(unsettled, d.look) if unsettled else tail
         out[d.variant] = Judged(d.outcome, d.recommendation, why=why, settleable=d.comparable)
     return out
 
