@@ -284,6 +284,7 @@ def probe(url: str, *extra: str) -> dict[str, Any]:
     return cell
 
 
+@pytest.mark.wall_timed   # the same throughput through every proxy mode, on the wall clock: never beside a vLLM start
 @pytest.mark.timeout(300)
 def test_probe_through_the_proxy_in_every_mode(sim: LaunchedServer, pki: dict[str, Path]) -> None:
     """`campaign probe` against the simulator directly, then through the proxy with a path prefix and CRLF line

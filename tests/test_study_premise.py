@@ -177,3 +177,33 @@ def test_a_burst_is_sent_over_connections_opened_before_it(a5000: LaunchedServer
 
     opened, after, records = asyncio.run(burst())
     assert opened == 3 and after == 3 and all(r.ok for r in records)
+
+
+def test_a_connection_opened_for_a_burst_is_not_stale_when_the_burst_is_slow_to_send(a5000: LaunchedServer) -> None:
+    """A client short of CPU took over 2 s to send a 128-request burst: its last sends found their pre-opened
+    connections older than the pool's 2 s, closed them and made a TLS handshake each inside the burst. A
+    connection that has carried no request is kept (uvicorn times a connection out only after a response);
+    one that has carried a request is still replaced after 2 s idle (the server's keep-alive may be running)."""
+    from campaign.http import streamclient
+
+    target: Target = a5000.target()
+
+    async def sends() -> tuple[int, int, int]:
+        async with new_client(target.endpoint) as client:
+            await client.open_idle(2)
+            for conn in client._idle:   # the burst's 2.5 s of sending, as the client's clock sees it
+                conn.idle_since -= 2.5
+            first = await study.stream_completion(client, model=target.model, prompt=[11, 12, 13], max_tokens=2,
+                                                  request_id="late")
+            reused = client.connections_opened
+            for conn in client._idle:
+                conn.idle_since -= streamclient.POOL_IDLE_S + 0.5
+            second = await study.stream_completion(client, model=target.model, prompt=[11, 12, 13],
+                                                   max_tokens=2, request_id="after")
+            assert first.ok and second.ok
+            return reused, client.connections_opened, len(client._idle)
+
+    reused, after, idle = asyncio.run(sends())
+    assert reused == 2          # the late send went out on a pre-opened connection: no handshake
+    # The used one, idle past 2 s, was closed; the other pre-opened one, unused, served the next send.
+    assert after == 2 and idle == 1

@@ -46,6 +46,11 @@ HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
 # A connection idle longer than this is not reused: uvicorn (vLLM's server) closes idle connections after 5 s,
 # and a request sent just as the server closes would fail through no fault of the server under test.
 POOL_IDLE_S = 2.0
+# A connection that has carried no request yet (open_idle's) is kept this long: uvicorn starts its keep-alive
+# timer only once a response is complete. Under a CPU-starved client, a 128-request burst took over 2 s of
+# wall time to send, so its last sends found their pre-opened connections "stale", closed them and made a TLS
+# handshake each, inside the burst (the real CPU build's overload burst, two CPU hogs and three test workers).
+UNUSED_IDLE_S = 30.0
 
 
 class StreamError(Exception):
@@ -396,6 +401,11 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.closing_by_us = False
         self.idle_since = 0.0
+        self.used = False      # has carried a request: the server's keep-alive timer may be running
+
+    @property
+    def idle_limit_s(self) -> float:
+        return POOL_IDLE_S if self.used else UNUSED_IDLE_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio's and uvloop's transports both implement the Transport interface (uvloop's are not subclasses).
@@ -521,7 +531,7 @@ class StreamClient:
         a burst meant to arrive at once (study.py) is not spread by its own connects (a TLS handshake each, on
         a client host short of CPU, spread 128 sends over 2.4 s against the real CPU build)."""
         now = time.perf_counter()
-        fresh = sum(1 for c in self._idle if not c.closed and now - c.idle_since < POOL_IDLE_S)
+        fresh = sum(1 for c in self._idle if not c.closed and now - c.idle_since < c.idle_limit_s)
         opened = await asyncio.gather(*(self._connect() for _ in range(count - fresh)))
         now = time.perf_counter()
         for conn in opened:
@@ -531,7 +541,7 @@ class StreamClient:
     async def _connection(self) -> _Connection:
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and time.perf_counter() - conn.idle_since < POOL_IDLE_S:
+            if not conn.closed and time.perf_counter() - conn.idle_since < conn.idle_limit_s:
                 return conn
             conn.close()
             self._all.discard(conn)
@@ -545,6 +555,7 @@ class StreamClient:
         conn = await self._connection()
         exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, time.perf_counter())
         conn.exchange = exchange
+        conn.used = True
         assert conn.transport is not None
         conn.transport.write(head + payload)
         try:
