@@ -89,7 +89,7 @@ def _forget_secrets() -> Iterator[None]:
     secret.forget()
 
 
-# --- the machine's two cores, shared by the three xdist workers -------------------------------------------------
+# --- the machine's two cores, shared by the xdist workers -------------------------------------------------------
 # A test that measures over HTTP on the wall clock needs its client to get the CPU when it asks: a rate cell keeps
 # its schedule to within 100 ms, and a window at 20x lasts one wall second. Two spinning processes beside it leave
 # it enough (its event loop's lag p99 stayed near 5 ms); a real vLLM starting beside it (imports, then
