@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from campaign.analysis.verdicts import _experiment_diffs
+from campaign.http import streamclient
 from campaign.http.client import RequestRecord, new_client
 from campaign.measure import study
 from campaign.measure.cells import Reason
@@ -184,8 +185,6 @@ def test_a_connection_opened_for_a_burst_is_not_stale_when_the_burst_is_slow_to_
     connections older than the pool's 2 s, closed them and made a TLS handshake each inside the burst. A
     connection that has carried no request is kept (uvicorn times a connection out only after a response);
     one that has carried a request is still replaced after 2 s idle (the server's keep-alive may be running)."""
-    from campaign.http import streamclient
-
     target: Target = a5000.target()
 
     async def sends() -> tuple[int, int, int]:

@@ -60,7 +60,10 @@ class Benefit:
     p_value: float
 
 
-def _logs(figure: Figure) -> tuple[dict[int, float], dict[int, float]] | None:
+Logs = tuple[dict[int, float], dict[int, float]]
+
+
+def _logs(figure: Figure) -> Logs | None:
     """The figure's values as direction x log, centred on their mean over both sides (None: a value <= 0)."""
     values = list(figure.base.values()) + list(figure.variant.values())
     if not values or min(values) <= 0:
@@ -70,14 +73,10 @@ def _logs(figure: Figure) -> tuple[dict[int, float], dict[int, float]] | None:
             {k: figure.direction * math.log(v) - mean for k, v in figure.variant.items()})
 
 
-Logs = tuple[dict[int, float], dict[int, float]]
-
-
-def _cell_logs(figures: Sequence[Figure]) -> dict[str, Logs]:
+def _cell_logs(figures: Sequence[tuple[Figure, Logs | None]]) -> dict[str, Logs]:
     """Per cell, each launch's median over the cell's figures of their centred logs (a cell counts once)."""
     by_cell: dict[str, list[Logs]] = {}
-    for figure in figures:
-        logs = _logs(figure)
+    for figure, logs in figures:
         if logs is not None:
             by_cell.setdefault(figure.cell, []).append(logs)
     out = {}
@@ -95,7 +94,11 @@ def launch_factors(figures: Sequence[Figure], leave_out: str | None = None) -> L
     """Each launch's shared speed in log units, toward better: the median over the cells it measured (but
     `leave_out`, the cell of the figure it is taken out of, so that figure's own change cannot move it); 0
     where fewer than NORMALIZE_MIN_CELLS cells say."""
-    cells = [logs for cell, logs in _cell_logs(figures).items() if cell != leave_out]
+    return _factors(_cell_logs([(f, _logs(f)) for f in figures]), leave_out)
+
+
+def _factors(cell_logs: dict[str, Logs], leave_out: str | None) -> Logs:
+    cells = [logs for cell, logs in cell_logs.items() if cell != leave_out]
     sides: list[dict[int, float]] = []
     for side in (0, 1):
         launches = sorted({k for logs in cells for k in logs[side]})
@@ -129,16 +132,17 @@ def normalizable(figures: Sequence[Figure]) -> bool:
 def benefits_shown(figures: Sequence[Figure], min_effect: float) -> list[Benefit]:
     """The benefits shown on their own once each launch's shared speed is taken out: every figure together
     first, then each figure; empty when none is."""
-    base_f, variant_f = launch_factors(figures)
+    logged = [(f, _logs(f)) for f in figures]   # each figure's logs once, for every factor taken from them
+    cell_logs = _cell_logs(logged)
+    base_f, variant_f = _factors(cell_logs, None)
     found = []
     normalized = [f for f in (*base_f.values(), *variant_f.values()) if f != 0.0]
     if normalized:
         together = _shown(EVERYTHING, list(base_f.values()), list(variant_f.values()), min_effect)
         if together is not None:
             found.append(together)
-    factors = {cell: launch_factors(figures, leave_out=cell) for cell in {f.cell for f in figures}}
-    for figure in figures:
-        logs = _logs(figure)
+    factors = {cell: _factors(cell_logs, cell) for cell in {f.cell for f in figures}}
+    for figure, logs in logged:
         if logs is None:
             continue
         base_f, variant_f = factors[figure.cell]

@@ -24,13 +24,17 @@ def fmt_value(value: Any) -> str:
     return str(value)
 
 
+def agents_at_8k(facts: dict[str, Any] | None) -> int | None:
+    """How many agents at 8K context a launch's cache holds (None: its facts do not say)."""
+    facts = facts or {}
+    return agents_that_fit(facts.get("kv_cache_tokens"), AGENT_CONTEXT, facts.get("block_size"),
+                           facts.get("max_model_len"))
+
+
 def kv_text(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change: float) -> str:
-    kv_base, kv = (base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens")
     text = f"KV cache {kv_change:+.1f}%"
     windows = [w for w in ((base_facts or {}).get("max_model_len"), facts.get("max_model_len")) if isinstance(w, int)]
-    agents_a = agents_that_fit(kv_base, AGENT_CONTEXT, (base_facts or {}).get("block_size"),
-                               (base_facts or {}).get("max_model_len"))
-    agents_b = agents_that_fit(kv, AGENT_CONTEXT, facts.get("block_size"), facts.get("max_model_len"))
+    agents_a, agents_b = agents_at_8k(base_facts), agents_at_8k(facts)
     if windows and AGENT_CONTEXT > min(windows):
         text += f" (agents at 8K context: none, beyond the {min(windows):,}-token window)"
     elif agents_a is not None and agents_b is not None and agents_a != agents_b:
@@ -86,10 +90,7 @@ def costs_of(base_facts: dict[str, Any] | None, facts: dict[str, Any], kv_change
     # Only where the cache's size is not known: otherwise the concurrency follows from it.
     if kv_change is None and isinstance(before, int | float) and isinstance(after, int | float) and after < before:
         out.append(f"max concurrency {before:g} -> {after:g}")
-    agents = (agents_that_fit(base.get("kv_cache_tokens"), AGENT_CONTEXT, base.get("block_size"),
-                              base.get("max_model_len")),
-              agents_that_fit(facts.get("kv_cache_tokens"), AGENT_CONTEXT, facts.get("block_size"),
-                              facts.get("max_model_len")))
+    agents = (agents_at_8k(base), agents_at_8k(facts))
     # Only with a cache loss past rounding: whole agents drop by one for a few tokens less.
     if out and agents[0] is not None and agents[1] is not None and agents[1] < agents[0]:
         out.append(f"agents at 8K context {agents[0]} -> {agents[1]}")
