@@ -180,6 +180,34 @@ def test_a_burst_is_sent_over_connections_opened_before_it(a5000: LaunchedServer
     assert opened == 3 and after == 3 and all(r.ok for r in records)
 
 
+def test_a_repeated_burst_opens_fresh_connections_instead_of_counting_the_last_ones(a5000: LaunchedServer) -> None:
+    """A burst measured again (its premise missed, or a second arm) finds the last burst's connections idle in
+    the pool: they have carried a request, so they live 2 s. Counted as fresh, they expired before the sends on
+    a loaded host (the real build, four CPU hogs), and 127 of 128 sends connected anew. open_idle replaces them:
+    the sends only write, however long the host takes to reach them."""
+    target: Target = a5000.target()
+
+    async def bursts() -> tuple[int, int, list[RequestRecord]]:
+        async with new_client(target.endpoint) as client:
+            async def burst(name: str) -> list[RequestRecord]:
+                return list(await asyncio.gather(*(
+                    study.stream_completion(client, model=target.model, prompt=[11, 12, 13], max_tokens=2,
+                                            request_id=f"{name}{i}") for i in range(3))))
+            await client.open_idle(3)
+            first = await burst("first")
+            assert len(client._idle) == 3 and all(conn.used for conn in client._idle)
+            await client.open_idle(3)
+            opened = client.connections_opened
+            for conn in client._idle:   # the loaded host's pause between open_idle and the sends
+                conn.idle_since -= streamclient.POOL_IDLE_S + 0.5
+            second = await burst("second")
+            return opened, client.connections_opened, first + second
+
+    opened, after, records = asyncio.run(bursts())
+    assert opened == 6 and after == 6   # three for each burst, none inside the second
+    assert all(r.ok for r in records)
+
+
 def test_a_connection_opened_for_a_burst_is_not_stale_when_the_burst_is_slow_to_send(a5000: LaunchedServer) -> None:
     """A client short of CPU took over 2 s to send a 128-request burst: its last sends found their pre-opened
     connections older than the pool's 2 s, closed them and made a TLS handshake each inside the burst. A

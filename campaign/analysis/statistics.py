@@ -29,11 +29,20 @@ Verdict = Literal["better", "worse", "no difference", "not settled", "not judged
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
 
 
+def sample_variance(values: list[float]) -> float:
+    """The sample variance (n - 1) of two or more floats, two-pass with fsum. The standard library's
+    `statistics.variance` sums exactly in Fractions: profiled, it was 26 s of the 44 s that 1,000 simulated A/A
+    nights took to judge (tests/test_verdict_promises.py), and with this the same nights take 14 s and read
+    the same rates. It agrees with the exact sum to about 1e-15 relative on such data."""
+    mean = math.fsum(values) / len(values)
+    return math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+
+
 def _spread(values: list[float], floor: float) -> float:
     """A side's variance of one measurement: what its repeats show, and never less than `floor`, the variance
     each measurement carries on its own (a median's error from its requests): two repeats that land close by
     chance say nothing about how far a third would land."""
-    return max(statistics.variance(values), floor)
+    return max(sample_variance(values), floor)
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -206,11 +215,11 @@ def paired_estimate(pairs: list[tuple[float, float]], floors: tuple[float, float
         return None
     base, other = [b for b, _ in pairs], [o for _, o in pairs]
     differences = [o - b for b, o in pairs]
-    variance = max(statistics.variance(differences), floors[0] + floors[1])
+    variance = max(sample_variance(differences), floors[0] + floors[1])
     n = len(pairs)
     mb, mo = statistics.fmean(base), statistics.fmean(other)
-    spread = (statistics.stdev(base) / abs(mb) if mb else math.inf,
-              statistics.stdev(other) / abs(mo) if mo else math.inf)
+    spread = (math.sqrt(sample_variance(base)) / abs(mb) if mb else math.inf,
+              math.sqrt(sample_variance(other)) / abs(mo) if mo else math.inf)
     return Estimate(statistics.fmean(differences), math.sqrt(variance / n), float(n - 1),
                     math.sqrt(variance / 2), spread, paired=True)
 

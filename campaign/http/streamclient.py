@@ -529,10 +529,22 @@ class StreamClient:
     async def open_idle(self, count: int) -> None:
         """Open connections until `count` stand idle and fresh, so that as many requests sent next only write:
         a burst meant to arrive at once (study.py) is not spread by its own connects (a TLS handshake each, on
-        a client host short of CPU, spread 128 sends over 2.4 s against the real CPU build)."""
+        a client host short of CPU, spread 128 sends over 2.4 s against the real CPU build). Idle connections
+        that have carried a request are closed first, never counted: they live POOL_IDLE_S, so one that was
+        fresh here could expire before the burst's first send, and `_connection` would then drop every such
+        one and connect anew for each send after it (a repeated burst on a loaded host counted its 128
+        returned connections fresh, found them 2 s old a moment later, and sent 127 requests over 2.9 s with a
+        handshake each)."""
         now = time.perf_counter()
-        fresh = sum(1 for c in self._idle if not c.closed and now - c.idle_since < c.idle_limit_s)
-        opened = await asyncio.gather(*(self._connect() for _ in range(count - fresh)))
+        keep: list[_Connection] = []
+        for conn in self._idle:
+            if conn.closed or conn.used or now - conn.idle_since >= conn.idle_limit_s:
+                conn.close()
+                self._all.discard(conn)
+            else:
+                keep.append(conn)
+        self._idle[:] = keep
+        opened = await asyncio.gather(*(self._connect() for _ in range(count - len(keep))))
         now = time.perf_counter()
         for conn in opened:
             conn.idle_since = now
