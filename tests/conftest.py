@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import inspect
+import itertools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -26,12 +27,37 @@ SHARED_SERVER_FLAGS = {"kv-cache-memory-bytes": "16M"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items[:] = in_lock_order(items)
     # The test that stops the shared server runs after every other test that uses it.
     items.sort(key=lambda item: item.get_closest_marker("stops_shared_server") is not None)
     unmarked = [item.nodeid for item in items if heavy_without_its_mark(item)]
     if unmarked:
         raise pytest.UsageError("these start the real vLLM build or a Ray cluster without @pytest.mark.cpu_heavy, "
                                 "so a wall-timed test could be measured beside their start: " + ", ".join(unmarked))
+
+
+def in_lock_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The files in the order the workers should take them (the Makefile runs xdist with --no-loadscope-reorder,
+    so a file's first test places it), each file's tests in their own order. A worker waiting for the CPU lock
+    (cpu_share below) idles, so the files that hold it exclusively are spread among the ones that take no lock:
+    first the files that hold it for their whole life (the shared real server's), then one file that takes no
+    lock and one heavy file in turn, the wall-timed files (which share the lock among themselves) last. By test
+    count within each kind, largest first, as xdist's own reordering would. Where a worker idled on the lock:
+    xdist's order by test count alone left one waiting 83 s for the real server's module to finish."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def count(tests: list[pytest.Item], mark: str) -> int:
+        return sum(1 for item in tests if item.get_closest_marker(mark) is not None)
+
+    by_size = sorted(files.values(), key=lambda tests: -len(tests))
+    whole = [t for t in by_size if count(t, "cpu_heavy") == len(t)]
+    heavy = sorted((t for t in by_size if 0 < count(t, "cpu_heavy") < len(t)), key=lambda t: -count(t, "cpu_heavy"))
+    timed = [t for t in by_size if not count(t, "cpu_heavy") and count(t, "wall_timed")]
+    free = [t for t in by_size if not count(t, "cpu_heavy") and not count(t, "wall_timed")]
+    turns = [t for pair in itertools.zip_longest(free, heavy) for t in pair if t is not None]
+    return [item for tests in whole + turns + timed for item in tests]
 
 
 def heavy_without_its_mark(item: pytest.Item) -> bool:
