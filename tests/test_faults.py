@@ -288,7 +288,7 @@ def test_the_flag_list_is_read_from_the_servers_own_help_once_per_version(tmp_pa
 
 
 @pytest.mark.vllm
-@pytest.mark.cpu_heavy
+@pytest.mark.one_process   # `vllm serve --help=all`: one busy process, no server
 def test_the_real_cpu_builds_flag_list(tmp_path: Path) -> None:
     """The real CPU build's own flag list, read fresh from its --help=all: authoritative, naming its version,
     with what the shipped list lacks (an alias) and everything the shipped list has."""

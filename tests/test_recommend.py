@@ -325,4 +325,5 @@ def test_the_sample_variance_is_the_standard_librarys_exact_one_to_rounding() ->
     for _ in range(2000):
         values = [rng.lognormvariate(5.0, 0.05) for _ in range(rng.randint(2, 40))]
         assert sample_variance(values) == pytest.approx(stats_lib.variance(values), rel=1e-14)
-    assert sample_variance([3.0, 3.0]) == 0.0
+    for value in (0.1, 0.7, 1 / 3, 123.456):   # equal values vary by exactly nothing, at any count
+        assert all(sample_variance([value] * n) == 0.0 for n in range(2, 12))

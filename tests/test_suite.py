@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import cpu_share, heavy_without_its_mark
+from conftest import cpu_share, file_seconds, heavy_without_its_mark, in_lock_order
 
 HOLD = """
 import sys
@@ -77,10 +77,28 @@ def _ray_cluster() -> None:
 
 
 def test_a_test_that_starts_vllm_or_ray_must_say_it_is_heavy() -> None:
-    """Collection refuses a test that starts the real build (marked vllm) or a Ray cluster unless it is marked
-    cpu_heavy."""
+    """Collection refuses a test that starts the real build (marked vllm, and not one_process) or a Ray cluster
+    unless it is marked cpu_heavy."""
     assert heavy_without_its_mark(_Item(_real_build, "vllm"))  # type: ignore[arg-type]
     assert heavy_without_its_mark(_Item(_ray_cluster))  # type: ignore[arg-type]
     assert not heavy_without_its_mark(_Item(_ray_cluster, "cpu_heavy"))  # type: ignore[arg-type]
     assert not heavy_without_its_mark(_Item(_real_build, "vllm", "cpu_heavy"))  # type: ignore[arg-type]
     assert not heavy_without_its_mark(_Item(_real_build))  # type: ignore[arg-type]
+    # The build's CLI run once (its flag list), no server: as heavy as any CPU-bound test.
+    assert not heavy_without_its_mark(_Item(_real_build, "vllm", "one_process"))  # type: ignore[arg-type]
+
+
+def test_every_test_file_has_its_seconds_for_the_order_the_workers_take(request: pytest.FixtureRequest) -> None:
+    """tests/file_seconds.json names every test file (a new one counts 5 s until it is measured: add its line
+    from a run's --durations=0), and the collection is in lock order: the real server's module first, no
+    heavy file among the first ones, every test collected once."""
+    items = request.session.items
+    files = {item.nodeid.split("::")[0].removeprefix("tests/") for item in items}
+    if len(files) < 10:
+        pytest.skip("a partial collection (a file or -k): the whole suite's order is not there to check")
+    missing = sorted(files - set(file_seconds()))
+    assert not missing, f"add to tests/file_seconds.json: {missing}"
+    order = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    assert order[0] == "tests/test_vllm_integration.py"
+    assert "tests/test_ray.py" not in order[:3]
+    assert sorted(item.nodeid for item in in_lock_order(items)) == sorted(item.nodeid for item in items)
