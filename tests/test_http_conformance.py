@@ -946,6 +946,30 @@ def test_closing_the_client_ends_a_request_in_flight_at_once(arun: Runner[Any]) 
     assert took < 1.0
 
 
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_request_still_connecting_when_the_client_closes_is_never_sent(arun: Runner[Any], steps: int) -> None:
+    """The test above once read a timeout after 30 s in a full suite: its request was still connecting when the
+    client closed (a loaded host took over 0.3 s to connect), so no connection of it was there to close, and
+    it went out afterwards on the closed client. Closed before the request ran (0 steps) or while it connects
+    (1 step: it waits on the address lookup), it ends "closed" and reaches no server."""
+    script = Script.of(head(200, SSE_CHUNKED), chunk(sse([token_event(1)])), hang=True)
+
+    async def run(url: str) -> tuple[RequestRecord, int]:
+        async with new_client(ep(url, timeouts=Timeouts(idle_s=5))) as client:
+            task = asyncio.create_task(stream_completion(client, model="m", prompt=[1], max_tokens=8,
+                                                         request_id="r"))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            await client.aclose()
+            return await task, len(client._all)
+
+    with RawHTTPServer([script]) as server:
+        record, left = arun(run(server.url))
+        requests = len(server.requests)
+    assert not record.ok and record.error_kind == "closed" and "client was closed" in (record.error or "")
+    assert left == 0 and requests == 0
+
+
 # -- the API key guards what vLLM's guards, no more -------------------------------------------------------------
 
 

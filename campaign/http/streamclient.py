@@ -459,6 +459,8 @@ class StreamClient:
         self._ssl = endpoint.ssl_context()
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
+        # Set by aclose: a request still connecting then (its connection not yet in _all) must not go out after.
+        self._closed = False
         auth = f"Authorization: Bearer {endpoint.api_key}\r\n" if endpoint.api_key else ""
         self._head_template = (
             "POST {target} HTTP/1.1\r\nHost: " + endpoint.host_header + "\r\nContent-Type: application/json\r\n"
@@ -472,6 +474,7 @@ class StreamClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self._closed = True
         for conn in list(self._all):
             if conn.exchange is not None:  # a request still in flight ends now, and says why
                 conn.exchange.fail(StreamError("closed", "the client was closed with the request in flight"))
@@ -523,6 +526,11 @@ class StreamClient:
         except OSError as exc:
             raise StreamError("connect", f"cannot connect to {ep.host_header}: {exc.strerror or exc}") from None
         self.connections_opened += 1
+        if self._closed:
+            # Closed while this connection was being made (a loaded host took over 0.3 s to connect): the
+            # request ends now, as one in flight does, instead of going out on a closed client.
+            conn.close()
+            raise StreamError("closed", "the client was closed with the request in flight")
         self._all.add(conn)
         return conn
 
@@ -551,6 +559,8 @@ class StreamClient:
             self._idle.append(conn)
 
     async def _connection(self) -> _Connection:
+        if self._closed:
+            raise StreamError("closed", "the client was closed before the request was sent")
         while self._idle:
             conn = self._idle.pop()
             if not conn.closed and time.perf_counter() - conn.idle_since < conn.idle_limit_s:
