@@ -73,21 +73,26 @@ def _logs(figure: Figure) -> Logs | None:
             {k: figure.direction * math.log(v) - mean for k, v in figure.variant.items()})
 
 
+def _median_by_launch(logs: Sequence[Logs], minimum: int = 1) -> Logs:
+    """Each side's launches, each the median of its values over `logs` (0 where fewer than `minimum` have it)."""
+    sides: list[dict[int, float]] = []
+    for side in (0, 1):
+        launches = sorted({k for pair in logs for k in pair[side]})
+        medians = {}
+        for launch in launches:
+            seen = [pair[side][launch] for pair in logs if launch in pair[side]]
+            medians[launch] = statistics.median(seen) if len(seen) >= minimum else 0.0
+        sides.append(medians)
+    return sides[0], sides[1]
+
+
 def _cell_logs(figures: Sequence[tuple[Figure, Logs | None]]) -> dict[str, Logs]:
     """Per cell, each launch's median over the cell's figures of their centred logs (a cell counts once)."""
     by_cell: dict[str, list[Logs]] = {}
     for figure, logs in figures:
         if logs is not None:
             by_cell.setdefault(figure.cell, []).append(logs)
-    out = {}
-    for cell, pairs in by_cell.items():
-        sides = []
-        for side in (0, 1):
-            launches = sorted({k for pair in pairs for k in pair[side]})
-            sides.append({k: statistics.median(pair[side][k] for pair in pairs if k in pair[side])
-                          for k in launches})
-        out[cell] = (sides[0], sides[1])
-    return out
+    return {cell: _median_by_launch(pairs) for cell, pairs in by_cell.items()}
 
 
 def launch_factors(figures: Sequence[Figure], leave_out: str | None = None) -> Logs:
@@ -98,16 +103,7 @@ def launch_factors(figures: Sequence[Figure], leave_out: str | None = None) -> L
 
 
 def _factors(cell_logs: dict[str, Logs], leave_out: str | None) -> Logs:
-    cells = [logs for cell, logs in cell_logs.items() if cell != leave_out]
-    sides: list[dict[int, float]] = []
-    for side in (0, 1):
-        launches = sorted({k for logs in cells for k in logs[side]})
-        factors = {}
-        for launch in launches:
-            seen = [logs[side][launch] for logs in cells if launch in logs[side]]
-            factors[launch] = statistics.median(seen) if len(seen) >= NORMALIZE_MIN_CELLS else 0.0
-        sides.append(factors)
-    return sides[0], sides[1]
+    return _median_by_launch([logs for cell, logs in cell_logs.items() if cell != leave_out], NORMALIZE_MIN_CELLS)
 
 
 def _shown(name: str, base: list[float], variant: list[float], min_effect: float) -> Benefit | None:

@@ -407,6 +407,10 @@ class _Connection(asyncio.Protocol):
     def idle_limit_s(self) -> float:
         return POOL_IDLE_S if self.used else UNUSED_IDLE_S
 
+    def reusable(self, now: float) -> bool:
+        """Open, and idle for less than its limit: a request sent on it will not meet the server's close."""
+        return not self.closed and now - self.idle_since < self.idle_limit_s
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio's and uvloop's transports both implement the Transport interface (uvloop's are not subclasses).
         self.transport = cast(asyncio.Transport, transport)
@@ -546,7 +550,7 @@ class StreamClient:
         now = time.perf_counter()
         keep: list[_Connection] = []
         for conn in self._idle:
-            if conn.closed or conn.used or now - conn.idle_since >= conn.idle_limit_s:
+            if conn.used or not conn.reusable(now):
                 conn.close()
                 self._all.discard(conn)
             else:
@@ -563,7 +567,7 @@ class StreamClient:
             raise StreamError("closed", "the client was closed before the request was sent")
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and time.perf_counter() - conn.idle_since < conn.idle_limit_s:
+            if conn.reusable(time.perf_counter()):
                 return conn
             conn.close()
             self._all.discard(conn)
