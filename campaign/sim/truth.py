@@ -326,14 +326,14 @@ def hit_rate(requests: list[RequestTruth]) -> float | None:
 
 def rate_figures(requests: list[RequestTruth], start: float, span: float,
                  bounds: Sequence[tuple[str, float, float]],
-                 margin_ms: Callable[[float], float] = lambda limit: 0.0) -> dict[str, float | None]:
+                 margin_ms: Callable[[str, float], float] = lambda metric, limit: 0.0) -> dict[str, float | None]:
     """An open-loop load, from the requests that arrived for it (simulated seconds; `start` is when its
     schedule began, `span` how long its arrivals were meant to take): the rate they arrived at; goodput, the
     requests a second whose own TTFT (arrival to first emission), TPOT (first to last emission over the
     tokens between) and end-to-end time (arrival to finish) were each within every bound (metric, percentile,
     limit in ms), over first arrival to last finish; the share of requests that did; whether each bound's
-    percentile held; requests in the server on average. Where a value lies within `margin_ms(limit)` of its
-    limit, a measurement may honestly read it either side: `good_low` counts requests good by every bound
+    percentile held; requests in the server on average. Where a value lies within `margin_ms(metric, limit)` of
+    its limit, a measurement may honestly read it either side: `good_low` counts requests good by every bound
     less that margin, `good_high` by every bound plus it, and `slo_borderline` says a percentile was that
     close to its limit."""
     if not requests:
@@ -355,7 +355,7 @@ def rate_figures(requests: list[RequestTruth], start: float, span: float,
         if not bounds:
             return None
         return float(sum(1 for r in requests
-                         if all(value(r, m) <= limit + extra * margin_ms(limit) for m, _, limit in bounds)))
+                         if all(value(r, m) <= limit + extra * margin_ms(m, limit) for m, _, limit in bounds)))
 
     good = good_by(0.0)
     out: dict[str, float | None] = {
@@ -376,7 +376,7 @@ def rate_figures(requests: list[RequestTruth], start: float, span: float,
         p = stats.percentile(values, q) if finite else None
         out[f"{metric}_p{q:g}_ms"] = p
         held = held and p is not None and p <= limit
-        borderline = borderline or (p is not None and abs(p - limit) <= margin_ms(limit))
+        borderline = borderline or (p is not None and abs(p - limit) <= margin_ms(metric, limit))
     out["slo_passed"] = float(held) if bounds else None
     out["slo_borderline"] = float(borderline)
     return out
