@@ -32,19 +32,17 @@ from campaign.core.errors import (
     LaunchError,
     request_stop,
 )
+from campaign.core.progress import Progress
 from campaign.http.endpoint import TLS, Endpoint, Timeouts, proxy_notice
 from campaign.measure import probe as measuring
 from campaign.measure.cells import CellSpec, TTFTMode
 from campaign.measure.runner import Target
-from campaign.night import orchestrate, store
-from campaign.night import replay as sim_virtual
+from campaign.night import orchestrate
 from campaign.night.launcher import launched
-from campaign.night.limits import raise_open_files
-from campaign.night.matrix import load_matrix
 from campaign.night.orchestrate import preflight
-from campaign.night.planning import left_out, make_plan
-from campaign.night.progress import Progress
-from campaign.night.store import latest_run
+from campaign.plan import replay as sim_virtual
+from campaign.plan.limits import raise_open_files
+from campaign.plan.planning import left_out, make_plan
 from campaign.report import calibration as calibration_report
 from campaign.report import closing
 from campaign.report import html as html_report
@@ -55,6 +53,9 @@ from campaign.server import startup_log
 from campaign.server.argv import api_key_from, parse_set
 from campaign.server.control import ControlClient
 from campaign.server.profiles import PROFILES_DIR, FlagValue, LaunchProfile, load_profile, parse_gpus
+from campaign.spec.matrix import load_matrix
+from campaign.stored import store
+from campaign.stored.store import latest_run
 from campaign.tune import tuning
 
 app = typer.Typer(
@@ -495,7 +496,7 @@ def run(
         with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
                       live=live) as progress:
             try:
-                tonight.execute(progress, judge=recommend.judged)
+                tonight.execute(progress)
             except KeyboardInterrupt:
                 progress.note(f"interrupted: every finished cell is stored in {tonight.run.root}; continue with\n"
                               f"  campaign run --resume {tonight.run.root}")

@@ -10,8 +10,8 @@ import httpx
 
 from campaign.measure import cachestate
 from campaign.measure.cachestate import CacheState
-from campaign.night import limits
 from campaign.night.orchestrate import preflight
+from campaign.plan import limits
 from campaign.server.profiles import load_profile
 from campaign.sim.blocks import BlockManager
 

@@ -20,13 +20,13 @@ import yaml
 from campaign.analysis import calibrate as cal
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
-from campaign.night import replay
 from campaign.night.launcher import launched
-from campaign.night.matrix import load_matrix
-from campaign.night.store import RunDir
+from campaign.plan import replay
 from campaign.server.profiles import load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
+from campaign.spec.matrix import load_matrix
+from campaign.stored.store import RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_RUN = ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"

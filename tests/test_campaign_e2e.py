@@ -230,12 +230,13 @@ def test_a_ctrl_c_that_uvloop_swallows_in_the_warm_check_stores_no_guard(tmp_pat
     the handler itself, on the first bytes the warm check reads: the stop still takes effect at the check's
     end, nothing of the check is stored, and the server's stop is recorded."""
     from campaign.core import aio, errors
+    from campaign.core.progress import Progress
     from campaign.http import streamclient
     from campaign.measure.runner import Measurer
-    from campaign.night import launch, orchestrate, store
-    from campaign.night.matrix import load_matrix
-    from campaign.night.progress import Progress
+    from campaign.night import launch, orchestrate
     from campaign.server.profiles import load_profile
+    from campaign.spec.matrix import load_matrix
+    from campaign.stored import store
 
     path = tmp_path / "m.yaml"
     path.write_text(WARM_CHECK_MATRIX)

@@ -16,7 +16,7 @@ from campaign.analysis.benefit import EVERYTHING, Figure, benefits_shown, launch
 from campaign.analysis.recommend import diff_run
 from campaign.bench import verdicts
 from campaign.measure.cells import CellResult, CellSpec
-from campaign.night import store
+from campaign.stored import store
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32)
 KV = {"baseline": 100_000, "batch": 99_200}    # seed 000's batch change: 0.8% of the cache

@@ -20,10 +20,10 @@ import yaml
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
 from campaign.measure.cells import CellSpec
-from campaign.night import replay
-from campaign.night.store import RunDir
+from campaign.plan import replay
 from campaign.sim import measured as sim_measured
 from campaign.sim.model import StepCosts, StepPower
+from campaign.stored.store import RunDir
 from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]

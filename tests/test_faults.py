@@ -25,9 +25,10 @@ import pytest
 
 from campaign.cli import run_cli
 from campaign.core.errors import EXIT_INTERNAL, EXIT_SOME_FAILED, EXIT_USAGE, LaunchError, ResultFormatError
-from campaign.night import launch, orchestrate, records, store
+from campaign.night import launch, orchestrate
 from campaign.server import flag_list
 from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.stored import records, store
 
 SIM_SCALE = "20"   # the simulator 20x faster than its hardware: it keeps up on 2 cores (docs/simulator.md)
 SIM_ENV = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": SIM_SCALE}
@@ -157,8 +158,8 @@ def test_an_unexpected_error_in_one_launch_is_recorded_and_the_night_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any other exception inside one launch is recorded as its failure (internal_error) and the night goes on
     to the next; a resume once the cause is gone measures everything, and nothing is said to have failed."""
-    from campaign.night.matrix import load_matrix
-    from campaign.night.progress import Progress
+    from campaign.core.progress import Progress
+    from campaign.spec.matrix import load_matrix
 
     path = tmp_path / "m.yaml"
     path.write_text(ONE_CELL.replace("  - name: only\n", "  - name: only\n  - name: other\n"))
@@ -196,9 +197,9 @@ def test_a_cell_that_finished_after_a_lost_interrupt_is_not_stored(tmp_path: Pat
     and stored a connect timeout as a failure, which a resume then kept. A stop asked for during a cell now
     drops the cell and stops the launch, and the server is stopped and recorded."""
     from campaign.core import errors
+    from campaign.core.progress import Progress
     from campaign.measure.runner import Measurer
-    from campaign.night.matrix import load_matrix
-    from campaign.night.progress import Progress
+    from campaign.spec.matrix import load_matrix
 
     path = tmp_path / "m.yaml"
     path.write_text(REPEAT_MATRIX)

@@ -12,14 +12,14 @@ from campaign.cli import app
 from campaign.core import vllm_bounds
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
 from campaign.measure.cells import CellSpec
-from campaign.night import limits
-from campaign.night.matrix import load_matrix, night_uses
+from campaign.plan import limits
 from campaign.server import flag_list, flag_values, startup_log
 from campaign.server.profiles import load_profile
 from campaign.server.vllm_flags import JSON_FLAGS, JSON_OR_TEXT_FLAGS, KNOWN_FLAGS
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import server as sim_server
+from campaign.spec.matrix import load_matrix, night_uses
 
 BASE = """
 name: t

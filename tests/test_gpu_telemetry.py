@@ -30,16 +30,16 @@ from fakes.fake_nvml import (
 )
 
 from campaign.bench import gpu_check
+from campaign.core.progress import Progress
 from campaign.measure.cells import CellSpec, Reason
 from campaign.measure.runner import Measurer
-from campaign.night import store
 from campaign.night.launch import Campaign, Options
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.night.matrix import Matrix
-from campaign.night.progress import Progress
 from campaign.server import gpu
 from campaign.server.gpu import NvmlMonitor, StepTelemetry
 from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.spec.matrix import Matrix
+from campaign.stored import store
 
 T0 = 1000.0
 # The no-GPU paths against the real nvidia-ml-py only where this machine has no GPU (as here, and on CI).

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from campaign.core.errors import ConfigError
-from campaign.night.matrix import load_matrix, night_uses, schedule
 from campaign.server import flag_list
 from campaign.server.profiles import load_profile
+from campaign.spec.matrix import load_matrix, night_uses, schedule
 
 BASE = """
 name: t
@@ -127,7 +127,7 @@ def test_timeouts_of_the_measured_path_are_set_in_the_matrix(tmp_path: Path) -> 
 @pytest.mark.parametrize("value, margin", [("suggested", 0.01), ("suggested-0.02", 0.02), ("suggested-0", 0.0),
                                            (0.95, None), ("suggest", None)])
 def test_suggested_takes_a_margin(value: object, margin: float | None) -> None:
-    from campaign.night.matrix import suggested_margin
+    from campaign.spec.matrix import suggested_margin
 
     assert suggested_margin(value) == margin
 

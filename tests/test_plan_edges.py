@@ -21,13 +21,15 @@ from fakes import builders
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
 from campaign.measure.cells import Finding, Reason
-from campaign.night import limits, orchestrate, planning, records, store
+from campaign.night import orchestrate
 from campaign.night.launch import LaunchWork, Options
-from campaign.night.matrix import Matrix, load_matrix
-from campaign.night.records import StopRecord
+from campaign.plan import limits, planning
 from campaign.report import text as report
 from campaign.server import flag_values
 from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.spec.matrix import Matrix, load_matrix
+from campaign.stored import records, store
+from campaign.stored.records import StopRecord
 
 WIDTHS = """
 name: widths

@@ -14,10 +14,11 @@ from scipy import stats as sps
 from campaign.core.stats import detectable_change
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.judged import FAMILY_ALPHA
-from campaign.night import planning, store
-from campaign.night.matrix import Matrix
+from campaign.plan import planning
 from campaign.report import text as report
 from campaign.server.profiles import LaunchProfile, RateHints
+from campaign.spec.matrix import Matrix
+from campaign.stored import store
 
 WORKLOADS: list[dict[str, Any]] = [{"kind": "prefill", "contexts": [1024]},
                                    {"kind": "decode", "contexts": [512], "concurrency": [1, 4]}]

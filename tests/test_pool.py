@@ -15,9 +15,10 @@ import pytest
 
 from campaign.analysis.summary import gpu_effect
 from campaign.core.errors import CampaignError
-from campaign.night import pool, store
-from campaign.night.matrix import load_matrix, schedule
+from campaign.night import pool
 from campaign.server.profiles import PROJECT_ROOT, LaunchProfile, load_profile, parse_gpus
+from campaign.spec.matrix import load_matrix, schedule
+from campaign.stored import store
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 
@@ -133,7 +134,7 @@ def test_gpu_effect_is_read_per_launch_folder(tmp_path: Path) -> None:
     from fakes import builders
 
     from campaign.measure.cells import CellResult, CellSpec
-    from campaign.night.records import GpuDevice, PlacementRecord
+    from campaign.stored.records import GpuDevice, PlacementRecord
 
     run = store.RunDir.create(tmp_path, "t")
     builders.manifest(run, baseline="A", variants=["A", "B"])

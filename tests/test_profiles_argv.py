@@ -9,9 +9,9 @@ import pytest
 
 from campaign.core import secret
 from campaign.core.errors import ConfigError
-from campaign.night.matrix import night_uses
 from campaign.server import argv
 from campaign.server.profiles import PROFILES_DIR, load_profile
+from campaign.spec.matrix import night_uses
 
 
 def test_flag_mapping_rules() -> None:

@@ -33,11 +33,11 @@ from campaign.measure import capacity, cells, figures, openloop, slo
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.figures import behind_schedule, rate_metrics
 from campaign.measure.runner import CLIENT_STALLS, Measurer
-from campaign.night import store
 from campaign.night.launcher import LaunchedServer
-from campaign.night.matrix import load_matrix
 from campaign.server.profiles import PROJECT_ROOT
 from campaign.sim import truth as sim_truth
+from campaign.spec.matrix import load_matrix
+from campaign.stored import store
 
 
 # --- service levels -------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from campaign.measure.runner import CLIENT_STALLS
-from campaign.night import store
-from campaign.night.matrix import load_matrix, schedule
 from campaign.server.profiles import PROJECT_ROOT
+from campaign.spec.matrix import load_matrix, schedule
+from campaign.stored import store
 
 ray = pytest.importorskip("ray")
 
@@ -206,7 +206,7 @@ def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(t
 
     from fakes import builders
 
-    from campaign.night.progress import Progress
+    from campaign.core.progress import Progress
     from campaign.night.ray_executor import RayExecutor, _Task
 
     run = store.RunDir.create(tmp_path, "t")
@@ -266,9 +266,9 @@ def test_a_trace_travels_with_its_ray_task_and_its_records_name_the_controllers_
     import json as _json
 
     from campaign.core.errors import ConfigError
+    from campaign.core.progress import Progress
     from campaign.night import orchestrate, ray_executor
     from campaign.night.launch import Options
-    from campaign.night.progress import Progress
     from campaign.server.profiles import load_profile
 
     trace, matrix_file = _trace_night(tmp_path)

@@ -14,9 +14,9 @@ from campaign.analysis.recommend import diff_run, recommend
 from campaign.analysis.statistics import MetricVerdict, holm, sample_variance, verdict_for
 from campaign.analysis.verdicts import CellDiff, VariantDiff, family_wise
 from campaign.measure.cells import CellResult, CellSpec, Reason
-from campaign.night import store
 from campaign.report import text as report
 from campaign.report.tables import to_html, to_markdown, to_text
+from campaign.stored import store
 
 CONTEXTS = (128, 2048)
 CONCURRENCY = (1, 4, 16)

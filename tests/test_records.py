@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from campaign.core.errors import ResultFormatError
-from campaign.night import records, store
+from campaign.stored import records, store
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMAT_1_RUN = ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"
@@ -17,7 +17,7 @@ FORMAT_1_RUN = ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"
 
 def test_the_results_format_document_is_generated_from_the_models() -> None:
     assert (ROOT / "docs" / "results-format.md").read_text() == records.document(), \
-        "docs/results-format.md is stale: python -m campaign.night.records > docs/results-format.md"
+        "docs/results-format.md is stale: python -m campaign.stored.records > docs/results-format.md"
 
 
 @pytest.mark.parametrize("kind", sorted(records.RECORDS))

@@ -14,10 +14,11 @@ from PIL import Image
 
 from campaign.cli import run_cli
 from campaign.measure.cells import CellResult, CellSpec
-from campaign.night import planning, store
+from campaign.plan import planning
 from campaign.report import closing, names, tables
 from campaign.report import html as html_report
 from campaign.report import text as report
+from campaign.stored import store
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "runs" / "cpu-demo"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -524,5 +525,5 @@ def test_the_docs_use_the_figures_names_and_hold_their_legend_word_for_word() ->
         "docs/results.md's figures are stale: paste `python -m campaign.report.names` under ## The figures"
     said = {path.name: _per_request_said(" ".join(path.read_text().split()))
             for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
-    # results-format.md is generated from the records' own descriptions (campaign/night/records.py).
+    # results-format.md is generated from the records' own descriptions (campaign/stored/records.py).
     assert {doc: where for doc, where in said.items() if where and doc != "results-format.md"} == {}

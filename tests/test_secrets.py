@@ -20,10 +20,10 @@ from ray.cluster_utils import Cluster
 
 from campaign.cli import run_cli
 from campaign.core import secret
-from campaign.night import store
 from campaign.server import argv
 from campaign.server.profiles import PROJECT_ROOT, LaunchProfile
 from campaign.server.vllm_flags import KNOWN_FLAGS
+from campaign.stored import store
 
 
 def marker(what: str) -> str:

@@ -24,14 +24,14 @@ from campaign.http.endpoint import Endpoint, Timeouts
 from campaign.measure import runner, study
 from campaign.measure.cells import CellResult, CellSpec, over_capacity
 from campaign.measure.runner import Measurer, Target
-from campaign.night import replay as sim_virtual
-from campaign.night import store
-from campaign.night import virtual as sim_night
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.night.matrix import RepeatExperiment
+from campaign.plan import replay as sim_virtual
+from campaign.plan import virtual as sim_night
 from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
 from campaign.sim import model as sim_model
+from campaign.spec.matrix import RepeatExperiment
+from campaign.stored import store
 
 MATRICES = Path(__file__).parent / "fixtures" / "matrices"
 TIME_SCALE = 5.0  # faster runs add Python per-step overhead to the simulated time at 32+ streams
@@ -394,7 +394,7 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
 def test_experiments_replayed_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
     """The peer of a virtual night's experiments: the same study functions over HTTP on the simulator at 5x
     (their figures the hardware's, format 10) and fed by the engine's own records (sim_night)."""
-    from campaign.night import virtual as sim_night
+    from campaign.plan import virtual as sim_night
 
     target = target_of(a5000)
 
@@ -426,7 +426,7 @@ def test_the_eta_of_a_time_scaled_night_is_the_hardwares_estimate_over_the_scale
     """h200-speed-matrix at 20x once said "ETA 12h02m" for a night of minutes: the plan's estimate is the
     hardware's time, which the simulator lives 20 times faster."""
     from campaign.night import orchestrate
-    from campaign.night.matrix import load_matrix
+    from campaign.spec.matrix import load_matrix
 
     matrix, matrix_path, _ = load_matrix("h200-speed-matrix")
     profile, profile_path = load_profile(matrix.profile)
@@ -445,7 +445,7 @@ def test_a_time_scaled_last_run_calibrates_the_next_plan_in_the_hardwares_units(
     read by its manifest's scale: the next plan reads both as a real run's, never dividing twice."""
     from fakes import builders
 
-    from campaign.night import planning
+    from campaign.plan import planning
 
     rates, ttfts = {}, {}
     for scale, format_ in ((1.0, 10), (20.0, 10), (20.0, 9)):

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from campaign.measure.cells import CellSpec
-from campaign.night import replay as sim_virtual
-from campaign.night.matrix import load_matrix, tokens
+from campaign.plan import replay as sim_virtual
 from campaign.report import text as report
 from campaign.report.tables import to_markdown
 from campaign.server import argv
@@ -28,6 +27,7 @@ from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import truth as sim_truth
 from campaign.sim.engine import Virtual, engine_for
+from campaign.spec.matrix import load_matrix, tokens
 
 _tokens = itertools.count(10_000)
 

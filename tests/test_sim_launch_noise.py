@@ -17,20 +17,20 @@ import pytest
 from test_sim_night import campaign, night
 
 from campaign.core.errors import LaunchError
+from campaign.core.progress import Progress
 from campaign.measure.cells import CellSpec
 from campaign.night import launch as night_launch
-from campaign.night import replay as sim_virtual
-from campaign.night import store
-from campaign.night import virtual as sim_night
 from campaign.night.launcher import launched
-from campaign.night.matrix import load_matrix
-from campaign.night.progress import Progress
+from campaign.plan import replay as sim_virtual
+from campaign.plan import virtual as sim_night
 from campaign.server import argv, flag_list
 from campaign.server.profiles import load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import truth as sim_truth
 from campaign.sim.engine import Virtual, engine_for
+from campaign.spec.matrix import load_matrix
+from campaign.stored import store
 
 PREFILL = CellSpec(phase="prefill", context_tokens=8192, concurrency=1)
 NOISE_LINE = re.compile(r"launch noise: speed factor ([0-9.]+) \(sigma ([0-9.]+), launch (\S+)\)")

@@ -22,15 +22,16 @@ import pytest
 from campaign.analysis.recommend import diff_run
 from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
+from campaign.core.progress import Progress
 from campaign.measure import corpus
 from campaign.measure.cells import CellSpec
-from campaign.night import orchestrate, store
-from campaign.night import replay as sim_virtual
-from campaign.night import virtual as sim_night
-from campaign.night.matrix import DecodeWorkload, Matrix, load_matrix
-from campaign.night.progress import Progress
+from campaign.night import orchestrate
+from campaign.plan import replay as sim_virtual
+from campaign.plan import virtual as sim_night
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
+from campaign.spec.matrix import DecodeWorkload, Matrix, load_matrix
+from campaign.stored import store
 
 # Seed 000: aggregate tok/s of its fixed-count ladder (C x 256 tokens over the step's whole time), and its
 # batch-size A/B, "every row inside noise": prompt tok/s 1,002 -> 1,019 at 6.6K, 979 -> 989 at 26.5K.

@@ -22,9 +22,9 @@ from campaign.http.client import RequestRecord
 from campaign.measure import steady
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.runner import Measurer
-from campaign.night import store
 from campaign.night.launcher import LaunchedServer
 from campaign.sim import truth as sim_truth
+from campaign.stored import store
 
 
 def test_mann_kendall_is_scipys_kendall_tau_against_time_without_its_import() -> None:

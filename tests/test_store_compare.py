@@ -15,7 +15,7 @@ from campaign.analysis.summary import drift
 from campaign.core.errors import ResultFormatError
 from campaign.http.client import RequestRecord
 from campaign.measure.cells import CellResult, CellSpec
-from campaign.night import store
+from campaign.stored import store
 
 SPEC = CellSpec(phase="decode", context_tokens=1024, concurrency=8, mode="fixed", max_tokens=256)
 PREFILL = CellSpec(phase="prefill", context_tokens=6616)
@@ -278,7 +278,7 @@ def test_not_settled_says_how_many_launches_would_confirm_the_change_and_how_man
 
 
 def test_resume_can_raise_the_repeats_and_never_lowers_them(tmp_path: Path) -> None:
-    from campaign.night.matrix import Matrix, schedule
+    from campaign.spec.matrix import Matrix, schedule
 
     run = store.RunDir.create(tmp_path, "t")
     assert run.repeats(2) == 2

@@ -22,10 +22,10 @@ from campaign.measure import corpus
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.prompts import HEAD_TOKENS, Prompts
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.night.matrix import load_matrix
 from campaign.server.profiles import load_profile
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
+from campaign.spec.matrix import load_matrix
 
 TIME_SCALE = 5.0
 # The probes' window, in the hardware's seconds (2 s of wall time at 5x): each reads 4-6 replies of 256 tokens
@@ -227,7 +227,7 @@ def test_mtp_accepts_more_on_code_through_chat_than_on_random_ids(
 def test_a_speculative_change_on_random_prompts_alone_is_not_settled(tmp_path: Path) -> None:
     """The diff neither keeps nor reverts speculative decoding measured on random ids only, however its speed
     came out; the same change measured on text is judged."""
-    from campaign.night import store
+    from campaign.stored import store
 
     def run_with(reasons: list[Reason], key_suffix: str) -> str:
         run = store.RunDir.create(tmp_path / key_suffix, "t")

@@ -28,12 +28,12 @@ from campaign.measure.cachestate import NOT_LAUNCHED, CacheState
 from campaign.measure.cells import CellSpec, Reason
 from campaign.measure.prompts import TOKEN_HIGH, TOKEN_LOW
 from campaign.measure.runner import Measurer
-from campaign.night import store
 from campaign.night.launcher import LaunchedServer
-from campaign.night.matrix import load_matrix
 from campaign.report import names
 from campaign.server.profiles import PROJECT_ROOT
 from campaign.sim import truth as sim_truth
+from campaign.spec.matrix import load_matrix
+from campaign.stored import store
 
 SHIPPED = PROJECT_ROOT / "matrices" / "traces"
 MOONCAKE = SHIPPED / "mooncake-conversation-1k.jsonl"

@@ -15,11 +15,12 @@ import yaml
 
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
-from campaign.night import replay, store
-from campaign.night import search as phase_one
-from campaign.night.matrix import load_matrix
-from campaign.night.search_spec import SearchBlock
+from campaign.plan import replay
+from campaign.plan import search as phase_one
 from campaign.server.profiles import load_profile
+from campaign.spec.matrix import load_matrix
+from campaign.spec.search_spec import SearchBlock
+from campaign.stored import store
 from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]

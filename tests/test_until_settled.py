@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from test_sim_night import campaign
 
-from campaign.analysis import recommend
 from campaign.analysis.recommend import diff_run
-from campaign.night import orchestrate, store
-from campaign.night.matrix import load_matrix
-from campaign.night.progress import Progress
+from campaign.core.progress import Progress
+from campaign.night import orchestrate
 from campaign.server.profiles import load_profile
+from campaign.spec.matrix import load_matrix
+from campaign.stored import store
 
 MATRIX = """\
 name: settle
@@ -128,7 +128,7 @@ def test_a_night_stopped_by_its_budget_is_continued_by_a_resume(tmp_path: Path,
     hours = itertools.count(step=3600.0)
     with orchestrate.started(matrix, matrix_path, profile, profile_path, engine="sim", out=tmp_path / "runs",
                              clock="virtual") as tonight, Progress(total_cells=0, estimate_s=0, live=False) as p:
-        tonight.execute(p, judge=recommend.judged, clock=lambda: next(hours))
+        tonight.execute(p, clock=lambda: next(hours))
     run = tonight.run
     assert not list(run.root.glob("repeats-*.json")) and not run.settled()
     before = {c.path: c.path.read_bytes() for c in run.cells()}

@@ -31,11 +31,11 @@ from campaign.measure import corpus, slo, traces
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import CLIENT_STALLS, Measurer, Target
-from campaign.night import store
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics, startup_log
 from campaign.server.argv import port_is_free
 from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.stored import store
 
 pytestmark = [pytest.mark.vllm, pytest.mark.cpu_heavy]
 
@@ -691,7 +691,7 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
     counters', the comparison between prompts means nothing on this model, so it is not asserted.) One
     fixed-count request a cell is a bracketed step like a window's."""
     from campaign.measure.cells import Reason
-    from campaign.night import store
+    from campaign.stored import store
 
     run = store.RunDir(ngram_night_killed.run)
     (server,) = run.ready_servers()

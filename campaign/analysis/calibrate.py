@@ -5,7 +5,7 @@ What is fitted: the five terms one engine step's time is linear in (campaign.sim
 per step, per decode position, per prompt token, per prompt token x context, per token of KV read). What is
 taken as measured: the KV cache, its page size and the scheduler's limits, from each launch's startup log.
 
-How: each cell is replayed on the engine (night.replay, the tool's own method in simulated time) with trial
+How: each cell is replayed on the engine (plan.replay, the tool's own method in simulated time) with trial
 costs; every step the replay ran is a row of what its time is linear in (StepTruth.features), so a cell's figure
 is linear in the costs *for that schedule*: a TTFT is the sum of its steps' times; a rate is its tokens over the
 sum of its steps' times. Non-negative least squares (scipy's NNLS) on the relative errors gives new costs, the
@@ -18,7 +18,7 @@ are split arbitrarily by NNLS; the report says how many of the five the cells de
 
 Cells used: prefill (its TTFT) and decode cells of random-token prompts (total tok/s), each the median over the
 run's repeats, with their spread (the machine's own noise, which no fit can beat). Rate, trace and agent cells and
-the study's experiments are open-loop or multi-step and are not replayed (night.replay): they are listed as
+the study's experiments are open-loop or multi-step and are not replayed (plan.replay): they are listed as
 skipped. Held-out cells are predicted by the fit, never fitted: the honest test of it.
 """
 
@@ -39,9 +39,7 @@ from scipy.optimize import nnls
 from campaign.core.errors import CampaignError
 from campaign.core.vllm_bounds import human_int
 from campaign.measure.cells import CellSpec
-from campaign.night import replay
-from campaign.night.records import ServerRecord
-from campaign.night.store import RunDir, StoredCell, replace_text
+from campaign.plan import replay
 from campaign.server.vllm_flags import normalize_flag
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
@@ -50,6 +48,8 @@ from campaign.sim.config import Faults, SimConfig
 from campaign.sim.measured import ErrorSummary, FitCell, MeasuredHardware, MemoryRecord, PowerRecord, StepCostsRecord
 from campaign.sim.model import GIB, StepCosts, StepPower
 from campaign.sim.truth import StepTruth
+from campaign.stored.records import ServerRecord
+from campaign.stored.store import RunDir, StoredCell, replace_text
 
 Figure = Literal["ttft_s", "total_tok_s"]
 TERMS = ("fixed_s", "decode_s_per_token", "prefill_s_per_token", "attention_s_per_token_ctx", "kv_read_s_per_token")

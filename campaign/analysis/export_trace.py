@@ -15,7 +15,7 @@ from pathlib import Path
 from campaign.core.errors import CampaignError
 from campaign.measure import traces
 from campaign.measure.cells import CellResult
-from campaign.night import store
+from campaign.stored import store
 
 
 def requests_of(cell: CellResult) -> list[traces.TraceRequest]:

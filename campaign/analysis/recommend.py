@@ -8,6 +8,7 @@ short_answers_by_variant gives the study's short answers per variant from the sa
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown, fewest_launches, normalizable
@@ -36,10 +37,9 @@ from campaign.core.errors import CampaignError
 from campaign.measure import answers
 from campaign.measure.cells import CAVEATS, REASON_HINTS, Reason
 from campaign.measure.judged import TAIL_METRICS
-from campaign.night.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
-from campaign.night.orchestrate import Judged
-from campaign.night.records import Manifest
-from campaign.night.store import RunDir, StoredCell
+from campaign.spec.matrix import AUTO_FIRST_ROUNDS, AUTO_MAX_REPEATS, Matrix
+from campaign.stored.records import Manifest
+from campaign.stored.store import RunDir, StoredCell
 
 THROUGHPUT_METRICS = {"total_tok_s", "per_request_tok_s", "prompt_tok_s", "goodput_rps"}
 FACT_FIELDS = ("kv_cache_tokens", "max_concurrency", "block_size", "max_num_batched_tokens",
@@ -402,6 +402,16 @@ def _deciding(diff: VariantDiff, random_spec: list[str]) -> list[tuple[CellDiff,
     """The cells' metrics that decide the variant: not the diagnostic values, not random-id speculative cells."""
     return [(c, m) for c in diff.cells for m in c.metrics
             if m.metric not in DIAGNOSTIC_METRICS and c.key not in random_spec]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One variant's verdict at a look: what a night run until settled reads after each round."""
+
+    outcome: str             # keep, revert, no difference or not settled
+    sentence: str            # the recommendation
+    why: str = ""            # not settled: why, in a few words (the progress line's)
+    settleable: bool = True  # False: more rounds cannot settle it (not comparable)
 
 
 def judged(run: RunDir) -> dict[str, Judged]:

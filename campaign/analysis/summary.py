@@ -15,7 +15,8 @@ from typing import Any
 from campaign.analysis.verdicts import VariantDiff
 from campaign.core.errors import ResultFormatError
 from campaign.measure.cells import primary_metric
-from campaign.night.records import (
+from campaign.server import gpu
+from campaign.stored.records import (
     CellRecord,
     DriftRecord,
     GuardRecord,
@@ -23,8 +24,7 @@ from campaign.night.records import (
     ShortAnswers,
     SummaryRecord,
 )
-from campaign.night.store import RunDir, StoredCell, read_record
-from campaign.server import gpu
+from campaign.stored.store import RunDir, StoredCell, read_record
 
 DRIFT_LIMIT = 0.05       # the baseline moving more than this between first and last launch is drift
 CLOCK_DRIFT_LIMIT = 0.05  # ... and its median SM clock (GPU telemetry) moving more than this

@@ -26,7 +26,7 @@ from campaign.measure.judged import (
     TELEMETRY_METRICS,
 )
 from campaign.measure.study import value_direction
-from campaign.night.store import StoredCell
+from campaign.stored.store import StoredCell
 
 # What a variant's diff concludes: one of four, `provisional` when it rests on launch facts alone.
 Outcome = Literal["keep", "revert", "no difference", "not settled"]

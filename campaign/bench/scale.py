@@ -19,8 +19,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from campaign.night import store
 from campaign.server.profiles import PROJECT_ROOT
+from campaign.stored import store
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
 WINDOW_S = "3"  # longer than the suite's 1 s: a launch is mostly measuring, as on real hardware

@@ -40,10 +40,10 @@ from campaign.analysis.statistics import Look, sequential_alpha, verdict_for
 from campaign.analysis.verdicts import CellDiff, Outcome, VariantDiff, family_wise
 from campaign.core.errors import CampaignError
 from campaign.measure.judged import FAMILY_ALPHA, MIN_EFFECT
-from campaign.night.matrix import load_matrix
-from campaign.night.planning import launch_noise
-from campaign.night.store import latest_run
+from campaign.plan.planning import launch_noise
 from campaign.server.profiles import load_profile
+from campaign.spec.matrix import load_matrix
+from campaign.stored.store import latest_run
 
 CELLS = 3
 MEASUREMENT_ERROR = 0.01

@@ -1,5 +1,5 @@
 """Which of a cell's figures a diff judges, per phase, and in which direction; when a latency tail can be
-judged at all. Data only: the verdicts (analysis/verdicts.py) judge by it, and the plan (night/planning.py)
+judged at all. Data only: the verdicts (analysis/verdicts.py) judge by it, and the plan (plan/planning.py)
 counts the tests a night's verdicts will rest on from it.
 """
 

@@ -1,3 +1,2 @@
-"""The night: the matrix, planning, orchestration, the pool, Ray, the worker, the store and its records, progress,
-replay in simulated time.
-"""
+"""The night: one launch and its cells (`launch`), the night's rounds (`orchestrate`), the pool and its worker,
+Ray. It owns the server's process tree; everything it measures is written through the stored run's layer."""

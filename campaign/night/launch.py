@@ -30,16 +30,21 @@ from campaign.core.errors import (
     ResultFormatError,
     check_stop,
 )
+from campaign.core.progress import Progress
 from campaign.core.vllm_bounds import out_of_bounds
 from campaign.http.endpoint import Timeouts
 from campaign.measure import capacity, study
 from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm, past_model_window
 from campaign.measure.runner import Measurer
-from campaign.night import limits, store
-from campaign.night import replay as sim_virtual
-from campaign.night import virtual as sim_night
 from campaign.night.launcher import LaunchedServer, launched
-from campaign.night.matrix import (
+from campaign.plan import limits
+from campaign.plan import replay as sim_virtual
+from campaign.plan import virtual as sim_night
+from campaign.server import gpu
+from campaign.server.lifecycle import log_tail
+from campaign.server.profiles import FlagValue, LaunchProfile
+from campaign.server.vllm_flags import normalize_flag
+from campaign.spec.matrix import (
     AgentsExperiment,
     ContextWindowExperiment,
     Experiment,
@@ -52,8 +57,8 @@ from campaign.night.matrix import (
     schedule,
     suggested_margin,
 )
-from campaign.night.progress import Progress
-from campaign.night.records import (
+from campaign.stored import store
+from campaign.stored.records import (
     FailureRecord,
     GpuDevice,
     PlacementRecord,
@@ -61,10 +66,6 @@ from campaign.night.records import (
     StopRecord,
     WarmupRecord,
 )
-from campaign.server import gpu
-from campaign.server.lifecycle import log_tail
-from campaign.server.profiles import FlagValue, LaunchProfile
-from campaign.server.vllm_flags import normalize_flag
 
 
 def launch_identity(variant: str, repeat: int) -> str:

@@ -17,33 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from campaign.analysis import recommend
+from campaign.analysis.recommend import Judged
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.hardware import resolve_hardware
+from campaign.core.progress import Progress, fmt_duration
 from campaign.measure import traces
-from campaign.night import limits, planning, pool, ray_executor, store
-from campaign.night import virtual as sim_night
+from campaign.night import pool, ray_executor
 from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches, retired_rounds
-from campaign.night.matrix import (
-    AUTO_FIRST_ROUNDS,
-    AUTO_MAX_REPEATS,
-    Matrix,
-    definition_hash,
-    load_matrix,
-    night_uses,
-    schedule,
-    suggested_margin,
-)
-from campaign.night.progress import Progress, fmt_duration
-from campaign.night.records import (
-    Definition,
-    FailureRecord,
-    MachineInfo,
-    Manifest,
-    ScheduleEntry,
-    ServerRecord,
-    ToolInfo,
-)
+from campaign.plan import limits, planning
+from campaign.plan import virtual as sim_night
 from campaign.server import flag_list, gpu
 from campaign.server.argv import api_key_from, resolve_path
 from campaign.server.envinfo import machine_info, tool_info
@@ -55,6 +39,26 @@ from campaign.server.profiles import (
     load_profile,
     parse_gpus,
     raise_flag_problems,
+)
+from campaign.spec.matrix import (
+    AUTO_FIRST_ROUNDS,
+    AUTO_MAX_REPEATS,
+    Matrix,
+    definition_hash,
+    load_matrix,
+    night_uses,
+    schedule,
+    suggested_margin,
+)
+from campaign.stored import store
+from campaign.stored.records import (
+    Definition,
+    FailureRecord,
+    MachineInfo,
+    Manifest,
+    ScheduleEntry,
+    ServerRecord,
+    ToolInfo,
 )
 
 
@@ -142,16 +146,6 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
-@dataclass(frozen=True)
-class Judged:
-    """One variant's verdict at a look, as the diff (the analysis layer, above this one) gives it."""
-
-    outcome: str             # keep, revert, no difference or not settled
-    sentence: str            # the recommendation
-    why: str = ""            # not settled: why, in a few words (the progress line's)
-    settleable: bool = True  # False: more rounds cannot settle it (not comparable)
-
-
 Judge = Callable[[store.RunDir], dict[str, Judged]]
 
 
@@ -198,15 +192,15 @@ class Night:
             return total / len(work) * math.ceil(len(work) / slots)
         return total
 
-    def execute(self, progress: Progress, judge: Judge | None = None,
+    def execute(self, progress: Progress, judge: Judge = recommend.judged,
                 clock: Callable[[], float] = time.monotonic) -> None:
         """Measure what the schedule still holds. A night run until settled (`repeats: auto`) then judges its
-        variants after every round (`judge`: the diff, from the layer above), retires each once settled, and
+        variants after every round (`judge`: the diff's outcomes, recommend.judged), retires each once settled, and
         runs another round of the baseline and the variants still open, until none is open, `max_repeats`
         rounds are run, or the next round would overrun the `budget` (this invocation's wall clock)."""
         began = clock()
         self._execute_round(progress)
-        if not self.matrix.until_settled or judge is None:
+        if not self.matrix.until_settled:
             return
         round_s = clock() - began
         cap = max(self.matrix.max_repeats or AUTO_MAX_REPEATS, self.matrix.repeats)

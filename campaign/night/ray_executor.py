@@ -38,11 +38,12 @@ from typing import Any
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError
+from campaign.core.progress import Progress
 from campaign.measure import traces
-from campaign.night import limits, store
 from campaign.night.launch import Campaign, LaunchWork, Options
-from campaign.night.progress import Progress
-from campaign.night.records import FailureRecord
+from campaign.plan import limits
+from campaign.stored import store
+from campaign.stored.records import FailureRecord
 
 MAX_NODE_LOSSES = 2        # per launch of the schedule: then it is left unfinished, as a failed launch is
 STREAM_EVERY_S = 0.5

@@ -19,10 +19,10 @@ from pathlib import Path
 from campaign.core import secret
 from campaign.core.console import buffered_stdio
 from campaign.core.errors import CampaignError, request_stop
-from campaign.night import store
+from campaign.core.progress import Progress
 from campaign.night.launch import Campaign, Options, pending_launches
-from campaign.night.progress import Progress
 from campaign.server.lifecycle import parent_death_signal
+from campaign.stored import store
 
 
 class RelayProgress(Progress):

@@ -5,9 +5,9 @@ lands. It reads the stored run only; `campaign run` prints what it returns."""
 from __future__ import annotations
 
 from campaign.analysis import recommend, summary
-from campaign.night.store import RunDir
 from campaign.report import html as html_report
 from campaign.report import text as report
+from campaign.stored.store import RunDir
 
 
 def night_end(run_dir: RunDir) -> str:

@@ -18,11 +18,11 @@ from campaign.core.errors import CampaignError
 from campaign.measure.cells import CellResult
 from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
-from campaign.night.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
-from campaign.night.store import RunDir, replace_text
 from campaign.report import names, plots
 from campaign.report import text as report
 from campaign.report.tables import Cell, Table, md_escape, to_html, to_markdown
+from campaign.stored.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
+from campaign.stored.store import RunDir, replace_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222;

@@ -11,16 +11,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from campaign.core.progress import fmt_duration
 from campaign.measure.cells import CAVEATS, CellResult, CellSpec
 from campaign.measure.judged import FAMILY_ALPHA
-from campaign.night.planning import Plan, Power, cell_s, kv_unknown
-from campaign.night.progress import fmt_duration
-from campaign.night.records import ExperimentRecord, FailureRecord, ServerRecord
-from campaign.night.replay import VirtualCell
+from campaign.plan.planning import Plan, Power, cell_s, kv_unknown
+from campaign.plan.replay import VirtualCell
 from campaign.report import names
 from campaign.report.names import TOTAL_OVER_STREAMS, header
 from campaign.report.tables import Cell, Item, Table, to_text
 from campaign.report.tables import cell as as_cell
+from campaign.stored.records import ExperimentRecord, FailureRecord, ServerRecord
 
 DASH = "—"
 

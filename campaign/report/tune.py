@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from campaign.night.search import Evaluation, SearchResult
+from campaign.plan.search import Evaluation, SearchResult
 from campaign.report.names import header
 from campaign.report.tables import Table
 from campaign.report.text import DASH, fmt_num

@@ -1,7 +1,7 @@
 """`campaign tune MATRIX`: reconfigure, don't just compare. Searches a matrix's `search:` space on the simulator,
 then proves its pick on the real server against the baseline, with the usual verdicts.
 
-- Phase 1 (night.search): Optuna's TPE over the space in simulated time on the profile's simulated hardware (the
+- Phase 1 (plan.search): Optuna's TPE over the space in simulated time on the profile's simulated hardware (the
   tables' calibration, or a measured entry `campaign calibrate` fitted); every figure is a prediction and is
   labelled with what it rests on.
 - Phase 2: the top `confirm` candidates and the baseline become a campaign (a matrix written to the tune's
@@ -33,16 +33,17 @@ import yaml
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
 from campaign.core.errors import CampaignError, ConfigError
-from campaign.night import orchestrate, replay
-from campaign.night import search as phase_one
-from campaign.night.matrix import Matrix, load_matrix
-from campaign.night.progress import Progress
-from campaign.night.search_spec import Objective, SearchBlock
-from campaign.night.store import RunDir, replace_text
+from campaign.core.progress import Progress
+from campaign.night import orchestrate
+from campaign.plan import replay
+from campaign.plan import search as phase_one
 from campaign.server.argv import merge_flags
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim.config import Faults, SimConfig
 from campaign.sim.model import StepCosts, StepPower
+from campaign.spec.matrix import Matrix, load_matrix
+from campaign.spec.search_spec import Objective, SearchBlock
+from campaign.stored.store import RunDir, replace_text
 
 ROUNDS = 2      # search, confirm; at most once more on costs fitted to what the confirmation measured
 MISS = 0.10     # a measured per-agent speed this far from its prediction: the model missed; calibrate again
@@ -176,7 +177,7 @@ def _run(matrix_file: Path, folder: Path, how: Launching) -> RunDir:
         work = night.pending()
         with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=night.estimate_s(work),
                       live=how.live) as progress:
-            night.execute(progress, judge=recommend.judged)
+            night.execute(progress)
         return night.run
 
 

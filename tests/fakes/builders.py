@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core.errors import LaunchFailureKind
-from campaign.night import store
-from campaign.night.records import Definition, FailureRecord, MachineInfo, Manifest, ServerRecord, ToolInfo
 from campaign.server.startup_log import StartupFacts
+from campaign.stored import store
+from campaign.stored.records import Definition, FailureRecord, MachineInfo, Manifest, ServerRecord, ToolInfo
 
 
 def manifest(run: store.RunDir, *, baseline: str, variants: list[str] | None = None, model: str = "m",

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from campaign.measure.slo import Slo
 from campaign.measure.slo import parse as slo_parse
-from campaign.night.token_counts import tokens
 from campaign.server.profiles import FlagValue
+from campaign.spec.token_counts import tokens
 
 MAX_AGENTS = 512   # agents-at-floor searches concurrency up to this (and the KV cache's and max-num-seqs' limits)
 

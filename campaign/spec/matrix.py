@@ -32,8 +32,6 @@ from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
 from campaign.measure.study import agents_key  # the experiment names its own results
 from campaign.measure.traces import TraceFormat
-from campaign.night.search_spec import SearchBlock
-from campaign.night.token_counts import tokens
 from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
@@ -45,6 +43,8 @@ from campaign.server.profiles import (
     resolve_named,
 )
 from campaign.server.vllm_flags import normalize_flag
+from campaign.spec.search_spec import SearchBlock
+from campaign.spec.token_counts import tokens
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -473,7 +473,7 @@ class Matrix(BaseModel):
     aa: bool = False
     # The service level rate cells and SLO searches are judged against, unless a workload gives its own.
     slo: Slo | None = None
-    # `campaign tune`: the flags it may set, what it maximises, its constraints (night.search_spec).
+    # `campaign tune`: the flags it may set, what it maximises, its constraints (spec.search_spec).
     search: SearchBlock | None = None
 
     _slo = field_validator("slo", mode="before")(_slo_input)

@@ -29,11 +29,16 @@ from pydantic import ValidationError
 
 from campaign.core import stats
 from campaign.core.errors import CampaignError
+from campaign.core.progress import fmt_duration
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure.cells import CellSpec, Finding, Reason, kv_tokens_needed, over_capacity, primary_metric
 from campaign.measure.judged import FAMILY_ALPHA, PHASE_METRICS, TAIL_METRICS, TAIL_MIN_REPEATS, TELEMETRY_METRICS
-from campaign.night.limits import reach
-from campaign.night.matrix import (
+from campaign.plan.limits import reach
+from campaign.server.flag_values import canonical
+from campaign.server.profiles import LaunchProfile
+from campaign.server.startup_log import StartupFacts
+from campaign.server.vllm_flags import normalize_flag
+from campaign.spec.matrix import (
     AUTO_MAX_REPEATS,
     AgentsExperiment,
     ContextWindowExperiment,
@@ -46,12 +51,7 @@ from campaign.night.matrix import (
     SloSearchExperiment,
     schedule,
 )
-from campaign.night.progress import fmt_duration
-from campaign.night.store import RunDir
-from campaign.server.flag_values import canonical
-from campaign.server.profiles import LaunchProfile
-from campaign.server.startup_log import StartupFacts
-from campaign.server.vllm_flags import normalize_flag
+from campaign.stored.store import RunDir
 
 # Stated guesses where no earlier run measured the server: about the A5000 pair's prefill (seed 000's ~1,000
 # prompt tokens/s) and a slow single stream; a GPU server's start-up (weights, compile, CUDA graphs).

@@ -1,7 +1,7 @@
 """`campaign tune`'s phase 1: a matrix's `search:` space searched on the simulator in simulated time.
 
 Each configuration (the baseline's flags with the trial's on top) is evaluated as the tool would measure it,
-on the engine's own clock (night.replay): agents-at-floor bisects the concurrency of sustained streams (each
+on the engine's own clock (plan.replay): agents-at-floor bisects the concurrency of sustained streams (each
 re-sending its context, so the prefix cache serves it, as an agent's loop does) for the most that each still
 get the floor, within the KV cache and max-num-seqs; total-tok-s measures one such cell. A configuration the
 server would refuse (no memory for the KV cache, weights that do not fit, a window the cache cannot hold) or one
@@ -30,12 +30,12 @@ from campaign.measure import openloop
 from campaign.measure import slo as slos
 from campaign.measure.answers import agents_that_fit
 from campaign.measure.cells import CellSpec
-from campaign.night import replay
-from campaign.night.search_spec import MAX_AGENTS, Objective, Range, SearchBlock
+from campaign.plan import replay
 from campaign.server.profiles import FlagValue
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import Virtual, engine_for
+from campaign.spec.search_spec import MAX_AGENTS, Objective, Range, SearchBlock
 
 WARMUP_S = 2.0   # simulated seconds after every stream's first token before the window opens
 

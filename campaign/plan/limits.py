@@ -17,11 +17,11 @@ from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_al
 from campaign.core.vllm_bounds import BOUNDS, number_of
 from campaign.measure import shard
 from campaign.measure.cells import CellSpec, longest_request
-from campaign.night.matrix import ContextWindowExperiment, DecodeWorkload, LongContextExperiment, Matrix
 from campaign.server import flag_list
 from campaign.server.flag_values import PARALLEL_SIZES, canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
 from campaign.server.vllm_flags import normalize_flag
+from campaign.spec.matrix import ContextWindowExperiment, DecodeWorkload, LongContextExperiment, Matrix
 
 # Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
 FD_RESERVE = 64

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ValidationError
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ResultFormatError
 from campaign.measure.cells import CellResult
-from campaign.night import records
-from campaign.night.records import (
+from campaign.stored import records
+from campaign.stored.records import (
     SCHEMA_VERSION,
     CellRecord,
     ExperimentRecord,

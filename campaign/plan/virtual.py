@@ -42,19 +42,7 @@ from campaign.measure.cells import (
     spec_random_prompts,
 )
 from campaign.measure.figures import fixed_metrics, prefill_metrics, window_metrics
-from campaign.night import replay as sim_virtual
-from campaign.night import store
-from campaign.night.matrix import (
-    ContextWindowExperiment,
-    DecodeWorkload,
-    Experiment,
-    LongContextExperiment,
-    Matrix,
-    OverloadExperiment,
-    PrefillWorkload,
-    PrefixOrderExperiment,
-    RepeatExperiment,
-)
+from campaign.plan import replay as sim_virtual
 from campaign.server import argv, metrics, startup_log
 from campaign.server.profiles import FlagValue, LaunchProfile
 from campaign.server.startup_log import StartupFacts
@@ -65,6 +53,18 @@ from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import Virtual, engine_for
 from campaign.sim.truth import RequestTruth
+from campaign.spec.matrix import (
+    ContextWindowExperiment,
+    DecodeWorkload,
+    Experiment,
+    LongContextExperiment,
+    Matrix,
+    OverloadExperiment,
+    PrefillWorkload,
+    PrefixOrderExperiment,
+    RepeatExperiment,
+)
+from campaign.stored import store
 
 NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
 

@@ -1,7 +1,7 @@
 """Every file a run stores, as a typed, versioned model with a description on every field.
 
 The run directory's API (store.RunDir) returns these; nothing reads a result file by string paths.
-docs/results-format.md is generated from them (`python -m campaign.night.records > docs/results-format.md`; a test
+docs/results-format.md is generated from them (`python -m campaign.stored.records > docs/results-format.md`; a test
 keeps it current). Each file carries `schema_version`; an older one is brought to the current version by the
 explicit steps in MIGRATIONS, one version at a time, and a newer one is refused with a hint to upgrade.
 
@@ -103,9 +103,9 @@ from campaign.measure.cells import Attempt, CellResult
 from campaign.measure.figures import hardware_units
 from campaign.measure.steady import Steadiness, Trend
 from campaign.measure.study import ExperimentResult
-from campaign.night.matrix import Matrix
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
+from campaign.spec.matrix import Matrix
 
 SCHEMA_VERSION = 16
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
@@ -544,9 +544,9 @@ def document() -> str:
     lines = [
         "# Results format",
         "",
-        "Generated from `campaign/night/records.py` by `python -m campaign.night.records`; do not edit by hand (a test",
-        "compares this file with the models). Every file is JSON, written atomically and never overwritten, and",
-        f"carries `schema_version` (now {SCHEMA_VERSION}). An older file is read through the explicit steps in",
+        "Generated from `campaign/stored/records.py` by `python -m campaign.stored.records`; do not edit by hand",
+        "(a test compares this file with the models). Every file is JSON, written atomically and never overwritten,",
+        f"and carries `schema_version` (now {SCHEMA_VERSION}). An older file is read through the explicit steps in",
         "`records.MIGRATIONS`; a newer one is refused with a hint to upgrade.",
         "",
         "## Format history",
@@ -580,6 +580,6 @@ def document() -> str:
 
 
 if __name__ == "__main__":
-    from campaign.night import records  # the models under their own module's name, not __main__'s
+    from campaign.stored import records  # the models under their own module's name, not __main__'s
 
     sys.stdout.write(records.document())

@@ -47,13 +47,13 @@ from campaign.measure.cells import (
     verdict,
 )
 from campaign.measure.runner import MAX_ROUNDS, SAMPLE_EVERY_S
-from campaign.night.matrix import Matrix
 from campaign.server import argv
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import Request, Virtual, engine_for
+from campaign.spec.matrix import Matrix
 
 POLL_S = 0.05   # simulated seconds between checks for every stream's first token (the tool awaits an event)
 
