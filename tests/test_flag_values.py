@@ -9,13 +9,13 @@ import pytest
 from typer.testing import CliRunner
 
 from campaign.cli import app
-from campaign.core import vllm_bounds
+from campaign.core import vllm_flags
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
+from campaign.core.vllm_flags import JSON_FLAGS, JSON_OR_TEXT_FLAGS, KNOWN_FLAGS
 from campaign.measure.cells import CellSpec
 from campaign.plan import limits
-from campaign.server import flag_list, flag_values, startup_log
+from campaign.server import flag_list, startup_log
 from campaign.server.profiles import load_profile
-from campaign.server.vllm_flags import JSON_FLAGS, JSON_OR_TEXT_FLAGS, KNOWN_FLAGS
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import server as sim_server
@@ -119,22 +119,22 @@ def test_a_profile_flag_is_checked_as_a_matrix_flag_is(tmp_path: Path) -> None:
 
 def test_the_json_flag_lists_are_flags_vllm_knows() -> None:
     assert JSON_FLAGS <= KNOWN_FLAGS and JSON_OR_TEXT_FLAGS <= KNOWN_FLAGS
-    assert set(vllm_bounds.BOUNDS) <= KNOWN_FLAGS
+    assert set(vllm_flags.BOUNDS) <= KNOWN_FLAGS
 
 
 def test_human_readable_integers_read_as_vllm_reads_them() -> None:
-    assert vllm_bounds.human_int("8k") == 8000 and vllm_bounds.human_int("8K") == 8192
-    assert vllm_bounds.human_int("25.6k") == 25_600 and vllm_bounds.human_int("2048") == 2048
-    assert vllm_bounds.human_int("8 tokens") is None and vllm_bounds.human_int("1.5K") is None
-    assert vllm_bounds.human_int("1.5k") == 1500
+    assert vllm_flags.human_int("8k") == 8000 and vllm_flags.human_int("8K") == 8192
+    assert vllm_flags.human_int("25.6k") == 25_600 and vllm_flags.human_int("2048") == 2048
+    assert vllm_flags.human_int("8 tokens") is None and vllm_flags.human_int("1.5K") is None
+    assert vllm_flags.human_int("1.5k") == 1500
 
 
 def test_parallel_width_multiplies_the_three_sizes() -> None:
-    assert flag_values.parallel_width(flag_values.canonical({"tensor-parallel-size": 2, "pp": "2"})) == 4
-    assert flag_values.parallel_width({}) == 1
-    assert flag_values.parallel_width(flag_values.canonical({"tp": "${TP}"})) is None
+    assert vllm_flags.parallel_width(vllm_flags.merge({"tensor-parallel-size": 2, "pp": "2"})) == 4
+    assert vllm_flags.parallel_width({}) == 1
+    assert vllm_flags.parallel_width(vllm_flags.merge({"tp": "${TP}"})) is None
     # Later layers win whatever the spelling: the profile's 2, the variant's 4.
-    assert flag_values.canonical({"tensor-parallel-size": 2}, {"tensor_parallel_size": 4}) == {
+    assert vllm_flags.merge({"tensor-parallel-size": 2}, {"tensor_parallel_size": 4}) == {
         "tensor-parallel-size": 4}
 
 

@@ -19,13 +19,13 @@ import yaml
 from fakes import builders
 
 from campaign.cli import run_cli
+from campaign.core import vllm_flags
 from campaign.core.errors import ConfigError
 from campaign.measure.cells import Finding, Reason
 from campaign.night import orchestrate
 from campaign.night.launch import LaunchWork, Options
 from campaign.plan import limits, planning
 from campaign.report import text as report
-from campaign.server import flag_values
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.spec.matrix import Matrix, load_matrix
 from campaign.stored import records, store
@@ -346,9 +346,9 @@ def test_the_format_history_says_what_the_stored_estimate_became() -> None:
 
 
 # --- one rule for where a value was written, one for a window past the model's --------------------------------
-def test_the_parallel_sizes_are_flag_values_own() -> None:
-    assert limits.PARALLEL_SIZES is flag_values.PARALLEL_SIZES
-    assert flag_values.parallel_width(dict.fromkeys(flag_values.PARALLEL_SIZES, 2)) == 8
+def test_the_parallel_sizes_are_the_flag_homes_own() -> None:
+    assert limits.PARALLEL_SIZES is vllm_flags.PARALLEL_SIZES
+    assert vllm_flags.parallel_width(dict.fromkeys(vllm_flags.PARALLEL_SIZES, 2)) == 8
 
 
 def test_a_value_set_gave_is_named_in_one_spelling_for_widths_and_windows(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign.core import secret
+from campaign.core import secret, vllm_flags
 from campaign.core.errors import ConfigError
 from campaign.server import argv
 from campaign.server.profiles import PROFILES_DIR, load_profile
@@ -28,8 +28,23 @@ def test_flag_mapping_rules() -> None:
 
 
 def test_overrides_replace_whatever_the_spelling() -> None:
-    merged = argv.merge_flags({"max_num_seqs": 256, "dtype": "bfloat16"}, {"max-num-seqs": 64})
+    merged = vllm_flags.merge({"max_num_seqs": 256, "dtype": "bfloat16"}, {"max-num-seqs": 64})
     assert merged == {"max-num-seqs": 64, "dtype": "bfloat16"}
+
+
+def test_a_short_option_is_passed_under_its_long_name_and_replaced_by_it(tmp_path: Path) -> None:
+    """vLLM's short options are `-tp`, `-pp`, `-dp`; it knows no `--tp`, so a profile's `tp: 2` was passed as
+    `--tp 2` and ended the server, while the plan's checks, which merged aliases, had read it as a width of 2.
+    One merge now: the launch passes the long name, and a variant's long name replaces a profile's short one."""
+    path = tmp_path / "p.yaml"
+    path.write_text("model: m\nflags: {tp: 2, pp: 2}\n")
+    spec = argv.build(load_profile(str(path))[0], {"pipeline_parallel_size": 1}, port=8000)
+    assert "--tensor-parallel-size" in spec.argv and spec.argv[spec.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert "--pipeline-parallel-size" in spec.argv and spec.argv[spec.argv.index("--pipeline-parallel-size") + 1] == "1"
+    assert not {"--tp", "--pp"} & set(spec.argv)
+    assert spec.flags == {"tensor-parallel-size": 2, "pipeline-parallel-size": 1}
+    assert vllm_flags.value_of({"tp": 4}, "tensor-parallel-size") == 4
+    assert vllm_flags.value_of({"dtype": "half"}, "tensor-parallel-size") is None
 
 
 def test_parse_set_reads_yaml_values() -> None:

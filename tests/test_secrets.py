@@ -20,9 +20,9 @@ from ray.cluster_utils import Cluster
 
 from campaign.cli import run_cli
 from campaign.core import secret
+from campaign.core.vllm_flags import KNOWN_FLAGS
 from campaign.server import argv
 from campaign.server.profiles import PROJECT_ROOT, LaunchProfile
-from campaign.server.vllm_flags import KNOWN_FLAGS
 from campaign.stored import store
 
 

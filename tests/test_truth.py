@@ -321,6 +321,7 @@ def test_a_request_read_past_its_bound_through_a_recorded_stall_may_be_judged_ou
     then past its bound. The truth allows it where the client recorded a stall that long, and not where the
     client recorded none (a reading late for no reason the client saw is still an error)."""
     for figure in _probe_read_through_a_stall(stall, metric=metric, lag_ms=None):
+        assert figure.truth is not None
         assert figure.tool == pytest.approx(figure.truth * 5 / 6, rel=1e-3)   # one of six judged out ...
         assert not figure.ok, figure                                   # ... which the tolerances alone refuse
     for figure in _probe_read_through_a_stall(stall, metric=metric, lag_ms=1000 * stall + 1):

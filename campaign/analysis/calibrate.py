@@ -37,10 +37,9 @@ import numpy as np
 from scipy.optimize import nnls
 
 from campaign.core.errors import CampaignError
-from campaign.core.vllm_bounds import human_int
+from campaign.core.vllm_flags import human_int, value_of
 from campaign.measure.cells import CellSpec
 from campaign.plan import replay
-from campaign.server.vllm_flags import normalize_flag
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
 from campaign.sim import truth as sim_truth
@@ -246,7 +245,7 @@ class RunCells:
 
 def _flag(server: ServerRecord, name: str) -> Any:
     """A launch flag however it was spelled (max_num_seqs, --max-num-seqs); None when not given."""
-    return next((v for k, v in server.flags.items() if normalize_flag(k) == name), None)
+    return value_of(server.flags, name)
 
 
 def _speculative(server: ServerRecord) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from campaign.core.errors import (
     check_stop,
 )
 from campaign.core.progress import Progress
-from campaign.core.vllm_bounds import out_of_bounds
+from campaign.core.vllm_flags import canonical_name, out_of_bounds
 from campaign.http.endpoint import Timeouts
 from campaign.measure import capacity, study
 from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm, past_model_window
@@ -43,7 +43,6 @@ from campaign.plan import virtual as sim_night
 from campaign.server import gpu
 from campaign.server.lifecycle import log_tail
 from campaign.server.profiles import FlagValue, LaunchProfile
-from campaign.server.vllm_flags import normalize_flag
 from campaign.spec.matrix import (
     AgentsExperiment,
     ContextWindowExperiment,
@@ -180,9 +179,9 @@ class Campaign:
                 if refused is not None:   # vLLM's advice less the margin must still be a share vLLM takes
                     raise LaunchError(f"{key}: suggested {suggested:g} less the margin {margin:g} is {refused[0]}",
                                       kind="unresolved_flag", hint="set a number, or a margin that keeps it in (0, 1]")
-                resolution = {"flag": normalize_flag(key), "suggested": suggested, "margin": margin,
+                resolution = {"flag": canonical_name(key), "suggested": suggested, "margin": margin,
                               "resolved": value}
-            flags[normalize_flag(key)] = value
+            flags[canonical_name(key)] = value
         return flags, resolution
 
     def _baseline_suggestion(self) -> float | None:

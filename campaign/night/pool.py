@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from campaign.core.errors import CampaignError, check_stop
-from campaign.server.flag_values import canonical, parallel_width
+from campaign.core.vllm_flags import merge, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile
 
 # A worker asked to stop (Ctrl-C) stops its server first; past this it is killed (its server's group too,
@@ -40,7 +40,7 @@ STOP_GRACE_S = 90.0
 def width(profile: LaunchProfile, variant_flags: dict[str, FlagValue]) -> int:
     """GPUs one launch of the variant needs: tensor x pipeline x data parallel size (the variant's over the
     profile's, whatever the spelling); 1 where a size is not a number yet (the plan refuses a bad one)."""
-    return parallel_width(canonical(profile.flags, variant_flags)) or 1
+    return parallel_width(merge(profile.flags, variant_flags)) or 1
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,19 @@ from pathlib import Path
 
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
 from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
-from campaign.core.vllm_bounds import BOUNDS, number_of
+from campaign.core.vllm_flags import (
+    BOUNDS,
+    PARALLEL_SIZES,
+    canonical_name,
+    merge,
+    normalize_flag,
+    number_of,
+    parallel_width,
+)
 from campaign.measure import shard
 from campaign.measure.cells import CellSpec, longest_request
 from campaign.server import flag_list
-from campaign.server.flag_values import PARALLEL_SIZES, canonical, parallel_width
 from campaign.server.profiles import FlagValue, LaunchProfile, parse_gpus
-from campaign.server.vllm_flags import normalize_flag
 from campaign.spec.matrix import ContextWindowExperiment, DecodeWorkload, LongContextExperiment, Matrix
 
 # Sockets a client process keeps besides one per stream: the /metrics control client, the log, pipes, files.
@@ -105,10 +111,10 @@ def _written(where: str, key: str, profile_path: Path, flags: Mapping[str, FlagV
     """Where a launch's value of the flags `names` (canonical) was written, for an error to point at: --set
     (its keys spelled as vLLM's command line takes them, a short name such as `dp` kept as given), else the
     variant (`where` and `key`, as _places names it), else the profile."""
-    given = [normalize_flag(k) for k in overrides if canonical({k: None}).keys() & names]
+    given = [normalize_flag(k) for k in overrides if merge({k: None}).keys() & names]
     if given:
         return "launch --set", ", ".join(given)
-    if canonical(flags).keys() & names:
+    if merge(flags).keys() & names:
         return where, key
     return str(profile_path), "flags"
 
@@ -130,7 +136,7 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
             return
         count, what = cards[1], f"the profile's hardware {profile.hardware}"
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
-        merged = canonical(profile.flags, flags, overrides or {})
+        merged = merge(profile.flags, flags, overrides or {})
         width = parallel_width(merged)
         if width is None or width <= count:
             continue
@@ -168,7 +174,7 @@ def _past_models_window(profile: LaunchProfile, profile_path: Path, matrix: Matr
     if shape is None or shape.window is None:
         return
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
-        merged = canonical(profile.flags, flags, overrides or {})
+        merged = merge(profile.flags, flags, overrides or {})
         value = merged.get("max-model-len")
         asked = None if value is None else number_of(BOUNDS["max-model-len"], value)
         if WINDOW_OVERRIDES & merged.keys() or asked is None or asked <= shape.window:
@@ -318,7 +324,7 @@ def check_concurrency(matrix: Matrix, matrix_path: Path | None, profile: LaunchP
         if not decode:
             continue   # an open loop's queue is what it measures
         for variant in matrix.all_variants():
-            seats, why = _seats(canonical(profile.flags, variant.flags, overrides or {}), profile)
+            seats, why = _seats(merge(profile.flags, variant.flags, overrides or {}), profile)
             if seats is not None and streams > seats:
                 notices.append(Notice(PlanWarning.ABOVE_SEATS, f"{where}: {key}: {streams:,} streams, and variant "
                                       f"{variant.name} seats {seats:,} ({why})"))
@@ -344,12 +350,12 @@ def check_on_host(profile: LaunchProfile, flags: dict[str, FlagValue], engine: s
     spent on it: one it does not know fails the launch as a bad argument."""
     shipped = flag_list.shipped()
     names = [name for name in {**profile.flags, **flags}
-             if normalize_flag(name) not in shipped and normalize_flag(name).removeprefix("no-") not in shipped]
+             if canonical_name(name) not in shipped and canonical_name(name).removeprefix("no-") not in shipped]
     if not names:
         return
     listed = flag_list.for_profile(profile, engine)
-    unknown = [name for name in names if listed.authoritative and normalize_flag(name) not in listed.names
-               and normalize_flag(name).removeprefix("no-") not in listed.names]
+    unknown = [name for name in names if listed.authoritative and canonical_name(name) not in listed.names
+               and canonical_name(name).removeprefix("no-") not in listed.names]
     if unknown:
         raise LaunchError(f"{', '.join(unknown)}: not a flag of {listed.source}", kind="bad_argument",
                           hint="correct or remove it in the matrix or the profile")

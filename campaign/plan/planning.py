@@ -30,14 +30,12 @@ from pydantic import ValidationError
 from campaign.core import stats
 from campaign.core.errors import CampaignError
 from campaign.core.progress import fmt_duration
-from campaign.core.vllm_bounds import BOUNDS, number_of
+from campaign.core.vllm_flags import BOUNDS, merge, number_of, value_of
 from campaign.measure.cells import CellSpec, Finding, Reason, kv_tokens_needed, over_capacity, primary_metric
 from campaign.measure.judged import FAMILY_ALPHA, PHASE_METRICS, TAIL_METRICS, TAIL_MIN_REPEATS, TELEMETRY_METRICS
 from campaign.plan.limits import reach
-from campaign.server.flag_values import canonical
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
-from campaign.server.vllm_flags import normalize_flag
 from campaign.spec.matrix import (
     AUTO_MAX_REPEATS,
     AgentsExperiment,
@@ -302,7 +300,7 @@ def search_s(experiment: SloSearchExperiment, matrix: Matrix, rates: Rates) -> f
 
 def window_of(profile: LaunchProfile, flags: dict[str, Any], facts: StartupFacts) -> int | None:
     """A launch's max-model-len: as its flags ask, else as the last run's server had it; None: unknown."""
-    asked = canonical(profile.flags, flags).get("max-model-len")
+    asked = merge(profile.flags, flags).get("max-model-len")
     read = None if asked is None else number_of(BOUNDS["max-model-len"], asked)
     return int(read) if read is not None else facts.max_model_len
 
@@ -352,13 +350,11 @@ def estimate(matrix: Matrix, profile: LaunchProfile, launches: int, rates: Rates
 
 
 def _int_flag(flags: dict[str, Any], name: str) -> int | None:
-    for key, value in flags.items():
-        if normalize_flag(key) == name:
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return None
-    return None
+    value = value_of(flags, name)
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # --- after a run ---------------------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError
+from campaign.core.vllm_flags import merge, normalize_flag
 from campaign.http.endpoint import TLS, Endpoint, Timeouts
 from campaign.server.profiles import PROJECT_ROOT, FlagValue, LaunchProfile, sim_hardware
-from campaign.server.vllm_flags import normalize_flag
 from campaign.sim.config import LAUNCH_ENV
 
 # Plain, uncoloured, logo-free logs are what the parser reads best; a profile's own env still wins.
@@ -98,14 +98,6 @@ def flag_args(flags: Mapping[str, FlagValue]) -> list[str]:
     return args
 
 
-def merge_flags(base: Mapping[str, FlagValue], overrides: Mapping[str, FlagValue]) -> dict[str, FlagValue]:
-    """Overrides replace base flags whatever their spelling (`max_num_seqs` == `max-num-seqs`)."""
-    merged = {normalize_flag(k): v for k, v in base.items()}
-    for key, value in overrides.items():
-        merged[normalize_flag(key)] = value
-    return merged
-
-
 def parse_set(items: list[str]) -> dict[str, FlagValue]:
     """`--set key=value` pairs; values are read as YAML scalars/mappings (`0.95`, `true`, `{method: mtp}`)."""
     import yaml
@@ -154,7 +146,7 @@ def build(
 ) -> LaunchSpec:
     """`launch`: the launch's identity in its night (`variant/repeat`), which the simulator's launch noise is
     drawn from; passed to the simulator only, in its environment (LAUNCH_ENV)."""
-    flags = merge_flags(profile.flags, overrides or {})
+    flags = merge(profile.flags, overrides or {})
     host = profile.host
     chosen_port = port if port is not None else (
         free_port(host if host not in {"0.0.0.0", ""} else "127.0.0.1") if profile.port == "auto"

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core.errors import EXIT_USAGE, CampaignError, did_you_mean
+from campaign.core.vllm_flags import KNOWN_FLAGS, canonical_name
 from campaign.server.argv import resolve_path
 from campaign.server.profiles import LaunchProfile
-from campaign.server.vllm_flags import KNOWN_FLAGS, normalize_flag
 from campaign.sim.config import SIM_ONLY_FLAGS, option_names
 
 HELP_TIMEOUT_S = 300.0
@@ -162,7 +162,7 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
 
 
 def uses(where: str, key_prefix: str, flags: Iterable[str]) -> list[FlagUse]:
-    return [FlagUse(where, f"{key_prefix}.{raw}" if key_prefix else raw, normalize_flag(raw)) for raw in flags]
+    return [FlagUse(where, f"{key_prefix}.{raw}" if key_prefix else raw, canonical_name(raw)) for raw in flags]
 
 
 def check(uses_: Iterable[FlagUse], flags: FlagList) -> list[FlagUse]:

@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
 from campaign.core.hardware import is_measured
-from campaign.server.flag_values import value_problems
-from campaign.server.vllm_flags import normalize_flag
+from campaign.core.vllm_flags import RUNNER_OWNED_FLAGS, normalize_flag, value_problems
 
 PROFILE_SCHEMA_VERSION = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -27,14 +26,6 @@ PROFILES_DIR = PROJECT_ROOT / "launch_profiles"
 FlagValue = bool | int | float | str | dict[str, Any] | list[Any] | None
 
 # The runner owns these: it binds the host/port it checked and passes the key through the environment.
-RUNNER_OWNED_FLAGS = {
-    "host": "set `host:` at the top of the profile; the runner picks the port",
-    "port": "set `port:` at the top of the profile (a number, or auto)",
-    "api-key": "set `api_key_env:` to the NAME of an environment variable holding the key",
-    "model": "set `model:` at the top of the profile",
-    "ssl-certfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
-    "ssl-keyfile": "set `tls: {certfile: ..., keyfile: ...}` in the profile, so the runner also speaks https",
-}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -258,7 +249,7 @@ def resolve_profile_path(name_or_path: str) -> Path:
 def flag_problems(key_prefix: str, flags: Mapping[str, Any], *,
                   grid: bool = False) -> list[tuple[str, str, str | None]]:
     """(key, problem, hint) for flags the runner owns, for secrets written inline, and for values vLLM would
-    refuse (flag_values; `grid`: each value is a list of them). Whether a flag exists is for the flag list of
+    refuse (core.vllm_flags; `grid`: each value is a list of them). Whether a flag exists is for the flag list of
     the server the profile launches to say, all unknown ones at once (flag_list.check, before the night)."""
     owned = [(f"{key_prefix}.{raw}", "this flag is owned by the runner", RUNNER_OWNED_FLAGS[normalize_flag(raw)])
              for raw in flags if normalize_flag(raw) in RUNNER_OWNED_FLAGS]

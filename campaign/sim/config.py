@@ -24,7 +24,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from campaign.core.hardware import MODELS, ModelShape, drafter_shape, is_measured
-from campaign.core.vllm_bounds import human_int, out_of_bounds
+from campaign.core.vllm_flags import human_int, out_of_bounds
 from campaign.sim import measured as sim_measured
 from campaign.sim import model as sim_model
 

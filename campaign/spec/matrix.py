@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign.core.errors import ConfigError, PromptError, did_you_mean
+from campaign.core.vllm_flags import normalize_flag
 from campaign.http.endpoint import Timeouts
 from campaign.measure import corpus, traces
 from campaign.measure import slo as slos
@@ -42,7 +43,6 @@ from campaign.server.profiles import (
     raise_flag_problems,
     resolve_named,
 )
-from campaign.server.vllm_flags import normalize_flag
 from campaign.spec.search_spec import SearchBlock
 from campaign.spec.token_counts import tokens
 

@@ -34,10 +34,10 @@ from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
 from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.progress import Progress
+from campaign.core.vllm_flags import merge
 from campaign.night import orchestrate
 from campaign.plan import replay
 from campaign.plan import search as phase_one
-from campaign.server.argv import merge_flags
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim.config import Faults, SimConfig
 from campaign.sim.model import StepCosts, StepPower
@@ -125,7 +125,7 @@ def _config_for(profile: LaunchProfile, profile_path: Path, base: Mapping[str, F
     real server's simulator, is not the model's), with fitted costs (and power) once a confirmation has been
     measured."""
     def config_for(flags: Mapping[str, FlagValue]) -> SimConfig:
-        config = replay.loaded_profile_config(profile, profile_path, merge_flags(dict(base), dict(flags)))
+        config = replay.loaded_profile_config(profile, profile_path, merge(dict(base), dict(flags)))
         return replace(config, faults=Faults(), speed_factor=1.0, costs_override=costs, power_override=power)
     return config_for
 
@@ -135,7 +135,7 @@ def _confirmation_matrix(matrix: Matrix, profile_path: Path, block: SearchBlock,
     objective = block.objective
     variants = [{"name": matrix.baseline, "flags": dict(base), "description": "the baseline"}]
     for index, candidate in enumerate(candidates, 1):
-        variants.append({"name": f"candidate-{index}", "flags": merge_flags(dict(base), candidate.flags),
+        variants.append({"name": f"candidate-{index}", "flags": merge(dict(base), candidate.flags),
                          "description": f"predicted {candidate.value:g} {objective.unit}"})
     return {
         "schema_version": 1, "name": f"{matrix.name}-confirm-{number}", "profile": str(profile_path),
@@ -202,7 +202,7 @@ def _measured(run: RunDir, objective: Objective, load: int) -> dict[str, tuple[f
 
 def _write_profile(profile_path: Path, flags: Mapping[str, FlagValue], folder: Path, lines: list[str]) -> Path:
     raw = yaml.safe_load(profile_path.read_text())
-    raw["flags"] = merge_flags(dict(raw.get("flags") or {}), dict(flags))
+    raw["flags"] = merge(dict(raw.get("flags") or {}), dict(flags))
     raw["description"] = f"{raw.get('description', '')} (tuned: {', '.join(f'{k} {v}' for k, v in flags.items())})"
     path = folder / "tuned-profile.yaml"
     head = "".join(f"# {line}\n" for line in ["Written by `campaign tune`: the winning flags, and the evidence.",
@@ -329,7 +329,7 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
     if result.winner is not None and result.settled:
         evidence = [f"{result.objective}; {matrix.name}'s search, {len(result.rounds)} round(s)",
                     f"{result.winner.variant}: {result.winner.recommendation}"]
-        result.profile = _write_profile(profile_path, merge_flags(dict(base), result.winner.flags), folder, evidence)
+        result.profile = _write_profile(profile_path, merge(dict(base), result.winner.flags), folder, evidence)
         result.verdict = f"keep {result.winner.variant} (settled): {result.profile}{searched_again}"
     elif result.winner is not None:
         result.verdict = (f"unsettled: {result.winner.variant} is the search's pick, but no candidate was kept "
