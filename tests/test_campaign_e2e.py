@@ -278,3 +278,40 @@ def test_a_ctrl_c_that_uvloop_swallows_in_the_warm_check_stores_no_guard(tmp_pat
     assert not list(run.root.glob("variants/*/cells/*/guard-*.json"))
     stops = list(run.root.glob("variants/*/launch-*/stop.json"))
     assert len(stops) == 1 and json.loads(stops[0].read_text())["port_free"]
+
+
+def test_a_ctrl_c_between_a_servers_readiness_and_its_record_stores_both(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50, under two CPU hogs: `test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes` found a
+    launch with a stop record and no server record. The Ctrl-C had come after the server was ready and before
+    its record was written, so what the server became (its startup facts, a measurement) was lost while its
+    stop was kept. Here the interrupt lands exactly there: the server is still recorded, with the time it was
+    ready, before its stop; no cell is."""
+    from campaign.core.progress import Progress
+    from campaign.night import launch, orchestrate
+    from campaign.server.profiles import load_profile
+    from campaign.spec.matrix import load_matrix
+    from campaign.stored import store
+
+    path = tmp_path / "m.yaml"
+    path.write_text(WARM_CHECK_MATRIX)
+    matrix, _, _ = load_matrix(str(path))
+    profile, _ = load_profile("a5000-tp2")
+    run = store.RunDir.create(tmp_path, "ready-then-ctrl-c")
+    store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
+                                                            launch.Options(engine="sim")))
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
+
+    @contextlib.contextmanager
+    def ctrl_c_once_ready(self: launch.Campaign) -> object:
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(launch.Campaign, "_client_pinned", ctrl_c_once_ready)
+    with Progress(total_cells=2, estimate_s=1.0, live=False) as progress, pytest.raises(KeyboardInterrupt):
+        launch.Campaign(run, matrix, profile, options=launch.Options(engine="sim"), progress=progress).execute()
+    (launch_dir,) = run.root.glob("variants/baseline/launch-*")
+    server, stop = (json.loads((launch_dir / name).read_text()) for name in ("server.json", "stop.json"))
+    assert server["facts"]["kv_cache_tokens"] and server["ready_s"] > 0
+    assert server["started_utc"] <= stop["stopped_utc"] and stop["port_free"]
+    assert run.cells() == []

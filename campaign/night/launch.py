@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -202,6 +203,8 @@ class Campaign:
             label = f"{variant.name} (repeat {repeat + 1})"
             self.progress.status(f"launching {label}")
             server: LaunchedServer | None = None
+            flags: dict[str, FlagValue] = {}
+            resolution: dict[str, Any] | None = None
             began = datetime.now(UTC).isoformat()
             try:
                 flags, resolution = self._resolve_flags(variant)
@@ -242,8 +245,10 @@ class Campaign:
                                    "the campaign goes on")
                 return
             finally:
-                # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record.
-                self._clean_up(launch_dir, server, variant.name, repeat, began)
+                # Also on Ctrl-C: the server has been stopped by now, and how it stopped is part of the record;
+                # so is what it became, where the interrupt came between its readiness and its record.
+                self._clean_up(launch_dir, server, variant.name, repeat, began, record=partial(
+                    self._record_server, launch_dir, variant, repeat, flags, resolution=resolution))
 
     def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec],
                        experiments: list[Experiment]) -> None:
@@ -277,14 +282,17 @@ class Campaign:
             self.progress.note(_experiment_line(variant.name, repeat, experiment.key, done))
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
-                  began: str) -> None:
-        """Record the stop and the placement (the log was scrubbed as the server stopped), each on its own: a
-        failure here (a full disk) never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its
-        resume hint); with none, it is raised."""
+                  began: str, record: Callable[[LaunchedServer], None]) -> None:
+        """Record the server where a Ctrl-C came after it was ready and before its record (`record`), its stop
+        and the placement (the log was scrubbed as the server stopped), each on its own: a failure here (a full
+        disk) never hides the exception already on its way (Ctrl-C stays Ctrl-C, with its resume hint); with
+        none, it is raised. A stop is never stored without the server it stopped."""
         in_flight = sys.exc_info()[1] is not None
         steps: list[Callable[[], None]] = [lambda: self._record_placement(launch_dir, variant, repeat, began)]
         if server is not None:
             steps.insert(0, lambda: self._record_stop(launch_dir, server))
+            if not (launch_dir / "server.json").exists():
+                steps.insert(0, lambda: record(server))
         for step in steps:
             try:
                 step()
@@ -447,8 +455,8 @@ class Campaign:
     def _record_server(self, launch_dir: Path, variant: Variant, repeat: int, flags: dict[str, FlagValue],
                        server: LaunchedServer, resolution: dict[str, Any] | None = None) -> None:
         store.write_new(launch_dir / "server.json", ServerRecord(
-            variant=variant.name, repeat=repeat, started_utc=datetime.now(UTC).isoformat(),
-            command=server.spec.redacted_argv(), flags=dict(server.spec.flags), variant_flags=dict(flags),
+            variant=variant.name, repeat=repeat, started_utc=server.ready_utc, command=server.spec.redacted_argv(),
+            flags=dict(server.spec.flags), variant_flags=dict(flags),
             ready_s=server.ready.ready_s, facts=server.facts, warnings=server.warnings, suggested=resolution))
 
     def _record_stop(self, launch_dir: Path, server: LaunchedServer) -> None:

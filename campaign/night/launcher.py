@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from campaign.http.endpoint import Timeouts
@@ -21,6 +22,7 @@ class LaunchedServer:
     process: ServerProcess
     ready: ReadyInfo
     facts: startup_log.StartupFacts
+    ready_utc: str                 # when it answered /health and its facts were read, ISO 8601 UTC
     warnings: list[str] = field(default_factory=list)
 
     def control(self) -> ControlClient:
@@ -66,4 +68,5 @@ def launched(
         facts = startup_log.parse(log_path.read_text(errors="replace"))
         with ControlClient(spec.endpoint()) as control:
             facts, warnings = cross_check(facts, control)
-        yield LaunchedServer(spec=spec, process=process, ready=ready, facts=facts, warnings=warnings)
+        yield LaunchedServer(spec=spec, process=process, ready=ready, facts=facts, warnings=warnings,
+                             ready_utc=datetime.now(UTC).isoformat())
