@@ -68,6 +68,7 @@ def test_a_burst_that_left_together_stands() -> None:
     assert result.values["ran_concurrently"] == 60 and result.values["peak_running"] == 64
     assert "the gauge counts requests still in their prefill as running, this reading as queued" in result.verdict
     assert max_in_flight(records) == 80
+
     assert result.details["send_spread_s"] == pytest.approx(0.001 * TIME_SCALE)
     assert result.details["first_life_s"] == pytest.approx(2.0 * TIME_SCALE)
     # Exactly at the limit still stands; just past it does not.
@@ -83,6 +84,32 @@ def a5000(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LaunchedServer]:
         env.setenv("CAMPAIGN_SIM_TIME_SCALE", str(TIME_SCALE))
         with launched(profile, tmp_path_factory.mktemp("a5000") / "server.log", engine="sim") as server:
             yield server
+
+
+def test_a_burst_read_through_a_stall_that_lost_the_servers_step_order_is_invalid() -> None:
+    """Seen unloaded, on the real CPU build (max-num-seqs 64, 128 sent at once): "66 ran concurrently". The
+    first 64 ended in one step and the next step seated the queued ones; the client, stalled, read both steps
+    in one go and stamped two queued first tokens before the first request's last. No server runs more than
+    its max-num-seqs at once: a reading above the launch's cap is Invalid with a typed reason (the burst is
+    measured again, up to three times, as for a spread of its sends), never published as what ran."""
+    records = burst(128, spread_s=0.001, life_s=2.0)
+    queued = [replace(r, chunk_t=[t + 2.0 for t in r.chunk_t], end_t=(r.end_t or 0) + 2.0) for r in records[64:]]
+    first_end = min(r.chunk_t[-1] for r in records[:64])
+    stalled = [replace(r, chunk_t=[first_end - 1e-6, *r.chunk_t[1:]]) for r in queued[:2]]
+    read = [*records[:64], *stalled, *queued[2:]]
+    gauges = [(0.25 * i, 64.0, 64.0) for i in range(8)]
+
+    def result(cap: int | None) -> study.ExperimentResult:
+        return study.overload_result(read, max_num_seqs=64, factor=2.0, wall_s=4.0, gauges=gauges, attempts=[],
+                                     server_cap=cap)
+
+    assert result(None).status == "Valid" and result(None).values["ran_concurrently"] == 66   # the rule alone
+    over = result(64)
+    assert over.status == "Invalid" and over.reason_codes == [Reason.READS_UNORDERED]
+    assert "read 66 first tokens before the first request's last, more than max-num-seqs (64)" in over.reasons[0]
+    assert over.verdict.startswith("not measured: ")
+    assert study.over_cap_finding(read, 64) is not None and study.over_cap_finding(records[:64] + queued, 64) is None
+
 
 
 def late_sends(monkeypatch: pytest.MonkeyPatch, delay_s: float) -> list[str]:

@@ -71,6 +71,7 @@ class Reason(StrEnum):
     # Experiments (study.py): the client did not deliver the step's premise, or the server's gauges contradict
     # what the client read.
     SENDS_SPREAD = "sends_spread"
+    READS_UNORDERED = "reads_unordered"
     GAUGES_DISAGREE = "gauges_disagree"
     # Caveats a Valid cell may carry (CAVEATS): its figures stand, but a conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
@@ -103,6 +104,9 @@ REASON_HINTS: dict[Reason, str] = {
                             "before the cell (a new repeat), or check for other clients holding requests",
     Reason.SENDS_SPREAD: "the client's host was too busy to send the requests together: measure on a quieter or "
                          "bigger client machine (the burst was measured again, up to three times)",
+    Reason.READS_UNORDERED: "the client's host stalled while the burst's first requests ended and the queued ones "
+                            "were seated: measure on a quieter or bigger client machine (the burst was measured "
+                            "again, up to three times)",
     Reason.GAUGES_DISAGREE: "the server ran more requests at once than the client had in flight, which its "
                             "gauges cannot over-read: the client's timestamps are wrong (a stalled client host); "
                             "measure again on a quieter client machine",

@@ -126,6 +126,35 @@ def burst_finding(records: list[RequestRecord], *, what: str, time_scale: float 
     return spread_finding(_scaled(spread, time_scale), _scaled(life, time_scale), sends=len(records), what=what)
 
 
+def _ran_and_queued(records: list[RequestRecord]) -> tuple[int | None, int | None]:
+    """A burst's requests that ran at once and those that queued, on the client's clock (None, None: none
+    completed). A request admitted at once sees its first token after its prefill, before any request of the
+    burst has its last token (that takes the prefill and a whole reply); one that waited for a seat gets it,
+    and so its first token, only in a step after another request's last. The last token, not the end of its
+    stream: the stream's end can reach the client after the next step's tokens. (Half the shortest request,
+    the rule before, called a prefill-heavy burst queued: the simulator's truth records showed it.)"""
+    lasts = [r.chunk_t[-1] for r in records if r.ok and r.chunk_t]
+    if not lasts:
+        return None, None
+    first_end = min(lasts)
+    queued = sum(1 for r in records if r.chunk_t and r.chunk_t[0] > first_end)
+    return len(records) - queued, queued
+
+
+def over_cap_finding(records: list[RequestRecord], cap: int | None) -> Finding | None:
+    """Why a burst's reading of what ran at once cannot stand: the client's clock read more first tokens before
+    the first request's last than the server's cap (its max-num-seqs) lets run. A stall that makes the client
+    read the step that ends the first requests and the next step, which seats the queued ones, in one go
+    stamps their reads in whatever order the event loop runs them (seen unloaded on the real CPU build: 66 of
+    128 against a cap of 64). None when the reading is within the cap or the cap is not known."""
+    ran, _ = _ran_and_queued(records)
+    if ran is None or cap is None or ran <= cap:
+        return None
+    return Finding(Reason.READS_UNORDERED, (
+        f"the burst: the client read {ran} first tokens before the first request's last, more than max-num-seqs "
+        f"({cap}) lets run at once, so its clock lost the order of the server's steps"))
+
+
 def _with_findings(result: ExperimentResult, findings: list[Finding]) -> ExperimentResult:
     """`result` Invalid for `findings` (its figures kept, for the reader, never for a verdict: the diff judges
     Valid experiments only)."""
@@ -365,7 +394,8 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         return records, wall
 
     def missed(value: tuple[list[RequestRecord], float]) -> Finding | None:
-        return burst_finding(value[0], what="the burst", time_scale=target.time_scale)
+        return (burst_finding(value[0], what="the burst", time_scale=target.time_scale)
+                or over_cap_finding(value[0], target.max_num_seqs))
 
     try:
         async with new_client(target.endpoint) as client, target.endpoint.async_control() as control:
@@ -377,32 +407,27 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         records, wall = exc.value  # type: ignore[misc]
     return overload_result(records, max_num_seqs=max_num_seqs, factor=factor, wall_s=wall,
                            gauges=list(zip(sampled_t, running, waiting, strict=True)), attempts=attempts,
-                           time_scale=target.time_scale)
+                           time_scale=target.time_scale, server_cap=target.max_num_seqs)
 
 
 def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: float, wall_s: float,
                     gauges: list[tuple[float, float, float]], attempts: list[Attempt],
-                    time_scale: float = 1.0) -> ExperimentResult:
+                    time_scale: float = 1.0, server_cap: int | None = None) -> ExperimentResult:
     """The burst's records (one per request sent) and the server's gauges as sampled, (time on the records'
-    clock, running, waiting): what ran at once, what queued, what completed."""
+    clock, running, waiting): what ran at once, what queued, what completed. `server_cap`: the server's
+    max-num-seqs as launched (None: not known), which no reading of what ran at once may exceed."""
     n = len(records)
     running, waiting = [g[1] for g in gauges], [g[2] for g in gauges]
     completed = sum(1 for r in records if r.ok and not r.short)
     errored = sum(1 for r in records if not r.ok)
-    # From the client's own clock, which no slow /metrics scrape can miss: a request admitted at once sees
-    # its first token after its prefill, before any request of the burst has its last token (that takes the
-    # prefill and a whole reply); one that waited for a seat gets it, and so its first token, only in a step
-    # after another request's last. The last token, not the end of its stream: the stream's end can reach
-    # the client after the next step's tokens. (Half the shortest request, the rule before, called a
-    # prefill-heavy burst queued: the simulator's truth records showed it.)
-    lasts = [r.chunk_t[-1] for r in records if r.ok and r.chunk_t]
-    first_end = min(lasts) if lasts else None
-    queued = sum(1 for r in records if first_end is not None and r.chunk_t and r.chunk_t[0] > first_end)
-    ran = n - queued if first_end is not None else None
+    # From the client's own clock, which no slow /metrics scrape can miss (_ran_and_queued).
+    ran, queued_or_none = _ran_and_queued(records)
+    queued = queued_or_none or 0
     peak_running = max(running) if running else None
     peak_waiting = max(waiting) if waiting else None
     spread, life = (_scaled(x, time_scale) for x in send_spread(records))
     findings = [f for f in (spread_finding(spread, life, sends=n, what="the burst"),
+                            over_cap_finding(records, server_cap),
                             _gauges_finding(max_in_flight(records), peak_running)) if f is not None]
     verdict = (f"{n} simultaneous requests against max-num-seqs {max_num_seqs}: {_g(ran)} ran concurrently, "
                f"{queued} queued, {completed} completed, {errored} errors")
@@ -419,10 +444,10 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
             verdict += "; the gauge counts requests still in their prefill as running, this reading as queued"
         verdict += ")"
     result = ExperimentResult(
-        kind="overload", key=f"overload-x{factor:g}", status="Valid" if first_end is not None else "Failed",
-        reasons=[] if first_end is not None else ["no request of the burst completed"], verdict=verdict,
+        kind="overload", key=f"overload-x{factor:g}", status="Valid" if ran is not None else "Failed",
+        reasons=[] if ran is not None else ["no request of the burst completed"], verdict=verdict,
         values={"ran_concurrently": None if ran is None else float(ran),
-                "queued": float(queued) if first_end is not None else None,
+                "queued": queued_or_none if queued_or_none is None else float(queued_or_none),
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).

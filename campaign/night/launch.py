@@ -5,6 +5,9 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 
 The controller runs it in-process (serially), a pool's worker process runs it (`campaign.night.worker`) and
 a Ray task runs it (`campaign.night.ray_executor`); the night that schedules launches is `orchestrate`.
+
+Long (about 510 lines): a launch's whole life (flags, start, cells, warm check, guard, experiments, and the
+records of its start, stop, failure and placement) is one class, so that its clean-up sees every path out.
 """
 
 from __future__ import annotations

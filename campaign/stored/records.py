@@ -83,6 +83,9 @@ Format history:
     run) and `not_run` (per variant, the cells left out of its estimate: key to `code`, over_capacity or
     over_window, and `message`), and its `cells_s` is the mean over the schedule's launches (before: every
     cell of one launch); a launch is compared with its variant's estimate where stored, else `per_launch_s`.
+17 - an overload experiment may be Invalid for `reads_unordered`: its client read more first tokens before the
+    first request's last than the launch's max-num-seqs lets run at once (a stall read two of the server's
+    steps together), measured again up to three times as for `sends_spread`. Older files have no such code.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -107,7 +110,7 @@ from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 from campaign.spec.matrix import Matrix
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -511,6 +514,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     13: _defaults_suffice,  # 13 -> 14: cell specs' trace and results' trace_implied_hits (None: not a trace)
     14: _defaults_suffice,  # 14 -> 15: cells' server view (None: not read)
     15: _defaults_suffice,  # 15 -> 16: experiments' reason codes (none) and facts' model_window (None)
+    16: _defaults_suffice,  # 16 -> 17: a new reason code only
 }
 
 
