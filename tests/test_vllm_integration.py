@@ -418,15 +418,22 @@ def test_long_context_experiment(target: Target) -> None:
 
 def test_overload_experiment_shows_the_queue(target: Target) -> None:
     """Twice max-num-seqs at once: every request completes, at most the cap ran together, the rest queued. A
-    burst the client read through a stall (its first tokens past the cap before the first request's last:
-    once, unloaded, 66 of 128) is measured again, and the reading that stands is within the cap."""
+    burst the client could not deliver or read as meant (its sends spread by a busy host: 4.2 s under two CPU
+    hogs; its first tokens past the cap before the first request's last, read through a stall: once, unloaded,
+    66 of 128) is measured again, up to three times, and then stands Invalid with the typed reason, its
+    reading never published as what ran."""
     from campaign.measure import study
+    from campaign.measure.cells import Reason
 
     # Twice the cap: the second half waits for a whole generation.
     result = asyncio.run(study.overload(target, max_num_seqs=64, factor=2.0, reply_tokens=128))
-    assert target.max_num_seqs == 64 and result.status == "Valid", (result.reasons, result.attempts)
-    assert result.details["requests"] == 128
+    assert target.max_num_seqs == 64 and result.details["requests"] == 128
     assert result.values["completed"] == 128 and result.values["errored"] == 0
+    if result.status == "Invalid":   # the client's host, not the server: said, and measured three times
+        assert set(result.reason_codes) <= {Reason.SENDS_SPREAD, Reason.READS_UNORDERED}, result.reasons
+        assert len(result.attempts) == 3 and result.verdict.startswith("not measured: ")
+        return
+    assert result.status == "Valid", result.reasons
     # Counted on the client's clock: at most 64 started before the first finished, the rest waited.
     assert result.values["ran_concurrently"] is not None and result.values["ran_concurrently"] <= 64
     assert result.values["queued"] is not None and result.values["queued"] >= 64
