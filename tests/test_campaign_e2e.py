@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import psutil
@@ -219,6 +219,24 @@ warmup: false
 """
 
 
+def warm_check_run(tmp_path: Path, name: str) -> tuple[Any, Any, Any]:
+    """WARM_CHECK_MATRIX on the simulated A5000 pair: its matrix, its profile and a new run directory with
+    its manifest, for a test that drives one launch itself."""
+    from campaign.night import launch, orchestrate
+    from campaign.server.profiles import load_profile
+    from campaign.spec.matrix import load_matrix
+    from campaign.stored import store
+
+    path = tmp_path / "m.yaml"
+    path.write_text(WARM_CHECK_MATRIX)
+    matrix, _, _ = load_matrix(str(path))
+    profile, _ = load_profile("a5000-tp2")
+    run = store.RunDir.create(tmp_path, name)
+    store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
+                                                            launch.Options(engine="sim")))
+    return matrix, profile, run
+
+
 def test_a_ctrl_c_that_uvloop_swallows_in_the_warm_check_stores_no_guard(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 50: the real-build test above once failed. Its Ctrl-C lands while the warm check streams, and where
@@ -233,18 +251,9 @@ def test_a_ctrl_c_that_uvloop_swallows_in_the_warm_check_stores_no_guard(tmp_pat
     from campaign.core.progress import Progress
     from campaign.http import streamclient
     from campaign.measure.runner import Measurer
-    from campaign.night import launch, orchestrate
-    from campaign.server.profiles import load_profile
-    from campaign.spec.matrix import load_matrix
-    from campaign.stored import store
+    from campaign.night import launch
 
-    path = tmp_path / "m.yaml"
-    path.write_text(WARM_CHECK_MATRIX)
-    matrix, _, _ = load_matrix(str(path))
-    profile, _ = load_profile("a5000-tp2")
-    run = store.RunDir.create(tmp_path, "warm-check")
-    store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
-                                                            launch.Options(engine="sim")))
+    matrix, profile, run = warm_check_run(tmp_path, "warm-check")
     monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
     monkeypatch.setattr(errors, "_stop_requested", False)   # put back after the test, whatever the handler set
     measured: list[str] = []   # each run_cell: "returned" or "raised"
@@ -288,18 +297,9 @@ def test_a_ctrl_c_between_a_servers_readiness_and_its_record_stores_both(tmp_pat
     stop was kept. Here the interrupt lands exactly there: the server is still recorded, with the time it was
     ready, before its stop; no cell is."""
     from campaign.core.progress import Progress
-    from campaign.night import launch, orchestrate
-    from campaign.server.profiles import load_profile
-    from campaign.spec.matrix import load_matrix
-    from campaign.stored import store
+    from campaign.night import launch
 
-    path = tmp_path / "m.yaml"
-    path.write_text(WARM_CHECK_MATRIX)
-    matrix, _, _ = load_matrix(str(path))
-    profile, _ = load_profile("a5000-tp2")
-    run = store.RunDir.create(tmp_path, "ready-then-ctrl-c")
-    store.write_new(run.manifest_path, orchestrate.manifest(matrix, path, profile, Path("a5000-tp2.yaml"),
-                                                            launch.Options(engine="sim")))
+    matrix, profile, run = warm_check_run(tmp_path, "ready-then-ctrl-c")
     monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "20")
 
     @contextlib.contextmanager

@@ -22,7 +22,7 @@ tokens; the delay itself is reported as the client's own error. Above time scale
 millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
 measured, not judged. Throughput and counts are judged at every scale.
 
-Long (about 750 lines): the truth run drives every kind of cell against the simulator and matches each
+Long (about 790 lines): the truth run drives every kind of cell against the simulator and matches each
 figure with the engine's own records; the matching rules per figure are read together.
 """
 

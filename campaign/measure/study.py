@@ -12,7 +12,7 @@
 Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
 plan.virtual feeds the same functions from the simulator's engine in simulated time.
 
-Long (about 700 lines) so that an experiment's two halves are read together.
+Long (about 730 lines) so that an experiment's two halves are read together.
 """
 
 from __future__ import annotations
@@ -447,7 +447,7 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
         kind="overload", key=f"overload-x{factor:g}", status="Valid" if ran is not None else "Failed",
         reasons=[] if ran is not None else ["no request of the burst completed"], verdict=verdict,
         values={"ran_concurrently": None if ran is None else float(ran),
-                "queued": queued_or_none if queued_or_none is None else float(queued_or_none),
+                "queued": None if queued_or_none is None else float(queued_or_none),
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
         # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
