@@ -15,6 +15,7 @@ SSE events with a chosen line ending, and vLLM-shaped /v1/completions token even
 
 from __future__ import annotations
 
+import itertools
 import json
 import select
 import socket
@@ -75,6 +76,9 @@ class RawHTTPServer:
         self.errors: list[str] = []               # scripting errors and unexpected server-side failures
         self.tls_failures: list[str] = []         # handshakes the client refused
         self.disconnects: list[tuple[int, float]] = []  # (connection, perf_counter) when a client went away
+        # (connection, perf_counter) when the server turned to a scripted write, its delay over (or cut short by
+        # stop): the moment it wrote, or would have; a loaded host stretches the delay, and this shows by how much
+        self.turns: list[tuple[int, float]] = []
         self.connections = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -265,7 +269,9 @@ class RawHTTPServer:
 
     def _play(self, conn: socket.socket, script: Script, index: int) -> bool:
         for delay, data in script.writes:
-            if delay > 0 and self._stop.wait(delay):
+            stopped = delay > 0 and self._stop.wait(delay)
+            self.turns.append((index, time.perf_counter()))
+            if stopped:
                 return False
             try:
                 conn.sendall(data)
@@ -273,6 +279,14 @@ class RawHTTPServer:
                 self.disconnects.append((index, time.perf_counter()))
                 return False
         return True
+
+    def silences(self, connection: int = 0) -> list[float]:
+        """The seconds the server actually stayed silent on a connection: from its first request read whole to
+        its first write, then between writes (see `turns`). A script's delays are what was asked; a loaded host
+        may stretch them, and a client judged on its timeouts must be judged against these."""
+        starts = [r.received_t for r in self.requests if r.connection == connection][:1]
+        stamps = starts + [t for c, t in self.turns if c == connection]
+        return [b - a for a, b in itertools.pairwise(stamps)]
 
     def _linger(self, conn: socket.socket, index: int) -> None:
         """Stay silent; note when the client goes away (it reads EOF or a reset)."""
