@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from campaign.core import clock
 from campaign.http.endpoint import Endpoint
 from campaign.http.streamclient import Limits, StreamClient, StreamError
 
@@ -35,7 +35,7 @@ TokenCount = Literal["usage", "chunks"]
 
 @dataclass(slots=True, kw_only=True)
 class RequestRecord:
-    """The truth about one request. Times are `time.perf_counter()` seconds; derived values are None if undefined.
+    """The truth about one request. Times are `clock.now()` seconds; derived values are None if undefined.
     `send_t` is when the request's bytes went to the socket (a request that failed before: when it began)."""
 
     id: str
@@ -205,7 +205,7 @@ async def stream_completion(
     if chat and path == "/v1/completions":
         path = "/v1/chat/completions"
     record = RequestRecord(id=request_id, prompt_tokens=prompt_tokens if prompt_tokens is not None else len(prompt),
-                           max_tokens=max_tokens, send_t=time.perf_counter(), reasoning_tokens=0 if chat else None)
+                           max_tokens=max_tokens, send_t=clock.now(), reasoning_tokens=0 if chat else None)
     seen = 0
     mode: TokenCount | None = None
     done = False
@@ -279,12 +279,12 @@ async def stream_completion(
             record.error_kind = "stream" if record.error else None
     except asyncio.CancelledError:
         record.cancelled = True
-        record.end_t = time.perf_counter()
+        record.end_t = clock.now()
         raise
     except StreamError as exc:
         record.error, record.error_kind = str(exc)[:500], exc.kind
     record.token_count = mode or "usage"
-    record.end_t = time.perf_counter()
+    record.end_t = clock.now()
     return record
 
 

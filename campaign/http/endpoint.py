@@ -91,6 +91,9 @@ class Endpoint:
     api_key: str | None = field(default=None, repr=False)
     tls: TLS = field(default_factory=TLS)
     timeouts: Timeouts = field(default_factory=Timeouts)
+    # A Unix domain socket to connect to instead of host:port (vLLM's --uds; the simulator in process): the URL
+    # still names the server in each request's Host header.
+    uds: str | None = None
 
     @classmethod
     def parse(cls, url: str, *, api_key: str | None = None, tls: TLS | None = None,
@@ -152,15 +155,21 @@ class Endpoint:
             "base_url": self.root, "headers": self.auth_headers(),
             "timeout": httpx.Timeout(timeout_s, connect=self.timeouts.connect_s),
             # Direct to the target, like the measured path: a proxy in between would be measured too.
-            "trust_env": False, "verify": self.ssl_context() or True,
+            # Plain HTTP needs no certificates: httpx would load the system's for every client (22 ms each,
+            # one client a cell), and no TLS ever uses them.
+            "trust_env": False, "verify": self.ssl_context() or False,
         }
 
     def control(self, timeout_s: float = 10.0) -> httpx.Client:
         """A synchronous httpx client for control-plane calls (relative paths: "/metrics")."""
-        return httpx.Client(**self._httpx_options(timeout_s))  # type: ignore[arg-type]
+        verify = self.ssl_context() or False
+        transport = None if self.uds is None else httpx.HTTPTransport(uds=self.uds, verify=verify)
+        return httpx.Client(**self._httpx_options(timeout_s), transport=transport)  # type: ignore[arg-type]
 
     def async_control(self, timeout_s: float = 10.0) -> httpx.AsyncClient:
-        return httpx.AsyncClient(**self._httpx_options(timeout_s))  # type: ignore[arg-type]
+        verify = self.ssl_context() or False
+        transport = None if self.uds is None else httpx.AsyncHTTPTransport(uds=self.uds, verify=verify)
+        return httpx.AsyncClient(**self._httpx_options(timeout_s), transport=transport)  # type: ignore[arg-type]
 
 
 def _is_ipv6(host: str) -> bool:

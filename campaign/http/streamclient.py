@@ -30,7 +30,6 @@ import asyncio
 import json
 import socket
 import ssl
-import time
 import zlib
 from asyncio.staggered import staggered_race
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any, cast
 
 import httptools
 
+from campaign.core import clock
 from campaign.http.endpoint import Endpoint, Timeouts
 
 HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
@@ -240,7 +240,7 @@ class _Exchange:
         # Before the first byte the first-byte limit runs from the send; after it, the idle one from the last read.
         first = self.got_bytes == 0
         limit = self.timeouts.first_byte_s if first else self.timeouts.idle_s
-        waited = time.perf_counter() - (self.sent_at if first else self.last_read)
+        waited = clock.now() - (self.sent_at if first else self.last_read)
         if waited < limit:
             self._timer = self.loop.call_later(limit - waited, self._on_timer)
         elif first:
@@ -416,7 +416,7 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()  # the arrival time of everything in this read
+        now = clock.now()  # the arrival time of everything in this read
         exchange = self.exchange
         if exchange is None:
             self.close()  # bytes nobody asked for: this connection can no longer be trusted
@@ -489,40 +489,49 @@ class StreamClient:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         ep = self.endpoint
-        try:
-            infos = await loop.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise StreamError("connect", f"cannot resolve {ep.host}: {exc}") from None
-        addresses = _interleave(infos)
-        errors: list[BaseException] = []
+        if ep.uds is not None:
+            uds = ep.uds
 
-        async def attempt(info: Any) -> socket.socket:
-            family, type_, proto, _, address = info
-            sock = socket.socket(family, type_, proto)
+            async def connect() -> _Connection:
+                _, conn = await loop.create_unix_connection(
+                    _Connection, uds, ssl=self._ssl, server_hostname=ep.host if self._ssl else None)
+                return conn
+        else:
             try:
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, address)
-                return sock
-            except BaseException as exc:
-                sock.close()
-                errors.append(exc)
-                raise
+                infos = await loop.getaddrinfo(ep.host, ep.port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                raise StreamError("connect", f"cannot resolve {ep.host}: {exc}") from None
+            addresses = _interleave(infos)
+            errors: list[BaseException] = []
 
-        async def connect() -> _Connection:
-            sock, _, _ = await staggered_race([partial(attempt, info) for info in addresses], HAPPY_EYEBALLS_DELAY_S)
-            if sock is None:
-                raise errors[-1] if errors else OSError("no address")
-            _, conn = await loop.create_connection(
-                _Connection, sock=sock, ssl=self._ssl, server_hostname=ep.host if self._ssl else None)
-            return conn
+            async def attempt(info: Any) -> socket.socket:
+                family, type_, proto, _, address = info
+                sock = socket.socket(family, type_, proto)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await loop.sock_connect(sock, address)
+                    return sock
+                except BaseException as exc:
+                    sock.close()
+                    errors.append(exc)
+                    raise
 
-        started = time.perf_counter()
+            async def connect() -> _Connection:
+                racers = [partial(attempt, info) for info in addresses]
+                sock, _, _ = await staggered_race(racers, HAPPY_EYEBALLS_DELAY_S)
+                if sock is None:
+                    raise errors[-1] if errors else OSError("no address")
+                _, conn = await loop.create_connection(
+                    _Connection, sock=sock, ssl=self._ssl, server_hostname=ep.host if self._ssl else None)
+                return conn
+
+        started = clock.now()
         try:
             conn = await asyncio.wait_for(connect(), ep.timeouts.connect_s)
         except TimeoutError:
             # uvloop's millisecond timer can fire a fraction of a millisecond early against perf_counter.
-            waited = max(time.perf_counter() - started, ep.timeouts.connect_s)
+            waited = max(clock.now() - started, ep.timeouts.connect_s)
             raise StreamTimeout("connect", waited, f"connect timeout: no connection to {ep.host_header} after "
                                                    f"{waited:.1f} s (limit {ep.timeouts.connect_s:g} s)") from None
         except ssl.SSLError as exc:
@@ -547,7 +556,7 @@ class StreamClient:
         one and connect anew for each send after it (a repeated burst on a loaded host counted its 128
         returned connections fresh, found them 2 s old a moment later, and sent 127 requests over 2.9 s with a
         handshake each)."""
-        now = time.perf_counter()
+        now = clock.now()
         keep: list[_Connection] = []
         for conn in self._idle:
             if conn.used or not conn.reusable(now):
@@ -557,7 +566,7 @@ class StreamClient:
                 keep.append(conn)
         self._idle[:] = keep
         opened = await asyncio.gather(*(self._connect() for _ in range(count - len(keep))))
-        now = time.perf_counter()
+        now = clock.now()
         for conn in opened:
             conn.idle_since = now
             self._idle.append(conn)
@@ -567,7 +576,7 @@ class StreamClient:
             raise StreamError("closed", "the client was closed before the request was sent")
         while self._idle:
             conn = self._idle.pop()
-            if conn.reusable(time.perf_counter()):
+            if conn.reusable(clock.now()):
                 return conn
             conn.close()
             self._all.discard(conn)
@@ -579,7 +588,7 @@ class StreamClient:
         payload = json.dumps(body, separators=(",", ":")).encode()
         head = self._head_template.format(target=self.endpoint.target(path), length=len(payload)).encode("latin-1")
         conn = await self._connection()
-        exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, time.perf_counter())
+        exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, clock.now())
         conn.exchange = exchange
         conn.used = True
         assert conn.transport is not None
@@ -598,7 +607,7 @@ class StreamClient:
         conn.exchange = None
         # exchange.keep_alive, not only reply.keep_alive: bytes after the reply may arrive before we resume here.
         if reply.keep_alive and exchange.keep_alive and not conn.closed:
-            conn.idle_since = time.perf_counter()
+            conn.idle_since = clock.now()
             self._idle.append(conn)
         else:
             conn.close()

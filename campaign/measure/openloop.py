@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
+
+from campaign.core.clock import now as measuring_clock
 
 Arrival = Literal["poisson", "gamma", "constant"]
 ARRIVALS: tuple[Arrival, ...] = ("poisson", "gamma", "constant")
@@ -93,7 +94,7 @@ Send = Callable[[Sent], Awaitable[None]]
 
 
 async def drive(offsets: list[float], send: Send, *, time_scale: float = 1.0, cap: int | None = None,
-                stop: asyncio.Event | None = None, clock: Callable[[], float] = time.perf_counter,
+                stop: asyncio.Event | None = None, clock: Callable[[], float] = measuring_clock,
                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> float:
     """Send request i at offsets[i] / time_scale wall seconds after the start (the offsets are in the
     hardware's seconds; a simulator running `time_scale` times faster needs them that much sooner), at most
@@ -140,7 +141,7 @@ async def drive(offsets: list[float], send: Send, *, time_scale: float = 1.0, ca
 
 
 async def closed(streams: int, span_s: float, send: Send, *, min_requests: int = 1, time_scale: float = 1.0,
-                 stop: asyncio.Event | None = None, clock: Callable[[], float] = time.perf_counter) -> float:
+                 stop: asyncio.Event | None = None, clock: Callable[[], float] = measuring_clock) -> float:
     """`streams` at once, each sending its next request when one ends, until span_s / time_scale wall seconds
     have passed and at least `min_requests` were sent (then the ones in flight are drained)."""
     start = clock()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -27,7 +26,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from campaign.core import stats
+from campaign.core import clock, stats
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import answers
@@ -198,10 +197,11 @@ def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: 
                             discarded_steps=sum(1 for a in attempts if not a.accepted))
 
 
-async def _scrape(target: Target, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+async def _scrape(target: Target, client: httpx.AsyncClient, *,
+                  only: frozenset[str] | None = None) -> m.MetricsSnapshot:
     response = await client.get("/metrics")
     response.raise_for_status()
-    return m.parse(response.text, server_version=target.server_version)
+    return m.parse(response.text, server_version=target.server_version, only=only)
 
 
 # --- context window -----------------------------------------------------------------------------------
@@ -364,10 +364,10 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     async def sampler(client: httpx.AsyncClient) -> None:
         while not done.is_set():
             try:
-                snap = await _scrape(target, client)
+                snap = await _scrape(target, client, only=m.GAUGES)
                 running.append(snap.value(m.RUNNING))
                 waiting.append(snap.value(m.WAITING))
-                sampled_t.append(time.perf_counter())
+                sampled_t.append(clock.now())
             except httpx.HTTPError:
                 pass
             try:
@@ -384,11 +384,11 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
         done.clear()
         await client.open_idle(n)   # the sends then only write: their spread is the client's, not its connects'
         task = asyncio.create_task(sampler(control))
-        began = time.perf_counter()
+        began = clock.now()
         records = list(await asyncio.gather(*(
             stream_completion(client, model=target.model, prompt=prompts.unique(prompt_tokens),
                               max_tokens=reply_tokens, request_id=f"burst{i}") for i in range(n))))
-        wall = (time.perf_counter() - began) * target.time_scale   # the hardware's seconds
+        wall = (clock.now() - began) * target.time_scale   # the hardware's seconds
         done.set()
         await task
         return records, wall
@@ -505,11 +505,11 @@ async def prefix_order(target: Target, *, block_size: int | None, agents: int = 
                 else:
                     batch = [prompts.unique(shared_len + task_tokens) for _ in range(agents)]
                 await client.open_idle(agents)   # the arm's agents arrive together: no connect among the sends
-                began = time.perf_counter()
+                began = clock.now()
                 records = await asyncio.gather(*(
                     stream_completion(client, model=target.model, prompt=p, max_tokens=reply_tokens,
                                       request_id=f"{arm}{i}") for i, p in enumerate(batch)))
-                return list(records), (time.perf_counter() - began) * target.time_scale   # the hardware's s
+                return list(records), (clock.now() - began) * target.time_scale   # the hardware's s
 
             try:
                 (records, wall), delta = await _bracketed(target, control, run_arm, lambda v: v[0], attempts,

@@ -5,12 +5,12 @@ Counters are summed over label sets (one per engine), and a step is measured as 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from campaign.core import clock
 from campaign.core.errors import MetricMissingError
 
 GENERATION_TOKENS = "vllm:generation_tokens_total"
@@ -35,6 +35,8 @@ SIM_TIME_SCALE = "campaign_sim:time_scale"  # simulated seconds per wall second 
 # The simulator's own info gauge of its scheduler (labels max_num_batched_tokens, max_num_seqs, named as vLLM's
 # SchedulerConfig fields): vLLM exports no scheduler config in /metrics, only vllm:cache_config_info.
 SIM_SCHEDULER_INFO = "campaign_sim:scheduler_config_info"
+# What a sampler reads during a step: the queue's gauges (and a simulator's clock), nothing it brackets.
+GAUGES = frozenset({RUNNING, WAITING, KV_USAGE, SIM_BUSY, SIM_BEHIND})
 
 # What every measured step relies on (the bracket, the prefix-cache check, preemptions, concurrency).
 MEASUREMENT_METRICS = (GENERATION_TOKENS, PROMPT_TOKENS, PREFIX_QUERIES, PREFIX_HITS, PREEMPTIONS, RUNNING,
@@ -129,17 +131,29 @@ def missing_error(names: list[str], snapshot: MetricsSnapshot) -> MetricMissingE
     )
 
 
-def parse(text: str, *, t: float | None = None, server_version: str | None = None) -> MetricsSnapshot:
+def _only(text: str, names: frozenset[str]) -> str:
+    """The sample lines of `text` whose metric name is one of `names` (comments dropped: a sample's name is the
+    same with or without its family's TYPE line)."""
+    kept = [line for line in text.splitlines()
+            if line and line[0] != "#" and line.split("{", 1)[0].split(" ", 1)[0] in names]
+    return "\n".join(kept) + "\n"
+
+
+def parse(text: str, *, t: float | None = None, server_version: str | None = None,
+          only: frozenset[str] | None = None) -> MetricsSnapshot:
+    """A scrape's samples by name (a name's label sets summed; `_info` samples also keep their labels).
+    `only`: parse just these sample names, for a sampler that reads a few gauges many times (a simulator's
+    /metrics of 400 lines took the library's parser 24 ms, the five gauges a sampler reads well under 1 ms)."""
     values: dict[str, float] = {}
     labels: dict[str, list[dict[str, str]]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(text if only is None else _only(text, only)):
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
             values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
             if sample.name.endswith("_info"):
                 labels.setdefault(sample.name, []).append(dict(sample.labels))
-    return MetricsSnapshot(t=time.monotonic() if t is None else t, values=values, labels=labels,
+    return MetricsSnapshot(t=clock.now() if t is None else t, values=values, labels=labels,
                            server_version=server_version)
 
 
