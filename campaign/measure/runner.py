@@ -5,7 +5,7 @@ own output is known exactly (requests straddling the window are drained, not abo
 counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
 `max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
 
-Long (about 910 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
+Long (about 950 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
 with the same bracketing, contamination checks, retries and (open-loop steps) the prefix cache emptied first;
 its steps share the target's state and one client, so they are one class.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from campaign.core import stats
+from campaign.core import clock, stats
 from campaign.core.errors import MetricMissingError
 from campaign.core.runqueue import RunQueueWait
 from campaign.http.client import RequestRecord, new_client, stream_completion
@@ -74,6 +74,8 @@ WARMUP_PREFILLS = 3  # the warm-up sends the longest prompt this many times
 # so sampling the queue gauges during a window perturbs what is measured: on the 2-core CPU build, scraping
 # every 0.5 s turned smooth 2-3 ms token gaps into 130 ms bursts. Sample sparsely, inside the window only.
 SAMPLE_EVERY_S = 5.0
+SIMULATED_NOTE = ("measured in simulated time: this method against the simulator serving from this process on its "
+                  "own clock (measure.simulated), no client stall and no wall clock")
 
 
 @dataclass(kw_only=True)
@@ -173,13 +175,13 @@ async def loop_lag(samples: list[tuple[float, float]], stop: asyncio.Event, inte
     with RunQueueWait() as waited:
         before = waited.seconds()
         while not stop.is_set():
-            due = time.perf_counter() + interval_s
+            due = clock.now() + interval_s
             await asyncio.sleep(interval_s)
-            woke = time.perf_counter()
+            woke = clock.now()
             ready = loop.create_future()
             loop.call_soon(ready.set_result, None)
             await ready
-            now, after = time.perf_counter(), waited.seconds()
+            now, after = clock.now(), waited.seconds()
             samples.append((now, max(max(0.0, woke - due - TIMER_RESOLUTION_S) + (now - woke), after - before)))
             before = after
 
@@ -247,7 +249,7 @@ class Measurer:
         self._reset_available: bool | None = None   # whether the server exposes /reset_prefix_cache
 
     # --- control plane -----------------------------------------------------------------------------------
-    async def scrape(self, client: httpx.AsyncClient) -> m.MetricsSnapshot:
+    async def scrape(self, client: httpx.AsyncClient, *, only: frozenset[str] | None = None) -> m.MetricsSnapshot:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_delay(10),
             wait=wait_exponential(multiplier=0.1, max=1.0), reraise=True,
@@ -255,7 +257,7 @@ class Measurer:
             with attempt:
                 response = await client.get("/metrics")
                 response.raise_for_status()
-                return m.parse(response.text, server_version=self.target.server_version)
+                return m.parse(response.text, server_version=self.target.server_version, only=only)
         raise AssertionError("unreachable")
 
     async def check_metrics(self, control: httpx.AsyncClient) -> None:
@@ -283,7 +285,7 @@ class Measurer:
                     await self.check_metrics(control)
             except httpx.HTTPError:
                 pass  # a server gone already: the first cell finds out, where a dead server is handled
-        began = time.perf_counter()
+        began = clock.now()
         records: list[RequestRecord] = []
         window = self.target.max_model_len
         contexts = sorted({s.context_tokens for s in specs if window is None or s.context_tokens < window})
@@ -297,7 +299,7 @@ class Measurer:
             for concurrency in concurrencies:
                 records += await asyncio.gather(*(self._one(client, short, reply_tokens) for _ in range(concurrency)))
         failed = [r for r in records if not r.ok]
-        return {"kind": "warmup", "requests": len(records), "seconds": time.perf_counter() - began,
+        return {"kind": "warmup", "requests": len(records), "seconds": clock.now() - began,
                 "longest_prompt_tokens": contexts[-1] if contexts else None, "concurrencies": concurrencies,
                 "errors": len(failed), "first_error": failed[0].error if failed else None}
 
@@ -395,12 +397,12 @@ class Measurer:
                       prompt: int = 0) -> m.MetricsSnapshot:
         """The counters once they have counted at least these tokens since `before`, or after SETTLE_S (they lag
         the last streamed chunk)."""
-        deadline = time.monotonic() + SETTLE_S
+        deadline = clock.now() + SETTLE_S
         while True:
             after = await self.scrape(control)
             delta = m.Delta(before, after)
             if (delta(m.GENERATION_TOKENS) >= generation and delta(m.PROMPT_TOKENS) >= prompt) or (
-                    time.monotonic() > deadline):
+                    clock.now() > deadline):
                 return after
             await asyncio.sleep(0.1)
 
@@ -441,9 +443,9 @@ class Measurer:
             except TimeoutError:
                 pass
             try:
-                before = time.perf_counter()
-                snap = await self.scrape(control)
-                samples.append(_Gauges(t=(before + time.perf_counter()) / 2, running=snap.value(m.RUNNING),
+                before = clock.now()
+                snap = await self.scrape(control, only=m.GAUGES)
+                samples.append(_Gauges(t=(before + clock.now()) / 2, running=snap.value(m.RUNNING),
                                        waiting=snap.value(m.WAITING),
                                        kv_usage=snap.value(m.KV_USAGE) if snap.has(m.KV_USAGE) else None,
                                        sim_clock=(snap.value(m.SIM_BUSY), snap.value(m.SIM_BEHIND))
@@ -475,8 +477,10 @@ class Measurer:
         # Every interval of the hardware's time, so a time-scaled cell's verdict rests on as many samples.
         interval = wall(min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S)
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
+        # On a simulated clock the client's stamps are exact: its lag is zero, and a probe waking every few
+        # milliseconds would only cost the host time.
         lags: list[tuple[float, float]] = []
-        lag_probe = asyncio.create_task(loop_lag(lags, stop_sampling))
+        lag_probe = None if clock.simulated() else asyncio.create_task(loop_lag(lags, stop_sampling))
         lag_applies = True
         # The event loop's own thread: a process's CPU counts other threads (NVML sampling, name lookups), and
         # /proc's times come in 10 ms ticks, so a 0.1 s prefill step read as 101% of a core.
@@ -508,7 +512,7 @@ class Measurer:
             elif spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
                     window_open.set()
-                began = time.perf_counter()
+                began = clock.now()
                 for _ in range(MAX_ROUNDS):
                     records += await asyncio.gather(*(
                         self._one(client, spec.context_tokens, max_tokens,
@@ -516,13 +520,14 @@ class Measurer:
                         for i in range(streams)))
                     if spec.phase == "prefill" or any(not r.ok for r in records):
                         break
-                    if len(records) >= spec.min_requests and time.perf_counter() - began >= wall(spec.min_seconds):
+                    if len(records) >= spec.min_requests and clock.now() - began >= wall(spec.min_seconds):
                         break
             else:
                 # The worker processes draw fresh random prompts; a warm-TTFT cell keeps its cached prompts, and a
                 # text or chat cell its server-tokenized corpus, in one process.
-                processes = 1 if prompts or source else shard.client_processes(spec.concurrency,
-                                                                                self.client_processes)
+                # In simulated time one loop holds the clock: no other process can stamp on it.
+                processes = 1 if prompts or source or clock.simulated() else shard.client_processes(
+                    spec.concurrency, self.client_processes)
                 if processes > 1:
                     self._ids += 1
                     sharded = await shard.sustained_sharded(
@@ -539,12 +544,15 @@ class Measurer:
             stop_sampling.set()
             window_open.set()  # a step that never opened its window (prefill, a failure) ends the sampler too
             await sampler
-            await lag_probe
+            if lag_probe is not None:
+                await lag_probe
             if self.gpu_monitor is not None:
                 telemetry = self.gpu_monitor.stop()
             if collecting:
                 gc.enable()
-        cpu = max([(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
+        # On a simulated clock the client's work costs no measured time, so its share of a core measures nothing.
+        cpu = None if clock.simulated() else max(
+            [(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
         if window is not None:
             # The drain after a sustained window runs fewer than C: its samples say nothing of the window.
             samples = [g for g in samples if window[0] <= g.t <= window[1]]
@@ -554,7 +562,7 @@ class Measurer:
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry,
                      sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None],
-                     lag=[lag for _, lag in lags] if lag_applies else [], load=load)
+                     lag=[0.0] if clock.simulated() else [lag for _, lag in lags] if lag_applies else [], load=load)
 
     def _template_hits(self, spec: CellSpec, requests: int) -> float:
         """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request)."""
@@ -631,13 +639,13 @@ class Measurer:
                 for watcher in watchers:
                     watcher.cancel()
             await asyncio.sleep(self.target.wall_s(spec.warmup_s))
-            start = time.perf_counter()
+            start = clock.now()
             window_open.set()
             try:
                 await asyncio.wait_for(failed.wait(), self.target.wall_s(spec.window_s))
             except TimeoutError:
                 pass
-            end = time.perf_counter()
+            end = clock.now()
             stop.set()
             await asyncio.gather(*tasks)
         except BaseException:
@@ -705,7 +713,7 @@ class Measurer:
             else:  # a closed loop makes each prompt as it goes; it has no schedule to be late for
                 length, reply = lengths(sent.index)
                 prompt = await make_prompt(sent.index, length)
-                released = time.perf_counter()
+                released = clock.now()
             request_id = self._next_id()
             if spec.request_rate is None and spec.max_concurrency and sent.index < spec.max_concurrency:
                 ramp.add(request_id)
@@ -792,6 +800,8 @@ class Measurer:
         if scale != 1.0:
             notes.append(f"against a simulator running {scale:g}x faster than its hardware: the schedule, the rates "
                          "and the latencies here are in the hardware's seconds")
+        if clock.simulated():
+            notes.append(SIMULATED_NOTE)
         if values.get("early_stopped"):
             planned = values.get("scheduled_requests")
             wave = values.get("ramp_requests") or 0
@@ -874,6 +884,8 @@ class Measurer:
                      if spec.phase == "decode" and (sustained or spec.min_seconds) else "")
             notes.append(f"against a simulator running {scale:g}x faster than its hardware{lived}; the rates and "
                          f"latencies here are the hardware's (the wall clock's, converted by {scale:g}x)")
+        if clock.simulated():
+            notes.append(SIMULATED_NOTE)
         values = hardware_units(values, scale)
         if step.processes > 1:
             notes.append(f"streams split over {step.processes} client processes (the busiest used "

@@ -8,15 +8,18 @@ reasoning_content when started with a reasoning parser), /tokenize, /detokenize 
 request histograms (sim_histograms). Speculative acceptance follows how predictable each prompt is (sim_text). The
 engine (sim_engine) batches continuously over a paged KV cache (sim_blocks); here it is driven against the wall
 clock: simulated time is (perf_counter - anchor) x time scale, so `--time-scale 10` runs the same behaviour ten
-times faster. `--truth FILE` records what the engine really did (sim_truth). Faults: see sim_config.FAULTS.
+times faster; served from the caller's process (`in_process`, measure.simulated) it runs on that event loop's
+own clock instead (LoopClock). `--truth FILE` records what the engine really did (sim_truth). Faults: see
+sim_config.FAULTS.
 
-Long (about 720 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
+Long (about 770 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
 startup log it prints, on one event loop with the engine; a request's path is read in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import os
@@ -26,7 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -39,7 +42,7 @@ from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import VERSION, SimConfig
-from campaign.sim.engine import Engine, Request, Tee, engine_for
+from campaign.sim.engine import Engine, Request, Tee, TruthSink, engine_for
 from campaign.sim.histograms import RequestHistograms
 
 PROMPT_RE_HINT = "Please reduce the length of the input prompt."
@@ -103,13 +106,34 @@ class WallClock:
         await asyncio.sleep(max(0.0, self.anchor + t / self.scale - time.perf_counter()))
 
 
+class LoopClock:
+    """The running event loop's own time, one simulated second per loop second. In process, on a loop whose time
+    is simulated (measure.simulated), a step costs its simulated time and nothing of the host's: the engine is
+    never behind, and the client beside it reads the same clock."""
+
+    scale = 1.0
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.anchor = self.loop.time()
+
+    def now(self) -> float:
+        return self.loop.time() - self.anchor
+
+    async def sleep_until(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, self.anchor + t - self.loop.time()))
+
+
+Clock = WallClock | LoopClock
+
+
 class Driver:
     """Runs engine steps back to back on the wall clock. A step planned to end at `end` emits then; the
     interpreter's own work is absorbed into the sleep. When the work of a step outlasts it by more than the
     step itself, the step is moved (it starts later than the one before ended): that gap is time the
     simulated server spent doing nothing it should have, counted in `behind_s` and said in the log."""
 
-    def __init__(self, engine: Engine, clock: WallClock, log: Log,
+    def __init__(self, engine: Engine, clock: Clock, log: Log,
                  after_send: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self.clock = clock
@@ -717,3 +741,27 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         engine_task.cancel()
         close_truth()
         listener.close()
+
+
+@contextlib.asynccontextmanager
+async def in_process(config: SimConfig, mem: sim_model.Memory, log: Log, path: str, *,
+                     truth: TruthSink | None = None) -> AsyncIterator[Server]:
+    """The simulator serving HTTP on a Unix socket at `path`, in this process, on the running loop's clock
+    (LoopClock): `serve`'s server without a process, signals or the wall clock, for a client on the same loop
+    (measure.simulated). A Unix socket hands each write to the reader at once, so on a loop whose time is
+    simulated no byte is in flight while the clock moves. `truth` also records what the engine did."""
+    clock = LoopClock()
+    histograms = RequestHistograms(CollectorRegistry(auto_describe=False), model_name=config.name,
+                                   max_model_len=config.max_model_len)
+    engine = engine_for(config, histograms if truth is None else Tee(truth, histograms))
+    driver = Driver(engine, clock, log, after_send=histograms.fold)
+    server = Server(config, driver, mem, histograms=histograms)
+    listener = await asyncio.start_unix_server(server.handle, path, limit=2**20, backlog=1024)
+    engine_task = asyncio.create_task(driver.run())
+    try:
+        yield server
+    finally:
+        engine_task.cancel()
+        listener.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await engine_task
