@@ -25,6 +25,7 @@ from campaign.core.errors import LaunchError
 from campaign.core.progress import Progress
 from campaign.measure import corpus
 from campaign.measure.cells import CellSpec
+from campaign.measure.runner import SIMULATED_NOTE
 from campaign.night import orchestrate
 from campaign.plan import replay as sim_virtual
 from campaign.plan import virtual as sim_night
@@ -234,9 +235,10 @@ def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path
     assert failure.variant == "small" and failure.failure_kind in {"out_of_memory", "kv_cache_insufficient"}
 
 
-def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) -> None:
-    """Open-loop rate cells and agent sessions are left out of a virtual run, named on the console and in the
-    manifest; everything else (code prompts included) is replayed and stored."""
+def test_every_kind_runs_in_simulated_time_and_nothing_is_left_out(tmp_path: Path) -> None:
+    """Open-loop rate cells and agent sessions, which the engine's replay lacks, are measured in simulated time
+    by the Measurer itself against the simulator in process (measure.simulated): nothing is left out of a
+    virtual run, every cell is stored, and each says how it was measured."""
     matrix = tmp_path / "m.yaml"
     matrix.write_text("name: m\nprofile: h200\nbaseline: a\nrepeats: 1\nvariants: [{name: a}]\nwindow_s: 5\n"
                       "workloads:\n  - {kind: prefill, contexts: [8k]}\n"
@@ -247,27 +249,23 @@ def test_what_simulated_time_cannot_replay_is_left_out_and_said(tmp_path: Path) 
                       "--plain")
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
-    left = run.manifest().not_replayed
-    assert left == ["workloads[1] rate: an open-loop load is measured over HTTP only",
-                    "workloads[3] agents: this experiment is measured over HTTP only"]
-    assert all(f"not replayed (measure it over HTTP: campaign run m --engine sim): {why}" in result.stderr
-               for why in left)
-    # What was replayed, all of it stored: code prompts are the tool's own, on the simulator's tokenizer.
-    assert sorted(c.result.spec.key for c in run.cells()) == ["decode-sustained-L1024-C1-N256-W5-Pcode",
-                                                              "prefill-L8192"]
-    assert [w["kind"] for w in run.manifest().matrix.raw["workloads"]] == ["prefill", "decode"]
+    assert run.manifest().not_replayed == [] and "not replayed" not in result.stderr
+    assert [w["kind"] for w in run.manifest().matrix.raw["workloads"]] == ["prefill", "rate", "decode", "agents"]
+    cells = {c.result.spec.key: c.result for c in run.cells()}
+    assert sorted(cells) == ["decode-sustained-L1024-C1-N256-W5-Pcode", "prefill-L8192",
+                             "rate-L1024-N256-Q2-poisson-D10"]
+    assert all(c.status == "Valid" for c in cells.values()), {k: c.reasons for k, c in cells.items()}
+    assert cells["prefill-L8192"].notes[0] == sim_night.NOTE
+    rate = cells["rate-L1024-N256-Q2-poisson-D10"]
+    assert SIMULATED_NOTE in rate.notes and rate.time_scale == 1.0 and rate.client_cpu is None
+    assert rate.scheduled_requests is not None and rate.scheduled_requests >= 10
+    (agents,) = run.experiments()
+    assert agents.result.kind == "agents" and agents.result.status == "Valid", agents.result.reasons
 
 
-def test_what_simulated_time_cannot_replay_is_refused_in_one_line(tmp_path: Path) -> None:
-    """A matrix with nothing replayable, a profile that is not the simulator's and an unknown --clock are
-    each one `Error:` line before anything starts."""
-    matrix = tmp_path.parent / f"{tmp_path.name}-rate.yaml"
-    matrix.write_text("name: r\nprofile: h200\nbaseline: a\nvariants: [{name: a}]\n"
-                      "workloads:\n  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n")
-    refused = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path))
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert refused.stderr.startswith("Error: ") and "nothing in this matrix can be replayed in simulated time" \
-        in refused.stderr.splitlines()[0]
+def test_what_simulated_time_cannot_run_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A profile that is not the simulator's and an unknown --clock are each one `Error:` line before anything
+    starts."""
     demo = campaign("run", "demo", "--clock", "virtual", "--out", str(tmp_path))
     assert demo.returncode == 1 and "--clock virtual replays the simulator's engine" in demo.stderr
     clock = campaign("run", "demo", "--clock", "later", "--out", str(tmp_path))
@@ -298,15 +296,15 @@ def test_speculative_decoding_on_text_in_simulated_time_reads_as_seed_000_and_00
     a5000-spec's drafter model cuts the cache about 5x (-78%) and no longer serves 64 streams, so it is reverted
     (seed 000 reverted it), while the n-gram drafter's KV cache is the baseline's (no extra weights);
     h200-mtp's MTP heads (two tokens against none, at 8K), judged on code and prose, are kept (seed 004 serves
-    with two), every chat cell Valid with a plausible acceptance rate. Agent sessions are
-    left out and said. (The same a5000-spec campaign over HTTP on the simulator took 5 minutes and read the
+    with two), every chat cell Valid with a plausible acceptance rate; a5000-spec's agent sessions are measured in
+    simulated time too. (The same a5000-spec campaign over HTTP on the simulator took 5 minutes and read the
     same; test_text_prompts keeps speculative decoding over HTTP in `campaign probe`.)"""
     # Both nights draw their text from one tokenized corpus per source (_texts), in this order.
     # Two repeats (`--repeats 2`): the drafter is reverted for what its launches state (its KV cache, a cell
     # it can no longer serve), and the n-gram drafter judged, on six launches instead of ten.
     spec_matrix, spec_path, _, _ = orchestrate.load_night("a5000-spec", None, None, 2)
     spec_run = night(spec_matrix, spec_path, tmp_path)
-    assert spec_run.manifest().not_replayed == ["workloads[2] agents: this experiment is measured over HTTP only"]
+    assert spec_run.manifest().not_replayed == []   # its agents are measured in simulated time too
     outcomes = {d.variant: d for d in diff_run(spec_run)}
     drafter = outcomes["drafter"].recommendation
     assert outcomes["drafter"].outcome == "revert", drafter

@@ -6,7 +6,7 @@ moment it finishes, so Ctrl-C or a crash loses at most the cell in flight, and `
 The controller runs it in-process (serially), a pool's worker process runs it (`campaign.night.worker`) and
 a Ray task runs it (`campaign.night.ray_executor`); the night that schedules launches is `orchestrate`.
 
-Long (about 510 lines): a launch's whole life (flags, start, cells, warm check, guard, experiments, and the
+Long (about 520 lines): a launch's whole life (flags, start, cells, warm check, guard, experiments, and the
 records of its start, stop, failure and placement) is one class, so that its clean-up sees every path out.
 """
 
@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import httpx
 
-from campaign.core import aio
 from campaign.core.errors import (
     CampaignError,
     LaunchError,
@@ -37,10 +36,10 @@ from campaign.core.errors import (
 from campaign.core.progress import Progress
 from campaign.core.vllm_flags import canonical_name, out_of_bounds
 from campaign.http.endpoint import Timeouts
-from campaign.measure import capacity, study
+from campaign.measure import capacity, simulated, study
 from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findings_fields, not_warm, past_model_window
 from campaign.measure.runner import Measurer
-from campaign.night.launcher import LaunchedServer, launched
+from campaign.night.launcher import LaunchedServer, Served, launched
 from campaign.plan import limits
 from campaign.plan import replay as sim_virtual
 from campaign.plan import virtual as sim_night
@@ -255,11 +254,14 @@ class Campaign:
 
     def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec],
                        experiments: list[Experiment]) -> None:
-        """One launch in simulated time (sim_night): its startup log and facts, its cells and experiments
-        replayed on the engine's clock; a start that fails is recorded as a real one's is. Repeats differ by
-        the engine's seed."""
+        """One launch in simulated time: its startup log and facts read as a real one's (sim_night). Prefill and
+        decode cells and seed 000's experiments are replayed on the engine's clock (sim_night, fast); every
+        other kind (rate and trace cells, agent sessions, capacity searches) is measured by the very code a
+        launch over HTTP runs, warm-up and warm check included, against the simulator serving from this process
+        on its own clock (measure.simulated). A start that fails is recorded as a real one's is. Repeats differ
+        by the engine's seed."""
         launch_dir = self.run.new_launch_dir(variant.name)
-        self.progress.status(f"{variant.name} (repeat {repeat + 1}): replaying in simulated time")
+        self.progress.status(f"{variant.name} (repeat {repeat + 1}): in simulated time")
         try:
             flags, resolution = self._resolve_flags(variant)
             launch = sim_night.start(self.profile, flags, seed=repeat, launch=launch_identity(variant.name, repeat))
@@ -274,15 +276,25 @@ class Campaign:
             facts=launch.facts, warnings=[], suggested=resolution))
         prompts = sim_virtual.Prompts()
         for spec in pending:
+            if not sim_night.replays(spec):
+                continue
             check_stop()
             result = launch.measure(spec, prompts)
             self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=None)
             self.progress.cell_done(_cell_line(variant.name, repeat, result))
         for experiment in experiments:
+            if not sim_night.replays(experiment):
+                continue
             check_stop()
             done = launch.experiment(experiment, prompts, window_s=self.matrix.window_s)
             self.run.write_experiment(variant.name, repeat, experiment.key, done, launch=launch_dir.name)
             self.progress.note(_experiment_line(variant.name, repeat, experiment.key, done))
+        measured = [spec for spec in pending if not sim_night.replays(spec)]
+        searched = [experiment for experiment in experiments if not sim_night.replays(experiment)]
+        if measured or searched:
+            with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+                self._measure(server, variant, repeat, measured, set(), launch_dir)
+                self._experiments(server, variant, repeat, searched, launch_dir)
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str, record: Callable[[LaunchedServer], None]) -> None:
@@ -307,7 +319,7 @@ class Campaign:
     def _timeouts(self) -> Timeouts:
         return self.matrix.timeouts.timeouts()
 
-    def _measure(self, server: LaunchedServer, variant: Variant, repeat: int, queue: list[CellSpec],
+    def _measure(self, server: Served, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
         # One GPU monitor per launch (its clock history is the launch's); none on the simulator, which would
@@ -320,16 +332,16 @@ class Campaign:
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
             gpu_monitor=monitor,
         )
-        self._warm_up(measurer, queue, variant, repeat, launch_dir)
+        self._warm_up(server, measurer, queue, variant, repeat, launch_dir)
         first: CellResult | None = None  # the launch's first cell, measured again at its end
         while queue:
             check_stop()
             spec = queue[0]
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): {spec.key} ({spec.label})")
             try:
-                result = aio.run(measurer.run_cell(spec))
+                result = server.call(measurer.run_cell(spec))
             except httpx.HTTPError as exc:
-                if server.process.alive():
+                if server.alive():
                     raise CampaignError(f"{variant.name}: {spec.key}: control-plane error {exc}") from exc
                 result = None
             except PromptError as exc:  # this cell's prompts cannot be made here: it fails, the launch goes on
@@ -340,7 +352,7 @@ class Campaign:
             # once was, inside the client's event loop, leaving one connect to time out 10 s later): the cell
             # ran while the tool was stopping, so it is not stored, and a resume measures it again.
             check_stop()
-            dead = not server.process.alive()
+            dead = not server.alive()
             if dead and spec.key not in retried:
                 retried.add(spec.key)
                 return True  # relaunch and retry this cell once
@@ -362,28 +374,28 @@ class Campaign:
                 return True  # the cells after it (and the experiments) need a live server
         if first is not None:
             check_stop()
-            self._guard(measurer, first, variant, repeat, launch_dir, monitor)
+            self._guard(server, measurer, first, variant, repeat, launch_dir, monitor)
         return False
 
-    def _warm_up(self, measurer: Measurer, queue: list[CellSpec], variant: Variant, repeat: int,
+    def _warm_up(self, server: Served, measurer: Measurer, queue: list[CellSpec], variant: Variant, repeat: int,
                  launch_dir: Path) -> None:
         if not self.matrix.warmup or not queue:
             return
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): warming up")
-        record = WarmupRecord.model_validate(aio.run(measurer.warm_up(queue)))
+        record = WarmupRecord.model_validate(server.call(measurer.warm_up(queue)))
         store.write_new(launch_dir / "warmup.json", record)
         self.progress.note(f"  {variant.name} r{repeat + 1}: warm-up {record.requests} requests in "
                            f"{record.seconds:.1f} s" + (f", {record.errors} failed" if record.errors else ""))
 
-    def _guard(self, measurer: Measurer, first: CellResult, variant: Variant, repeat: int, launch_dir: Path,
-               monitor: gpu.NvmlMonitor | None = None) -> None:
+    def _guard(self, server: Served, measurer: Measurer, first: CellResult, variant: Variant, repeat: int,
+               launch_dir: Path, monitor: gpu.NvmlMonitor | None = None) -> None:
         """The launch's first cell again at its end: if the first reading was slower beyond noise, the server
         was not warm then, and this warm reading stands in for it in every verdict (the store applies the guard)."""
         if first.status != "Valid" or self.run.guard_path(variant.name, first.spec.key, repeat).exists():
             return
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): {first.spec.key} again (warm check)")
         try:
-            again = aio.run(measurer.run_cell(first.spec))
+            again = server.call(measurer.run_cell(first.spec))
         except httpx.HTTPError as exc:  # the server went away: no check, and the first reading stands as it is
             self.progress.note(f"  {variant.name} r{repeat + 1}: warm check not possible ({exc})")
             return
@@ -399,13 +411,13 @@ class Campaign:
             self.progress.note(f"  {variant.name} r{repeat + 1} {first.spec.key}: server not warm: {why}; "
                                "the warm reading stands in")
 
-    def _experiments(self, server: LaunchedServer, variant: Variant, repeat: int, experiments: list[Experiment],
+    def _experiments(self, server: Served, variant: Variant, repeat: int, experiments: list[Experiment],
                      launch_dir: Path) -> None:
         for experiment in experiments:
             check_stop()
             self.progress.status(f"{variant.name} (repeat {repeat + 1}): experiment {experiment.key}")
             try:
-                result = aio.run(self._experiment(server, experiment))
+                result = server.call(self._experiment(server, experiment))
             except httpx.HTTPError as exc:
                 result = study.ExperimentResult(kind=experiment.kind, key=experiment.key, status="Failed",
                                                 reasons=[f"{type(exc).__name__}: {exc}"])
@@ -415,7 +427,7 @@ class Campaign:
             self.run.write_experiment(variant.name, repeat, experiment.key, result, launch=launch_dir.name)
             self.progress.note(_experiment_line(variant.name, repeat, experiment.key, result))
 
-    async def _experiment(self, server: LaunchedServer, experiment: Experiment) -> study.ExperimentResult:
+    async def _experiment(self, server: Served, experiment: Experiment) -> study.ExperimentResult:
         target = server.target(self._timeouts())
         async with target.endpoint.async_control() as control:
             # The server's time scale (a simulator's) first: the experiments store the hardware's figures.

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
+from campaign.core import aio
 from campaign.http.endpoint import Timeouts
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.control import ControlClient, cross_check
 from campaign.server.lifecycle import ReadyInfo, ServerProcess
 from campaign.server.profiles import FlagValue, LaunchProfile
+
+T = TypeVar("T")
+
+
+class Served(Protocol):
+    """A server a launch measures, on its clock: a launched one over HTTP on the wall clock (LaunchedServer) or
+    the simulator in this process on its own (measure.simulated.SimulatedServer). The launch's cells, warm-up,
+    warm check and experiments are the same code on either; `call` runs one of them on the server's clock."""
+
+    @property
+    def facts(self) -> startup_log.StartupFacts: ...
+
+    @property
+    def max_num_seqs(self) -> int | None: ...
+
+    def target(self, timeouts: Timeouts | None = None) -> Target: ...
+
+    def alive(self) -> bool: ...
+
+    def call(self, work: Coroutine[Any, Any, T]) -> T: ...
 
 
 @dataclass(kw_only=True)
@@ -27,6 +49,13 @@ class LaunchedServer:
 
     def control(self) -> ControlClient:
         return ControlClient(self.spec.endpoint())
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def call(self, work: Coroutine[Any, Any, T]) -> T:
+        """`work` on a fresh event loop, on the wall clock."""
+        return aio.run(work)
 
     @property
     def max_num_seqs(self) -> int | None:

@@ -27,7 +27,6 @@ from campaign.measure import traces
 from campaign.night import pool, ray_executor
 from campaign.night.launch import Campaign, LaunchWork, Options, pending_launches, retired_rounds
 from campaign.plan import limits, planning
-from campaign.plan import virtual as sim_night
 from campaign.server import flag_list, gpu
 from campaign.server.argv import api_key_from, resolve_path
 from campaign.server.envinfo import machine_info, tool_info
@@ -125,7 +124,7 @@ def check_references(profile: LaunchProfile, profile_path: Path, matrix: Matrix 
 
 def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_path: Path,
              options: Options, estimate: dict[str, Any] | None = None, pool: list[int] | None = None,
-             ray: bool = False, not_replayed: list[str] | None = None) -> Manifest:
+             ray: bool = False) -> Manifest:
     raw_matrix = matrix.model_dump(mode="json")
     raw_profile = profile.model_dump(mode="json")
     engine = options.engine or profile.engine
@@ -142,7 +141,7 @@ def manifest(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_
         schedule=[ScheduleEntry(variant=v, repeat=r) for v, r in schedule(matrix)],
         cells=[c.model_dump(mode="json") | {"key": c.key} for c in matrix.cells()],
         estimate=estimate, executor="ray" if ray else ("serial" if pool is None else "pool"), pool=pool,
-        clock=options.clock, not_replayed=not_replayed or [])
+        clock=options.clock, not_replayed=[])   # every kind runs in simulated time (format 9-17 could leave some)
 
 
 # --- a night: one run directory, written by this process alone ---------------------------------------------
@@ -337,12 +336,10 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
             out: Path, gpus: list[int] | None = None, mixed_gpus: bool = False, ray: bool = False,
             ray_address: str | None = None, clock: Literal["wall", "virtual"] = "wall") -> Iterator[Night]:
     """A new run: checked before anything is made (executable, every flag), estimated, its manifest written.
-    In simulated time (clock virtual) only what the engine can replay is kept of the matrix (sim_night)."""
+    In simulated time (clock virtual) every cell kind and experiment is measured, on the simulator's clock."""
 
-    not_replayed: list[str] = []
     if clock == "virtual":
         _check_virtual(profile, profile_path, engine, gpus=gpus, ray=ray)
-        matrix, not_replayed = sim_night.replayable(matrix, matrix_path)
     checked = preflight(profile, profile_path, engine, matrix, matrix_path, placed=gpus is not None or ray)
     gpus = gpus if gpus is not None or ray or clock == "virtual" else _profile_pool(profile, profile_path)
     _check_ray_options(ray, gpus, ray_address)
@@ -361,14 +358,12 @@ def started(matrix: Matrix, matrix_path: Path, profile: LaunchProfile, profile_p
     options = Options(engine=engine, max_attempts=matrix.max_attempts, clock=clock)
     with run.writer() as locked:
         store.write_new(run.manifest_path, manifest(matrix, matrix_path, profile, profile_path, options,
-                                                    estimated.to_json(), gpus, ray=ray, not_replayed=not_replayed))
+                                                    estimated.to_json(), gpus, ray=ray))
         notices = [f"flags checked against {checked.source}", *(w.line() for w in checked.warnings),
                    f"run directory: {run.root}", *_unlocked(locked)]
         if clock == "virtual":
-            notices.append("in simulated time: the engine replays each launch in this process, figures in the "
-                           "hardware's units")
-            notices += [f"not replayed (measure it over HTTP: campaign run {matrix.name} --engine sim): {why}"
-                        for why in not_replayed]
+            notices.append("in simulated time: the simulator serves each launch in this process on its own clock, "
+                           "figures in the hardware's units")
         if gpus is not None:
             notices.append(f"GPU pool: {', '.join(map(str, gpus))} (launches side by side, each on its own GPUs)")
         yield Night(run, matrix, profile, options, resumed=False, notices=notices, pool=gpus, ray=ray,

@@ -11,12 +11,13 @@ figures are the hardware's (time scale 1), whatever speed this machine has.
 What is replayed: prefill and decode cells, with any prompts on either endpoint (text and chat prompts are
 made by the tool's own prompts.Prompts, talking to the simulator's tokenizer and chat template in this
 process instead of over /tokenize), and seed 000's experiments (context window, long context, overload,
-prefix order, repeat), each step as study.py sends it and judged by study.py's own functions. What is not,
-and is left out of the run with its name on the console and in the manifest (`not_replayed`): open-loop rate
-cells, agent sessions and capacity searches; measure them over HTTP (`campaign run MATRIX --engine sim`).
-Repeats differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell) and, with the
-`launch-noise` fault, by the speed each launch draws; everything else an engine does is deterministic, so a
-virtual A/A reads no difference.
+prefix order, repeat), each step as study.py sends it and judged by study.py's own functions. Every
+other kind (open-loop rate and trace cells, agent sessions, capacity searches) is not replayed here: the
+Measurer itself measures it against the simulator serving from this process on its own clock
+(measure.simulated), so the night runs every kind in simulated time and `not_replayed` stays empty. Repeats
+differ only by the engine's seed (speculative acceptance, seed 000's bimodal cell) and, with the `launch-noise`
+fault, by the speed each launch draws; everything else an engine does is deterministic, so a virtual A/A reads
+no difference.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core import stats
-from campaign.core.errors import ConfigError, LaunchError
+from campaign.core.errors import LaunchError
 from campaign.http.client import RequestRecord
 from campaign.measure import prompts, study
 from campaign.measure.cells import (
@@ -55,12 +56,9 @@ from campaign.sim.engine import Virtual, engine_for
 from campaign.sim.truth import RequestTruth
 from campaign.spec.matrix import (
     ContextWindowExperiment,
-    DecodeWorkload,
     Experiment,
     LongContextExperiment,
-    Matrix,
     OverloadExperiment,
-    PrefillWorkload,
     PrefixOrderExperiment,
     RepeatExperiment,
 )
@@ -69,34 +67,18 @@ from campaign.stored import store
 NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
 
 
-# Cells of any prompts, and seed 000's experiments (study.py's own functions judge them).
-REPLAYED = (PrefillWorkload, DecodeWorkload, ContextWindowExperiment, LongContextExperiment, OverloadExperiment,
-            PrefixOrderExperiment, RepeatExperiment)
+# Seed 000's experiments (study.py's own functions judge them); prefill and decode cells of any prompts too.
+REPLAYED = (ContextWindowExperiment, LongContextExperiment, OverloadExperiment, PrefixOrderExperiment,
+            RepeatExperiment)
 SAMPLE_EVERY_S = 0.25   # study.overload's sampler: the gauges every quarter second of the burst
 
 
-def _replayable(workload: Any) -> str | None:
-    """Why a workload cannot be replayed in simulated time; None when it can."""
-    if isinstance(workload, REPLAYED):
-        return None
-    return f"{workload.kind}: {'an open-loop load' if workload.kind == 'rate' else 'this experiment'} is " \
-           "measured over HTTP only"
-
-
-def replayable(matrix: Matrix, path: Path) -> tuple[Matrix, list[str]]:
-    """The matrix with only what simulated time replays, and what was left out (`workloads[i]: why`)."""
-    kept, left = [], []
-    for index, workload in enumerate(matrix.workloads):
-        why = _replayable(workload)
-        if why is None:
-            kept.append(workload)
-        else:
-            left.append(f"workloads[{index}] {why}")
-    if not kept:
-        raise ConfigError(str(path), "workloads", "nothing in this matrix can be replayed in simulated time ("
-                          + "; ".join(left) + ")",
-                          hint="run it over HTTP on the simulator: campaign run MATRIX --engine sim")
-    return matrix.model_copy(update={"workloads": kept}), left
+def replays(work: CellSpec | Experiment) -> bool:
+    """Whether the engine's own replay measures this (prefill and decode cells, seed 000's experiments); the
+    rest is measured by the Measurer against the simulator in process (measure.simulated)."""
+    if isinstance(work, CellSpec):
+        return work.phase in ("prefill", "decode")
+    return isinstance(work, REPLAYED)
 
 
 @dataclass

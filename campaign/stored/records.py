@@ -176,11 +176,13 @@ class Manifest(_Record):
                                       "ray: launches as Ray tasks on a cluster's nodes")
     pool: list[int] | None = Field(default=None, description="the pool's GPU indices (--gpus); None: serial")
     clock: Literal["wall", "virtual"] = Field(
-        default="wall", description="wall: servers measured over HTTP; virtual: the simulator's engine replayed "
-                                    "in simulated time, in this process (sim_night), figures in the hardware's units")
+        default="wall", description="wall: servers measured over HTTP; virtual: the simulator serving from this "
+                                    "process on its own simulated clock, measured by the same client and rules "
+                                    "(measure.simulated), figures in the hardware's units")
     not_replayed: list[str] = Field(
-        default_factory=list, description="a virtual run: the matrix's workloads left out of it (`workloads[i] "
-                                          "kind: why`); the stored matrix is what was replayed")
+        default_factory=list, description="a virtual run before the tool measured every kind in simulated time: "
+                                          "the matrix's workloads left out of it (`workloads[i] kind: why`); "
+                                          "always empty now")
 
     def matrix_model(self) -> Matrix:
         return Matrix.model_validate(self.matrix.raw)

@@ -1,0 +1,220 @@
+"""One method, two clocks (issue 51): every kind of cell and experiment measured by the same Measurer over HTTP on
+the simulator at time scale 5 (the wall clock, a server process) and in simulated time (the simulator in this
+process on its own clock, measure.simulated), on the same launch profile. The figures a run publishes agree
+within 10%: the simulated clock is the same method, not a model of it.
+
+What may differ, and why the bound is 10% and not equality: over HTTP a request reaches the server a little
+later than its send (the socket, the other process's loop) and the host may stall the client; in simulated time
+neither happens. Tail percentiles of a few requests move by whole engine steps, so the checks read the figures
+a verdict reads: rates, means and medians.
+
+One difference is the server's, not the method's: requests sent together (a fixed round, agents in lockstep)
+reach the engine at one instant in simulated time and are prefilled in one step, while over HTTP at 5x their
+sends spread by about a wall millisecond, five simulated ones, and the first starts a step alone (measured on
+a fixed C4 round at 1,024 tokens: first tokens after 1,041 ms instead of 2,044 for the first request, TPOT 24.9
+against 28.8 ms). Throughput agrees (75.5 against 75.8 tok/s); per-request figures of such rounds are not
+compared. A real GPU's client spreads its sends by the same millisecond, unmagnified."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from fakes import simulated as http_sim
+
+from campaign.bench import truth
+from campaign.core import aio
+from campaign.measure import capacity, slo, study, traces
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.measure.runner import Measurer, Target
+from campaign.measure.simulated import SimulatedServer
+from campaign.plan import virtual as sim_night
+from campaign.server.profiles import load_profile
+from campaign.sim import truth as sim_truth
+
+T = TypeVar("T")
+TIME_SCALE = 5.0
+PROFILE = "a5000-tp2"
+FLAGS: dict[str, Any] = {"max-num-seqs": 16}
+AGREE = 0.10
+MOONCAKE = Path(__file__).parent.parent / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
+
+
+@dataclass
+class Side:
+    """One clock's server and the one Measurer that measures it all module long, as a night's launch has one:
+    its prompts go on from cell to cell, so no cell finds an earlier cell's prompt in the prefix cache."""
+
+    call: Callable[[Coroutine[Any, Any, Any]], Any]
+    measurer: Measurer
+
+    @property
+    def target(self) -> Target:
+        return self.measurer.target
+
+
+@pytest.fixture(scope="module")
+def in_simulated_time() -> Iterator[Side]:
+    """Made before `over_http` (each test names it first): that fixture's environment would hand this launch
+    its truth file."""
+    launch = sim_night.start(load_profile(PROFILE)[0], FLAGS, seed=0)
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+        side = Side(server.call, Measurer(server.target()))
+        side.call(_ready(side))
+        yield side
+
+
+@pytest.fixture(scope="module")
+def over_http(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Side]:
+    with http_sim.with_truth(tmp_path_factory.mktemp("two-clocks"), PROFILE, FLAGS, TIME_SCALE) as (server, _):
+        side = Side(aio.run, Measurer(server.target()))
+        side.call(_ready(side))
+        yield side
+
+
+async def _ready(side: Side) -> None:
+    """As a night's launch begins: the server's time scale read, then the warm-up (first-use costs: over HTTP a
+    cold client's first connections, magnified five times, spread the first cell's sends)."""
+    await side.measurer.warm_up([CellSpec(phase="prefill", context_tokens=4096),
+                                 CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=64)])
+
+
+def both(http: Side, sim: Side, work: Callable[[Side], Coroutine[Any, Any, T]]) -> tuple[T, T]:
+    """`work(side)` over HTTP at 5x, then in simulated time."""
+    wall: T = http.call(work(http))
+    virtual: T = sim.call(work(sim))
+    return wall, virtual
+
+
+def agree(http: float | None, virtual: float | None, what: str) -> None:
+    assert http is not None and virtual is not None, what
+    assert http == pytest.approx(virtual, rel=AGREE), (what, http, virtual)
+
+
+def cells(http: Side, sim: Side, spec: CellSpec) -> tuple[CellResult, CellResult]:
+    async def cell(side: Side) -> CellResult:
+        return await side.measurer.run_cell(spec)
+
+    wall, virtual = both(http, sim, cell)
+    assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
+    assert wall.time_scale == TIME_SCALE and virtual.time_scale == 1.0
+    return wall, virtual
+
+
+@pytest.mark.wall_timed
+@pytest.mark.parametrize("spec", [
+    CellSpec(phase="prefill", context_tokens=4096),
+    CellSpec(phase="decode", context_tokens=1024, concurrency=4, max_tokens=128, mode="fixed", min_requests=8),
+    CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),
+], ids=["prefill", "fixed", "sustained"])
+def test_prefill_and_decode_cells_agree_on_both_clocks(in_simulated_time: Side, over_http: Side,
+                                                       spec: CellSpec) -> None:
+    wall, virtual = cells(over_http, in_simulated_time, spec)
+    names = (["prompt_tok_s", "ttft_ms"] if spec.phase == "prefill" else ["total_tok_s"] if spec.mode == "fixed"
+             else ["total_tok_s", "per_request_tok_s", "tpot_ms", "itl_ms"])
+    for name in names:
+        agree(getattr(wall, name), getattr(virtual, name), name)
+    # Simulated time has no client to stall: its lag is zero, its core share undefined.
+    assert virtual.client_lag_max_ms == 0.0 and virtual.client_cpu is None
+
+
+@pytest.mark.wall_timed
+def test_a_rate_cell_agrees_on_both_clocks(in_simulated_time: Side, over_http: Side) -> None:
+    spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=2.0, duration_s=30.0,
+                    slo=slo.parse("ttft_p90_ms=2000,tpot_p90_ms=100"))
+    wall, virtual = cells(over_http, in_simulated_time, spec)
+    assert wall.scheduled_requests == virtual.scheduled_requests   # the same schedule, from the same seed
+    for name in ("achieved_rate_rps", "total_tok_s", "ttft_ms", "tpot_ms", "e2e_ms", "goodput_rps"):
+        agree(getattr(wall, name), getattr(virtual, name), name)
+
+
+@pytest.mark.wall_timed
+def test_a_trace_cell_agrees_on_both_clocks(in_simulated_time: Side, over_http: Side) -> None:
+    sliced, requests = traces.plan(MOONCAKE, start_s=120, duration_s=20, length_scale=0.1)
+    spec = CellSpec.from_trace(sliced, requests, slo=slo.parse("ttft_p99_ms=3600000"))
+    wall, virtual = cells(over_http, in_simulated_time, spec)
+    assert wall.scheduled_requests == virtual.scheduled_requests == len(requests)
+    for name in ("total_tok_s", "ttft_ms", "e2e_ms"):
+        agree(getattr(wall, name), getattr(virtual, name), name)
+    agree(wall.prefix_cache_hits, virtual.prefix_cache_hits, "prefix_cache_hits")
+
+
+@pytest.mark.wall_timed
+def test_agent_sessions_agree_on_both_clocks(in_simulated_time: Side, over_http: Side) -> None:
+    async def agents(side: Side) -> study.ExperimentResult:
+        return await study.agents(side.target, sessions=[2, 4], turns=3, system_tokens=800, user_tokens=100,
+                                  reply_tokens=64, prompts="random", floors=(5.0,), time_scale=side.target.time_scale)
+
+    wall, virtual = both(over_http, in_simulated_time, agents)
+    assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
+    assert wall.values.keys() == virtual.values.keys()
+    # The answer (how many agents held the floor) is the same; each N's slowest agent is not compared, for the
+    # reason a fixed round's per-request speeds are not (see the module's docstring).
+    held = [name for name in wall.values if not name.startswith("slowest_agent")]
+    assert held and all(wall.values[name] == virtual.values[name] for name in held), (wall.values, virtual.values)
+
+
+@pytest.mark.wall_timed
+def test_an_slo_search_brackets_the_same_rate_on_both_clocks(in_simulated_time: Side,
+                                                              over_http: Side) -> None:
+    spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=1.0, duration_s=10.0,
+                    slo=slo.parse("ttft_p90_ms=4000,tpot_p90_ms=100"))
+
+    async def search(side: Side) -> study.ExperimentResult:
+        return await capacity.slo_search(side.measurer, spec, start_rps=1.0, resolution=0.25, max_probes=6,
+                                         concurrency=False, concurrency_ceiling=None)
+
+    wall, virtual = both(over_http, in_simulated_time, search)
+    assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
+    assert wall.values.get("max_rate_rps") and virtual.values.get("max_rate_rps"), (wall, virtual)
+    agree(wall.values["max_rate_rps"], virtual.values["max_rate_rps"], "max_rate_rps")
+
+
+@pytest.mark.wall_timed
+def test_seed_000s_experiments_agree_on_both_clocks(in_simulated_time: Side,
+                                                    over_http: Side) -> None:
+    async def experiments(side: Side) -> list[study.ExperimentResult]:
+        target = side.target
+        return [await study.long_context(target, [2048, 8192], reply_tokens=64),
+                await study.prefix_order(target, block_size=target.block_size, agents=4, shared_tokens=2400,
+                                         task_tokens=200, reply_tokens=64),
+                await study.overload(target, max_num_seqs=16, factor=1.5, prompt_tokens=64, reply_tokens=64)]
+
+    wall, virtual = both(over_http, in_simulated_time, experiments)
+    for w, v in zip(wall, virtual, strict=True):
+        assert w.status == v.status == "Valid", (w.kind, w.reasons, v.reasons)
+    for w_row, v_row in zip(wall[0].details["rows"], virtual[0].details["rows"], strict=True):
+        for name in ("ttft_s", "generation_tok_s", "prompt_tok_s"):
+            agree(w_row[name], v_row[name], f"long context {w_row['context_tokens']} {name}")
+    for name in ("shared_first_hit_rate", "speedup"):
+        agree(wall[1].values[name], virtual[1].values[name], f"prefix order {name}")
+    for name in ("ran_concurrently", "queued", "completed"):
+        assert wall[2].values[name] == virtual[2].values[name], name
+
+
+def test_in_simulated_time_every_figure_is_the_engines_own_record() -> None:
+    """The truth of the simulated clock: with no socket delay and no client stall, a sustained decode cell's and
+    a rate cell's every published figure (rates, counters, percentiles, steadiness intervals, SLO) equals what
+    the engine recorded (sim_truth), to rounding: a delivery delay of exactly zero."""
+    launch = sim_night.start(load_profile("h200")[0], {}, seed=0)
+    recorded = sim_truth.Recorder()
+    specs = [CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),
+             CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=4.0, duration_s=30.0,
+                      slo=slo.parse("ttft_p90_ms=500,tpot_p90_ms=30"))]
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorded) as server:
+        measurer = Measurer(server.target())
+        sustained, rate = (server.call(measurer.run_cell(spec)) for spec in specs)
+        anchor = server.anchor
+    matched = truth.Matched(sim_truth.Truth(header={"time_scale": 1.0, "anchor": anchor},
+                                            requests=recorded.requests, steps=recorded.steps))
+    figures, delay = truth.cell_figures(sustained, matched)
+    assert delay == 0.0
+    figures += truth.rate_cell_figures(rate, matched, matched.delivery(rate.records, matched.of(rate.records)))
+    assert len(figures) > 60 and {"total_tok_s", "ttft_p99", "slo_passed", "interval_0_tpot"} <= {
+        f.name for f in figures}
+    off = [(f.name, f.tool, f.truth) for f in figures if not f.ok or (
+        f.tool is not None and f.truth is not None and f.tool != pytest.approx(f.truth, rel=1e-9, abs=1e-9))]
+    assert not off, off
