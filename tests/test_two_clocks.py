@@ -12,7 +12,7 @@ One difference is the server's, not the method's: requests sent together (a fixe
 reach the engine at one instant in simulated time and are prefilled in one step, while over HTTP at 5x their
 sends spread by about a wall millisecond, five simulated ones, and the first starts a step alone (measured on
 a fixed C4 round at 1,024 tokens: first tokens after 1,041 ms instead of 2,044 for the first request, TPOT 24.9
-against 28.8 ms). Throughput agrees (75.5 against 75.8 tok/s); per-request figures of such rounds are not
+against 28.8 ms). Throughput agrees (75.5 against 75.8 tok/s); stream tok/s and TPOT of such rounds are not
 compared. A real GPU's client spreads its sends by the same millisecond, unmagnified."""
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_agent_sessions_agree_on_both_clocks(in_simulated_time: Side, over_http:
     assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
     assert wall.values.keys() == virtual.values.keys()
     # The answer (how many agents held the floor) is the same; each N's slowest agent is not compared, for the
-    # reason a fixed round's per-request speeds are not (see the module's docstring).
+    # reason a fixed round's stream tok/s is not (see the module's docstring).
     held = [name for name in wall.values if not name.startswith("slowest_agent")]
     assert held and all(wall.values[name] == virtual.values[name] for name in held), (wall.values, virtual.values)
 
@@ -195,10 +195,12 @@ def test_seed_000s_experiments_agree_on_both_clocks(in_simulated_time: Side,
         assert wall[2].values[name] == virtual[2].values[name], name
 
 
-def test_in_simulated_time_every_figure_is_the_engines_own_record() -> None:
+def test_in_simulated_time_every_figure_is_the_engines_own_record(monkeypatch: pytest.MonkeyPatch) -> None:
     """The truth of the simulated clock: with no socket delay and no client stall, a sustained decode cell's and
     a rate cell's every published figure (rates, counters, percentiles, steadiness intervals, SLO) equals what
     the engine recorded (sim_truth), to rounding: a delivery delay of exactly zero."""
+    for name in ("CAMPAIGN_SIM_TRUTH", "CAMPAIGN_SIM_TIME_SCALE"):   # `over_http`'s, if it is alive
+        monkeypatch.delenv(name, raising=False)
     launch = sim_night.start(load_profile("h200")[0], {}, seed=0)
     recorded = sim_truth.Recorder()
     specs = [CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),

@@ -85,7 +85,7 @@ class Reply:
     events: int          # SSE events dispatched
     http_version: str
     keep_alive: bool
-    sent_t: float        # perf_counter when the request's bytes went to the socket (connected, encoded)
+    sent_t: float        # core.clock when the request's bytes went to the socket (connected, encoded)
 
 
 _BOM = b"\xef\xbb\xbf"

@@ -662,7 +662,7 @@ class CellResult(BaseModel):
     completed: int | None = None
     output_tokens: int | None = None
     measured_s: float | None = None
-    # Sustained cells: the window's bounds on the request records' clock (perf_counter seconds), so every
+    # Sustained cells: the window's bounds on the request records' clock (core.clock's seconds), so every
     # window figure can be recomputed from the raw records (format 4; None before, and for other modes).
     # Rate cells (format 6): the schedule's start and its nominal end (start + span) on the same clock.
     window: tuple[float, float] | None = None
@@ -717,7 +717,7 @@ class CellResult(BaseModel):
     spec_mean_accepted: float | None = None
     # Every cell's rates, latencies and durations are the hardware's (rate cells from format 6, the others from
     # format 10; see hardware_units): a time-scaled simulator's figures converted back, and `time_scale` says
-    # from what. The request records and `window` stay on the client's clock (perf_counter), as measured.
+    # from what. The request records and `window` stay on the client's clock (core.clock), as measured.
     # Rate cells (format 6):
     # the rate asked for (None: as fast as the cap allows) and the rate the requests were sent at (requests
     # sent over the time their schedule took, as sent); requests planned (None: a closed loop), whether an

@@ -83,7 +83,7 @@ def arrivals(rate: float, span_s: float, *, arrival: Arrival = "poisson", bursti
 @dataclass(frozen=True)
 class Sent:
     """When one request was meant to go and when it was free to: its due time, or later when the cap held it
-    back (perf_counter seconds)."""
+    back (the measuring clock's seconds)."""
 
     index: int
     scheduled_t: float

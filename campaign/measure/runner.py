@@ -146,7 +146,7 @@ class _Step:
 
 @dataclass(frozen=True)
 class _Load:
-    """How a rate cell's requests were scheduled: its start (perf_counter), the span its arrivals were drawn
+    """How a rate cell's requests were scheduled: its start (on the measuring clock), the span its arrivals were drawn
     over and the requests they held (hardware seconds; None for a closed loop), and whether it stopped early."""
 
     start: float

@@ -358,7 +358,7 @@ async def overload(target: Target, *, max_num_seqs: int, factor: float = 1.25, p
     prompts = PromptSource()
     running: list[float] = []
     waiting: list[float] = []
-    sampled_t: list[float] = []   # perf_counter of each sample (the report draws the gauges over time)
+    sampled_t: list[float] = []   # the measuring clock at each sample (the report draws the gauges over time)
     done = asyncio.Event()
 
     async def sampler(client: httpx.AsyncClient) -> None:
@@ -450,7 +450,7 @@ def overload_result(records: list[RequestRecord], *, max_num_seqs: int, factor: 
                 "queued": None if queued_or_none is None else float(queued_or_none),
                 "completed": float(completed), "errored": float(errored), "peak_running": peak_running,
                 "peak_waiting": peak_waiting},
-        # The server's gauges as sampled, [perf_counter, running, waiting]: on the requests' clock (send_t).
+        # The server's gauges as sampled, [clock, running, waiting]: on the requests' clock (send_t).
         # send_spread_s and first_life_s (the hardware's seconds): how far apart the burst's sends left, and
         # the first request's life, which the spread must be a small part of (SEND_SPREAD_SHARE).
         details={"requests": n, "max_num_seqs": max_num_seqs, "wall_s": wall_s, "time_scale": time_scale,
