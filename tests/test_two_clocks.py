@@ -40,6 +40,9 @@ TIME_SCALE = 5.0
 PROFILE = "a5000-tp2"
 FLAGS: dict[str, Any] = {"max-num-seqs": 16}
 AGREE = 0.10
+# The HTTP client's largest loop stall a reading may have had (wall ms; unloaded here 2.8-4.3 ms): at 5x, 10 ms
+# is 50 simulated ms, two decode steps of the A5000 pair.
+STALL_MS = 10.0
 MOONCAKE = Path(__file__).parent.parent / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
 
 
@@ -95,10 +98,21 @@ def agree(http: float | None, virtual: float | None, what: str) -> None:
 
 
 def cells(http: Side, sim: Side, spec: CellSpec) -> tuple[CellResult, CellResult]:
+    """The cell on both clocks. Over HTTP the premise is the client's: a stall of its loop past STALL_MS is five
+    times that on the server's clock, several engine steps, and moves which step a request lands in; such a
+    reading (its own largest recorded lag says so) is measured again, at most three times, never compared."""
     async def cell(side: Side) -> CellResult:
         return await side.measurer.run_cell(spec)
 
-    wall, virtual = both(http, sim, cell)
+    virtual = sim.call(cell(sim))
+    stalls: list[float | None] = []
+    for _ in range(3):
+        wall = http.call(cell(http))
+        if wall.client_lag_max_ms is not None and wall.client_lag_max_ms <= STALL_MS:
+            break
+        stalls.append(wall.client_lag_max_ms)
+    else:
+        pytest.fail(f"the host stalled the HTTP client past {STALL_MS} ms in every try: {stalls} ms")
     assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
     assert wall.time_scale == TIME_SCALE and virtual.time_scale == 1.0
     return wall, virtual
@@ -123,7 +137,7 @@ def test_prefill_and_decode_cells_agree_on_both_clocks(in_simulated_time: Side, 
 
 @pytest.mark.wall_timed
 def test_a_rate_cell_agrees_on_both_clocks(in_simulated_time: Side, over_http: Side) -> None:
-    spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=2.0, duration_s=30.0,
+    spec = CellSpec(phase="rate", context_tokens=512, max_tokens=64, request_rate=1.0, duration_s=20.0,
                     slo=slo.parse("ttft_p90_ms=2000,tpot_p90_ms=100"))
     wall, virtual = cells(over_http, in_simulated_time, spec)
     assert wall.scheduled_requests == virtual.scheduled_requests   # the same schedule, from the same seed
