@@ -1,4 +1,4 @@
-"""Measuring in simulated time: the Measurer, unchanged, against the simulator's engine in this process.
+"""Measuring in simulated time: the same Measurer, against the simulator's engine in this process.
 
 The client and the simulator (sim.server.in_process) share one event loop whose time is simulated (looptime,
 MIT): the loop's clock stands still while anything is left to run and then moves straight to the next timer,
