@@ -162,14 +162,16 @@ class Endpoint:
 
     def control(self, timeout_s: float = 10.0) -> httpx.Client:
         """A synchronous httpx client for control-plane calls (relative paths: "/metrics")."""
-        verify = self.ssl_context() or False
-        transport = None if self.uds is None else httpx.HTTPTransport(uds=self.uds, verify=verify)
-        return httpx.Client(**self._httpx_options(timeout_s), transport=transport)  # type: ignore[arg-type]
+        options = self._httpx_options(timeout_s)
+        transport = None if self.uds is None else httpx.HTTPTransport(
+            uds=self.uds, verify=options["verify"])  # type: ignore[arg-type]
+        return httpx.Client(**options, transport=transport)  # type: ignore[arg-type]
 
     def async_control(self, timeout_s: float = 10.0) -> httpx.AsyncClient:
-        verify = self.ssl_context() or False
-        transport = None if self.uds is None else httpx.AsyncHTTPTransport(uds=self.uds, verify=verify)
-        return httpx.AsyncClient(**self._httpx_options(timeout_s), transport=transport)  # type: ignore[arg-type]
+        options = self._httpx_options(timeout_s)
+        transport = None if self.uds is None else httpx.AsyncHTTPTransport(
+            uds=self.uds, verify=options["verify"])  # type: ignore[arg-type]
+        return httpx.AsyncClient(**options, transport=transport)  # type: ignore[arg-type]
 
 
 def _is_ipv6(host: str) -> bool:

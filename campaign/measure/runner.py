@@ -63,6 +63,7 @@ from campaign.measure.figures import (
 from campaign.measure.prompts import Prompt, Prompts, PromptSource, SessionTurns
 from campaign.server import metrics as m
 from campaign.server.gpu import StepMonitor, StepTelemetry
+from campaign.server.startup_log import StartupFacts
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
@@ -100,6 +101,16 @@ class Target:
     # Whether this tool launched the server: only then is its prefix cache reset before an open-loop step (a
     # probed server's cache is its other users').
     launched: bool = False
+
+    @classmethod
+    def launched_as(cls, endpoint: Endpoint, model: str, facts: StartupFacts, *, max_num_seqs: int | None,
+                    max_num_batched_tokens: int | None) -> Target:
+        """A server this tool launched, as its startup log told it; the chunk from the log, else as launched."""
+        return cls(endpoint=endpoint, model=model, kv_cache_tokens=facts.kv_cache_tokens,
+                   block_size=facts.block_size, max_model_len=facts.max_model_len,
+                   server_version=facts.vllm_version, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=facts.max_num_batched_tokens or max_num_batched_tokens,
+                   num_speculative_tokens=facts.num_speculative_tokens, launched=True)
 
     @property
     def base_url(self) -> str:
@@ -479,8 +490,9 @@ class Measurer:
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
         # On a simulated clock the client's stamps are exact: its lag is zero, and a probe waking every few
         # milliseconds would only cost the host time.
+        simulated = clock.simulated()
         lags: list[tuple[float, float]] = []
-        lag_probe = None if clock.simulated() else asyncio.create_task(loop_lag(lags, stop_sampling))
+        lag_probe = None if simulated else asyncio.create_task(loop_lag(lags, stop_sampling))
         lag_applies = True
         # The event loop's own thread: a process's CPU counts other threads (NVML sampling, name lookups), and
         # /proc's times come in 10 ms ticks, so a 0.1 s prefill step read as 101% of a core.
@@ -526,7 +538,7 @@ class Measurer:
                 # The worker processes draw fresh random prompts; a warm-TTFT cell keeps its cached prompts, and a
                 # text or chat cell its server-tokenized corpus, in one process.
                 # In simulated time one loop holds the clock: no other process can stamp on it.
-                processes = 1 if prompts or source or clock.simulated() else shard.client_processes(
+                processes = 1 if prompts or source or simulated else shard.client_processes(
                     spec.concurrency, self.client_processes)
                 if processes > 1:
                     self._ids += 1
@@ -551,7 +563,7 @@ class Measurer:
             if collecting:
                 gc.enable()
         # On a simulated clock the client's work costs no measured time, so its share of a core measures nothing.
-        cpu = None if clock.simulated() else max(
+        cpu = None if simulated else max(
             [(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
         if window is not None:
             # The drain after a sustained window runs fewer than C: its samples say nothing of the window.
@@ -562,7 +574,7 @@ class Measurer:
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry,
                      sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None],
-                     lag=[0.0] if clock.simulated() else [lag for _, lag in lags] if lag_applies else [], load=load)
+                     lag=[0.0] if simulated else [lag for _, lag in lags] if lag_applies else [], load=load)
 
     def _template_hits(self, spec: CellSpec, requests: int) -> float:
         """Cache hits a chat step may get from its template's fixed opening (whole blocks of it per request)."""

@@ -42,11 +42,8 @@ def target(config: SimConfig, facts: StartupFacts, uds: str, timeouts: Timeouts 
     """What a Measurer knows of the simulator in process: what its startup log said, as of a launched server."""
     endpoint = Endpoint(scheme="http", host=HOST, port=8000, api_key=config.api_key,
                         timeouts=timeouts or Timeouts(), uds=uds)
-    return Target(endpoint=endpoint, model=config.name, kv_cache_tokens=facts.kv_cache_tokens,
-                  block_size=facts.block_size, max_model_len=facts.max_model_len, server_version=facts.vllm_version,
-                  max_num_seqs=config.max_num_seqs,
-                  max_num_batched_tokens=facts.max_num_batched_tokens or config.max_num_batched_tokens,
-                  num_speculative_tokens=facts.num_speculative_tokens, launched=True)
+    return Target.launched_as(endpoint, config.name, facts, max_num_seqs=config.max_num_seqs,
+                              max_num_batched_tokens=config.max_num_batched_tokens)
 
 
 class SimulatedServer:

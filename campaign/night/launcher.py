@@ -71,12 +71,9 @@ class LaunchedServer:
 
     def target(self, timeouts: Timeouts | None = None) -> Target:
         """What a Measurer needs to know of this server: where it is and what it became."""
-        f = self.facts
-        return Target(endpoint=self.spec.endpoint(timeouts), model=self.spec.served_model_name,
-                      kv_cache_tokens=f.kv_cache_tokens, block_size=f.block_size, max_model_len=f.max_model_len,
-                      server_version=f.vllm_version, max_num_seqs=self.max_num_seqs,
-                      max_num_batched_tokens=f.max_num_batched_tokens or self._flag_int("max-num-batched-tokens"),
-                      num_speculative_tokens=f.num_speculative_tokens, launched=True)
+        return Target.launched_as(self.spec.endpoint(timeouts), self.spec.served_model_name, self.facts,
+                                  max_num_seqs=self.max_num_seqs,
+                                  max_num_batched_tokens=self._flag_int("max-num-batched-tokens"))
 
 
 @contextmanager

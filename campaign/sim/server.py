@@ -685,6 +685,23 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     return mem, block
 
 
+def _assembled(config: SimConfig, mem: sim_model.Memory, clock: Clock, log: Log, *, truth: TruthSink | None = None,
+               on_crash: Callable[[], None] | None = None, after_send: Callable[[], None] | None = None) -> Server:
+    """The engine (recording into `truth` too), its driver on `clock` and the HTTP front, as `serve` and
+    `in_process` both run them: once a step's tokens are on the wire the request histograms fold, then
+    `after_send` runs."""
+    histograms = RequestHistograms(CollectorRegistry(auto_describe=False), model_name=config.name,
+                                   max_model_len=config.max_model_len)
+
+    def sent() -> None:
+        histograms.fold()
+        if after_send is not None:
+            after_send()
+
+    engine = engine_for(config, histograms if truth is None else Tee(truth, histograms), on_crash=on_crash)
+    return Server(config, Driver(engine, clock, log, after_send=sent), mem, histograms=histograms)
+
+
 async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) -> None:
     clock = WallClock(config.time_scale)
     truth = None if config.truth is None else sim_truth.Writer(config.truth, {
@@ -696,7 +713,7 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
 
     def close_truth() -> None:
         if truth is not None:
-            truth.close(list(engine.waiting) + engine.running)
+            truth.close(list(server.engine.waiting) + server.engine.running)
 
     def crash() -> None:
         close_truth()  # what it did until the crash is part of the truth
@@ -705,17 +722,8 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         sys.stdout.flush()
         os._exit(1)
 
-    histograms = RequestHistograms(CollectorRegistry(auto_describe=False), model_name=config.name,
-                                   max_model_len=config.max_model_len)
-
-    def after_send() -> None:
-        histograms.fold()
-        if truth is not None:
-            truth.flush()
-
-    engine = engine_for(config, histograms if truth is None else Tee(truth, histograms), on_crash=crash)
-    driver = Driver(engine, clock, log, after_send=after_send)
-    server = Server(config, driver, mem, histograms=histograms)
+    server = _assembled(config, mem, clock, log, truth=truth, on_crash=crash,
+                        after_send=None if truth is None else truth.flush)
     tls = None
     if config.ssl_certfile:
         tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -732,7 +740,7 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
     if not config.faults.ignore_sigterm:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    engine_task = asyncio.create_task(driver.run())
+    engine_task = asyncio.create_task(server.driver.run())
     try:
         await stop.wait()
         log.line("APIServer", "INFO", "launcher.py:254", "[shutdown] API server: shutdown triggered")
@@ -750,14 +758,9 @@ async def in_process(config: SimConfig, mem: sim_model.Memory, log: Log, path: s
     (LoopClock): `serve`'s server without a process, signals or the wall clock, for a client on the same loop
     (measure.simulated). A Unix socket hands each write to the reader at once, so on a loop whose time is
     simulated no byte is in flight while the clock moves. `truth` also records what the engine did."""
-    clock = LoopClock()
-    histograms = RequestHistograms(CollectorRegistry(auto_describe=False), model_name=config.name,
-                                   max_model_len=config.max_model_len)
-    engine = engine_for(config, histograms if truth is None else Tee(truth, histograms))
-    driver = Driver(engine, clock, log, after_send=histograms.fold)
-    server = Server(config, driver, mem, histograms=histograms)
+    server = _assembled(config, mem, LoopClock(), log, truth=truth)
     listener = await asyncio.start_unix_server(server.handle, path, limit=2**20, backlog=1024)
-    engine_task = asyncio.create_task(driver.run())
+    engine_task = asyncio.create_task(server.driver.run())
     try:
         yield server
     finally:
