@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -339,12 +336,14 @@ def test_probe_replays_a_trace_file_given_on_the_command_line(
 
 @pytest.mark.wall_timed
 def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
-        a5000: tuple[LaunchedServer, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        a5000: tuple[LaunchedServer, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """`campaign run` of a matrix with a trace workload on the simulated A5000 pair, two variants (seed 000's
     memory change) at two launches each: the trace cell is stored for every launch with its trace, and the
     diff judges its goodput and throughput from both launches a side, as it judges any rate cell. What one
     launch sent, exported with `campaign export-trace`, is a trace of the same arrivals and lengths, and a later
-    replay of it sends exactly those requests again."""
+    replay of it over HTTP sends exactly those requests again. The night runs in simulated time (the same
+    Measurer; test_two_clocks shows a trace cell reads the same over HTTP), 30 s of trace a launch."""
     matrix = tmp_path / "trace.yaml"
     matrix.write_text(
         "name: trace-sim\nprofile: a5000-tp2\nbaseline: baseline\nrepeats: 2\nwarmup: false\nwindow_s: 2\n"
@@ -352,17 +351,17 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
         "  - {name: memory, flags: {gpu-memory-utilization: 0.95}}\n"
         "slo: {ttft_p90_ms: 30000, tpot_p90_ms: 200}\n"
         f"workloads:\n  - {{kind: trace, file: {AZURE_CONV}, duration_s: 30, sample: 0.1}}\n")
-    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": f"{TIME_SCALE:g}"}
-    env.pop("CAMPAIGN_SIM_TRUTH", None)
-    out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
-                          str(tmp_path / "runs"), "--plain"], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    monkeypatch.delenv("CAMPAIGN_SIM_TRUTH", raising=False)   # the module's server's truth file
+    capsys.readouterr()
+    code = run_cli(["run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+                    "--plain"])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr[-3000:]
     (run_dir,) = (tmp_path / "runs" / "trace-sim").iterdir()
     run = store.RunDir(run_dir)
     stored = run.cells()
     assert len(stored) == 4 and all(c.result.spec.trace is not None and c.result.status == "Valid" for c in stored)
-    rows = [line for line in out.stdout.splitlines() if line.startswith("rate-Tazure_conv_2023_1k.")]
+    rows = [line for line in stdout.splitlines() if line.startswith("rate-Tazure_conv_2023_1k.")]
     for metric in ("goodput_rps", "total_tok_s"):
         # Judged from both launches a side, as any rate cell: a change with its interval and a verdict (with
         # four requests a launch, "no difference" or "not settled": which one is the host's noise). The diff

@@ -30,6 +30,9 @@ FailOutcome = Literal["exited", "fatal_log_line", "deadline", "interrupted"]
 StopMode = Literal["sigint", "sigterm", "sigkill", "already_exited"]
 
 
+FIRST_POLL_S = 0.02   # the first wait between two readiness polls; each later one doubles, up to poll_s
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReadyInfo:
     ready_s: float
@@ -177,6 +180,9 @@ class ServerProcess:
         deadline = self.started_at + self.startup_timeout_s
         url = "/health"
         scanned = 0
+        # The first polls come quickly and then slow to poll_s: a server ready in half a second (the simulator)
+        # is not kept waiting for a whole poll, and a real one's minute of start costs a dozen more requests.
+        wait_s = FIRST_POLL_S
         with self.spec.endpoint().control(timeout_s=2.0) as client:
             while True:
                 code = self.proc.poll()
@@ -197,7 +203,8 @@ class ServerProcess:
                     self._fail("deadline", f"server not ready after {self.startup_timeout_s:.0f} s",
                                hint="raise startup_timeout_s in the launch profile if the model is large")
                 self._remember_tree()
-                time.sleep(self.poll_s)
+                time.sleep(min(wait_s, self.poll_s))
+                wait_s *= 2
 
     def _new_log_text(self, offset: int) -> tuple[str, int]:
         """The log's whole lines from `offset` on, and the offset just past the last of them: a line still being
