@@ -43,6 +43,11 @@ AGREE = 0.10
 # The HTTP client's largest loop stall a reading may have had (wall ms; unloaded here 2.8-4.3 ms): at 5x, 10 ms
 # is 50 simulated ms, two decode steps of the A5000 pair.
 STALL_MS = 10.0
+# ... or more, where the figures compared are long: a stall delays a stamp by at most its own length (times the
+# scale), so one under 1% of every latency compared moves none of them by more than that, and leaves 9% of the
+# 10% to the clocks. (A trace cell's mean TTFT is about 27 s: 54 wall ms. Under two CPU hogs its readings
+# stalled 12-22 ms, and agreed within 0.1%.)
+STALL_SHARE = 0.01
 MOONCAKE = Path(__file__).parent.parent / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
 
 
@@ -97,22 +102,26 @@ def agree(http: float | None, virtual: float | None, what: str) -> None:
     assert http == pytest.approx(virtual, rel=AGREE), (what, http, virtual)
 
 
-def cells(http: Side, sim: Side, spec: CellSpec) -> tuple[CellResult, CellResult]:
+def cells(http: Side, sim: Side, spec: CellSpec, latencies: tuple[str, ...] = ()) -> tuple[CellResult, CellResult]:
     """The cell on both clocks. Over HTTP the premise is the client's: a stall of its loop past STALL_MS is five
     times that on the server's clock, several engine steps, and moves which step a request lands in; such a
-    reading (its own largest recorded lag says so) is measured again, at most three times, never compared."""
+    reading (its own largest recorded lag says so) is measured again, at most three times, never compared.
+    Where every latency compared (`latencies`, ms figures of the cell) is long, a stall under STALL_SHARE of the
+    shortest of them is allowed too."""
     async def cell(side: Side) -> CellResult:
         return await side.measurer.run_cell(spec)
 
     virtual = sim.call(cell(sim))
+    shortest = min((getattr(virtual, name) or 0.0 for name in latencies), default=0.0)
+    allowed_ms = max(STALL_MS, STALL_SHARE * shortest / TIME_SCALE)
     stalls: list[float | None] = []
     for _ in range(3):
         wall = http.call(cell(http))
-        if wall.client_lag_max_ms is not None and wall.client_lag_max_ms <= STALL_MS:
+        if wall.client_lag_max_ms is not None and wall.client_lag_max_ms <= allowed_ms:
             break
         stalls.append(wall.client_lag_max_ms)
     else:
-        pytest.fail(f"the host stalled the HTTP client past {STALL_MS} ms in every try: {stalls} ms")
+        pytest.fail(f"the host stalled the HTTP client past {allowed_ms:.1f} ms in every try: {stalls} ms")
     assert wall.status == virtual.status == "Valid", (wall.reasons, virtual.reasons)
     assert wall.time_scale == TIME_SCALE and virtual.time_scale == 1.0
     return wall, virtual
@@ -149,7 +158,7 @@ def test_a_rate_cell_agrees_on_both_clocks(in_simulated_time: Side, over_http: S
 def test_a_trace_cell_agrees_on_both_clocks(in_simulated_time: Side, over_http: Side) -> None:
     sliced, requests = traces.plan(MOONCAKE, start_s=120, duration_s=20, length_scale=0.1)
     spec = CellSpec.from_trace(sliced, requests, slo=slo.parse("ttft_p99_ms=3600000"))
-    wall, virtual = cells(over_http, in_simulated_time, spec)
+    wall, virtual = cells(over_http, in_simulated_time, spec, latencies=("ttft_ms", "e2e_ms"))
     assert wall.scheduled_requests == virtual.scheduled_requests == len(requests)
     for name in ("total_tok_s", "ttft_ms", "e2e_ms"):
         agree(getattr(wall, name), getattr(virtual, name), name)
