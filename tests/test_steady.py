@@ -6,6 +6,7 @@ with the simulator's own records as the truth of every interval, where the same 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import Iterator
@@ -21,8 +22,9 @@ from campaign.core import stats
 from campaign.http.client import RequestRecord
 from campaign.measure import steady
 from campaign.measure.cells import CellResult, CellSpec, Reason
-from campaign.measure.runner import Measurer
+from campaign.measure.runner import SIM_BEHIND_NOTE, Measurer
 from campaign.night.launcher import LaunchedServer
+from campaign.server.profiles import FlagValue
 from campaign.sim import truth as sim_truth
 from campaign.stored import store
 
@@ -124,31 +126,56 @@ CELLS = {"steady": CellSpec(phase="rate", context_tokens=1024, max_tokens=128, r
                                arrival="constant")}
 
 
+FLAGS: dict[str, dict[str, FlagValue]] = {"steady": {"max-model-len": 16384},
+                                          "throttled": {"max-model-len": 16384, "fault": "throttle:1"}}
+
+
 @pytest.fixture(scope="module")
 def cards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[LaunchedServer, Path]]]:
     """The same H200 twice: steady, and every step twice as long after a simulated minute."""
-    with simulated.with_truth(tmp_path_factory.mktemp("steady"), "h200", {"max-model-len": 16384}, TIME_SCALE
-                              ) as calm, \
-            simulated.with_truth(tmp_path_factory.mktemp("hot"), "h200",
-                                 {"max-model-len": 16384, "fault": "throttle:1"}, TIME_SCALE) as hot:
+    with simulated.with_truth(tmp_path_factory.mktemp("steady"), "h200", FLAGS["steady"], TIME_SCALE) as calm, \
+            simulated.with_truth(tmp_path_factory.mktemp("hot"), "h200", FLAGS["throttled"], TIME_SCALE) as hot:
         yield {"steady": calm, "throttled": hot}
+
+
+def _kept_its_clock(cards: dict[str, tuple[LaunchedServer, Path]], card: str, folder: Path
+                    ) -> tuple[CellResult, Path]:
+    """The card's cell, measured on a simulator that kept its clock. The premise is the simulator's: a host that
+    starves its process makes it fall behind (steps run late, requests live longer, fewer intervals fit the
+    window: under two CPU hogs beside a Ray test the throttled card's steadiness came out undefined). The engine's
+    own truth says how far it fell behind during the cell; past the tool's own 1% (runner.SIM_BEHIND_NOTE) the
+    reading is not judged, and the cell is measured again on a fresh card (a throttled card heats with its
+    simulated time, so it cannot be measured twice), at most three times."""
+    lost: list[float] = []
+    for attempt in range(3):
+        with contextlib.ExitStack() as stack:
+            server, truth_path = cards[card] if attempt == 0 else stack.enter_context(simulated.with_truth(
+                folder / f"again-{attempt}", "h200", FLAGS[card], TIME_SCALE))
+            before = sim_truth.read(truth_path).behind_s()
+            cell = asyncio.run(Measurer(server.target()).run_cell(CELLS[card]))
+            behind = (sim_truth.read(truth_path).behind_s() - before) / CELLS[card].duration_s
+            if behind <= SIM_BEHIND_NOTE:
+                return cell, truth_path
+            lost.append(round(behind, 3))
+    pytest.fail(f"the simulator fell behind its clock in every try (share of the cell's span): {lost}")
 
 
 @pytest.mark.wall_timed
 @pytest.mark.parametrize("card", ["steady", "throttled"])
 def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_simulators(
-        cards: dict[str, tuple[LaunchedServer, Path]], card: str) -> None:
+        cards: dict[str, tuple[LaunchedServer, Path]], card: str, tmp_path: Path) -> None:
     """A minute at 2 req/s (120 requests of 1,024 + 128 tokens) on the simulated H200: on the steady card (Poisson
     arrivals) the window is steady and the cell carries no caveat; on the throttled one (evenly spaced arrivals;
     every step 100% slower per simulated minute)
     TPOT rises across the window, so the Valid cell carries not_steady with both regimes' numbers. Either way
     each interval's throughput and TPOT are the engine's own emissions' (make truth's tolerances: 1% for a rate,
     1 ms or 2% for a time)."""
-    server, truth_path = cards[card]
-    cell = asyncio.run(Measurer(server.target()).run_cell(CELLS[card]))
+    cell, truth_path = _kept_its_clock(cards, card, tmp_path)
     assert cell.status == "Valid", cell.reasons
     found = cell.steadiness
-    assert found is not None and found.judged and found.tpot is not None and found.throughput is not None
+    lifetimes = [r.end_t - r.send_t for r in cell.records if r.ok and r.end_t is not None]
+    assert found is not None and found.judged and found.tpot is not None and found.throughput is not None, (
+        found, stats.median(lifetimes), len(lifetimes), cell.notes)
     assert cell.window is not None
     matched = truth.Matched(sim_truth.read(truth_path))
     figures = truth.steadiness_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
