@@ -181,7 +181,7 @@ class ServerProcess:
         url = "/health"
         scanned = 0
         # The first polls come quickly and then slow to poll_s: a server ready in half a second (the simulator)
-        # is not kept waiting for a whole poll, and a real one's minute of start costs a dozen more requests.
+        # is not kept waiting for a whole poll, and a real one's minute of start costs about five more requests.
         wait_s = FIRST_POLL_S
         with self.spec.endpoint().control(timeout_s=2.0) as client:
             while True:
