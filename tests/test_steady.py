@@ -139,13 +139,14 @@ def cards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[
 
 
 def _kept_its_clock(cards: dict[str, tuple[LaunchedServer, Path]], card: str, folder: Path
-                    ) -> tuple[CellResult, Path]:
+                    ) -> tuple[CellResult, sim_truth.Truth]:
     """The card's cell, measured on a simulator that kept its clock. The premise is the simulator's: a host that
     starves its process makes it fall behind (steps run late, requests live longer, fewer intervals fit the
     window: under two CPU hogs beside a Ray test the throttled card's steadiness came out undefined). The engine's
     own truth says how far it fell behind during the cell; past the tool's own 1% (runner.SIM_BEHIND_NOTE) the
     reading is not judged, and the cell is measured again on a fresh card (a throttled card heats with its
-    simulated time, so it cannot be measured twice), at most three times."""
+    simulated time, so it cannot be measured twice), at most three times. Returned with the engine's truth as
+    read after the cell."""
     lost: list[float] = []
     for attempt in range(3):
         with contextlib.ExitStack() as stack:
@@ -153,9 +154,10 @@ def _kept_its_clock(cards: dict[str, tuple[LaunchedServer, Path]], card: str, fo
                 folder / f"again-{attempt}", "h200", FLAGS[card], TIME_SCALE))
             before = sim_truth.read(truth_path).behind_s()
             cell = asyncio.run(Measurer(server.target()).run_cell(CELLS[card]))
-            behind = (sim_truth.read(truth_path).behind_s() - before) / CELLS[card].duration_s
+            after = sim_truth.read(truth_path)
+            behind = (after.behind_s() - before) / CELLS[card].duration_s
             if behind <= SIM_BEHIND_NOTE:
-                return cell, truth_path
+                return cell, after
             lost.append(round(behind, 3))
     pytest.fail(f"the simulator fell behind its clock in every try (share of the cell's span): {lost}")
 
@@ -170,14 +172,14 @@ def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_s
     TPOT rises across the window, so the Valid cell carries not_steady with both regimes' numbers. Either way
     each interval's throughput and TPOT are the engine's own emissions' (make truth's tolerances: 1% for a rate,
     1 ms or 2% for a time)."""
-    cell, truth_path = _kept_its_clock(cards, card, tmp_path)
+    cell, recorded = _kept_its_clock(cards, card, tmp_path)
     assert cell.status == "Valid", cell.reasons
     found = cell.steadiness
     lifetimes = [r.end_t - r.send_t for r in cell.records if r.ok and r.end_t is not None]
     assert found is not None and found.judged and found.tpot is not None and found.throughput is not None, (
         found, stats.median(lifetimes), len(lifetimes), cell.notes)
     assert cell.window is not None
-    matched = truth.Matched(sim_truth.read(truth_path))
+    matched = truth.Matched(recorded)
     figures = truth.steadiness_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
     assert len(figures) == 20 and all(f.tool is not None for f in figures)
     wrong = [f for f in figures if not f.ok]
