@@ -172,7 +172,7 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
 
 
 def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 19, in simulated time: two identical flag sets, interleaved, come out "no difference", with no
+    """Issue 19, in simulated time: two identical flag sets, interleaved, come out no difference or not settled, with no
     better or worse verdict anywhere and the console saying so, and the 16-stream cell of 2,048-token prompts
     Valid on every launch though its replacements queue for the 2,048-token chunk (a request waits in its
     samples). test_sim_night reads the shipped a5000-aa's outcome; whether HTTP jitter reads as a difference
@@ -182,8 +182,8 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     assert code == 0, err[-3000:]
     lines = out.splitlines()
     recommendation = next(line for line in lines if line.startswith("recommendation:"))
-    # Every throughput figure is shown within 3%; a TTFT median whose launches land in either of two modes
-    # (the streams' lockstep, by seed) cannot be in three launches: no verdict either way.
+    # Every throughput figure is shown within 3%; a TTFT or stream tok/s median whose requests spread widely
+    # (the streams' lockstep, by seed; prefill steps of 2 s) cannot be in three launches: no verdict either way.
     assert recommendation.startswith("recommendation: no flag change (A/A): no difference: every deciding figure "
                                      "shown within +-3% (") or (
         "recommendation: no flag change (A/A): not settled: " in recommendation), recommendation
@@ -191,11 +191,16 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     run = store.RunDir(next(tmp_path.glob("a5000-aa-sim/*")))
     assert run.manifest().clock == "virtual"
     (diff,) = diff_run(run)
-    verdicts = [(c.key, m.metric, m.verdict) for c in diff.cells for m in c.metrics]
+    notes = [(c.key, m.metric, m.verdict, m.note) for c in diff.cells for m in c.metrics]
+    verdicts = [(key, metric, verdict) for key, metric, verdict, _ in notes]
     assert diff.aa and diff.tests >= 6 and diff.outcome in {"no difference", "not settled"}
     assert not [v for v in verdicts if v[2] in {"better", "worse"}], verdicts
-    assert all(v[2] == "no difference" for v in verdicts if v[1] in {"total_tok_s", "per_request_tok_s",
-                                                                      "prompt_tok_s"}), verdicts
+    assert all(v[2] == "no difference" for v in verdicts if v[1] in {"total_tok_s", "prompt_tok_s"}), verdicts
+    # Stream tok/s is a median of requests that read 0.5-47 tok/s here (replacements queue for 2 s prefill
+    # steps): its own error is too wide to show it within 3% in three launches, and the verdict says so.
+    streams = {key: (verdict, note) for key, metric, verdict, note in notes if metric == "per_request_tok_s"}
+    assert streams and all(verdict == "not settled" and "launch" in note for verdict, note in streams.values()), \
+        streams
     queued = [c.result for c in run.cells() if c.result.spec.key == "decode-sustained-L2048-C16-N128-W30"]
     # Three launches a side and the drift sentinel.
     assert len(queued) == 7 and all(c.status == "Valid" for c in queued), [c.reasons for c in queued]

@@ -13,7 +13,12 @@ reach the engine at one instant in simulated time and are prefilled in one step,
 sends spread by about a wall millisecond, five simulated ones, and the first starts a step alone (measured on
 a fixed C4 round at 1,024 tokens: first tokens after 1,041 ms instead of 2,044 for the first request, TPOT 24.9
 against 28.8 ms). Throughput agrees (75.5 against 75.8 tok/s); stream tok/s and TPOT of such rounds are not
-compared. A real GPU's client spreads its sends by the same millisecond, unmagnified."""
+compared. A real GPU's client spreads its sends by the same millisecond, unmagnified. The same split moves
+a sustained cell's requests where replacements queue for a prefill step far longer than a decode step (the
+A5000 pair at 1,024-token prompts: 1-2 s against 26 ms): each request's TPOT and stream tok/s move by whole
+prefill steps, and the medians of one 20 s window's requests read 14.7 or 17.4 tok/s, 50 or 58 ms, from
+identical servers as the client's timing fell (their own errors say so; the verdict reads them,
+analysis/verdicts.MEDIAN_OF_REQUESTS). Those are compared where prefills are short."""
 
 from __future__ import annotations
 
@@ -132,11 +137,17 @@ def cells(http: Side, sim: Side, spec: CellSpec, latencies: tuple[str, ...] = ()
     CellSpec(phase="prefill", context_tokens=4096),
     CellSpec(phase="decode", context_tokens=1024, concurrency=4, max_tokens=128, mode="fixed", min_requests=8),
     CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),
-], ids=["prefill", "fixed", "sustained"])
+    CellSpec(phase="decode", context_tokens=256, concurrency=8, max_tokens=128, window_s=10.0, warmup_s=2.0),
+], ids=["prefill", "fixed", "sustained", "sustained-short-prompts"])
 def test_prefill_and_decode_cells_agree_on_both_clocks(in_simulated_time: Side, over_http: Side,
                                                        spec: CellSpec) -> None:
+    """Two sustained cells. At 1,024-token prompts replacements queue for the prefill chunk, and a step that
+    prefills one takes 1-2 s against 26 ms for a decode step: there each request's TPOT and stream tok/s hang
+    on which of those steps fall in its life, so they are compared where prefills are short (256 tokens), and
+    at 1,024 only the figures of every token (total tok/s, ITL). See the module's docstring."""
     wall, virtual = cells(over_http, in_simulated_time, spec)
     names = (["prompt_tok_s", "ttft_ms"] if spec.phase == "prefill" else ["total_tok_s"] if spec.mode == "fixed"
+             else ["total_tok_s", "itl_ms"] if spec.context_tokens > 256
              else ["total_tok_s", "per_request_tok_s", "tpot_ms", "itl_ms"])
     for name in names:
         agree(getattr(wall, name), getattr(virtual, name), name)

@@ -83,20 +83,26 @@ def latency_distributions(records: list[RequestRecord], start: float, end: float
     return out
 
 
+def stream_speeds(records: list[RequestRecord], window: tuple[float, float] | None) -> list[float]:
+    """Each request's stream tok/s, the samples a decode cell's `per_request_tok_s` is the median of: in a
+    sustained cell its rate while it streamed inside the window (stats.streaming_rate), in a fixed round its
+    decode rate after the first token. Requests with no such rate are left out. The verdict reads the same
+    samples for the median's own error (analysis/verdicts.py)."""
+    if window is None:
+        return [r.decode_tok_s for r in records if r.decode_tok_s is not None]
+    rates = (stats.streaming_rate(list(zip(r.chunk_t, r.chunk_tokens, strict=True)), *window) for r in records)
+    return [rate for rate in rates if rate is not None]
+
+
 def window_metrics(records: list[RequestRecord], start: float, end: float) -> dict[str, Any]:
     """Seed 004's sustained-decode columns, counting only tokens that arrived inside [start, end]."""
     span = end - start
     in_window = 0
-    per_request: list[float] = []
     active_time = 0.0
     before_first = 0.0
     completed = 0
     for rec in records:
-        chunks = list(zip(rec.chunk_t, rec.chunk_tokens, strict=True))
-        in_window += sum(n for t, n in chunks if start <= t <= end)
-        rate = stats.streaming_rate(chunks, start, end)
-        if rate is not None:
-            per_request.append(rate)
+        in_window += sum(n for t, n in zip(rec.chunk_t, rec.chunk_tokens, strict=True) if start <= t <= end)
         finish = rec.end_t if rec.end_t is not None else end
         active_time += max(0.0, min(finish, end) - max(rec.send_t, start))
         first = rec.chunk_t[0] if rec.chunk_t else finish
@@ -105,7 +111,7 @@ def window_metrics(records: list[RequestRecord], start: float, end: float) -> di
             completed += 1
     return {
         "total_tok_s": in_window / span if span > 0 else None,
-        "per_request_tok_s": stats.median(per_request),
+        "per_request_tok_s": stats.median(stream_speeds(records, (start, end))),
         **latency_distributions(records, start, end),
         "avg_active": active_time / span if span > 0 else None,
         "avg_before_first_token": before_first / span if span > 0 else None,
@@ -123,11 +129,10 @@ def fixed_metrics(records: list[RequestRecord]) -> dict[str, Any]:
         return {}
     wall = max(ends) - min(sends)
     tokens = sum(r.tokens for r in records)
-    decode_rates = [r.decode_tok_s for r in records if r.decode_tok_s is not None]
     active = sum((r.end_t or max(ends)) - r.send_t for r in records)
     return {
         "total_tok_s": tokens / wall if wall > 0 else None,
-        "per_request_tok_s": stats.median(decode_rates),
+        "per_request_tok_s": stats.median(stream_speeds(records, None)),
         **latency_distributions(records, min(sends), max(ends)),
         "avg_active": active / wall if wall > 0 else None,
         "completed": sum(1 for r in records if r.ok),
