@@ -27,8 +27,10 @@ def _subplots(*grid: int, figsize: tuple[float, float], squeeze: bool = True) ->
 
 def _save(fig: Any, path: Path) -> Path:
     """The figure as a 256-colour PNG: charts are flat colours and antialiased lines, and the palette keeps
-    them as they look at a third of the bytes (a forest plot 80 -> 29 KB, the throughput chart 82 -> 25 KB),
-    so a report of a dozen charts stays light enough to mail."""
+    them as they look at a third of the bytes (a forest plot 64 -> 20 KB, the throughput chart 76 -> 22 KB),
+    so a report of a dozen charts stays light enough to mail. Fast octree, unoptimised: 10 ms a chart against
+    81 ms for median cut with zlib's optimise pass, and smaller (22 against 27 KB; measured side by side on
+    the throughput chart); a report draws one per variant and experiment, and every night ends with one."""
     from PIL import Image
 
     fig.tight_layout()
@@ -36,7 +38,7 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(buffer, dpi=DPI, format="png")
     buffer.seek(0)
     with Image.open(buffer) as image:
-        image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(path)
     return path
 
 
