@@ -340,6 +340,18 @@ def test_noise_too_large_for_repeats_says_it_is_not_reachable() -> None:
     assert "to show no difference within +-3%: not reachable at this noise" in result.note
 
 
+def _two_sides(tmp_path: Path, measured: dict[str, list[CellResult]]) -> store.RunDir:
+    """A stored run of variant b against baseline a, one launch a side, each side's measurements in order."""
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="a", variants=["b"])
+    for variant, results in measured.items():
+        launch = run.new_launch_dir(variant)
+        builders.server(launch, variant=variant, facts=facts(1000), ready_s=1.0)
+        for repeat, result in enumerate(results):
+            run.write_cell(variant, repeat, result, launch=launch.name, telemetry=None)
+    return run
+
+
 def _ttft_cell(ttfts_ms: list[float]) -> CellResult:
     """A sustained decode cell whose stored requests saw these TTFTs; its median is the cell's ttft_ms."""
     records = [RequestRecord(id=f"r{i}", prompt_tokens=128, max_tokens=128, send_t=float(i),
@@ -358,18 +370,13 @@ def test_a_ttft_median_between_two_modes_is_not_judged_on_two_close_repeats(tmp_
     "better". The split measurements' requests span both modes, which their medians' own error says, and
     that error is the least variance a measurement carries. Requests all in one mode, 20% faster, still
     read better."""
-    run = store.RunDir.create(tmp_path, "t")
-    builders.manifest(run, baseline="a", variants=["b"])
-    for variant in ("a", "b"):
-        launch = run.new_launch_dir(variant)
-        builders.server(launch, variant=variant, facts=facts(1000), ready_s=1.0)
-        for repeat, offset in enumerate((0.0, 0.6)):
-            if variant == "a":
-                ttfts = [208.0 + offset + 0.05 * i for i in range(24)]
-            else:
-                low = [107.0 + offset + 0.05 * i for i in range(low_share)]
-                ttfts = low + [(208.0 if low_share else 166.0) + offset + 0.05 * i for i in range(24 - low_share)]
-            run.write_cell(variant, repeat, _ttft_cell(ttfts), launch=launch.name, telemetry=None)
+    def ttfts(variant: str, offset: float) -> list[float]:
+        if variant == "a":
+            return [208.0 + offset + 0.05 * i for i in range(24)]
+        low = [107.0 + offset + 0.05 * i for i in range(low_share)]
+        return low + [(208.0 if low_share else 166.0) + offset + 0.05 * i for i in range(24 - low_share)]
+
+    run = _two_sides(tmp_path, {v: [_ttft_cell(ttfts(v, offset)) for offset in (0.0, 0.6)] for v in ("a", "b")})
     ttft = next(m for c in diff_run(run)[0].cells for m in c.metrics if m.metric == "ttft_ms")
     assert ttft.verdict == verdict
     if verdict == "not settled":
@@ -412,18 +419,10 @@ def test_a_stream_speed_median_of_widely_spread_requests_is_not_judged_on_two_cl
     each measurement's requests read 0.1 to 40 tok/s, and its median's own error (16%) is the least variance
     it carries, so two such measurements a side are not called better. Welch's test on the four medians alone
     would have. Requests all about 20% faster, and as tight as a decode-bound cell's, still read better."""
-    run = store.RunDir.create(tmp_path, "t")
-    builders.manifest(run, baseline="a", variants=["b"])
-    for variant in ("a", "b"):
-        launch = run.new_launch_dir(variant)
-        builders.server(launch, variant=variant, facts=facts(1000), ready_s=1.0)
-        for repeat, offset in enumerate((0.0, 0.05)):
-            if variant == "a":
-                rates = [r + offset for r in (STREAMS_SIMULATED if not faster else [14.9] * 21)]
-            else:
-                rates = [r + offset for r in (STREAMS_OVER_HTTP if not faster else [17.9] * 21)]
-            rates = [r + 0.001 * i for i, r in enumerate(rates)]
-            run.write_cell(variant, repeat, _streams_cell(rates), launch=launch.name, telemetry=None)
+    read = {"a": STREAMS_SIMULATED if not faster else [14.9] * 21,
+            "b": STREAMS_OVER_HTTP if not faster else [17.9] * 21}
+    run = _two_sides(tmp_path, {v: [_streams_cell([r + offset + 0.001 * i for i, r in enumerate(read[v])])
+                                    for offset in (0.0, 0.05)] for v in ("a", "b")})
     speed = next(m for c in diff_run(run)[0].cells for m in c.metrics if m.metric == "per_request_tok_s")
     values = {v: [c.result.per_request_tok_s for c in run.cells() if c.variant == v] for v in ("a", "b")}
     assert verdict_for(values["a"], values["b"], 1).verdict == "better"  # type: ignore[arg-type]
