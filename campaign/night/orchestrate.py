@@ -418,7 +418,8 @@ def _check_virtual(profile: LaunchProfile, profile_path: Path, engine: str | Non
                             "simulator", hint="add --engine sim (or run real servers on the wall clock)")
     if not profile.simulatable:
         raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware",
-                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
+                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does), or a model "
+                               "whose config.json the simulator reads (a local folder, or one it ships the config of)")
     if gpus is not None or ray:
         raise CampaignError("--clock virtual runs every launch in this process: it takes no GPU pool or Ray",
                             hint="drop --gpus/--executor ray (or the profile's gpus:)")

@@ -131,7 +131,8 @@ def loaded_profile_config(profile: LaunchProfile, path: Path,
     """profile_config for a profile already loaded (a search builds hundreds of configurations of one)."""
     if not profile.simulatable:
         raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
-                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does)")
+                          hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does), or a model "
+                               "whose config.json the simulator reads (a local folder, or one it ships the config of)")
     command = argv.build(profile, flags, engine="sim", port=8000).argv
     try:
         return sim_config.parse_checked(command[command.index("campaign.sim") + 1:])
@@ -139,6 +140,18 @@ def loaded_profile_config(profile: LaunchProfile, path: Path,
         raise ConfigError(str(path), "hardware" if "--hardware" in str(exc) else "flags", str(exc),
                           hint="the simulator's own words; fix the profile, the matrix's flags or the measured file") \
             from None
+
+
+def refused(config: SimConfig) -> str | None:
+    """Why vLLM would not start with this configuration (as the simulator's start-up decides), or None."""
+    mem = config.memory()
+    if mem.weights_gib > mem.total_gib * config.gpu_memory_utilization:
+        return "start-up: the weights do not fit (out of memory)"
+    if mem.num_blocks <= 0:
+        return "start-up: no memory for the KV cache"
+    if mem.kv_tokens < config.max_model_len:
+        return f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len {config.max_model_len:,}"
+    return None
 
 
 def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
@@ -319,6 +332,11 @@ def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: fl
 def run_matrix(matrix: Matrix, *, variant: str | None = None, ttft: TTFTMode | None = None) -> list[VirtualCell]:
     """Every prefill and decode cell of the matrix, in its order; `ttft` overrides every decode cell's mode."""
     config = config_for(matrix, variant)
+    why = refused(config)
+    if why is not None:   # a server that would not start serves no cell (its engine would wait for room forever)
+        raise CampaignError(f"{matrix.name}: the simulated server would not start: {why}",
+                            hint="lower max-model-len or raise gpu-memory-utilization, as vLLM's own error says "
+                                 "(campaign launch PROFILE --engine sim --once prints it)")
     prompts = Prompts()
     out = []
     for spec in matrix.cells():

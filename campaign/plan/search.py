@@ -183,24 +183,12 @@ def _ttft_p99(cell: replay.VirtualCell) -> float | None:
     return _p99([r.ttft for r in cell.requests if r.ttft is not None])
 
 
-def _refused(config: SimConfig) -> str | None:
-    """Why vLLM would not start with this configuration (as the simulator's start-up decides), or None."""
-    mem = config.memory()
-    if mem.weights_gib > mem.total_gib * config.gpu_memory_utilization:
-        return "start-up: the weights do not fit (out of memory)"
-    if mem.num_blocks <= 0:
-        return "start-up: no memory for the KV cache"
-    if mem.kv_tokens < config.max_model_len:
-        return f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len {config.max_model_len:,}"
-    return None
-
-
 def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlock,
              baseline_kv: int | None = None, cells: Probes | None = None) -> Evaluation:
     objective, limits = block.objective, block.constraints
     replayed = cells or Probes()
     own = dict(flags)
-    refused = _refused(config)
+    refused = replay.refused(config)
     if refused is not None:
         return Evaluation(own, 0.0, infeasible=refused)
     kv = config.memory().kv_tokens
