@@ -443,7 +443,7 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
             searches[record.variant].append(record.result.model_dump(mode="json"))
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
                                      floors=floors, hardware=profile.hardware,
-                                     model_shape=profile.model_shape, time_scale=manifest.time_scale,
+                                     model_shape=profile.shape_name, time_scale=manifest.time_scale,
                                      searches=searches.get(v, []))
             for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
 

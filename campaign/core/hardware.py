@@ -42,6 +42,20 @@ class ModelShape:
     # ("User-specified max_model_len ... is greater than the derived max_model_len") unless
     # VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and takes it for --max-model-len auto and when the flag is not given.
     window: int | None = None
+    # From a config.json (model_config.shape_from_config); the hand table's rows leave them at their defaults.
+    total_params_b: float | None = None   # every parameter held in memory (MoE: all experts); None: params_b
+    kv_shards: int | None = None   # ways tensor parallelism splits the KV cache (its KV heads; MLA: 1); None: any
+    attention_flops_per_token_per_ctx: float = 0.0   # a prompt token's attention per token of context it attends
+    notes: tuple[str, ...] = ()   # what the shape leaves out
+
+    @property
+    def held_params_b(self) -> float:
+        return self.total_params_b if self.total_params_b is not None else self.params_b
+
+    def kv_bytes_per_token_per_card(self, tp: int) -> float:
+        """KV bytes a token costs on each card at tensor parallelism `tp` (vLLM keeps a KV head whole: past
+        its KV heads, ranks hold copies)."""
+        return self.kv_bytes_per_token / min(tp, self.kv_shards or tp)
 
 
 LONG_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"   # "1" or "true": vLLM warns of a longer max-model-len

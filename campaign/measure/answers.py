@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from campaign.core.hardware import MODELS, resolve_hardware
+from campaign.core import model_config
+from campaign.core.hardware import resolve_hardware
 
 DEFAULT_FLOORS = (40.0, 30.0, 20.0)
 # A request within 10% of the floor meets it: the seed reads 39.0 tok/s as "40" (8 agents at 40 tok/s).
@@ -120,7 +121,7 @@ def roofline(hardware: str | None, model: str | None, *, tensor_parallel: int | 
     """Upper bounds for one stream: decode reads weights/TP on each card (the group's bandwidth adds up)
     plus the KV cache; prefill costs 2 FLOPs per parameter per token at the BF16 peak."""
     resolved = resolve_hardware(hardware)
-    shape = MODELS.get((model or "").lower())
+    shape = model_config.model_shape(model) if model else None
     if resolved is None or shape is None:
         return None
     hw, cards = resolved

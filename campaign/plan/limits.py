@@ -13,7 +13,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
-from campaign.core.hardware import LONG_MODEL_LEN_ENV, MODELS, long_model_len_allowed, resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, long_model_len_allowed, resolve_hardware
+from campaign.core.model_config import model_shape
 from campaign.core.vllm_flags import (
     BOUNDS,
     PARALLEL_SIZES,
@@ -155,7 +156,7 @@ class _LongWindow:
     key: str
     name: str      # the variant, or "the profile"
     asked: int     # its max-model-len
-    model: str     # the profile's model_shape
+    model: str     # the profile's model_shape, or its model (whose config.json gave the window)
     window: int    # the model's max_position_embeddings
 
 
@@ -170,7 +171,7 @@ def _past_models_window(profile: LaunchProfile, profile_path: Path, matrix: Matr
     """Each launch whose max-model-len is longer than the model's window where the profile states it (its
     model_shape's max_position_embeddings). A model-config override (hf-overrides, rope-scaling: YaRN raises
     the window vLLM derives) or a value not yet a number (an env reference) leaves it to the launch."""
-    shape = MODELS.get((profile.model_shape or "").lower())
+    shape = model_shape(profile.shape_name)
     if shape is None or shape.window is None:
         return
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
@@ -194,8 +195,8 @@ def check_window(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
         return
     for long in _past_models_window(profile, profile_path, matrix, matrix_path, overrides):
         raise ConfigError(long.where, long.key, f"{long.name}: max-model-len {long.asked:,} is longer than the "
-                          f"model's window, {long.window:,} tokens (max_position_embeddings of {long.model}, the "
-                          "profile's model_shape); vLLM refuses it",
+                          f"model's window, {long.window:,} tokens (max_position_embeddings of {long.model}, as "
+                          "vLLM derives it); vLLM refuses it",
                           hint=f"lower max-model-len to {long.window} or less, or set {LONG_MODEL_LEN_ENV}=1 in "
                                "the profile's env where the model's RoPE scaling allows it")
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
 from campaign.core.hardware import is_measured
+from campaign.core.model_config import model_shape
 from campaign.core.vllm_flags import RUNNER_OWNED_FLAGS, normalize_flag, value_problems
 
 PROFILE_SCHEMA_VERSION = 1
@@ -157,9 +158,21 @@ class LaunchProfile(BaseModel):
         return self.served_model_name or self.model
 
     @property
+    def shape_name(self) -> str:
+        """What names the model's shape: model_shape, else the model (a folder relative to the project made
+        absolute, as the launch resolves it), whose config.json gives the shape (core.model_config)."""
+        if self.model_shape:
+            return self.model_shape
+        local = PROJECT_ROOT / self.model
+        return str(local) if not Path(self.model).is_absolute() and local.exists() else self.model
+
+    @property
     def simulatable(self) -> bool:
-        """Whether the simulator can stand in for it: a hardware and model of the tables, or a measured file."""
-        return bool(self.hardware and (self.model_shape or is_measured(self.hardware)))
+        """Whether the simulator can stand in for it: a hardware of the tables and a model whose shape is known
+        (model_shape, or the model's config), or a measured file."""
+        if not self.hardware:
+            return False
+        return bool(self.model_shape or is_measured(self.hardware) or model_shape(self.shape_name) is not None)
 
 
 def sim_hardware(value: str) -> str:

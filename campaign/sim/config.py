@@ -24,6 +24,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from campaign.core.hardware import MODELS, ModelShape, drafter_shape, is_measured
+from campaign.core.model_config import model_shape, require_shape
 from campaign.core.vllm_flags import human_int, out_of_bounds
 from campaign.sim import measured as sim_measured
 from campaign.sim import model as sim_model
@@ -177,7 +178,7 @@ class SimConfig:
         (a measured entry: the log does not print it, so no max-model-len is refused for it)."""
         if self.measured is not None:
             return None
-        return MODELS[self.model_shape.lower()].window
+        return require_shape(self.model_shape).window
 
     @cached_property
     def costs(self) -> sim_model.StepCosts:
@@ -335,14 +336,14 @@ def parse(argv: list[str], *, launch: str | None = None,
         if args.kv_cache_memory_bytes is not None and not measured.memory.kv_bytes_per_token:
             p.error(f"argument --kv-cache-memory-bytes: {args.hardware} has no KV bytes per token (its log gave no "
                     "cache size in GiB), so it cannot size another cache")
-    elif not args.model_shape:
-        p.error("argument --model-shape: required with a hardware of the tables (e.g. --model-shape qwen3-32b)")
     else:
-        measured = None   # a row of the tables
+        measured = None   # a row of the tables; the model's shape is --model-shape, else read from the model's config
+        args.model_shape = args.model_shape or model
         try:
             big = sim_model.calibration_for(args.hardware, args.model_shape).reported_memory_gib >= 70
         except ValueError as exc:
-            p.error(f"argument --hardware/--model-shape: {exc}")
+            p.error(f"argument --hardware/--model-shape: {exc} (give --model-shape, e.g. qwen3-32b, or a model "
+                    "folder holding its config.json)")
     try:
         faults = Faults.parse(args.fault)
     except ValueError as exc:
@@ -379,7 +380,7 @@ def parse(argv: list[str], *, launch: str | None = None,
     k = int(spec.get("num_speculative_tokens", 0)) if spec else 0
     drafter = None
     if k and spec.get("model") and spec.get("method") in (None, "draft_model", "draft"):
-        drafter = drafter_shape(str(spec["model"]))
+        drafter = drafter_shape(str(spec["model"])) or model_shape(str(spec["model"]))
         if measured is not None:
             p.error("argument --speculative-config: a measured hardware entry has no costs of its own for a "
                     "drafter model's passes (MTP, EAGLE heads and n-gram are costed with the step)")
@@ -394,7 +395,7 @@ def parse(argv: list[str], *, launch: str | None = None,
         ssl_keyfile=args.ssl_keyfile, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len or (measured.window if measured is not None
-                                             else MODELS[args.model_shape.lower()].window) or DEFAULT_MODEL_LEN,
+                                             else require_shape(args.model_shape).window) or DEFAULT_MODEL_LEN,
         tensor_parallel_size=args.tensor_parallel_size, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching,
         speculative_method=spec.get("method") if spec else None, num_speculative_tokens=k,

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from campaign.core.hardware import HARDWARE, MODELS, ModelShape, resolve_hardware
+from campaign.core.model_config import model_shape, require_shape
 
 GIB = 2**30
 
@@ -65,9 +66,10 @@ def calibration_for(hardware: str, model: str) -> Calibration:
     if resolved is None:
         raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(HARDWARE))}")
     hw, _ = resolved
-    shape = MODELS.get(model.lower())
+    shape = model_shape(model)
     if shape is None:
-        raise ValueError(f"unknown model shape {model!r}; known: {', '.join(sorted(MODELS))}")
+        raise ValueError(f"unknown model shape {model!r}: not one of {', '.join(sorted(MODELS))}, nor a folder with "
+                         "a config.json, nor a model whose config the simulator ships")
     fitted = CALIBRATIONS.get((hw.name, shape.name))
     if fitted is not None:
         return fitted
@@ -75,7 +77,7 @@ def calibration_for(hardware: str, model: str) -> Calibration:
         reported_memory_gib=hw.memory_gb * 1e9 / GIB * 0.995, kv_bytes_per_token=float(shape.kv_bytes_per_token),
         block_size=16, cuda_graph_gib=1.5, other_gib=1.0, activation_bytes_per_batched_token=8_000.0,
         fixed_step_s=0.003, bandwidth_efficiency=0.8, decode_mfu=0.3, prefill_mfu=0.45,
-        attention_flops_per_token_per_ctx=0.0)
+        attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx)
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,9 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
     if not 0 < utilization <= 1:   # vLLM refuses it; a share above 1 would hand out memory the card lacks
         raise ValueError(f"gpu-memory-utilization {utilization:g} is outside (0, 1]")
     cal = calibration_for(hardware, model)
-    shape = MODELS[model.lower()]
+    shape = require_shape(model)
     total = cal.reported_memory_gib
-    weights = shape.params_b * 1e9 * shape.weight_bytes_per_param / tp / GIB
+    weights = shape.held_params_b * 1e9 * shape.weight_bytes_per_param / tp / GIB
     drafter_kv = 0.0
     if num_speculative_tokens and drafter is not None:
         weights += drafter.params_b * 1e9 * drafter.weight_bytes_per_param / tp / GIB
@@ -117,7 +119,10 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
         # (no blocks: the start-up fails as vLLM's would).
         room = total - weights - activation - cal.cuda_graph_gib - cal.other_gib
         kv = kv_cache_memory_bytes / GIB if kv_cache_memory_bytes / GIB <= room else -1.0
-    per_token = (cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0) / tp
+    # Per card: split over the ranks, but a KV head is kept whole (past its KV heads, ranks hold copies; MLA's
+    # latent is on every rank).
+    per_token = ((cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0)
+                 / min(tp, shape.kv_shards or tp))
     block = cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
     # vLLM reports hybrid capacity as an effective token count, not a whole number of blocks.
     tokens = max(0, int(kv * GIB / per_token))
@@ -214,7 +219,7 @@ def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None
     resolved = resolve_hardware(hardware)
     assert resolved is not None
     hw, _ = resolved
-    shape = MODELS[model.lower()]
+    shape = require_shape(model)
     bandwidth = tp * hw.bandwidth_gb_s * 1e9 * cal.bandwidth_efficiency
     peak = tp * hw.bf16_tflops * 1e12
     flops_per_token = 2 * shape.params_b * 1e9
