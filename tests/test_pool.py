@@ -4,6 +4,7 @@ same matrix run serially."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -260,13 +261,22 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
                              str(tmp_path), "--plain", "--gpus", "0,1", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    def servers() -> list[psutil.Process]:
+        found = []
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "campaign.sim" in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    # Ctrl-C lands once a cell is stored and two launches run side by side. (Waiting for the first cell alone
+    # once found one server: unloaded, the baseline's 0.1 s prefill cell was stored before the second launch's
+    # server had started.)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")):
-        assert time.monotonic() < deadline and proc.poll() is None, "no cell was measured"
+    while not (list(tmp_path.glob("pool-sim/*/variants/*/cells/*/rep-*.json")) and len(servers()) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, "no cell measured beside a second launch"
         time.sleep(0.05)
     tree = psutil.Process(proc.pid).children(recursive=True)
-    servers = [p for p in tree if "campaign.sim" in " ".join(p.cmdline())]
-    assert len(servers) == 2  # two launches side by side
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, err[-3000:]

@@ -108,7 +108,7 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
     weights = shape.held_params_b * 1e9 * shape.weight_bytes_per_param / tp / GIB
     drafter_kv = 0.0
     if num_speculative_tokens and drafter is not None:
-        weights += drafter.params_b * 1e9 * drafter.weight_bytes_per_param / tp / GIB
+        weights += drafter.held_params_b * 1e9 * drafter.weight_bytes_per_param / tp / GIB
         drafter_kv = drafter.kv_bytes_per_token
     elif num_speculative_tokens and (speculative_method or "mtp") not in NO_WEIGHT_METHODS:
         weights *= 1.03  # an MTP or EAGLE head: about one more layer's weights
