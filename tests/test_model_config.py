@@ -187,3 +187,10 @@ def test_the_real_cpu_builds_cache_is_what_the_tiny_models_config_pages() -> Non
     assert "Explicitly set (1.0/" in log and "CPU KV cache size: 2,097,152 tokens" in log
     shape = shape_from_config("tiny", tiny_model.CONFIG)
     assert shape.kv_bytes_per_token * 2_097_152 == 2**30
+
+
+def test_a_layer_the_simulator_does_not_page_is_refused_not_counted_as_attention() -> None:
+    """Qwen3-Next and Qwen3.5 mix linear-attention layers (a fixed state, not a page per token) with full ones."""
+    config = {**shipped_configs()["qwen/qwen3-8b"], "layer_types": ["linear_attention"] * 27 + ["full_attention"] * 9}
+    with pytest.raises(ModelConfigError, match="layers of type linear_attention"):
+        shape_from_config("hybrid", config)

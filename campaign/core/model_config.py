@@ -89,18 +89,24 @@ def window_of(text: dict[str, Any]) -> int | None:
         kind = rope.get("rope_type", rope.get("type"))
         if kind not in ("su", "longrope", "llama3"):
             factor = rope.get("factor") or 1.0
-            if kind == "yarn":
+            if kind == "yarn" and rope.get("original_max_position_embeddings"):
                 derived = float(rope["original_max_position_embeddings"])
             derived *= float(factor)
     return int(derived)
 
 
-def _layer_kinds(text: dict[str, Any], layers: int) -> list[str]:
+def _layer_kinds(text: dict[str, Any], layers: int, name: str) -> list[str]:
     """Each layer's attention: "full" or "sliding" (from layer_types, or Gemma 3's pattern, or a config-wide
-    sliding window)."""
+    sliding window). A layer of another kind (linear attention, a state-space layer) is an error: its state is
+    not paged per token, and counting it as attention would be wrong without a word."""
     types = text.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
-        return ["sliding" if "sliding" in str(t) else "full" for t in types]
+        other = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+        if other:
+            raise ModelConfigError(f"{name}: config.json has layers of type {', '.join(other)}, which the simulator "
+                                   "does not page yet (only full and sliding-window attention)",
+                                   hint="give the profile a model_shape: from the simulator's table instead")
+        return ["sliding" if t == "sliding_attention" else "full" for t in types]
     pattern = text.get("sliding_window_pattern")
     if isinstance(pattern, int) and pattern > 0 and text.get("sliding_window"):
         return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(layers)]
@@ -203,7 +209,7 @@ def shape_from_config(name: str, config: dict[str, Any]) -> ModelShape:
     weight_bytes = (_HALF * (embed + head_out + norms) + weights.linear * (layers * attention
                     + dense_layers * dense_mlp + moe_layers * (shared + router))
                     + expert_bytes * moe_layers * experts * expert_size)
-    kinds = _layer_kinds(text, layers)
+    kinds = _layer_kinds(text, layers, name)
     notes = []
     if "vision_config" in config or config.get("text_config"):
         notes.append("the language model only: a vision tower's weights are not counted")
