@@ -231,20 +231,18 @@ def shipped_configs() -> dict[str, dict[str, Any]]:
     return {str(e["model"]).lower(): e for e in entries}
 
 
-def config_of(model: str) -> tuple[dict[str, Any], str] | None:
-    """`model`'s config.json and where it came from: a local folder (or the file itself), else the shipped copy
-    for a Hugging Face id; None where neither has it."""
+def config_of(model: str) -> dict[str, Any] | None:
+    """`model`'s config.json: a local folder's (or the file itself), else the shipped copy for a Hugging Face id;
+    None where neither has it."""
     path = Path(model).expanduser()
     file = path / "config.json" if path.is_dir() else path if path.name == "config.json" else None
     if file is not None and file.is_file():
         try:
-            return json.loads(file.read_text()), str(file)
+            loaded: dict[str, Any] = json.loads(file.read_text())
         except (OSError, ValueError) as exc:
             raise ModelConfigError(f"{file}: not a readable config.json ({exc})") from None
-    shipped = shipped_configs().get(model.lower())
-    if shipped is None:
-        return None
-    return shipped, f"the shipped copy of {shipped['model']}'s config.json ({shipped['source'].split(';')[0]})"
+        return loaded
+    return shipped_configs().get(model.lower())
 
 
 def model_shape(name: str) -> ModelShape | None:
@@ -253,8 +251,8 @@ def model_shape(name: str) -> ModelShape | None:
     shape = MODELS.get(name.lower())
     if shape is not None:
         return shape
-    found = config_of(name)
-    return None if found is None else shape_from_config(name, found[0])
+    config = config_of(name)
+    return None if config is None else shape_from_config(name, config)
 
 
 def require_shape(name: str) -> ModelShape:
