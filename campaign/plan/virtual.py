@@ -23,17 +23,14 @@ no difference.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from campaign.core import stats
-from campaign.core.errors import LaunchError
 from campaign.http.client import RequestRecord
-from campaign.measure import prompts, study
+from campaign.measure import prompts, simulated, study
 from campaign.measure.cells import (
     TTFT_MODE_TEXT,
     CellResult,
@@ -44,10 +41,8 @@ from campaign.measure.cells import (
 )
 from campaign.measure.figures import fixed_metrics, prefill_metrics, window_metrics
 from campaign.plan import replay as sim_virtual
-from campaign.server import argv, metrics, startup_log
+from campaign.server import metrics
 from campaign.server.profiles import FlagValue, LaunchProfile
-from campaign.server.startup_log import StartupFacts
-from campaign.sim import config as sim_config
 from campaign.sim import server as sim
 from campaign.sim import text as sim_text
 from campaign.sim import truth as sim_truth
@@ -82,14 +77,8 @@ def replays(work: CellSpec | Experiment) -> bool:
 
 
 @dataclass
-class VirtualLaunch:
-    """One launch in simulated time: its startup log as read by the tool, and the engine's configuration."""
-
-    config: SimConfig
-    command: list[str]
-    flags: dict[str, FlagValue]
-    log: str
-    facts: StartupFacts
+class VirtualLaunch(simulated.Launch):
+    """One launch in simulated time (measure.simulated.start) whose cells and experiments are replayed here."""
 
     def measure(self, spec: CellSpec, ids: sim_virtual.Prompts) -> CellResult:
         """The cell replayed; random ids on /v1/completions from `ids`, other prompts as the tool makes them."""
@@ -126,39 +115,9 @@ class VirtualLaunch:
 
 
 def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, launch: str = "") -> VirtualLaunch:
-    """The launch's command line as the launcher builds it, parsed by the simulator, and its startup log; a
-    start that fails is a LaunchError as the launcher raises it (bad argument, OOM, no room for the KV cache).
-    `launch`: its identity in the night (`variant/repeat`): with the profile's `--seed` (not `seed`, the
-    engine's), it draws the launch's noise as the same launch over HTTP draws it."""
-    spec = argv.build(profile, flags, engine="sim", port=8000)
-    command = spec.argv[spec.argv.index("campaign.sim") + 1:]
-    errors = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(errors):
-            config = sim_config.parse(command, launch=launch)
-    except SystemExit:
-        raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
-                          log_tail=errors.getvalue(), hint="see the simulator's usage line") from None
-    config = replace(config, seed=seed, time_scale=1.0, truth=None)
-    # Faults of a process or of its HTTP traffic have nothing to act on here: refused, never silently ignored.
-    faults = config.faults
-    unreplayed = [name for name, on in (("hang-startup", faults.hang_startup), ("crash-after", faults.crash_after),
-                                        ("ignore-sigterm", faults.ignore_sigterm), ("grandchild", faults.grandchild),
-                                        ("foreign", faults.foreign_tok_s)) if on]
-    if unreplayed:
-        raise LaunchError(f"fault {', '.join(unreplayed)} (CAMPAIGN_SIM_FAULTS) is not replayed in simulated time",
-                          kind="bad_argument", hint="unset CAMPAIGN_SIM_FAULTS, or run over HTTP (--clock wall)")
-    lines: list[str] = []
-    # The controller's CUDA_VISIBLE_DEVICES is not the simulated launch's: no GPU is placed here.
-    started = sim.start_up(config, sim.Log(config, lines.append), visible_devices="")
-    log = "".join(lines)
-    facts = startup_log.parse(log)
-    if started is None or facts.failure is not None:
-        failure = facts.failure
-        raise LaunchError(failure.message if failure else "the simulated start failed",
-                          kind=failure.kind if failure else "engine_init_failed", log_tail=log[-4000:],
-                          hint=failure.hint if failure else None)
-    return VirtualLaunch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
+    """measure.simulated.start's launch (its startup log, its facts, a start that fails as the launcher's
+    LaunchError), to replay cells and experiments on."""
+    return VirtualLaunch(**vars(simulated.start(profile, flags, seed=seed, launch=launch)))
 
 
 class LocalTokenizer:

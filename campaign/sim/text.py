@@ -39,6 +39,7 @@ from tokenizers import Tokenizer as HfTokenizerFile
 VOCAB = 151_936               # the Qwen family's vocabulary size
 SPECIAL = {"<|im_start|>": 151_644, "<|im_end|>": 151_645, "<|endoftext|>": 151_643}
 _FIRST = 2_000                # text pieces get ids from here: below are the random prompts' ids (16..1999)
+_SPAN = min(SPECIAL.values()) - _FIRST   # text pieces' ids: _FIRST up to the first special token
 _PIECES = re.compile(r"<\|im_start\|>|<\|im_end\|>|<\|endoftext\|>| ?[A-Za-z_]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9_]|\s+")
 
 
@@ -72,11 +73,13 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = []
+        known = self._text
         for piece in _PIECES.findall(text):
             token = SPECIAL.get(piece)
             if token is None:
-                token = _FIRST + zlib.crc32(piece.encode()) % (min(SPECIAL.values()) - _FIRST)
-                self._text.setdefault(token, piece)
+                token = _FIRST + zlib.crc32(piece.encode()) % _SPAN
+                if token not in known:
+                    known[token] = piece
             ids.append(token)
         return ids
 
