@@ -74,8 +74,14 @@ class Run:
     histograms: RequestHistograms
 
     def scrape(self) -> dict[str, Metric]:
-        self.histograms.fold()
-        return families(generate_latest(self.histograms.registry).decode())
+        return families(self.scrape_text())
+
+    def scrape_text(self) -> str:
+        """As the server's /metrics reads them: the kept text, which must be the library's own, byte for byte,
+        at every scrape (a family that observed since the last one generated again)."""
+        text = self.histograms.exposition()
+        assert text == generate_latest(self.histograms.registry)
+        return text.decode()
 
 
 def virtual(profile: str, *flags: str) -> Run:
@@ -212,13 +218,11 @@ def test_crosschecks_server_view_is_the_truths_means_over_a_clients_run() -> Non
     run = virtual("h200")
     run.sim.submit(unique(900), 30)
     run.sim.run()
-    run.histograms.fold()
-    before = m.parse(generate_latest(run.histograms.registry).decode())
+    before = m.parse(run.scrape_text())
     for i in range(4):
         run.sim.submit(unique(300 + 100 * i), 25)
     run.sim.run()
-    run.histograms.fold()
-    delta = m.Delta(before, m.parse(generate_latest(run.histograms.registry).decode()))
+    delta = m.Delta(before, m.parse(run.scrape_text()))
     mine = run.recorder.requests[1:]
     ttft = sum((r.ttft or 0) for r in mine) / 4 * 1000
     gaps = [(b[0] - a[0]) * 1000 for r in mine for a, b in itertools.pairwise(r.emits)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from campaign.sim.engine import Request, Step
 
@@ -78,8 +78,15 @@ class RequestHistograms:
         self.registry = registry
         tokens = request_tokens_buckets(max_model_len)
 
+        # Each family is also in a registry of its own, whose exposition is kept until the family observes
+        # again (see exposition).
+        self._alone: dict[int, CollectorRegistry] = {}
+        self._text: dict[int, bytes] = {}
+
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             family = Histogram(name, doc, ["model_name", "engine"], buckets=buckets, registry=registry)
+            alone = self._alone[id(family.labels(model_name, "0"))] = CollectorRegistry(auto_describe=False)
+            alone.register(family)
             return family.labels(model_name, "0")
 
         self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
@@ -165,3 +172,19 @@ class RequestHistograms:
         pending, self._pending = self._pending, []
         for histogram, value in pending:
             histogram.observe(value)
+            self._text.pop(id(histogram), None)
+
+    def exposition(self) -> bytes:
+        """The families' text exposition after a fold, byte for byte prometheus_client's `generate_latest` of
+        `registry` (tests/test_sim_histograms.py), each family generated again only once it has observed
+        something: a scrape of the 14 families (about 320 samples) took the library 3 ms, and the samplers
+        scrape every quarter of a simulated second, which in simulated time was half of an overload burst's
+        run time; between two scrapes mostly the inter-token and iteration families change."""
+        self.fold()
+        out = []
+        for key, alone in self._alone.items():
+            text = self._text.get(key)
+            if text is None:
+                text = self._text[key] = generate_latest(alone)
+            out.append(text)
+        return b"".join(out)
