@@ -35,8 +35,7 @@ from campaign.core import aio
 from campaign.measure import capacity, slo, study, traces
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import Measurer, Target
-from campaign.measure.simulated import SimulatedServer
-from campaign.plan import virtual as sim_night
+from campaign.measure.simulated import SimulatedServer, start
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
 
@@ -73,7 +72,7 @@ class Side:
 def in_simulated_time() -> Iterator[Side]:
     """Made before `over_http` (each test names it first): that fixture's environment would hand this launch
     its truth file."""
-    launch = sim_night.start(load_profile(PROFILE)[0], FLAGS, seed=0)
+    launch = start(load_profile(PROFILE)[0], FLAGS, seed=0)
     with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
         side = Side(server.call, Measurer(server.target()))
         side.call(_ready(side))
@@ -235,7 +234,7 @@ def test_in_simulated_time_every_figure_is_the_engines_own_record(monkeypatch: p
     the engine recorded (sim_truth), to rounding: a delivery delay of exactly zero."""
     for name in ("CAMPAIGN_SIM_TRUTH", "CAMPAIGN_SIM_TIME_SCALE"):   # `over_http`'s, if it is alive
         monkeypatch.delenv(name, raising=False)
-    launch = sim_night.start(load_profile("h200")[0], {}, seed=0)
+    launch = start(load_profile("h200")[0], {}, seed=0)
     recorded = sim_truth.Recorder()
     specs = [CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),
              CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=4.0, duration_s=30.0,

@@ -22,9 +22,8 @@ from campaign.bench.truth import environment
 from campaign.core import aio
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import Measurer
-from campaign.measure.simulated import SimulatedServer
+from campaign.measure.simulated import SimulatedServer, start
 from campaign.night.launcher import launched
-from campaign.plan import virtual as sim_night
 from campaign.server.profiles import load_profile
 from campaign.spec.matrix import load_matrix
 
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = load_profile(matrix.profile)[0]
     specs = matrix.cells()
 
-    launch = sim_night.start(profile, flags, seed=0)
+    launch = start(profile, flags, seed=0)
     with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
         virtual, virtual_s = _timed(server.call, _measured(Measurer(server.target()), specs))
     with tempfile.TemporaryDirectory() as folder, \

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from campaign.core import clock
 from campaign.http.endpoint import Endpoint
-from campaign.http.streamclient import Limits, StreamClient, StreamError
+from campaign.http.streamclient import Limits, StreamClient, StreamError, Streams
 
 _COMPLETION_KEY = b'"completion_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'
@@ -186,13 +186,16 @@ def _reply_text(event: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def new_client(endpoint: Endpoint, *, limits: Limits | None = None) -> StreamClient:
-    """The one shared client of a measurement: connections opened as streams need them and kept alive."""
+def new_client(endpoint: Endpoint, *, limits: Limits | None = None) -> Streams:
+    """The one shared client of a measurement: connections opened as streams need them and kept alive; for a
+    server in this process (`endpoint.in_process`), its own client, which needs no socket."""
+    if endpoint.in_process is not None:
+        return endpoint.in_process.streams(endpoint, limits)
     return StreamClient(endpoint, limits=limits)
 
 
 async def stream_completion(
-    client: StreamClient, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
+    client: Streams, *, model: str, prompt: list[int], max_tokens: int, request_id: str,
     path: str = "/v1/completions", first_token: asyncio.Event | None = None,
     messages: list[dict[str, Any]] | None = None, prompt_tokens: int | None = None,
     answer: list[str] | None = None,

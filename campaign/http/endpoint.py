@@ -17,12 +17,16 @@ import ssl
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError
+
+if TYPE_CHECKING:   # the client's types, for the hook's signature only (streamclient imports this module)
+    from campaign.http.streamclient import Limits, Streams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +86,12 @@ class TLS:
         return ssl.create_default_context()
 
 
+class InProcess(Protocol):
+    """A server in this process: it hands out a client of the measured path that needs no socket."""
+
+    def streams(self, endpoint: Endpoint, limits: Limits | None) -> Streams: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Endpoint:
     scheme: str
@@ -94,6 +104,9 @@ class Endpoint:
     # A Unix domain socket to connect to instead of host:port (vLLM's --uds; the simulator in process): the URL
     # still names the server in each request's Host header.
     uds: str | None = None
+    # A server in this process that takes the measured requests without a socket (the simulator in simulated
+    # time, measure.simulated): new_client asks it for the client; the control plane still goes over `uds`.
+    in_process: InProcess | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def parse(cls, url: str, *, api_key: str | None = None, tls: TLS | None = None,

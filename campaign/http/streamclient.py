@@ -35,7 +35,7 @@ from asyncio.staggered import staggered_race
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -86,6 +86,30 @@ class Reply:
     http_version: str
     keep_alive: bool
     sent_t: float        # core.clock when the request's bytes went to the socket (connected, encoded)
+
+
+def idle_timeout(waited: float, events: int, limit: float) -> StreamTimeout:
+    """The idle limit reached: `waited` seconds without data after `events` events."""
+    return StreamTimeout("idle", waited, f"idle timeout: no data for {waited:.1f} s after {events} event(s) "
+                                         f"(limit {limit:g} s)")
+
+
+class Streams(Protocol):
+    """What the measured path needs of a client: StreamClient over HTTP, or a server in this process that
+    takes requests without a socket (measure.simulated)."""
+
+    connections_opened: int
+
+    async def post_stream(self, path: str, body: dict[str, Any],
+                          on_event: Callable[[float, bytes], None]) -> Reply: ...
+
+    async def open_idle(self, count: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Streams: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -247,8 +271,8 @@ class _Exchange:
             self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the request was "
                                                  f"sent (limit {limit:g} s)")
         else:
-            self._time_out("idle", waited, f"idle timeout: no data for {waited:.1f} s after {self.sse.events} "
-                                           f"event(s) (limit {limit:g} s)")
+            self.fail(idle_timeout(waited, self.sse.events, limit))
+            self.conn.close()
 
     def _time_out(self, which: str, after_s: float, message: str) -> None:
         self.fail(StreamTimeout(which, after_s, message))

@@ -30,7 +30,7 @@ from campaign.core.errors import MetricMissingError
 from campaign.core.runqueue import RunQueueWait
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
-from campaign.http.streamclient import StreamClient
+from campaign.http.streamclient import Streams
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import cachestate, openloop, shard, slo, steady, traces
 from campaign.measure.cells import (
@@ -341,7 +341,7 @@ class Measurer:
             async with new_client(self.target.wall_endpoint()) as client:
                 return await self._attempts(spec, base, max_tokens, client, control)
 
-    async def _attempts(self, spec: CellSpec, base: dict[str, Any], max_tokens: int, client: StreamClient,
+    async def _attempts(self, spec: CellSpec, base: dict[str, Any], max_tokens: int, client: Streams,
                         control: httpx.AsyncClient) -> CellResult:
         """Measure the cell until an attempt's bracket shows no foreign traffic and the client kept its load (on
         a schedule, its times; in a sustained window, every stream busy), at most max_attempts times. A client
@@ -417,7 +417,7 @@ class Measurer:
                 return after
             await asyncio.sleep(0.1)
 
-    async def empty_prefix_cache(self, client: StreamClient, control: httpx.AsyncClient) -> cachestate.CacheState:
+    async def empty_prefix_cache(self, client: Streams, control: httpx.AsyncClient) -> cachestate.CacheState:
         """Before an open-loop step: the prefix cache emptied and checked with a canary of whole KV blocks, whose
         hits are read from the server's counters once they have counted its prompt (see cachestate)."""
         if not self.target.launched:
@@ -478,7 +478,7 @@ class Measurer:
         source.use(tokenizer)
         return source
 
-    async def _run_step(self, spec: CellSpec, max_tokens: int, client: StreamClient,
+    async def _run_step(self, spec: CellSpec, max_tokens: int, client: Streams,
                         control: httpx.AsyncClient, source: Prompts | None = None) -> _Step:
         records: list[RequestRecord] = []
         samples: list[_Gauges] = []
@@ -586,7 +586,7 @@ class Measurer:
             return Prompt(tokens=context, ids=self.prompts.unique(context))
         return await source.next(context)
 
-    async def _one(self, client: StreamClient, context: int, max_tokens: int,
+    async def _one(self, client: Streams, context: int, max_tokens: int,
                    first_token: asyncio.Event | None = None, *, prompt: Prompt | None = None,
                    source: Prompts | None = None, request_id: str | None = None) -> RequestRecord:
         """One request: a fresh unique prompt (random ids, or from the cell's text source), or the given one
@@ -598,7 +598,7 @@ class Measurer:
                                        max_tokens=max_tokens, request_id=request_id or self._next_id(),
                                        first_token=first_token)
 
-    async def _sustained(self, spec: CellSpec, max_tokens: int, client: StreamClient,
+    async def _sustained(self, spec: CellSpec, max_tokens: int, client: Streams,
                          records: list[RequestRecord], window_open: asyncio.Event,
                          prompts: list[Prompt] | None = None, source: Prompts | None = None) -> tuple[float, float]:
         """Keep exactly C streams busy; the window opens once every first stream has produced a token and
@@ -668,7 +668,7 @@ class Measurer:
             raise
         return start, end
 
-    async def _rate(self, spec: CellSpec, client: StreamClient, records: list[RequestRecord],
+    async def _rate(self, spec: CellSpec, client: Streams, records: list[RequestRecord],
                     source: Prompts | None) -> _Load:
         """Requests on an arrival schedule (or, without a rate, as fast as the cap lets them), each a fresh
         prompt of its drawn length, never waiting for the ones before it. Scheduled prompts are all made

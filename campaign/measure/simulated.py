@@ -3,9 +3,14 @@
 The client and the simulator (sim.server.in_process) share one event loop whose time is simulated (looptime,
 MIT): the loop's clock stands still while anything is left to run and then moves straight to the next timer,
 so an engine step costs its simulated duration and the host's own work costs nothing, whatever this machine's
-speed or load. Every measured stamp reads that loop's time (core.clock). Requests go over a Unix socket, HTTP
-byte for byte as over TCP: the records, their parsing and every rule are the ones a real server is measured
-with, so a cell kind measured over HTTP is measured here with nothing written twice.
+speed or load. Every measured stamp reads that loop's time (core.clock). The measured requests reach the
+server without a socket (InProcessStreams: the server's own checks, the events a server writes, byte for byte,
+handed to the client's parser as they are emitted); the control plane (/metrics, /tokenize, /v1/models) goes
+over a Unix socket, HTTP as over TCP. The records, their parsing and every rule are the ones a real server is
+measured with, so a cell kind measured over HTTP is measured here with nothing written twice.
+
+`start` is a launch in simulated time: the command line the launcher builds, parsed by the simulator, and the
+startup log it prints, read by the parser that reads any vLLM's.
 
 What differs from HTTP at a time scale: no client stall, no scrape that perturbs the server, no sharding over
 client processes (one loop holds the whole clock), and the engine is never behind its clock. Repeats differ only
@@ -14,36 +19,206 @@ by what the engine draws (its seed, the `launch-noise` fault).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import io
+import json
 import tempfile
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import looptime
 
 from campaign.core import clock
+from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Endpoint, Timeouts
+from campaign.http.streamclient import Limits, Reply, StreamError, Streams, idle_timeout
 from campaign.measure.runner import Target
+from campaign.server import argv, startup_log
+from campaign.server.profiles import FlagValue, LaunchProfile
 from campaign.server.startup_log import StartupFacts
+from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import server as sim
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import TruthSink
 
 T = TypeVar("T")
+# The simulated clock's tick: looptime keeps its time as a count of ticks (no floating-point drift); at a
+# nanosecond a 0.8 s TTFT is exact to about 1e-9 of itself (at looptime's default microsecond, to 1e-6).
+RESOLUTION_S = 1e-9
 HOST = "simulator"   # the name in each request's Host header; the socket, not the name, reaches the server
 # Loop cycles with nothing to run before the clock moves: a coroutine that schedules its timer one cycle late
 # (an async context manager's exit, a callback's follow-up) still gets it in before time passes.
 SETTLE_CYCLES = 4
 
 
-def target(config: SimConfig, facts: StartupFacts, uds: str, timeouts: Timeouts | None = None) -> Target:
-    """What a Measurer knows of the simulator in process: what its startup log said, as of a launched server."""
+class InProcessStreams:
+    """The measured path's client for the simulator in this process (StreamClient's interface): each request
+    is checked by the server as over HTTP (sim.server.Server.completion) and its events, the bytes a server
+    sends in each SSE event, reach `stream_completion` the moment the engine emits them, stamped with the
+    loop's (simulated) time. No socket, no HTTP framing, no task per request: over the Unix socket a token
+    cost about 50 us of this host's time (the server's chunk, the socket, llhttp, the SSE decoder and a task
+    wake-up each), here about 10. The idle limit works as over HTTP (a reply's headers come at once, so it
+    also bounds the wait for the first token); a request cancelled or timed out is aborted in the engine, as a
+    closed connection is. The control plane (/metrics, /tokenize, ...) still goes over the socket."""
+
+    connections_opened = 0
+
+    def __init__(self, server: sim.Server, endpoint: Endpoint, limits: Limits | None) -> None:
+        self.server = server
+        self.endpoint = endpoint
+        self.limits = limits or Limits()
+        self.headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+        self._flight: dict[asyncio.Future[None], sim.Stream] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> InProcessStreams:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def open_idle(self, count: int) -> None:
+        """Nothing to open: a burst's sends are not spread by connects here."""
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for done, stream in list(self._flight.items()):   # a request still in flight ends now, and says why
+            self.server.engine.abort(stream.req)
+            if not done.done():
+                done.set_exception(StreamError("closed", "the client was closed with the request in flight"))
+
+    async def post_stream(self, path: str, body: dict[str, Any],
+                          on_event: Callable[[float, bytes], None]) -> Reply:
+        if self._closed:
+            raise StreamError("closed", "the client was closed before the request was sent")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        sent_t = clock.now()
+        last = sent_t
+        events = 0
+        limit = self.endpoint.timeouts.idle_s
+
+        def event(data: bytes) -> None:
+            nonlocal last, events
+            if done.done():
+                return   # timed out or cancelled: the engine aborts it at its next step
+            last = clock.now()
+            events += 1
+            try:
+                on_event(last, data)
+            except Exception as exc:   # the client's own failure ends its request, never the engine's step
+                done.set_exception(exc if isinstance(exc, StreamError) else StreamError(
+                    "protocol", f"reading an event failed: {type(exc).__name__}: {exc}"))
+
+        def end() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        opened = self.server.open_stream(path, self.headers, json.dumps(body, separators=(",", ":")).encode(),
+                                         event, end)
+        if isinstance(opened, sim.Refusal):
+            return Reply(status=opened.status, content_type="application/json",
+                         body=opened.body[: self.limits.error_body_bytes], events=0, http_version="1.1",
+                         keep_alive=True, sent_t=sent_t)
+
+        timer: asyncio.TimerHandle | None = None
+
+        def check() -> None:   # re-armed only when it fires early, as StreamClient's timer
+            nonlocal timer
+            waited = clock.now() - last
+            if done.done():
+                return
+            if waited < limit:
+                timer = loop.call_later(limit - waited, check)
+            else:
+                done.set_exception(idle_timeout(waited, events, limit))
+
+        timer = loop.call_later(limit, check)
+        self._flight[done] = opened
+        try:
+            await done
+        except BaseException:
+            self.server.engine.abort(opened.req)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            del self._flight[done]
+        return Reply(status=200, content_type="text/event-stream", body=b"", events=events, http_version="1.1",
+                     keep_alive=True, sent_t=sent_t)
+
+
+class _InProcess:
+    """The hook an Endpoint carries to the simulator in this process (new_client asks it for the client)."""
+
+    def __init__(self, server: sim.Server) -> None:
+        self.server = server
+
+    def streams(self, endpoint: Endpoint, limits: Limits | None) -> Streams:
+        return InProcessStreams(self.server, endpoint, limits)
+
+
+def target(config: SimConfig, facts: StartupFacts, uds: str, timeouts: Timeouts | None = None, *,
+           server: sim.Server | None = None) -> Target:
+    """What a Measurer knows of the simulator in process: what its startup log said, as of a launched server.
+    With `server`, the measured requests reach it without the socket (InProcessStreams)."""
     endpoint = Endpoint(scheme="http", host=HOST, port=8000, api_key=config.api_key,
-                        timeouts=timeouts or Timeouts(), uds=uds)
+                        timeouts=timeouts or Timeouts(), uds=uds,
+                        in_process=None if server is None else _InProcess(server))
     return Target.launched_as(endpoint, config.name, facts, max_num_seqs=config.max_num_seqs,
                               max_num_batched_tokens=config.max_num_batched_tokens)
+
+
+@dataclass
+class Launch:
+    """One launch of the simulator in simulated time: the command the launcher built, the startup log the
+    simulator printed for it and the facts the tool read from that log (as from any vLLM's)."""
+
+    config: SimConfig
+    command: list[str]
+    flags: dict[str, FlagValue]
+    log: str
+    facts: StartupFacts
+
+
+def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, launch: str = "") -> Launch:
+    """The launch's command line as the launcher builds it, parsed by the simulator, and its startup log; a
+    start that fails is a LaunchError as the launcher raises it (bad argument, OOM, no room for the KV cache).
+    `launch`: its identity in the night (`variant/repeat`): with the profile's `--seed` (not `seed`, the
+    engine's), it draws the launch's noise as the same launch over HTTP draws it."""
+    spec = argv.build(profile, flags, engine="sim", port=8000)
+    command = spec.argv[spec.argv.index("campaign.sim") + 1:]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            config = sim_config.parse(command, launch=launch)
+    except SystemExit:
+        raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
+                          log_tail=errors.getvalue(), hint="see the simulator's usage line") from None
+    config = replace(config, seed=seed, time_scale=1.0, truth=None)
+    # Faults of a process or of its HTTP traffic have nothing to act on here: refused, never silently ignored.
+    faults = config.faults
+    unserved = [name for name, on in (("hang-startup", faults.hang_startup), ("crash-after", faults.crash_after),
+                                      ("ignore-sigterm", faults.ignore_sigterm), ("grandchild", faults.grandchild),
+                                      ("foreign", faults.foreign_tok_s)) if on]
+    if unserved:
+        raise LaunchError(f"fault {', '.join(unserved)} (CAMPAIGN_SIM_FAULTS) is not replayed in simulated time",
+                          kind="bad_argument", hint="unset CAMPAIGN_SIM_FAULTS, or run over HTTP (--clock wall)")
+    lines: list[str] = []
+    # The controller's CUDA_VISIBLE_DEVICES is not the simulated launch's: no GPU is placed here.
+    started = sim.start_up(config, sim.Log(config, lines.append), visible_devices="")
+    log = "".join(lines)
+    facts = startup_log.parse(log)
+    if started is None or facts.failure is not None:
+        failure = facts.failure
+        raise LaunchError(failure.message if failure else "the simulated start failed",
+                          kind=failure.kind if failure else "engine_init_failed", log_tail=log[-4000:],
+                          hint=failure.hint if failure else None)
+    return Launch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
 
 
 class SimulatedServer:
@@ -60,7 +235,7 @@ class SimulatedServer:
         self.lines: list[str] = []   # the simulator's log lines while it serves (where no `log` takes them)
         self._folder = tempfile.TemporaryDirectory(prefix="campaign-sim-")
         self.uds = str(Path(self._folder.name) / "sim.sock")
-        self.loop = looptime.new_event_loop(start=0.0, noop_cycles=SETTLE_CYCLES)
+        self.loop = looptime.new_event_loop(start=0.0, noop_cycles=SETTLE_CYCLES, resolution=RESOLUTION_S)
         self._stack = contextlib.AsyncExitStack()
         served = sim.in_process(config, mem, sim.Log(config, log or self.lines.append), self.uds, truth=truth)
         try:
@@ -76,7 +251,7 @@ class SimulatedServer:
         return float(self.server.driver.clock.anchor)
 
     def target(self, timeouts: Timeouts | None = None) -> Target:
-        return target(self.config, self.facts, self.uds, timeouts)
+        return target(self.config, self.facts, self.uds, timeouts, server=self.server)
 
     def alive(self) -> bool:
         """In process, it lives as long as this object: a crash of the simulator is a crash of the tool."""

@@ -112,7 +112,7 @@ class Options:
     executor: Literal["serial", "pool", "ray"] = "serial"
     client_cores: list[int] | None = None   # pin the measuring client here once the server is up
     node: str | None = None                 # the Ray node it runs on (executor ray)
-    clock: Literal["wall", "virtual"] = "wall"  # virtual: the simulator's engine in simulated time (sim_night)
+    clock: Literal["wall", "virtual"] = "wall"  # virtual: the simulator in this process, in simulated time
 
 
 class Campaign:
@@ -254,8 +254,8 @@ class Campaign:
 
     def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec],
                        experiments: list[Experiment]) -> None:
-        """One launch in simulated time: its startup log and facts read as a real one's (sim_night). Prefill and
-        decode cells and seed 000's experiments are replayed on the engine's clock (sim_night, fast); every
+        """One launch in simulated time: its startup log and facts read as a real one's (measure.simulated). Prefill
+        and decode cells and seed 000's experiments are replayed on the engine's clock (sim_night, fast); every
         other kind (rate and trace cells, agent sessions, capacity searches) is measured by the very code a
         launch over HTTP runs, warm-up and warm check included, against the simulator serving from this process
         on its own clock (measure.simulated). A start that fails is recorded as a real one's is. Repeats differ
@@ -269,7 +269,7 @@ class Campaign:
             self._record_failure(launch_dir, variant, repeat, exc)
             self.progress.note(f"{variant.name} (repeat {repeat + 1}): FAILED TO START ({exc.kind}): {exc.message}")
             return
-        sim_night.write_log(launch_dir, launch)
+        store.write_text_new(launch_dir / "server.log", launch.log)
         store.write_new(launch_dir / "server.json", ServerRecord(
             variant=variant.name, repeat=repeat, started_utc=datetime.now(UTC).isoformat(), command=launch.command,
             flags=launch.flags, variant_flags=dict(flags), ready_s=launch.facts.engine_init_s or 0.0,

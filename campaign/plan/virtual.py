@@ -1,12 +1,13 @@
 """A whole campaign in simulated time: `campaign run MATRIX --engine sim --clock virtual`.
 
-Every launch of the schedule starts the simulator's engine in this process instead of a server: its startup log
-is printed as the HTTP simulator prints it (sim.start_up), stored as the launch's server.log and read by the
-same parser as any vLLM's, so the facts, a start that fails and the KV cache a flag costs are the launcher's.
-Each cell is then replayed on the engine's own clock (sim_virtual: the tool's method rule for rule, no HTTP, no
-wall clock), and its requests, as RequestRecords, go through the tool's own figures (figures.fixed_metrics,
-window_metrics, prefill_metrics). The run is a normal run: `diff`, `report` and `export` read it, and its
-figures are the hardware's (time scale 1), whatever speed this machine has.
+Every launch of the schedule starts the simulator's engine in this process instead of a server
+(measure.simulated.start): its startup log is printed as the HTTP simulator prints it (sim.start_up), stored as
+the launch's server.log and read by the same parser as any vLLM's, so the facts, a start that fails and the KV
+cache a flag costs are the launcher's. Each cell is then replayed on the engine's own clock (sim_virtual: the
+tool's method rule for rule, no HTTP, no wall clock), and its requests, as RequestRecords, go through the
+tool's own figures (figures.fixed_metrics, window_metrics, prefill_metrics). The run is a normal run: `diff`,
+`report` and `export` read it, and its figures are the hardware's (time scale 1), whatever speed this machine
+has.
 
 What is replayed: prefill and decode cells, with any prompts on either endpoint (text and chat prompts are
 made by the tool's own prompts.Prompts, talking to the simulator's tokenizer and chat template in this
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from campaign.core import stats
@@ -57,7 +57,6 @@ from campaign.spec.matrix import (
     PrefixOrderExperiment,
     RepeatExperiment,
 )
-from campaign.stored import store
 
 NOTE = "replayed in simulated time (campaign run --clock virtual): the engine's own records, no HTTP client"
 
@@ -209,10 +208,6 @@ def cell_result(config: SimConfig, spec: CellSpec, cell: sim_virtual.VirtualCell
         # As the runner counts NVML's energy; on hardware with a power model only (a measured entry's fit).
         energy_j_per_token=cell.energy_j_per_token if spec.phase == "decode" else None,
         requests=[r.to_dict() for r in records])
-
-
-def write_log(launch_dir: Path, launch: VirtualLaunch) -> None:
-    store.write_text_new(launch_dir / "server.log", launch.log)
 
 
 # --- seed 000's experiments on the engine ------------------------------------------------------------

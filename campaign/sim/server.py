@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -184,6 +185,71 @@ class Driver:
                           "scale (CAMPAIGN_SIM_TIME_SCALE)")
 
 
+COMPLETION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An error reply: its HTTP status and vLLM's error body."""
+
+    status: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completion or chat request as checked: the prompt's tokens and the reply it asks for."""
+
+    prompt: list[int]
+    max_tokens: int
+    chat: bool
+    stream: bool
+    include_usage: bool
+    continuous: bool   # usage on every chunk (include_usage and continuous_usage_stats)
+    thinks: bool       # a chat reply that reasons first (a reasoning parser, thinking not turned off)
+
+
+class Stream:
+    """One streamed reply's events as vLLM 0.32 writes them (each event's data, without `data: `)."""
+
+    def __init__(self, server: Server, checked: Completion, req: Request) -> None:
+        self.server = server
+        self.checked = checked
+        self.req = req
+        self.kind = "chat.completion.chunk" if checked.chat else "text_completion"
+        self.thinking = req.max_tokens // 2 if checked.thinks else 0
+
+    def opening(self) -> bytes | None:
+        """vLLM's first chat chunk names the role and carries no token; a completion has none."""
+        if not self.checked.chat:
+            return None
+        return json.dumps({"id": self.req.id, "object": self.kind, "model": self.server.config.name, "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}).encode()
+
+    def event(self, produced: int) -> bytes:
+        req, chat = self.req, self.checked.chat
+        text = self.server.tokenizer.reply(produced)
+        part = "reasoning_content" if req.generated <= self.thinking else "content"
+        event: dict[str, Any] = {"id": req.id, "object": self.kind, "model": self.server.config.name, "choices": [
+            {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
+            {"index": 0, "text": text, "finish_reason": None}]}
+        if self.checked.continuous:
+            prompt = len(self.checked.prompt)
+            event["usage"] = {"prompt_tokens": prompt, "completion_tokens": req.generated,
+                              "total_tokens": prompt + req.generated}
+        return json.dumps(event).encode()
+
+    def closing(self) -> list[bytes]:
+        """The final usage (with include_usage) and [DONE]."""
+        out = []
+        if self.checked.include_usage:
+            out.append(json.dumps({"id": self.req.id, "object": self.kind, "model": self.server.config.name,
+                                   "choices": [], "usage": self.server.usage(self.req, len(self.checked.prompt))}
+                                  ).encode())
+        out.append(b"[DONE]")
+        return out
+
+
 # --- HTTP --------------------------------------------------------------------------------------------
 class Server:
     def __init__(self, config: SimConfig, driver: Driver, memory: sim_model.Memory, *,
@@ -198,7 +264,9 @@ class Server:
         # vLLM serves its dev endpoints (/reset_prefix_cache among them) only with VLLM_SERVER_DEV_MODE=1.
         self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in {"", "0"}
         self.histograms = histograms
-        self.registry = histograms.registry if histograms is not None else CollectorRegistry(auto_describe=False)
+        # The engine's gauges and counters; the request histograms come before them in /metrics, as in one
+        # registry where they were registered first (RequestHistograms.exposition keeps their text).
+        self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Metrics(self))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -248,9 +316,10 @@ class Server:
         if path == "/version":
             return await self.respond(writer, 200, json.dumps({"version": VERSION}).encode())
         if path == "/metrics":
-            if self.histograms is not None:
-                self.histograms.fold()  # what the engine did up to now, as vLLM's logger has recorded it
-            return await self.respond(writer, 200, generate_latest(self.registry), "text/plain; version=0.0.4")
+            # What the engine did up to now, as vLLM's logger has recorded it (the histograms fold first).
+            exposition = b"" if self.histograms is None else self.histograms.exposition()
+            return await self.respond(writer, 200, exposition + generate_latest(self.registry),
+                                      "text/plain; version=0.0.4")
         # vLLM 0.32 asks for the key only under GUARDED_PREFIX (entrypoints/serve/middleware/authenticate.py):
         # /tokenize, /detokenize, /reset_prefix_cache, /health and /metrics answer without it.
         if path.startswith(GUARDED_PREFIX) and self.api_key and (
@@ -267,33 +336,11 @@ class Server:
             data = json_body(body)
             text = self.tokenizer.decode([int(t) for t in data.get("tokens") or []])
             return await self.respond(writer, 200, json.dumps({"prompt": text}).encode())
-        if path in {"/v1/completions", "/v1/chat/completions"} and method == "POST":
-            data = json_body(body)
-            model = data.get("model")
-            if model and model not in self.config.names:   # vLLM's check, before any stream starts
-                return await self.respond(writer, 404, self.error(
-                    f"The model `{model}` does not exist. Valid aliases: {', '.join(self.config.names)}.", "model",
-                    kind="NotFoundError", code=404))
-            if data.get("stream_options") and not data.get("stream"):   # vLLM: a non-empty one only
-                return await self.respond(writer, 400, self.error(
-                    "Stream options can only be defined when `stream=True`.", "stream_options"))
-            if path == "/v1/completions":
-                return await self.completions(data, writer, arrived)
-            messages = data.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return await self.respond(writer, 400, self.error("messages: a non-empty list is required",
-                                                                  "messages"))
-            kwargs = data.get("chat_template_kwargs") or {}
-            if not isinstance(kwargs, dict):
-                return await self.respond(writer, 400, self.error(
-                    "chat_template_kwargs: Input should be a valid dictionary", "chat_template_kwargs"))
-            try:
-                text = self.tokenizer.chat(messages, **kwargs)
-            except ValueError as exc:
-                return await self.respond(writer, 400, self.error(str(exc)))
-            # The rendered template carries its own special tokens: encoded without adding more, as vLLM does.
-            prompt = self.tokenizer.encode(text, add_special_tokens=False)
-            return await self.completions(data, writer, arrived, prompt=prompt, chat=True)
+        if path in COMPLETION_PATHS and method == "POST":
+            checked = self.completion(path, json_body(body))
+            if isinstance(checked, Refusal):
+                return await self.respond(writer, checked.status, checked.body)
+            return await self.completions(checked, writer, arrived)
         return await self.respond(writer, 404, json.dumps({"detail": "Not Found"}).encode())
 
     def error(self, message: str, param: str | None = None, *, kind: str = "BadRequestError",
@@ -331,25 +378,50 @@ class Server:
             "count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens,
             "token_strs": None}).encode())
 
-    async def completions(self, data: dict[str, Any], writer: asyncio.StreamWriter, arrived: float, *,
-                          prompt: list[int] | None = None, chat: bool = False) -> bool:
+    def completion(self, path: str, data: dict[str, Any]) -> Completion | Refusal:
+        """A completion or chat request checked as vLLM 0.32 checks it, before any stream starts: the reply it
+        asks for, or the error reply (the same for a request over HTTP and one in process)."""
+        model = data.get("model")
+        if model and model not in self.config.names:   # vLLM's check, before any stream starts
+            return Refusal(404, self.error(
+                f"The model `{model}` does not exist. Valid aliases: {', '.join(self.config.names)}.", "model",
+                kind="NotFoundError", code=404))
+        if data.get("stream_options") and not data.get("stream"):   # vLLM: a non-empty one only
+            return Refusal(400, self.error("Stream options can only be defined when `stream=True`.",
+                                           "stream_options"))
+        chat = path == "/v1/chat/completions"
+        prompt: list[int] | None = None
+        if chat:
+            messages = data.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return Refusal(400, self.error("messages: a non-empty list is required", "messages"))
+            kwargs = data.get("chat_template_kwargs") or {}
+            if not isinstance(kwargs, dict):
+                return Refusal(400, self.error("chat_template_kwargs: Input should be a valid dictionary",
+                                               "chat_template_kwargs"))
+            try:
+                text = self.tokenizer.chat(messages, **kwargs)
+            except ValueError as exc:
+                return Refusal(400, self.error(str(exc)))
+            # The rendered template carries its own special tokens: encoded without adding more, as vLLM does.
+            prompt = self.tokenizer.encode(text, add_special_tokens=False)
         given: object = None
         if prompt is None:
             given = data.get("prompt")
             if given is None or given == "" or given == []:
-                return await self.respond(writer, 400, self.error("prompt: a prompt is required", "prompt"))
+                return Refusal(400, self.error("prompt: a prompt is required", "prompt"))
             if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str | list):
                 given = given[0]   # a batch of one
             if isinstance(given, list) and given and all(isinstance(t, list | str) for t in given):
-                return await self.respond(writer, 400, self.error(
+                return Refusal(400, self.error(
                     "the simulator serves one prompt per request; send the batch's prompts as requests", "prompt"))
             # Token ids are taken as they are, whatever the tokenizer (the OpenAI API allows them).
             prompt = given if isinstance(given, list) and all(isinstance(t, int) for t in given) else (
                 self.tokenizer.encode(str(given)) or [1])
         min_tokens = data.get("min_tokens") or 0
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
-            return await self.respond(writer, 400, self.error(
-                f"min_tokens: Input should be a valid integer, got {min_tokens!r}", "min_tokens"))
+            return Refusal(400, self.error(f"min_tokens: Input should be a valid integer, got {min_tokens!r}",
+                                           "min_tokens"))
         # vLLM 0.32: chat takes max_completion_tokens over max_tokens, and without either the rest of the
         # window; completions default to 16, absent or null (its normalize_null_max_tokens).
         param = "max_completion_tokens" if chat and data.get("max_completion_tokens") is not None else "max_tokens"
@@ -358,74 +430,104 @@ class Server:
             asked = int(asked)   # pydantic's lax int, as vLLM parses it
         limit = limit_answer(self.config, param, asked)
         if limit is not None:
-            return await self.respond(writer, 400, self.error(*limit))
+            return Refusal(400, self.error(*limit))
         assert asked is None or isinstance(asked, int)
         rest = self.config.max_model_len - len(prompt)
         refused, max_tokens = window_answer(self.config, len(prompt), asked if asked is not None else rest,
                                             text=chat or isinstance(given, str))
         if refused is not None:
-            return await self.respond(writer, 400, self.error(*refused))
+            return Refusal(400, self.error(*refused))
         if min_tokens > max_tokens:
-            return await self.respond(writer, 400, self.error(
+            return Refusal(400, self.error(
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."))
-        self.ids += 1
-        queue: asyncio.Queue[int | None] = asyncio.Queue()
-        req = Request(id=f"{'chatcmpl' if chat else 'cmpl'}-sim-{self.ids}", prompt=prompt,
-                      max_tokens=max(1, max_tokens), sink=queue.put_nowait)
-        self.driver.submit(req, arrived)
-        model = self.config.name
-        stream = bool(data.get("stream"))
         options = data.get("stream_options") or {}
-        # vLLM: usage on every chunk only with include_usage as well.
-        continuous = bool(options.get("include_usage") and options.get("continuous_usage_stats"))
-        if not stream:
+        # A reasoning model thinks first: with a reasoning parser, the first half of a chat reply is reasoning.
+        kwargs = data.get("chat_template_kwargs") or {}
+        thinks = bool(chat and self.config.reasoning_parser and kwargs.get("enable_thinking") is not False)
+        return Completion(prompt=prompt, max_tokens=max(1, max_tokens), chat=chat, stream=bool(data.get("stream")),
+                          include_usage=bool(options.get("include_usage")),
+                          # vLLM: usage on every chunk only with include_usage as well.
+                          continuous=bool(options.get("include_usage") and options.get("continuous_usage_stats")),
+                          thinks=thinks)
+
+    def submit(self, checked: Completion, arrived: float, sink: Callable[[int | None], None]) -> Stream:
+        """The checked request to the engine; `sink` gets its tokens step by step (None at its end)."""
+        self.ids += 1
+        req = Request(id=f"{'chatcmpl' if checked.chat else 'cmpl'}-sim-{self.ids}", prompt=checked.prompt,
+                      max_tokens=checked.max_tokens, sink=sink)
+        self.driver.submit(req, arrived)
+        return Stream(self, checked, req)
+
+    async def completions(self, checked: Completion, writer: asyncio.StreamWriter, arrived: float) -> bool:
+        queue: asyncio.Queue[int | None] = asyncio.Queue()
+        stream = self.submit(checked, arrived, queue.put_nowait)
+        req = stream.req
+        if not checked.stream:
             while await queue.get() is not None:
                 pass
-            usage = self.usage(req, len(prompt))
+            usage = self.usage(req, len(checked.prompt))
             reply = self.tokenizer.reply(req.generated)
             choice: dict[str, Any] = (
                 {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "length"}
-                if chat else {"index": 0, "text": reply, "finish_reason": "length"})
+                if checked.chat else {"index": 0, "text": reply, "finish_reason": "length"})
             return await self.respond(writer, 200, json.dumps({
-                "id": req.id, "object": "chat.completion" if chat else "text_completion", "model": model,
-                "choices": [choice], "usage": usage}).encode())
+                "id": req.id, "object": "chat.completion" if checked.chat else "text_completion",
+                "model": self.config.name, "choices": [choice], "usage": usage}).encode())
         _STREAMING.set(True)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        # A reasoning model thinks first: with a reasoning parser, the first half of a chat reply is reasoning.
-        kwargs = data.get("chat_template_kwargs") or {}
-        thinks = chat and self.config.reasoning_parser and kwargs.get("enable_thinking") is not False
-        thinking = req.max_tokens // 2 if thinks else 0
         try:
-            if chat:  # vLLM's first chat chunk names the role and carries no token
-                opening = {"id": req.id, "object": kind, "model": model, "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-                self._chunk(writer, b"data: " + json.dumps(opening).encode() + b"\n\n")
+            opening = stream.opening()
+            if opening is not None:
+                self._chunk(writer, b"data: " + opening + b"\n\n")
             while True:
                 produced = await queue.get()
                 if produced is None:
                     break
-                text = self.tokenizer.reply(produced)
-                part = "reasoning_content" if req.generated <= thinking else "content"
-                event: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [
-                    {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
-                    {"index": 0, "text": text, "finish_reason": None}]}
-                if continuous:
-                    event["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": req.generated,
-                                      "total_tokens": len(prompt) + req.generated}
-                self._chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")
+                self._chunk(writer, b"data: " + stream.event(produced) + b"\n\n")
                 await writer.drain()
-            if options.get("include_usage"):
-                final: dict[str, Any] = {"id": req.id, "object": kind, "model": model, "choices": [],
-                                         "usage": self.usage(req, len(prompt))}
-                self._chunk(writer, b"data: " + json.dumps(final).encode() + b"\n\n")
-            self._chunk(writer, b"data: [DONE]\n\n")
+            for data in stream.closing():
+                self._chunk(writer, b"data: " + data + b"\n\n")
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except ConnectionError:
             self.engine.abort(req)
             return False
         return True
+
+    def open_stream(self, path: str, headers: dict[str, str], body: bytes,
+                    on_event: Callable[[bytes], None], on_end: Callable[[], None]) -> Stream | Refusal:
+        """A streamed completion from a client in this process (measure.simulated): checked as over HTTP, its
+        events (each SSE event's data, as over HTTP) handed to `on_event` the moment the engine emits them,
+        `on_end` after the last; no socket, no framing, no task per request. The error reply otherwise."""
+        arrived = self.driver.clock.now()
+        if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
+            return Refusal(401, json.dumps({"error": "Unauthorized"}).encode())
+        if path not in COMPLETION_PATHS:
+            return Refusal(404, json.dumps({"detail": "Not Found"}).encode())
+        try:
+            checked = self.completion(path, json_body(body))
+        except BadRequest as exc:
+            return Refusal(400, self.error(str(exc)))
+        if isinstance(checked, Refusal):
+            return checked
+        if not checked.stream:
+            raise ValueError("in process the simulator answers streamed requests only (the measured path)")
+        stream: Stream | None = None
+
+        def sink(produced: int | None) -> None:
+            assert stream is not None
+            if produced is not None:
+                on_event(stream.event(produced))
+                return
+            for data in stream.closing():
+                on_event(data)
+            on_end()
+
+        stream = self.submit(checked, arrived, sink)
+        opening = stream.opening()
+        if opening is not None:
+            on_event(opening)
+        return stream
 
     def usage(self, req: Request, prompt_tokens: int) -> dict[str, Any]:
         """A finished reply's usage; with --enable-prompt-tokens-details, as vLLM 0.32, the prompt tokens the
@@ -570,9 +672,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> tuple[sim_model.Memory, int] | None:
     """The startup log, line by line as vLLM prints it, with the values the memory model computes; the memory
-    and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A virtual
-    launch (sim_night) reads the same lines as the launcher reads a real one's. `visible_devices`: the GPUs it
-    was given (default: CUDA_VISIBLE_DEVICES, as the launcher sets it for a pool's launch)."""
+    and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A launch in
+    simulated time (measure.simulated) reads the same lines as the launcher reads a real one's.
+    `visible_devices`: the GPUs it was given (default: CUDA_VISIBLE_DEVICES, as the launcher sets it for a
+    pool's launch)."""
     began = time.monotonic()
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")

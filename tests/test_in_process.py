@@ -1,0 +1,127 @@
+"""The measured path's client in simulated time (measure.simulated.InProcessStreams): the simulator in this
+process hands each event straight to `stream_completion`, with no socket. The same request over the Unix socket
+(StreamClient, HTTP byte for byte) to the same server is the truth: the same events, the same refusals. Off the
+expected path it fails as StreamClient does: the idle limit names itself, a cancelled or timed-out request is
+aborted in the engine (as a closed connection is), and closing the client ends a request in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from campaign.http.client import RequestRecord, new_client, stream_completion
+from campaign.http.endpoint import Timeouts
+from campaign.http.streamclient import StreamClient, StreamError, Streams
+from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
+from campaign.server.profiles import load_profile
+
+
+@pytest.fixture()
+def server() -> Iterator[SimulatedServer]:
+    launch = start(load_profile("a5000-tp2")[0], {}, seed=0)
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as served:
+        yield served
+
+
+def events(server: SimulatedServer, client: Streams, body: dict[str, object]) -> tuple[int, list[bytes]]:
+    """One request's status and the data of every event it got."""
+    got: list[bytes] = []
+
+    async def send() -> int:
+        async with client:
+            reply = await client.post_stream("/v1/completions", body, lambda _t, data: got.append(data))
+        return reply.status
+
+    return server.call(send()), got
+
+
+def body(**update: object) -> dict[str, object]:
+    out: dict[str, object] = {"model": "Qwen/Qwen3.5-27B-GPTQ-Int4", "prompt": list(range(1000, 1300)),
+                              "max_tokens": 5, "min_tokens": 5, "ignore_eos": True, "stream": True,
+                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    out.update(update)
+    return out
+
+
+def test_the_in_process_client_gets_the_events_the_socket_carries(server: SimulatedServer) -> None:
+    """A streamed completion in process and over the socket: the same events, byte for byte but the reply's id."""
+    endpoint = server.target().endpoint
+    assert isinstance(new_client(endpoint), InProcessStreams)
+    request = body(model=server.config.name)
+    status_in, in_process = events(server, new_client(endpoint), request)
+    status_http, over_http = events(server, StreamClient(replace(endpoint, in_process=None)), request)
+    assert status_in == status_http == 200
+    assert len(in_process) == 7 and in_process[-1] == b"[DONE]"   # 5 tokens, the final usage, [DONE]
+    assert [e.replace(b"cmpl-sim-1", b"ID") for e in in_process] == \
+        [e.replace(b"cmpl-sim-2", b"ID") for e in over_http]
+
+
+def test_a_refusal_is_the_servers_reply_as_over_http(server: SimulatedServer) -> None:
+    """A model the server does not serve: 404 with vLLM's error body, in process as over the socket; the
+    record says so as an HTTP error."""
+    endpoint = server.target().endpoint
+    replies = []
+    for client in (new_client(endpoint), StreamClient(replace(endpoint, in_process=None))):
+        async def send(client: Streams = client) -> RequestRecord:
+            async with client:
+                return await stream_completion(client, model="no-such-model", prompt=[1000] * 10, max_tokens=4,
+                                               request_id="r")
+        replies.append(server.call(send()))
+    assert [(r.status, r.error_kind) for r in replies] == [(404, "http"), (404, "http")]
+    assert replies[0].error == replies[1].error and "The model `no-such-model` does not exist" in str(replies[0].error)
+
+
+def test_the_idle_limit_names_itself_and_the_engine_drops_the_request(server: SimulatedServer) -> None:
+    """An 8K-token prompt takes the simulated pair seconds to prefill: with an idle limit of half a simulated
+    second the request ends as StreamClient's would, and the engine aborts it at its next step."""
+    endpoint = replace(server.target().endpoint, timeouts=Timeouts(idle_s=0.5))
+
+    async def send() -> RequestRecord:
+        async with new_client(endpoint) as client:
+            record = await stream_completion(client, model=server.config.name, prompt=list(range(1000, 9192)),
+                                             max_tokens=4, request_id="r")
+        await asyncio.sleep(30)   # simulated: the engine's next steps
+        return record
+
+    record = server.call(send())
+    assert record.error_kind == "timeout"
+    assert record.error == "idle timeout: no data for 0.5 s after 0 event(s) (limit 0.5 s)"
+    assert not server.server.engine.running and not server.server.engine.waiting
+
+
+def test_a_cancelled_request_is_aborted_and_a_closed_client_ends_one_in_flight(server: SimulatedServer) -> None:
+    """Cancelled mid-stream: the engine aborts it. Closed with a request in flight: the request fails with
+    StreamError("closed"), never hangs, and the engine aborts it too."""
+
+    async def cancelled() -> None:
+        async with new_client(server.target().endpoint) as client:
+            task = asyncio.create_task(client.post_stream("/v1/completions", body(model=server.config.name,
+                                                                                  max_tokens=500, min_tokens=500),
+                                                          lambda _t, _d: None))
+            await asyncio.sleep(2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await asyncio.sleep(1)
+
+    server.call(cancelled())
+    assert not server.server.engine.running
+
+    async def closed() -> StreamError:
+        client = new_client(server.target().endpoint)
+        task = asyncio.create_task(client.post_stream("/v1/completions", body(model=server.config.name,
+                                                                              max_tokens=500, min_tokens=500),
+                                                      lambda _t, _d: None))
+        await asyncio.sleep(2)
+        await client.aclose()
+        with pytest.raises(StreamError) as raised:
+            await task
+        await asyncio.sleep(1)
+        return raised.value
+
+    error = server.call(closed())
+    assert error.kind == "closed" and str(error) == "the client was closed with the request in flight"
+    assert not server.server.engine.running
