@@ -10,7 +10,7 @@
 (Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
 
 Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
-in simulated time the same functions run against the simulator in this process (measure.simulated).
+plan.virtual feeds the same functions from the simulator's engine in simulated time.
 
 Long (about 730 lines) so that an experiment's two halves are read together.
 """

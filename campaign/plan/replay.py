@@ -71,7 +71,7 @@ class VirtualCell:
     ttft_s: float | None = None              # median over the step's requests (priming excluded)
     completed: int | None = None             # requests that ended (inside the window, for a sustained cell)
     avg_active: float | None = None
-    # What the engine did, for the tool's own figures: the measured requests (priming excluded),
+    # What the engine did, for the tool's own figures (sim_night): the measured requests (priming excluded),
     # a sustained cell's window, the queue gauges as sampled (running, waiting, KV usage), the step's counters.
     requests: list[sim_truth.RequestTruth] = field(default_factory=list)
     window: tuple[float, float] | None = None
