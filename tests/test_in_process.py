@@ -14,7 +14,8 @@ import pytest
 
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Timeouts
-from campaign.http.streamclient import StreamClient, StreamError, Streams
+from campaign.http.streamclient import StreamClient
+from campaign.http.streams import StreamError, Streams
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
 from campaign.server.profiles import load_profile
 

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from campaign.core import clock
 from campaign.http.endpoint import Endpoint
-from campaign.http.streamclient import Limits, StreamClient, StreamError, Streams
+from campaign.http.streamclient import StreamClient
+from campaign.http.streams import Limits, StreamError, Streams
 
 _COMPLETION_KEY = b'"completion_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'

@@ -17,16 +17,14 @@ import ssl
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError
-
-if TYPE_CHECKING:   # the client's types, for the hook's signature only (streamclient imports this module)
-    from campaign.http.streamclient import Limits, Streams
+from campaign.http.streams import Limits, Streams
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,14 +33,14 @@ import ssl
 import zlib
 from asyncio.staggered import staggered_race
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import httptools
 
 from campaign.core import clock
 from campaign.http.endpoint import Endpoint, Timeouts
+from campaign.http.streams import Limits, Reply, StreamError, StreamTimeout, idle_timeout
 
 HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
 # A connection idle longer than this is not reused: uvicorn (vLLM's server) closes idle connections after 5 s,
@@ -51,65 +51,6 @@ POOL_IDLE_S = 2.0
 # wall time to send, so its last sends found their pre-opened connections "stale", closed them and made a TLS
 # handshake each, inside the burst (the real CPU build's overload burst, two CPU hogs and three test workers).
 UNUSED_IDLE_S = 30.0
-
-
-class StreamError(Exception):
-    """One request's failure. `kind`: connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class StreamTimeout(StreamError):
-    """A timeout: `which` is connect, first_byte or idle; `after_s` is how long it waited."""
-
-    def __init__(self, which: str, after_s: float, message: str) -> None:
-        super().__init__("timeout", message)
-        self.which = which
-        self.after_s = after_s
-
-
-@dataclass(frozen=True)
-class Limits:
-    header_bytes: int = 64 * 1024
-    event_bytes: int = 4 * 1024 * 1024
-    error_body_bytes: int = 64 * 1024
-
-
-@dataclass
-class Reply:
-    status: int
-    content_type: str | None
-    body: bytes          # the body of a non-200 reply (bounded); empty for an event stream
-    events: int          # SSE events dispatched
-    http_version: str
-    keep_alive: bool
-    sent_t: float        # core.clock when the request's bytes went to the socket (connected, encoded)
-
-
-def idle_timeout(waited: float, events: int, limit: float) -> StreamTimeout:
-    """The idle limit reached: `waited` seconds without data after `events` events."""
-    return StreamTimeout("idle", waited, f"idle timeout: no data for {waited:.1f} s after {events} event(s) "
-                                         f"(limit {limit:g} s)")
-
-
-class Streams(Protocol):
-    """What the measured path needs of a client: StreamClient over HTTP, or a server in this process that
-    takes requests without a socket (measure.simulated)."""
-
-    connections_opened: int
-
-    async def post_stream(self, path: str, body: dict[str, Any],
-                          on_event: Callable[[float, bytes], None]) -> Reply: ...
-
-    async def open_idle(self, count: int) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-    async def __aenter__(self) -> Streams: ...
-
-    async def __aexit__(self, *exc: object) -> None: ...
 
 
 _BOM = b"\xef\xbb\xbf"

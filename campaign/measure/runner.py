@@ -30,7 +30,7 @@ from campaign.core.errors import MetricMissingError
 from campaign.core.runqueue import RunQueueWait
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Endpoint
-from campaign.http.streamclient import Streams
+from campaign.http.streams import Streams
 from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import cachestate, openloop, shard, slo, steady, traces
 from campaign.measure.cells import (

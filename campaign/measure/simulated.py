@@ -34,7 +34,7 @@ import looptime
 from campaign.core import clock
 from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.http.streamclient import Limits, Reply, StreamError, Streams, idle_timeout
+from campaign.http.streams import Limits, Reply, StreamError, Streams, idle_timeout
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.profiles import FlagValue, LaunchProfile

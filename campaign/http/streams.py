@@ -1,0 +1,68 @@
+"""What the measured path's clients share: a reply, the limits on it, the failures it can end in, and the
+interface a client has (`Streams`): StreamClient over HTTP (streamclient), or a server in this process that
+needs no socket (measure.simulated). Apart from streamclient, so that an Endpoint can name that interface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class StreamError(Exception):
+    """One request's failure. `kind`: connect, timeout, tls, protocol, limit, closed, encoding, not-event-stream."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class StreamTimeout(StreamError):
+    """A timeout: `which` is connect, first_byte or idle; `after_s` is how long it waited."""
+
+    def __init__(self, which: str, after_s: float, message: str) -> None:
+        super().__init__("timeout", message)
+        self.which = which
+        self.after_s = after_s
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_bytes: int = 64 * 1024
+    event_bytes: int = 4 * 1024 * 1024
+    error_body_bytes: int = 64 * 1024
+
+
+@dataclass
+class Reply:
+    status: int
+    content_type: str | None
+    body: bytes          # the body of a non-200 reply (bounded); empty for an event stream
+    events: int          # SSE events dispatched
+    http_version: str
+    keep_alive: bool
+    sent_t: float        # core.clock when the request's bytes went to the socket (connected, encoded)
+
+
+def idle_timeout(waited: float, events: int, limit: float) -> StreamTimeout:
+    """The idle limit reached: `waited` seconds without data after `events` events."""
+    return StreamTimeout("idle", waited, f"idle timeout: no data for {waited:.1f} s after {events} event(s) "
+                                         f"(limit {limit:g} s)")
+
+
+class Streams(Protocol):
+    """What the measured path needs of a client: StreamClient over HTTP, or a server in this process that
+    takes requests without a socket (measure.simulated)."""
+
+    connections_opened: int
+
+    async def post_stream(self, path: str, body: dict[str, Any],
+                          on_event: Callable[[float, bytes], None]) -> Reply: ...
+
+    async def open_idle(self, count: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Streams: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
