@@ -12,8 +12,9 @@ times faster; served from the caller's process (`in_process`, measure.simulated)
 own clock instead (LoopClock). `--truth FILE` records what the engine really did (sim_truth). Faults: see
 sim_config.FAULTS.
 
-Long (about 770 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
-startup log it prints, on one event loop with the engine; a request's path is read in one place.
+Long (about 870 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
+startup log it prints, on one event loop with the engine; a request's path is read in one place, whether it
+came over HTTP or from a client in this process (open_stream).
 """
 
 from __future__ import annotations
