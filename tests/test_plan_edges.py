@@ -24,9 +24,10 @@ from campaign.core.errors import ConfigError
 from campaign.measure.cells import Finding, Reason
 from campaign.night import orchestrate
 from campaign.night.launch import LaunchWork, Options
-from campaign.plan import limits, planning
+from campaign.plan import limits, planning, replay
 from campaign.report import text as report
 from campaign.server.profiles import PROJECT_ROOT, load_profile
+from campaign.sim import server as sim
 from campaign.spec.matrix import Matrix, load_matrix
 from campaign.stored import records, store
 from campaign.stored.records import StopRecord
@@ -420,3 +421,22 @@ def test_an_unknown_kv_cache_is_said_beside_the_estimate_it_decides(tmp_path: Pa
         "the KV cache (", "the KV cache of b (")
     _last_run(tmp_path / "runs")
     assert planning.kv_unknown(_plan(tmp_path, "[1, 64, 1000000000]")[0]) is None
+
+
+@pytest.mark.parametrize(("utilization", "refusal", "log_says"), [
+    (0.25, "the weights do not fit", "Failed to load model - not enough GPU memory"),
+    (0.5, "no memory for the KV cache", "No available memory for the cache blocks"),
+    (0.6, "cannot hold max-model-len 131,072", "To serve at least one request with the model's max seq len"),
+    (0.7, None, "GPU KV cache size: 197,376 tokens"),
+], ids=["weights", "no-cache", "window", "starts"])
+def test_the_plan_refuses_what_the_simulated_start_up_refuses(utilization: float, refusal: str | None,
+                                                             log_says: str) -> None:
+    """A plan's or a tune's refusal and the simulator's start-up log are one rule (sim.model.start_refusal):
+    the seed 000 pair at each share of the card, refused for the same reason in both, or started by both."""
+    config = replay.profile_config("a5000-tp2", {"gpu-memory-utilization": utilization})
+    lines: list[str] = []
+    started = sim.start_up(config, sim.Log(config, lines.append), visible_devices="")
+    said = replay.refused(config)
+    assert (started is None) == (said is not None), (said, lines[-1:])
+    assert said is None if refusal is None else refusal in str(said)
+    assert log_says in "".join(lines)

@@ -50,6 +50,7 @@ from campaign.measure.runner import MAX_ROUNDS, SAMPLE_EVERY_S
 from campaign.server import argv
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
 from campaign.sim import config as sim_config
+from campaign.sim import model as sim_model
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import Request, Virtual, engine_for
@@ -143,15 +144,15 @@ def loaded_profile_config(profile: LaunchProfile, path: Path,
 
 
 def refused(config: SimConfig) -> str | None:
-    """Why vLLM would not start with this configuration (as the simulator's start-up decides), or None."""
+    """Why vLLM would not start with this configuration (the simulator's start-up rule), or None."""
     mem = config.memory()
-    if mem.weights_gib > mem.total_gib * config.gpu_memory_utilization:
-        return "start-up: the weights do not fit (out of memory)"
-    if mem.num_blocks <= 0:
-        return "start-up: no memory for the KV cache"
-    if mem.kv_tokens < config.max_model_len:
-        return f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len {config.max_model_len:,}"
-    return None
+    why = sim_model.start_refusal(mem, utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len)
+    if why is None:
+        return None
+    return {"weights": "start-up: the weights do not fit (out of memory)",
+            "no-cache": "start-up: no memory for the KV cache",
+            "window": f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len "
+                      f"{config.max_model_len:,}"}[why]
 
 
 def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from campaign.core.hardware import HARDWARE, MODELS, ModelShape, resolve_hardware
 from campaign.core.model_config import model_shape, require_shape
@@ -91,6 +92,23 @@ class Memory:
     num_blocks: int
     equivalent_utilization: float
     suggested_utilization: float
+
+
+# Why vLLM exits at start-up for want of memory, in the order it finds out (sim.server.start_up prints each
+# as vLLM does; plan.replay names it for a search).
+StartRefusal = Literal["weights", "no-cache", "window"]
+
+
+def start_refusal(mem: Memory, *, utilization: float, max_model_len: int) -> StartRefusal | None:
+    """The weights do not fit in the share of the card given, no memory is left for the KV cache, or the cache
+    cannot hold one request of max-model-len; None: the server starts."""
+    if mem.weights_gib > mem.total_gib * utilization:
+        return "weights"
+    if mem.num_blocks <= 0:
+        return "no-cache"
+    if mem.kv_tokens < max_model_len:
+        return "window"
+    return None
 
 
 def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_batched_tokens: int,

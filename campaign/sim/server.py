@@ -752,7 +752,8 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
         while True:
             time.sleep(1)
     mem = args.memory()
-    if args.faults.start_oom or mem.weights_gib > mem.total_gib * args.gpu_memory_utilization:
+    refusal = sim_model.start_refusal(mem, utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+    if args.faults.start_oom or refusal == "weights":
         log.line("Worker_TP0", "ERROR", "gpu_model_runner.py:5079", "Failed to load model - not enough GPU memory. "
                  "Try lowering --gpu-memory-utilization to free memory for weights, increasing "
                  "--tensor-parallel-size, or using --quantization.")
@@ -767,12 +768,12 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
              f"--gpu-memory-utilization={mem.equivalent_utilization:.4f} without CUDA graph memory profiling. To "
              "maintain the same effective KV cache size as before, increase --gpu-memory-utilization to "
              f"{mem.suggested_utilization:.4f}. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
-    if mem.num_blocks <= 0:
+    if refusal == "no-cache":
         log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: No available memory for the cache blocks. Try "
                  "increasing `gpu_memory_utilization` when initializing the engine.")
         return None
     per_token_gib = mem.kv_gib / max(1, mem.kv_tokens)
-    if mem.kv_tokens < args.max_model_len:
+    if refusal == "window":
         estimated = mem.kv_tokens // block * block
         log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: To serve at least one request with the model's "
                  f"max seq len ({args.max_model_len}), ({args.max_model_len * per_token_gib:.2f} GiB KV cache is "
