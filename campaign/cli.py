@@ -32,6 +32,7 @@ from campaign.core.errors import (
     LaunchError,
     request_stop,
 )
+from campaign.core.hardware import hardware_label
 from campaign.core.progress import Progress
 from campaign.http.endpoint import TLS, Endpoint, Timeouts, proxy_notice
 from campaign.measure import probe as measuring
@@ -417,7 +418,8 @@ def simulate(
 
     loaded, _, _ = load_matrix(matrix)
     config = sim_virtual.config_for(loaded, variant)
-    hardware = config.hardware if config.measured is None else f"{config.measured.name} (measured: {config.hardware})"
+    hardware = hardware_label(config.hardware) if config.measured is None else (
+        f"{config.measured.name} (measured: {config.hardware})")
     cells = sim_virtual.run_matrix(loaded, variant=variant)
     modes = {c.spec.ttft for c in cells if c.spec.phase == "decode"}
     flipped: TTFTMode = "cold" if modes == {"warm"} else "warm"

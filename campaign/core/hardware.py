@@ -5,6 +5,7 @@ Shared by the short answers (roofline bounds) and the simulator (its step-time p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 
@@ -96,10 +97,72 @@ def is_measured(hardware: str) -> bool:
     return hardware.endswith((".yaml", ".yml"))
 
 
+# A card stated inline (a profile's `hardware:` mapping, passed to the simulator as JSON): its keys.
+INLINE_REQUIRED = ("memory_gb", "bandwidth_gb_s", "bf16_tflops")
+INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count")
+
+
+def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
+    """A card stated by its figures rather than named from the tables: memory (GB, as the vendor states it),
+    bandwidth (GB/s), dense BF16 TFLOPS, optionally dense FP8 TFLOPS (none: no FP8), dense INT8 TOPS (default
+    twice the BF16 figure, as on Ampere, Ada and Hopper) and how many (`count`, default 1). Raises ValueError
+    naming the key and what it expects."""
+    unknown = sorted(set(card) - set(INLINE_REQUIRED) - set(INLINE_OPTIONAL))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)}: a card inline takes "
+                         f"{', '.join(INLINE_REQUIRED + INLINE_OPTIONAL)}")
+    missing = [key for key in INLINE_REQUIRED if key not in card]
+    if missing:
+        raise ValueError(f"a card inline needs {', '.join(missing)} (its datasheet's figures: memory in GB, "
+                         "bandwidth in GB/s, dense BF16 tensor TFLOPS)")
+
+    def positive(key: str) -> float | None:
+        value = card.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"{key}: a number above 0 is expected, got {value!r}")
+        return float(value)
+
+    count = card.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count: a whole number of cards, at least 1, is expected, got {count!r}")
+    bf16 = positive("bf16_tflops")
+    assert bf16 is not None
+    hw = Hardware(name=f"inline:{card.get('name') or 'card'}", memory_gb=positive("memory_gb") or 0.0,
+                  bandwidth_gb_s=positive("bandwidth_gb_s") or 0.0, bf16_tflops=bf16,
+                  fp8_tflops=positive("fp8_tflops"), int8_tops=positive("int8_tops") or 2 * bf16)
+    return hw, count
+
+
+def hardware_label(hardware: str) -> str:
+    """How a `hardware:` value reads in a sentence: a card stated inline by its name, said to be so."""
+    if is_inline(hardware):
+        resolved = resolve_hardware(hardware)
+        assert resolved is not None
+        card, count = resolved
+        return f"{card.name.removeprefix('inline:')}{f' x{count}' if count > 1 else ''} (a card stated inline)"
+    return hardware
+
+
+def is_inline(hardware: str) -> bool:
+    """A `hardware:` value that states a card by its figures (JSON, as a profile's mapping is passed on)."""
+    return hardware.lstrip().startswith("{")
+
+
 def resolve_hardware(name: str | None) -> tuple[Hardware, int] | None:
-    """`a5000x2` -> (RTX A5000, 2); unknown -> None (say so, never guess)."""
+    """`a5000x2` -> (RTX A5000, 2); a card stated inline (JSON) -> its figures; unknown -> None (say so, never
+    guess). An inline card that does not read is a ValueError naming the key."""
     if not name:
         return None
+    if is_inline(name):
+        try:
+            card = json.loads(name)
+        except ValueError as exc:
+            raise ValueError(f"a card inline is a JSON object of its figures ({exc})") from None
+        if not isinstance(card, dict):
+            raise ValueError("a card inline is a mapping of its figures")
+        return inline_card(card)
     base, _, count = name.lower().partition("x")
     if count and not count.isdigit():
         base, count = name.lower(), ""

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from campaign.core.errors import CampaignError, ConfigError, LaunchError
-from campaign.core.hardware import LONG_MODEL_LEN_ENV, long_model_len_allowed, resolve_hardware
+from campaign.core.hardware import LONG_MODEL_LEN_ENV, hardware_label, long_model_len_allowed, resolve_hardware
 from campaign.core.model_config import model_shape
 from campaign.core.vllm_flags import (
     BOUNDS,
@@ -135,7 +135,7 @@ def check_widths(profile: LaunchProfile, profile_path: Path, matrix: Matrix | No
         cards = resolve_hardware(profile.hardware)
         if cards is None:
             return
-        count, what = cards[1], f"the profile's hardware {profile.hardware}"
+        count, what = cards[1], f"the profile's hardware {hardware_label(profile.hardware or '')}"
     for where, key, name, flags in _places(profile, profile_path, matrix, matrix_path):
         merged = merge(profile.flags, flags, overrides or {})
         width = parallel_width(merged)

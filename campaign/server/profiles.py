@@ -6,6 +6,7 @@ and, where a spelling is close, what was probably meant.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError, ConfigError, did_you_mean
-from campaign.core.hardware import is_measured
+from campaign.core.hardware import inline_card, is_measured
 from campaign.core.model_config import model_shape
 from campaign.core.vllm_flags import RUNNER_OWNED_FLAGS, normalize_flag, value_problems
 
@@ -145,6 +146,15 @@ class LaunchProfile(BaseModel):
             return {str(k): str(v) for k, v in value.items()}
         return value
 
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _card_inline(cls, value: Any) -> Any:
+        """A mapping states the card by its figures (core.hardware.inline_card); it travels on as JSON."""
+        if isinstance(value, dict):
+            inline_card(value)
+            return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return value
+
     @field_validator("model_shape")
     @classmethod
     def _shape_or_measured(cls, value: str | None, info: Any) -> str | None:
@@ -226,7 +236,7 @@ def raise_validation(path: str, error: ValidationError, model: type[BaseModel]) 
         raise ConfigError(path, key, "unknown key", hint=hint)
     if first["type"] == "missing":
         raise ConfigError(path, key, "required key is missing")
-    raise ConfigError(path, key, first["msg"])
+    raise ConfigError(path, key, str(first["msg"]).removeprefix("Value error, "))
 
 
 def load_yaml(path: Path) -> dict[str, Any]:

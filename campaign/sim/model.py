@@ -61,6 +61,12 @@ CALIBRATIONS: dict[tuple[str, str], Calibration] = {
 }
 
 
+def fitted(hardware: str, model: str) -> bool:
+    """Whether the pair has a calibration fitted to a measurement (the seeds'), not the tables' defaults."""
+    resolved, shape = resolve_hardware(hardware), model_shape(model)
+    return resolved is not None and shape is not None and (resolved[0].name, shape.name) in CALIBRATIONS
+
+
 def calibration_for(hardware: str, model: str) -> Calibration:
     """The fitted calibration, or one derived from the tables with the reference's suggested defaults."""
     resolved = resolve_hardware(hardware)

@@ -33,12 +33,14 @@ import yaml
 from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
 from campaign.core.errors import CampaignError, ConfigError
+from campaign.core.hardware import hardware_label
 from campaign.core.progress import Progress
 from campaign.core.vllm_flags import merge
 from campaign.night import orchestrate
 from campaign.plan import replay
 from campaign.plan import search as phase_one
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
+from campaign.sim import model as sim_model
 from campaign.sim.config import Faults, SimConfig
 from campaign.sim.model import StepCosts, StepPower
 from campaign.spec.matrix import Matrix, load_matrix
@@ -115,8 +117,12 @@ def _basis(config: SimConfig) -> str:
         error = held if held.cells else fitted
         return (f"measured entry {config.measured.name} ({'held-out' if held.cells else 'fitted'} median error "
                 f"{(error.median_abs or 0):.1%}, worst {(error.max_abs or 0):.1%})" + _power_basis(config))
-    return (f"the tables' {config.hardware} / {config.model_shape} calibration (fitted to the seeds: seed 000's "
-            "ladder within 10%, seed 004's table within 8%, median 2%)")
+    pair = f"{hardware_label(config.hardware)} / {config.model_shape}"
+    if sim_model.fitted(config.hardware, config.model_shape):
+        return (f"the tables' {pair} calibration (fitted to the seeds: seed 000's ladder within 10%, seed 004's "
+                "table within 8%, median 2%)")
+    return (f"the tables' {pair}, not fitted to any measurement (datasheet figures and default efficiencies; "
+            "its error on real runs is not known: calibrate from a run of this card, campaign calibrate RUN)")
 
 
 def _config_for(profile: LaunchProfile, profile_path: Path, base: Mapping[str, FlagValue],

@@ -1,0 +1,85 @@
+"""A card stated inline (issue 52, item 2): a profile's `hardware:` may be the card's datasheet figures instead
+of a row of the tables. The same figures as a row simulate exactly as that row does; the card launches on the
+simulator; a card that does not read is one error line naming the file and the key; and what the simulator
+says of an unfitted card never claims the seeds' fit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from campaign.cli import run_cli
+from campaign.core.hardware import HARDWARE, hardware_label, resolve_hardware
+from campaign.plan import replay
+from campaign.server.profiles import load_profile
+from campaign.sim import model as sim_model
+from campaign.tune import tuning
+
+ROOT = Path(__file__).resolve().parents[1]
+RTX_4090 = {"name": "my-4090", "memory_gb": 24, "bandwidth_gb_s": 1008, "bf16_tflops": 165.2, "fp8_tflops": 330.3,
+            "int8_tops": 660.6}
+
+
+def profile_with(tmp_path: Path, hardware: object, name: str = "card.yaml") -> Path:
+    """A profile serving Llama 3.1 8B (its shape from the shipped config) on `hardware`."""
+    raw = {"schema_version": 1, "description": "a card stated inline", "engine": "sim",
+           "model": "meta-llama/Llama-3.1-8B", "hardware": hardware,
+           "flags": {"max-model-len": 8192, "gpu-memory-utilization": 0.9}}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_card_inline_with_a_rows_figures_simulates_as_that_row(tmp_path: Path) -> None:
+    """The RTX 4090's datasheet figures given inline: the same memory, KV cache and step costs as the row (neither
+    is fitted to a measurement); its name reads as stated, and `count` gives the cards for TP."""
+    inline = replay.profile_config(str(profile_with(tmp_path, RTX_4090)))
+    named = replay.profile_config(str(profile_with(tmp_path, "rtx-4090", "named.yaml")))
+    assert inline.memory() == named.memory()
+    assert inline.costs == named.costs
+    assert not sim_model.fitted(inline.hardware, inline.model_shape)
+    assert hardware_label(inline.hardware) == "my-4090 (a card stated inline)"
+    card, count = resolve_hardware(inline.hardware) or (None, 0)
+    assert card is not None and (card.memory_gb, card.bf16_tflops, count) == (24, 165.2, 1)
+    assert card.name == "inline:my-4090" and card.name not in HARDWARE   # never a row's fitted calibration
+    pair = resolve_hardware(json.dumps({**RTX_4090, "count": 2}))
+    assert pair is not None and pair[1] == 2
+
+
+def test_a_profile_stating_its_card_inline_launches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`campaign launch PROFILE --engine sim --once` starts the simulator on the card the profile states."""
+    path = profile_with(tmp_path, RTX_4090)
+    assert load_profile(str(path))[0].simulatable
+    code = run_cli(["launch", str(path), "--engine", "sim", "--once"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "memory for KV cache" in out + err and "stopped:" in out + err, (out, err)
+
+
+@pytest.mark.parametrize(("card", "says"), [
+    ({"memory_gb": 24, "bandwidth": 1008, "bf16_tflops": 165.2},
+     "hardware: unknown key(s) bandwidth: a card inline takes memory_gb, bandwidth_gb_s, bf16_tflops"),
+    ({"memory_gb": 24, "bf16_tflops": 165.2}, "hardware: a card inline needs bandwidth_gb_s"),
+    ({"memory_gb": 24, "bandwidth_gb_s": -1, "bf16_tflops": 165.2},
+     "hardware: bandwidth_gb_s: a number above 0 is expected, got -1"),
+    ({**RTX_4090, "count": 0}, "hardware: count: a whole number of cards, at least 1, is expected, got 0"),
+], ids=["unknown-key", "missing", "negative", "count"])
+def test_a_card_that_does_not_read_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     card: dict[str, object], says: str) -> None:
+    path = profile_with(tmp_path, card)
+    code = run_cli(["launch", str(path), "--engine", "sim", "--once"])
+    err = capsys.readouterr().err
+    assert code != 0
+    (line,) = [x for x in err.splitlines() if x.startswith("Error:")]
+    assert line.startswith(f"Error: {path}: {says}"), line
+
+
+def test_what_the_tune_says_of_an_unfitted_card_is_not_the_seeds_fit(tmp_path: Path) -> None:
+    """The prediction's basis names the seeds' fit only where the pair was fitted to them."""
+    inline = replay.profile_config(str(profile_with(tmp_path, RTX_4090)))
+    assert "not fitted to any measurement" in tuning._basis(inline)
+    seed = replay.profile_config("h200")
+    assert "fitted to the seeds" in tuning._basis(seed)
