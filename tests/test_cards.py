@@ -15,6 +15,7 @@ from campaign.cli import run_cli
 from campaign.core.hardware import HARDWARE, hardware_label, resolve_hardware
 from campaign.plan import replay
 from campaign.server.profiles import load_profile
+from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.tune import tuning
 
@@ -83,3 +84,9 @@ def test_what_the_tune_says_of_an_unfitted_card_is_not_the_seeds_fit(tmp_path: P
     assert "not fitted to any measurement" in tuning._basis(inline)
     seed = replay.profile_config("h200")
     assert "fitted to the seeds" in tuning._basis(seed)
+
+
+def test_the_simulators_own_command_line_names_a_card_that_does_not_read() -> None:
+    """Started by hand (`python -m campaign.sim --hardware JSON`), the same words, on --hardware."""
+    with pytest.raises(ValueError, match=r"argument --hardware: a card inline needs bandwidth_gb_s, bf16_tflops"):
+        sim_config.parse_checked(["--model", "meta-llama/Llama-3.1-8B", "--hardware", '{"memory_gb": 24}'])

@@ -23,7 +23,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from campaign.core.hardware import MODELS, ModelShape, drafter_shape, is_measured
+from campaign.core.hardware import MODELS, ModelShape, drafter_shape, is_measured, resolve_hardware
 from campaign.core.model_config import model_shape, require_shape
 from campaign.core.vllm_flags import human_int, out_of_bounds
 from campaign.sim import measured as sim_measured
@@ -339,6 +339,10 @@ def parse(argv: list[str], *, launch: str | None = None,
     else:
         measured = None   # a row of the tables; the model's shape is --model-shape, else read from the model's config
         args.model_shape = args.model_shape or model
+        try:
+            resolve_hardware(args.hardware)
+        except ValueError as exc:   # a card stated inline that does not read
+            p.error(f"argument --hardware: {exc}")
         try:
             big = sim_model.calibration_for(args.hardware, args.model_shape).reported_memory_gib >= 70
         except ValueError as exc:
