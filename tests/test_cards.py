@@ -90,3 +90,24 @@ def test_the_simulators_own_command_line_names_a_card_that_does_not_read() -> No
     """Started by hand (`python -m campaign.sim --hardware JSON`), the same words, on --hardware."""
     with pytest.raises(ValueError, match=r"argument --hardware: a card inline needs bandwidth_gb_s, bf16_tflops"):
         sim_config.parse_checked(["--model", "meta-llama/Llama-3.1-8B", "--hardware", '{"memory_gb": 24}'])
+
+
+def test_every_row_of_the_tables_names_its_source_and_reads_as_a_datasheet_does() -> None:
+    """Each card's figures come with the vendor document they are from; dense FP8 and INT8 are at least the
+    dense BF16 rate (twice it on every chip here that has them); and every card serves Llama 3.1 8B at 8K
+    with room for the cache (the smallest here, 24 GB cards, included), its step costs computed."""
+    for name, card in HARDWARE.items():
+        assert card.source.startswith("https://"), name
+        assert card.memory_gb > 0 and card.bandwidth_gb_s > 0, name
+        assert card.int8_tops >= card.bf16_tflops and (card.fp8_tflops or card.bf16_tflops) >= card.bf16_tflops
+        mem = sim_model.memory(hardware=name, model="meta-llama/Llama-3.1-8B", tp=1, utilization=0.9,
+                               max_num_batched_tokens=2048)
+        assert mem.kv_tokens > 8192, (name, mem)
+        assert sim_model.step_costs(hardware=name, model="meta-llama/Llama-3.1-8B", tp=1).fixed_s > 0
+
+
+def test_a_count_of_cards_is_the_digits_after_the_last_x() -> None:
+    """`a5000x2` is two RTX A5000s; MI300X is one card of its own name, and `mi300xx8` eight of them."""
+    assert [(c.name, n) for c, n in (resolve_hardware(x) or (HARDWARE["l4"], 0)
+                                     for x in ("a5000x2", "mi300x", "mi300xx8", "rtx-4090", "3090x2"))] == [
+        ("rtx-a5000", 2), ("mi300x", 1), ("mi300x", 8), ("rtx-4090", 1), ("rtx-3090", 2)]

@@ -17,19 +17,47 @@ class Hardware:
     bf16_tflops: float          # dense
     fp8_tflops: float | None    # dense; None where the chip has no FP8
     int8_tops: float            # dense
+    source: str = ""            # the vendor's datasheet or whitepaper the figures are from
 
 
-# Dense figures (datasheets print Hopper/Ada/Ampere tensor figures with 2:4 sparsity; these are half).
+# Dense figures (datasheets print Hopper/Ada/Ampere tensor figures with 2:4 sparsity; these are half). BF16 and
+# FP8 are the rates with FP32 accumulate (on GeForce cards half the FP16-accumulate rate). Memory as the vendor
+# states it, per card. The rows from rtx-3090 on were added on 2026-12-06 from the vendor documents named in
+# `source`, which could not be opened that day (no network): their figures were checked against a second
+# reading of those documents only. The RTX PRO 6000 Blackwell and the A10G are not rows: NVIDIA publishes no
+# dense BF16 figure for the first, and no datasheet for the second (the A10's figures are not the A10G's).
+_AMPERE = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
+_ADA = "https://images.nvidia.com/aem-dam/Solutions/Data-Center/l4/nvidia-ada-gpu-architecture-whitepaper-v2.1.pdf"
+_A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+         "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_H200 = "https://www.nvidia.com/en-us/data-center/h200/"
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
-    Hardware("rtx-a5000", 24, 768, 111.1, None, 222.2),
-    Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6),
-    Hardware("l40s", 48, 864, 362.05, 733, 733),
-    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624),
-    Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624),
-    Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979),
-    Hardware("h100-pcie", 80, 2000, 756, 1513, 1513),
-    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979),
-    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5),
+    Hardware("rtx-a5000", 24, 768, 111.1, None, 222.2,
+             "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx/nvidia-rtx-a5000-"
+             "datasheet.pdf (INT8: twice the dense FP16 figure, the GA102 ratio; the datasheet prints none)"),
+    Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6, _ADA + " (appendix, GeForce RTX 4090; v2.02's FP8 figure)"),
+    Hardware("l40s", 48, 864, 362.05, 733, 733, "https://www.nvidia.com/en-us/data-center/l40s/"),
+    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100),
+    Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624, _A100),
+    Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979, _H100),
+    Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100),
+    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200),
+    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200),
+    Hardware("rtx-3090", 24, 936, 71, None, 284, _AMPERE + " (appendix A, GeForce RTX 3090)"),
+    Hardware("rtx-5090", 32, 1792, 209.5, 419, 838,
+             "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"
+             " (appendix, GeForce RTX 5090)"),
+    Hardware("rtx-a6000", 48, 768, 154.8, None, 309.7, _AMPERE + " (appendix, NVIDIA RTX A6000)"),
+    Hardware("rtx-6000-ada", 48, 960, 364.2, 728.5, 728.5, _ADA + " (appendix, RTX 6000 Ada Generation)"),
+    Hardware("l4", 24, 300, 121, 242.5, 242.5,
+             "https://www.nvidia.com/en-us/data-center/l4/ (sparse figures only, halved)"),
+    Hardware("a100-40gb-sxm", 40, 1555, 312, None, 624, _A100),
+    Hardware("h100-nvl", 94, 3900, 835.5, 1670.5, 1670.5, _H100 + " (per GPU, not the pair)"),
+    Hardware("b200", 180, 8000, 2250, 4500, 4500,
+             "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, eight GPUs' figures divided by eight)"),
+    Hardware("mi300x", 192, 5300, 1307.4, 2614.9, 2614.9,
+             "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense figures as printed)"),
 )}
 
 
@@ -89,7 +117,8 @@ def drafter_shape(model: str) -> ModelShape | None:
     return next((shape for key, shape in MODELS.items() if name.startswith(key)), None)
 
 # A profile's `hardware:` may name a group of cards: "a5000x2" is two RTX A5000s.
-_HARDWARE_ALIASES = {"a5000": "rtx-a5000", "4090": "rtx-4090", "h200": "h200-nvl"}
+_HARDWARE_ALIASES = {"a5000": "rtx-a5000", "4090": "rtx-4090", "h200": "h200-nvl", "3090": "rtx-3090",
+                     "5090": "rtx-5090", "a6000": "rtx-a6000"}
 
 
 def is_measured(hardware: str) -> bool:
@@ -163,8 +192,9 @@ def resolve_hardware(name: str | None) -> tuple[Hardware, int] | None:
         if not isinstance(card, dict):
             raise ValueError("a card inline is a mapping of its figures")
         return inline_card(card)
-    base, _, count = name.lower().partition("x")
-    if count and not count.isdigit():
+    # The count is the digits after the last "x" (mi300x is one card, mi300xx2 two of them).
+    base, sep, count = name.lower().rpartition("x")
+    if not sep or not count.isdigit():
         base, count = name.lower(), ""
     base = _HARDWARE_ALIASES.get(base, base)
     hw = HARDWARE.get(base)
