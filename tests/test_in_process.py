@@ -126,3 +126,37 @@ def test_a_cancelled_request_is_aborted_and_a_closed_client_ends_one_in_flight(s
     error = server.call(closed())
     assert error.kind == "closed" and str(error) == "the client was closed with the request in flight"
     assert not server.server.engine.running
+
+
+@pytest.fixture()
+def one_seat() -> Iterator[SimulatedServer]:
+    """The simulated pair seating one request at a time: a second one waits in the queue."""
+    launch = start(load_profile("a5000-tp2")[0], {"max-num-seqs": 1}, seed=0)
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as served:
+        yield served
+
+
+@pytest.mark.parametrize("socket", [False, True], ids=["in-process", "over-the-socket"])
+def test_a_queued_request_waits_while_the_server_works_on_the_clients_other_streams(
+        one_seat: SimulatedServer, socket: bool) -> None:
+    """Issue 52, item 7: a request queued behind another (max-num-seqs 1) gets no byte for seconds, ten times
+    the idle limit, while the first streams its 300 tokens; it is not timed out (the server is visibly
+    working: http.streams.Liveness), and both complete. Then one waiting behind an 8K-token prefill, with no
+    stream of the client getting anything, is timed out: a server silent past the limit."""
+    endpoint = replace(one_seat.target().endpoint, timeouts=Timeouts(idle_s=0.5))
+    if socket:
+        endpoint = replace(endpoint, in_process=None)
+
+    async def send(prompts: list[list[int]], tokens: list[int]) -> list[RequestRecord]:
+        async with new_client(endpoint) as client:
+            return list(await asyncio.gather(*(
+                stream_completion(client, model=one_seat.config.name, prompt=p, max_tokens=n, request_id=f"r{i}")
+                for i, (p, n) in enumerate(zip(prompts, tokens, strict=True)))))
+
+    first, queued = one_seat.call(send([list(range(1000, 1100)), list(range(2000, 2100))], [300, 20]))
+    assert first.ok and queued.ok, (first.error, queued.error)
+    assert queued.ttft_s is not None and queued.ttft_s > 10 * 0.5   # it waited seconds for its seat
+    short, long = one_seat.call(send([list(range(3000, 3010)), list(range(4000, 12192))], [2, 4]))
+    assert short.ok and long.error_kind == "timeout", (short.error, long.error)
+    assert long.error is not None and "(limit 0.5 s)" in long.error and long.error.startswith(
+        "idle timeout: no data for ")

@@ -32,7 +32,8 @@ class Timeouts:
     """Each fires at its value and names itself: connecting, the first byte of the reply, silence between reads.
 
     The idle timeout also covers the wait for the first token after the reply's headers (vLLM sends them
-    before prefill), so it must exceed the longest prefill plus queueing the matrix asks for."""
+    before prefill), so it must exceed the longest prefill; queueing counts only while no other stream of the
+    client gets data (http.streams.Liveness: a queue that moves is the server working)."""
 
     connect_s: float = 10.0
     first_byte_s: float = 300.0

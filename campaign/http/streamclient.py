@@ -40,7 +40,7 @@ import httptools
 
 from campaign.core import clock
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.http.streams import Limits, Reply, StreamError, StreamTimeout, idle_timeout
+from campaign.http.streams import Limits, Liveness, Reply, StreamError, StreamTimeout, idle_timeout
 
 HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
 # A connection idle longer than this is not reused: uvicorn (vLLM's server) closes idle connections after 5 s,
@@ -166,8 +166,9 @@ class _Exchange:
     """One request and its reply on a connection (httptools calls the on_* methods)."""
 
     def __init__(self, conn: _Connection, on_event: Callable[[float, bytes], None], limits: Limits,
-                 timeouts: Timeouts, sent_at: float) -> None:
+                 timeouts: Timeouts, sent_at: float, liveness: Liveness) -> None:
         self.conn = conn
+        self.liveness = liveness
         self.limits = limits
         self.timeouts = timeouts
         self.loop = asyncio.get_running_loop()
@@ -202,17 +203,20 @@ class _Exchange:
         self._timer = None
         if self.done.done():
             return
-        # Before the first byte the first-byte limit runs from the send; after it, the idle one from the last read.
+        # Before the first byte the first-byte limit runs from the send; after it, the idle one from the last read
+        # of this stream or of any other of the client (Liveness: a queued request waits while the server works).
         first = self.got_bytes == 0
         limit = self.timeouts.first_byte_s if first else self.timeouts.idle_s
-        waited = clock.now() - (self.sent_at if first else self.last_read)
+        now = clock.now()
+        waited = now - (self.sent_at if first else self.liveness.silent_since(self.last_read))
         if waited < limit:
             self._timer = self.loop.call_later(limit - waited, self._on_timer)
         elif first:
             self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the request was "
                                                  f"sent (limit {limit:g} s)")
         else:
-            self.fail(idle_timeout(waited, self.sse.events, limit))
+            others = waited if self.liveness.last > self.last_read else None
+            self.fail(idle_timeout(now - self.last_read, self.sse.events, limit, others_s=others))
             self.conn.close()
 
     def _time_out(self, which: str, after_s: float, message: str) -> None:
@@ -226,6 +230,7 @@ class _Exchange:
             self._timer = self.loop.call_later(self.timeouts.idle_s, self._on_timer)
         self.got_bytes += len(data)
         self.last_read = now
+        self.liveness.touch(now)
         self.now = now
         if not self.headers_done:
             self.head_bytes += len(data)
@@ -425,6 +430,7 @@ class StreamClient:
         self.endpoint = endpoint
         self.limits = limits or Limits()
         self.connections_opened = 0
+        self.liveness = Liveness()   # when any of its streams last got data (the idle limit reads it)
         self._ssl = endpoint.ssl_context()
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
@@ -553,7 +559,7 @@ class StreamClient:
         payload = json.dumps(body, separators=(",", ":")).encode()
         head = self._head_template.format(target=self.endpoint.target(path), length=len(payload)).encode("latin-1")
         conn = await self._connection()
-        exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, clock.now())
+        exchange = _Exchange(conn, on_event, self.limits, self.endpoint.timeouts, clock.now(), self.liveness)
         conn.exchange = exchange
         conn.used = True
         assert conn.transport is not None

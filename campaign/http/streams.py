@@ -44,10 +44,29 @@ class Reply:
     sent_t: float        # core.clock when the request's bytes went to the socket (connected, encoded)
 
 
-def idle_timeout(waited: float, events: int, limit: float) -> StreamTimeout:
-    """The idle limit reached: `waited` seconds without data after `events` events."""
-    return StreamTimeout("idle", waited, f"idle timeout: no data for {waited:.1f} s after {events} event(s) "
-                                         f"(limit {limit:g} s)")
+class Liveness:
+    """When any stream of one client last got data: a request waiting for its first token in a server's queue
+    is not idle while the server is visibly working on the client's other streams (tokens flowing, the queue
+    moving); the idle limit ends it only once the whole server has been silent that long (a server that
+    stopped), not a queue the user asked to see."""
+
+    def __init__(self) -> None:
+        self.last = float("-inf")
+
+    def touch(self, now: float) -> None:
+        self.last = max(self.last, now)
+
+    def silent_since(self, own: float) -> float:
+        """Since when neither this stream (its own last data `own`) nor any other of the client got any."""
+        return max(own, self.last)
+
+
+def idle_timeout(waited: float, events: int, limit: float, *, others_s: float | None = None) -> StreamTimeout:
+    """The idle limit reached: `waited` seconds without data after `events` events; `others_s`: how long the
+    client's other streams had been silent too, where one of them got data after this one did."""
+    others = "" if others_s is None else f", and none on the client's other streams for {others_s:.1f} s"
+    return StreamTimeout("idle", waited, f"idle timeout: no data for {waited:.1f} s after {events} event(s)"
+                                         f"{others} (limit {limit:g} s)")
 
 
 class Streams(Protocol):

@@ -34,7 +34,7 @@ import looptime
 from campaign.core import clock
 from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.http.streams import Limits, Reply, StreamError, Streams, idle_timeout
+from campaign.http.streams import Limits, Liveness, Reply, StreamError, Streams, idle_timeout
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.profiles import FlagValue, LaunchProfile
@@ -74,6 +74,7 @@ class InProcessStreams:
         self.headers = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
         self._flight: dict[asyncio.Future[None], sim.Stream] = {}
         self._closed = False
+        self.liveness = Liveness()
 
     async def __aenter__(self) -> InProcessStreams:
         return self
@@ -107,6 +108,7 @@ class InProcessStreams:
             if done.done():
                 return   # timed out or cancelled: the engine aborts it at its next step
             last = clock.now()
+            self.liveness.touch(last)
             events += 1
             try:
                 on_event(last, data)
@@ -129,13 +131,15 @@ class InProcessStreams:
 
         def check() -> None:   # re-armed only when it fires early, as StreamClient's timer
             nonlocal timer
-            waited = clock.now() - last
+            now = clock.now()
+            waited = now - self.liveness.silent_since(last)
             if done.done():
                 return
             if waited < limit:
                 timer = loop.call_later(limit - waited, check)
             else:
-                done.set_exception(idle_timeout(waited, events, limit))
+                others = waited if self.liveness.last > last else None
+                done.set_exception(idle_timeout(now - last, events, limit, others_s=others))
 
         timer = loop.call_later(limit, check)
         self._flight[done] = opened
