@@ -64,10 +64,11 @@ def test_a_profile_stating_its_card_inline_launches(tmp_path: Path, capsys: pyte
     ({"memory_gb": 24, "bandwidth": 1008, "bf16_tflops": 165.2},
      "hardware: unknown key(s) bandwidth: a card inline takes memory_gb, bandwidth_gb_s, bf16_tflops"),
     ({"memory_gb": 24, "bf16_tflops": 165.2}, "hardware: a card inline needs bandwidth_gb_s"),
+    ({"memory_gb": None, "bandwidth_gb_s": 1008, "bf16_tflops": 165.2}, "hardware: a card inline needs memory_gb"),
     ({"memory_gb": 24, "bandwidth_gb_s": -1, "bf16_tflops": 165.2},
      "hardware: bandwidth_gb_s: a number above 0 is expected, got -1"),
     ({**RTX_4090, "count": 0}, "hardware: count: a whole number of cards, at least 1, is expected, got 0"),
-], ids=["unknown-key", "missing", "negative", "count"])
+], ids=["unknown-key", "missing", "null", "negative", "count"])
 def test_a_card_that_does_not_read_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      card: dict[str, object], says: str) -> None:
     path = profile_with(tmp_path, card)

@@ -140,7 +140,7 @@ def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}: a card inline takes "
                          f"{', '.join(INLINE_REQUIRED + INLINE_OPTIONAL)}")
-    missing = [key for key in INLINE_REQUIRED if key not in card]
+    missing = [key for key in INLINE_REQUIRED if card.get(key) is None]
     if missing:
         raise ValueError(f"a card inline needs {', '.join(missing)} (its datasheet's figures: memory in GB, "
                          "bandwidth in GB/s, dense BF16 tensor TFLOPS)")
