@@ -2,11 +2,13 @@
 
 The matrix's baseline is launched on the simulator over HTTP at a time scale (default 5: a server process, the
 wall clock, the hardware's figures converted back) and served from this process in simulated time
-(measure.simulated: the same client over a Unix socket, one event loop whose clock jumps to the next timer).
-Each side gets the night's warm-up, then every cell of the matrix in order, by one Measurer (its prompts go on
-from cell to cell, as a launch's do). Printed: per cell, the figures a verdict reads on each clock and their
-difference, then each side's wall time. Nothing is judged here: tests/test_two_clocks.py holds the bound (10%)
-and says which figures a time scale moves (requests sent together, spread by a wall millisecond times the scale).
+(measure.simulated: the server's own events handed to the same parser without a socket, one event loop whose
+clock jumps to the next timer). Each side gets the night's warm-up, then every cell of the matrix in order, by
+one Measurer (its prompts go on from cell to cell, as a launch's do), then each capacity search of the matrix
+(`--searches-only`: those alone). Printed: per cell, the figures a verdict reads on each clock and their
+difference; per search, its brackets on each clock; then each side's wall time. Nothing is judged here:
+tests/test_two_clocks.py holds the bound (10%) and says which figures a time scale moves (requests sent
+together, spread by a wall millisecond times the scale).
 """
 
 from __future__ import annotations
