@@ -225,6 +225,16 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
     return Launch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
 
 
+async def _cancel_the_rest() -> None:
+    """Cancel and await every task still on the loop, as asyncio.run does before it closes one: a connection's
+    handler still streaming a request its client gave up on would otherwise be left pending on a closed loop,
+    and fail wherever the garbage collector finds it."""
+    rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
+
+
 class SimulatedServer:
     """The simulator serving from this process on a loop of its own whose time is simulated, for as long as the
     object lives: each `call` runs a coroutine (a cell, an experiment) on that loop, so the engine's state (its
@@ -271,6 +281,7 @@ class SimulatedServer:
             return
         try:
             self.call(self._stack.aclose())
+            self.call(_cancel_the_rest())
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         finally:
             self.loop.close()
