@@ -40,7 +40,7 @@ import httptools
 
 from campaign.core import clock
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.http.streams import Limits, Liveness, Reply, StreamError, StreamTimeout, idle_timeout
+from campaign.http.streams import Limits, Liveness, Reply, StreamError, StreamTimeout
 
 HAPPY_EYEBALLS_DELAY_S = 0.25  # RFC 8305's recommended connection attempt delay
 # A connection idle longer than this is not reused: uvicorn (vLLM's server) closes idle connections after 5 s,
@@ -205,19 +205,21 @@ class _Exchange:
             return
         # Before the first byte the first-byte limit runs from the send; after it, the idle one from the last read
         # of this stream or of any other of the client (Liveness: a queued request waits while the server works).
-        first = self.got_bytes == 0
-        limit = self.timeouts.first_byte_s if first else self.timeouts.idle_s
         now = clock.now()
-        waited = now - (self.sent_at if first else self.liveness.silent_since(self.last_read))
-        if waited < limit:
-            self._timer = self.loop.call_later(limit - waited, self._on_timer)
-        elif first:
-            self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the request was "
-                                                 f"sent (limit {limit:g} s)")
-        else:
-            others = waited if self.liveness.last > self.last_read else None
-            self.fail(idle_timeout(now - self.last_read, self.sse.events, limit, others_s=others))
+        if self.got_bytes == 0:
+            limit, waited = self.timeouts.first_byte_s, now - self.sent_at
+            if waited < limit:
+                self._timer = self.loop.call_later(limit - waited, self._on_timer)
+            else:
+                self._time_out("first_byte", waited, f"first-byte timeout: no reply {waited:.1f} s after the "
+                                                     f"request was sent (limit {limit:g} s)")
+            return
+        due = self.liveness.idle(self.last_read, now, self.sse.events, self.timeouts.idle_s)
+        if isinstance(due, StreamTimeout):
+            self.fail(due)
             self.conn.close()
+        else:
+            self._timer = self.loop.call_later(due, self._on_timer)
 
     def _time_out(self, which: str, after_s: float, message: str) -> None:
         self.fail(StreamTimeout(which, after_s, message))

@@ -60,6 +60,14 @@ class Liveness:
         """Since when neither this stream (its own last data `own`) nor any other of the client got any."""
         return max(own, self.last)
 
+    def idle(self, own: float, now: float, events: int, limit: float) -> float | StreamTimeout:
+        """The idle limit of a stream whose own last data came at `own`, after `events` events: the seconds
+        left before it is reached, or the timeout once it is (the one rule of both clients' timers)."""
+        waited = now - self.silent_since(own)
+        if waited < limit:
+            return limit - waited
+        return idle_timeout(now - own, events, limit, others_s=waited if self.last > own else None)
+
 
 def idle_timeout(waited: float, events: int, limit: float, *, others_s: float | None = None) -> StreamTimeout:
     """The idle limit reached: `waited` seconds without data after `events` events; `others_s`: how long the

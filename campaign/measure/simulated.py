@@ -34,7 +34,7 @@ import looptime
 from campaign.core import clock
 from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.http.streams import Limits, Liveness, Reply, StreamError, Streams, idle_timeout
+from campaign.http.streams import Limits, Liveness, Reply, StreamError, Streams, StreamTimeout
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.profiles import FlagValue, LaunchProfile
@@ -133,15 +133,13 @@ class InProcessStreams:
 
         def check() -> None:   # re-armed only when it fires early, as StreamClient's timer
             nonlocal timer
-            now = clock.now()
-            waited = now - self.liveness.silent_since(last)
             if done.done():
                 return
-            if waited < limit:
-                timer = loop.call_later(limit - waited, check)
+            due = self.liveness.idle(last, clock.now(), events, limit)
+            if isinstance(due, StreamTimeout):
+                done.set_exception(due)
             else:
-                others = waited if self.liveness.last > last else None
-                done.set_exception(idle_timeout(now - last, events, limit, others_s=others))
+                timer = loop.call_later(due, check)
 
         timer = loop.call_later(limit, check)
         self._flight[done] = opened
