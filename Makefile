@@ -10,7 +10,7 @@ PROFILE ?=
 ENGINE ?=
 CLOCK ?=
 
-.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-clocks bench-cold bench-scale gpu-check truth crosscheck verdict-check clean
+.PHONY: setup vllm-cpu tiny-model chromium campaign test test-fast lint bench-client bench-clocks fidelity bench-cold bench-scale gpu-check truth crosscheck verdict-check clean
 
 setup: $(VENV)/bin/campaign
 
@@ -87,6 +87,11 @@ verdict-check: setup
 # simulator at time scale SCALE (default 5) and in simulated time in this process, figures side by side.
 bench-clocks: setup
 	$(VENV)/bin/python -m campaign.bench.clocks $(or $(MATRIX),a5000-slo) $(if $(SCALE),--scale $(SCALE)) $(if $(SEARCHES_ONLY),--searches-only)
+
+# A benchmark: the simulator's error, uncalibrated, on public measurements of real vLLM (campaign/bench/
+# public_runs.yaml: H100 runs of five models at TP 1-4, each cited), per figure, beside other simulators' errors.
+fidelity: setup
+	$(VENV)/bin/python -m campaign.bench.fidelity $(foreach r,$(RUNS),--only $(r)) $(if $(CALIBRATED),--calibrated)
 
 # A benchmark: how slow is a cold server's first prefill, with and without the campaign's warm-up?
 bench-cold: setup vllm-cpu tiny-model

@@ -399,7 +399,10 @@ def plan(
                f"({engine or prof.engine}, serving {prof.served_name}); flags checked against {checked.source}")
     for warning in checked.warnings:
         typer.echo(warning.line())
-    planned = make_plan(loaded, prof, latest_run(out, loaded.name))
+    # Where no last run launched a variant, the simulator's memory model sizes its KV cache (a profile it can
+    # simulate), so the plan can say which cells will not fit before the night.
+    predicted = sim_virtual.predict_servers(loaded, prof, profile_path)
+    planned = make_plan(loaded, prof, latest_run(out, loaded.name), predicted)
     typer.echo(report.text(report.plan_tables(planned, repeats=loaded.repeats)))
     for line in left_out(planned):   # the estimate covers what will run
         typer.echo(line)
@@ -598,32 +601,72 @@ def export_trace_cmd(
 
 @app.command()
 def calibrate(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run directory with prefill and decode cells")],
+    run_dir: Annotated[Path | None, typer.Argument(
+        metavar="[RUN_DIR]", help="a run directory with prefill and decode cells, or rate cells")] = None,
     name: Annotated[str | None, typer.Option("--name", metavar="NAME",
                                              help="the entry's name (default: the run's profile's)")] = None,
     hold_out: Annotated[list[str] | None, typer.Option(
-        "--hold-out", metavar="[VARIANT:]KEY", help="a cell to predict rather than fit (repeatable)")] = None,
+        "--hold-out", metavar="[VARIANT:]KEY|FILE",
+        help="a cell (or an --export file) to predict rather than fit (repeatable)")] = None,
+    export: Annotated[list[Path] | None, typer.Option(
+        "--export", metavar="FILE", help="a vllm bench serve --save-result --save-detailed JSON to fit to, "
+                                         "instead of a run (repeatable; needs --profile)")] = None,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", metavar="PROFILE", help="the launch profile of the server the exports measured (its "
+                                             "flags and KV cache)")] = None,
     folder: Annotated[Path, typer.Option("--dir", metavar="DIR", help="where the entry is written")] = MEASURED_DIR,
 ) -> None:
-    """Fit the simulator's step costs to a measured run and write a hardware entry a profile can name."""
-    stored = store.RunDir(run_dir)
-    if not stored.manifest_path.exists():
-        raise CampaignError(f"{run_dir}: not a run directory (no manifest.json)",
-                            hint="name a directory under runs/ that `campaign run` wrote")
-    chosen = name or Path(stored.manifest().matrix_model().profile).stem
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", chosen):
-        raise CampaignError(f"--name {chosen!r}: not a file name", hint="letters, digits, '.', '_' and '-'")
-    entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
-    _say_damaged(stored)
+    """Fit the simulator's step costs to a measured run (or a peer's per-request exports) and write a hardware
+    entry a profile can name."""
+    skipped: list[str] = []
+    kv_from = "as its log said"
+    if export:
+        if run_dir is not None:
+            raise CampaignError(f"{run_dir} and --export: give one source to fit to, not both",
+                                hint="calibrate a run (RUN_DIR) or a peer's exports (--export), one at a time")
+        if profile is None:
+            raise CampaignError("--export needs --profile PROFILE: the launch profile of the server the exports "
+                                "measured (its flags and KV cache)",
+                                hint="campaign calibrate --export bench.json --profile my-server --name my-card")
+        loaded, profile_path = load_profile(profile)
+        chosen = name or Path(profile).stem
+        _check_entry_name(chosen)
+        entry, fitted, skipped = calibration.calibrate_exports(
+            export, sim_virtual.loaded_profile_config(loaded, profile_path), Path(profile).stem, chosen,
+            [Path(h) for h in hold_out or []])
+        kv_from = "as the simulator sizes the profile (an export has no startup log)"
+    else:
+        if run_dir is None:
+            raise CampaignError("calibrate needs a RUN_DIR, or --export FILE with --profile PROFILE",
+                                hint="campaign calibrate runs/demo/<time>, or campaign calibrate --export "
+                                     "bench.json --profile my-server")
+        if profile is not None:
+            raise CampaignError("--profile names the server of --export files; a run directory knows its own",
+                                hint="drop --profile, or give --export")
+        stored = store.RunDir(run_dir)
+        if not stored.manifest_path.exists():
+            raise CampaignError(f"{run_dir}: not a run directory (no manifest.json)",
+                                hint="name a directory under runs/ that `campaign run` wrote")
+        chosen = name or Path(stored.manifest().matrix_model().profile).stem
+        _check_entry_name(chosen)
+        entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
+        skipped = cells.skipped
+        _say_damaged(stored)
     typer.echo(to_text(calibration_report.table(entry, iterations=fitted.iterations, unmeasured=fitted.unmeasured,
-                                                skipped=cells.skipped, settled=fitted.settled,
-                                                determined=fitted.determined)))
+                                                skipped=[*skipped, *fitted.unreplayed], settled=fitted.settled,
+                                                determined=fitted.determined, kv_from=kv_from,
+                                                leaned=fitted.leaned)))
     replaced = (folder / f"{chosen}.yaml").exists()
     path = calibration.write(entry, folder)
     named = f"measured/{path.name}" if path.parent.resolve() == MEASURED_DIR.resolve() else str(path)
     said = "replaced" if replaced else "wrote"
     _err(f"{said} {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator "
          "then runs on this machine's fitted costs")
+
+
+def _check_entry_name(chosen: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", chosen):
+        raise CampaignError(f"--name {chosen!r}: not a file name", hint="letters, digits, '.', '_' and '-'")
 
 
 @app.command()

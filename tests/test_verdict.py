@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from campaign.http.client import RequestRecord
+from campaign.measure import figures
 from campaign.measure.cells import REASON_HINTS, Reason, StepEvidence, verdict
 
 
@@ -101,6 +102,19 @@ RULES = [
     ("a saturated client", {"client_cpu": 0.97}, "Invalid", Reason.CLIENT_SATURATED, "97% of a core"),
     ("GPU throttled", {"gpu_throttled": "HW power brake on GPU 0 in 3 of 10 samples"}, "Invalid",
      Reason.GPU_THROTTLED, "power brake"),
+    # Every stream in a long prefill through the whole window: 0 tok/s is a wait, not a decode speed.
+    ("no token inside the window", {"window_tokens": 0.0, "window_s": 10.0, "avg_before_first_token": 4.0,
+                                    "context_tokens": 32_000}, "Invalid", Reason.NO_TOKENS_IN_WINDOW,
+     "no stream received a token inside the 10 s window"),
+    ("one token inside the window", {"window_tokens": 1.0, "window_s": 10.0}, "Valid", None, ""),
+    # The client's stalls could move the window's figures by 5%: more than a verdict's smallest change.
+    # A caveat: the cell stays Valid (measured again, the cleanest attempt standing), saying how far.
+    ("a client that stood still", {"stall_error": 0.05, "client_stall_s": 0.2}, "Valid", Reason.CLIENT_STALLED,
+     "stood still as the window's tokens arrived (its longest 200 ms, the hardware's): stamped late, they could "
+     "move the window's rates by up to 5%"),
+    ("a stall as long as a stream", {"stall_error": float("inf")}, "Valid", Reason.CLIENT_STALLED,
+     "they could move the window's rates by any amount"),
+    ("a client whose stalls move nothing", {"stall_error": 0.01, "client_stall_s": 0.2}, "Valid", None, ""),
 ]
 
 
@@ -115,7 +129,7 @@ def test_each_rule(rule: str, changes: dict[str, Any], status: str, code: Reason
 
 
 def test_queueing_and_the_client_rules_apply_to_sustained_decode_only() -> None:
-    fixed = evidence(mode="fixed", waiting=(3.0, 3.0), avg_active=1.0)
+    fixed = evidence(mode="fixed", waiting=(3.0, 3.0), avg_active=1.0, stall_error=1.0)
     assert verdict(fixed) == ("Valid", [])
     prefill = evidence(phase="prefill", concurrency=1, records=[rec(1, max_tokens=1)], waiting=(3.0,), avg_active=None)
     assert verdict(prefill) == ("Valid", [])
@@ -143,3 +157,36 @@ def test_a_valid_queue_is_reported_in_a_note() -> None:
     assert "just arrived" in (queue_note(arrived) or "")
     assert queue_note(evidence(**SHORT_PROMPTS)) is None       # Invalid: the reason says it, not a note
     assert queue_note(evidence()) is None                       # nothing queued
+
+
+
+# --- how far the client's own stalls could move a sustained window's figures (figures.stall_error) ------------
+def _stream(first: float, tokens: int, gap: float = 0.01) -> RequestRecord:
+    times = [first + gap * i for i in range(tokens)]
+    return RequestRecord(id="s", prompt_tokens=100, max_tokens=tokens, send_t=first - 0.05, chunk_t=times,
+                         chunk_tokens=[1] * tokens, end_t=times[-1], status=200, usage_completion_tokens=tokens)
+
+
+def _ladder() -> list[RequestRecord]:
+    """Four streams through a window of [1, 3] s, a token every 10 ms, each request 0.5 s long and the next
+    sent 10 ms after it ends, starting 0.1 s apart: requests begin and end all through the window."""
+    return [_stream(0.5 + 0.1 * lane + 0.51 * k, 50) for lane in range(4) for k in range(6)]
+
+
+def test_a_stall_mid_window_moves_nothing_and_one_at_an_edge_moves_the_total() -> None:
+    """A stall's tokens are stamped late. Mid-window, away from any request's ends, it moves no figure; where
+    one stream of many ends, or even 600 ms of a 2 s window (a few of the sixteen rates' ends), the median's
+    bounds are its neighbours' (here all alike: 0). Across the window's end, the tokens it held could have
+    arrived inside: 100 ms of a 2 s window reads about 5% (each of the four streams' 10 tokens of it), past
+    the 3% a verdict acts on."""
+    records, window = _ladder(), (1.0, 3.0)
+    assert figures.stall_error(records, window, [], 0.005) == 0.0
+    assert figures.stall_error(records, window, [(1.95, 0.03)], 0.005) == 0.0
+    ends = sorted(r.chunk_t[-1] for r in records if 1.0 < r.chunk_t[-1] < 3.0)
+    assert figures.stall_error(records, window, [(ends[3] + 0.001, 0.08)], 0.005) == 0.0
+    long = figures.stall_error(records, window, [(2.5, 0.6)], 0.005)
+    assert long is not None and long < 1e-9, long
+    edge = figures.stall_error(records, window, [(3.1, 0.1)], 0.005)
+    assert edge is not None and 0.04 < edge < 0.06, edge
+    verdict_of = verdict(evidence(records=records, stall_error=edge, client_stall_s=0.1))
+    assert verdict_of[0] == "Valid" and [f.code for f in verdict_of[1]] == [Reason.CLIENT_STALLED]

@@ -2,24 +2,36 @@
 hardware tables do not know (a new card, the CPU build) can be simulated after one real run.
 
 What is fitted: the five terms one engine step's time is linear in (campaign.sim.model.StepCosts: a fixed cost
-per step, per decode position, per prompt token, per prompt token x context, per token of KV read). What is
-taken as measured: the KV cache, its page size and the scheduler's limits, from each launch's startup log.
+per step, per decode position, per prompt token, per prompt token x context, per token of KV read), and each
+request's time with the API server before the engine can seat it (`request_s`: part of every TTFT, no step's;
+public H100 runs at TP 2 and 4 show a near-constant 45-65 ms first token that no step cost explains). What is
+taken as measured: the KV cache, its page size and the scheduler's limits, from each launch's startup log (for
+a peer's export, which has none, as the simulator sizes the launch profile the user names).
 
 How: each cell is replayed on the engine (plan.replay, the tool's own method in simulated time) with trial
 costs; every step the replay ran is a row of what its time is linear in (StepTruth.features), so a cell's figure
 is linear in the costs *for that schedule*: a TTFT is the sum of its steps' times; a rate is its tokens over the
-sum of its steps' times. Non-negative least squares (scipy's NNLS) on the relative errors gives new costs, the
-cells are replayed with them (the schedule may shift: who shares a step with whom), and so on until the new
-costs move no cell's figure by 0.2% on the last schedule (at most 8 rounds; the report says when it did not
-settle). The final figures are replayed with the final costs. The replay is the only model: no hand-written
+sum of its steps' times (for a load replayed at its own arrival times, with the engine's idle time before each
+busy period as a constant: analysis.arrivals). Non-negative least squares (scipy's NNLS) on the relative errors
+gives new costs, the cells are replayed with them (the schedule may shift: who shares a step with whom), and so
+on until the new costs move no cell's figure by 0.2% on the last schedule (at most 8 rounds; the report says when
+it did not settle). The final figures are replayed with the final costs. The replay is the only model: no hand-written
 formula of a cell's figure stands between the costs and what the simulator will publish, so the fit's error
 per cell is the simulator's own. Terms the cells cannot tell apart (rows in proportion: one context, one load)
-are split arbitrarily by NNLS; the report says how many of the five the cells determine.
+are split arbitrarily by NNLS; the report says how many of the six the cells determine.
 
-Cells used: prefill (its TTFT) and decode cells of random-token prompts (total tok/s), each the median over the
-run's repeats, with their spread (the machine's own noise, which no fit can beat). Rate, trace and agent cells and
-the study's experiments are open-loop or multi-step and are not replayed (plan.replay): they are listed as
-skipped. Held-out cells are predicted by the fit, never fitted: the honest test of it.
+Evidence used:
+- a run's prefill cells (their TTFT) and decode cells of random-token prompts (total tok/s), each the median over
+  the run's repeats, with their spread (the machine's own noise, which no fit can beat);
+- a run's rate cells of random-token prompts, each repeat's requests replayed at their own send times with their
+  own lengths (analysis.arrivals: the mean TTFT, the mean TPOT and output tok/s, as vLLM's bench defines them);
+- peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
+  --save-detailed`), replayed the same way on the launch profile the user names.
+Trace cells (their prompts share prefixes the replay does not rebuild), agent cells and the study's experiments are
+listed as skipped. Held-out cells and exports are predicted by the fit, never fitted: the honest test of it.
+
+Long (about 520 lines): the fit, the power fit and the three sources of its evidence are one method; split, the
+rules a cell is used by would be read in several places.
 """
 
 from __future__ import annotations
@@ -28,16 +40,31 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
+from campaign.analysis.arrivals import FIGURES as OPEN_FIGURES
+from campaign.analysis.arrivals import (
+    RATES,
+    TERMS,
+    Arrivals,
+    Replayed,
+    Row,
+    Sent,
+    Timed,
+    in_row_units,
+    measured_figures,
+    vector,
+)
+from campaign.analysis.exports import read_vllm_bench
 from campaign.core.errors import CampaignError
 from campaign.core.vllm_flags import human_int, value_of
+from campaign.http.client import RequestRecord
 from campaign.measure.cells import CellSpec
 from campaign.plan import replay
 from campaign.sim import config as sim_config
@@ -51,10 +78,14 @@ from campaign.stored.records import ServerRecord
 from campaign.stored.store import RunDir, StoredCell, replace_text
 
 Figure = Literal["ttft_s", "total_tok_s"]
-TERMS = ("fixed_s", "decode_s_per_token", "prefill_s_per_token", "attention_s_per_token_ctx", "kv_read_s_per_token")
-MAX_ITERATIONS = 8
+MAX_ITERATIONS = 20
+PRIOR_WEIGHT = 0.03      # a prior's pull on a term, as one fitted figure's relative error of this size (fit)
+REFINE_STEP = 0.02       # a term's relative change for its slope on the replay (_refined)
+REFINE_EVALUATIONS = 40  # replays of the whole evidence the refinement may spend (slopes not counted)
 SETTLED = 0.002          # the fit has settled when no fitted cell's figure moves by more than this share
-# A starting point only (the iterations leave it behind): a few milliseconds a step, a small model's token costs.
+REQUEST_SCALE_S = 1e-3   # the API server's time per request, refined in steps of 2% of this from 0 (_refined)
+# A starting point only (the iterations leave it behind): a few milliseconds a step, a small model's token costs,
+# no time with the API server.
 START = StepCosts(fixed_s=0.005, decode_s_per_token=1e-4, prefill_s_per_token=1e-4, attention_s_per_token_ctx=1e-9,
                   kv_read_s_per_token=1e-7)
 
@@ -92,8 +123,12 @@ class Fitted:
     settled: bool = True       # the last round moved no fitted cell's figure by SETTLED (on its schedule)
     determined: int = len(TERMS)   # how many of the terms the cells tell apart (the rank of their rows)
     power: PowerRecord | None = None   # fitted to the cells' energy per token; None: no cell measured energy
+    # Why a load's replay with the final costs published no figure (shown as "-" in the table), one line each.
+    unreplayed: list[str] = field(default_factory=list)
+    leaned: bool = False       # the fit started from a prior and leaned on it (fit's `prior`)
 
-    def summary(self, held_out: bool, figures: tuple[str, ...] = ("ttft_s", "total_tok_s")) -> ErrorSummary:
+    def summary(self, held_out: bool, figures: tuple[str, ...] = ("ttft_s", "total_tok_s", *OPEN_FIGURES)
+                ) -> ErrorSummary:
         errors = [abs(c.error) for c in self.cells
                   if c.held_out is held_out and c.error is not None and c.figure in figures]
         return ErrorSummary(cells=len(errors), median_abs=statistics.median(errors) if errors else None,
@@ -114,14 +149,14 @@ def _row(cell: replay.VirtualCell, obs: Observation) -> np.ndarray | None:
         (request,) = cell.requests
         first = request.arrival + simulated
         steps = [s for s in cell.steps if s.start >= request.arrival - 1e-12 and s.end <= first + 1e-12]
-        return _summed(steps) if steps else None
+        return np.append(_summed(steps), 1.0) if steps else None   # and its time with the API server
     first_arrival = min(r.arrival for r in cell.requests)
     start, end = cell.window if cell.window is not None else (first_arrival, math.inf)
     steps = [s for s in cell.steps if s.start >= start and s.end <= end]
     busy = sum(s.model_s for s in steps)
     if not steps or busy <= 0:
         return None
-    return _summed(steps) / (simulated * busy)
+    return np.append(_summed(steps) / (simulated * busy), 0.0)   # a window's rate: no API server's time
 
 
 def _summed(steps: Sequence[StepTruth]) -> np.ndarray:
@@ -129,66 +164,206 @@ def _summed(steps: Sequence[StepTruth]) -> np.ndarray:
     return summed
 
 
-def _target(obs: Observation) -> float:
-    """The measured figure in the row's units: seconds for a TTFT, seconds per token for a rate."""
-    return obs.measured if obs.figure == "ttft_s" else 1.0 / obs.measured
-
-
-def _costs(vector: Sequence[float]) -> StepCosts:
-    return StepCosts(**{name: float(value) for name, value in zip(TERMS, vector, strict=True)})
-
-
-def _vector(costs: StepCosts) -> np.ndarray:
-    return np.array([getattr(costs, name) for name in TERMS])
+def _costs(values: Sequence[float]) -> StepCosts:
+    return StepCosts(**{name: float(value) for name, value in zip(TERMS, values, strict=True)})
 
 
 def _replay(obs: Observation, costs: StepCosts) -> replay.VirtualCell:
     return replay.run_cell(replace(obs.config, costs_override=costs), obs.spec)
 
 
-def fit(observations: Sequence[Observation], start: StepCosts = START) -> Fitted:
-    """The costs that make the replayed cells read as measured (relative least squares over the fitted cells),
-    and every cell's prediction with them: fitted cells are the fit's error, held-out ones its prediction's."""
+Evidence = Observation | Arrivals     # a closed-loop cell, or a load replayed at its own arrival times
+PREFILL_FIGURES = ("ttft_s", "mean_ttft_s")
+DECODE_FIGURES = ("total_tok_s", "mean_tpot_s", "output_tok_s")
+
+
+def _figures(item: Evidence) -> set[str]:
+    return set(item.measured) if isinstance(item, Arrivals) else {item.figure}
+
+
+def _rows(item: Evidence, costs: StepCosts) -> list[Row]:
+    """What the item's figures are linear in on the schedule a replay with `costs` ran ([]: no figure)."""
+    if isinstance(item, Arrivals):
+        return item.replay(costs).rows
+    row = _row(_replay(item, costs), item)
+    return [] if row is None else [Row(item.figure, row, 0.0, in_row_units(item.figure, item.measured))]
+
+
+def _fit_cell(variant: str, key: str, figure: str, measured: float, spread: float | None,
+              predicted: float | None, held_out: bool) -> FitCell:
+    return FitCell.model_validate({"variant": variant, "key": key, "figure": figure, "measured": measured,
+                                   "spread": spread, "predicted": predicted, "held_out": held_out,
+                                   "error": None if predicted is None else predicted / measured - 1})
+
+
+def _cells(item: Evidence, replayed: replay.VirtualCell | Replayed) -> list[FitCell]:
+    """The item's figures, measured and as its replay with the final costs predicts them."""
+    if isinstance(item, Arrivals):
+        assert isinstance(replayed, Replayed)
+        return [_fit_cell(item.variant, item.key, figure, item.measured[figure], None, replayed.predicted[figure],
+                          item.held_out) for figure in OPEN_FIGURES if figure in item.measured]
+    assert isinstance(replayed, replay.VirtualCell)
+    cell = replayed
+    value = figure_of(cell, item.figure) if cell.status == "Valid" else None
+    return [_fit_cell(item.variant, item.spec.key, item.figure, item.measured, item.spread, value, item.held_out)]
+
+
+def _system(fitted: Sequence[Evidence], costs: StepCosts) -> dict[tuple[int, str], Row]:
+    """Every fitted figure's row on the schedule a replay with `costs` ran, by (evidence, figure)."""
+    return {(i, row.figure): row for i, obs in enumerate(fitted) for row in _rows(obs, costs)}
+
+
+def _relative(rows: dict[tuple[int, str], Row]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows as relative equations: (features / target) . costs + offset / target = 1."""
+    targets = np.array([r.target for r in rows.values()])
+    return (np.array([r.features for r in rows.values()]) / targets[:, None],
+            np.array([r.offset for r in rows.values()]) / targets)
+
+
+def _moved(rows: dict[tuple[int, str], Row], old: StepCosts, new: StepCosts) -> float:
+    """The largest share by which `new` moves a fitted figure from `old` on these rows' schedule."""
+    a, offsets = _relative(rows)
+    before = a @ vector(old) + offsets
+    if (before <= 0).any():
+        return math.inf
+    return float(np.abs((a @ vector(new) + offsets) / before - 1).max())
+
+
+def _residual(rows: dict[tuple[int, str], Row], costs: StepCosts) -> float:
+    """The relative errors' root sum of squares, each as the replay with `costs` read it."""
+    a, offsets = _relative(rows)
+    return float(np.linalg.norm(a @ vector(costs) + offsets - 1.0))
+
+
+def fit(observations: Sequence[Evidence], start: StepCosts = START, prior: StepCosts | None = None) -> Fitted:
+    """The costs that make the replayed cells and loads read as measured (relative least squares over the
+    fitted ones), and every figure's prediction with them: fitted ones are the fit's error, held-out ones its
+    prediction's.
+
+    Each round solves the rows of the current schedule (NNLS) and moves toward that solution only as far as the
+    replay confirms: the whole way where the replayed figures' error falls, else half as far, and so on (at most
+    five halvings). A load that queues changes its schedule sharply with the costs (too slow a step and every
+    request waits behind the last): the rows of one schedule then overshoot, and an undamped round would chase
+    the queue instead of the costs.
+
+    `prior`: costs the physics already suggests (the hardware tables' for the profile's card and model), which
+    the fit starts from and leans on, weakly (PRIOR_WEIGHT, as one figure's error of 3%), along the directions
+    the evidence does not determine: one load's shape cannot split a step's fixed cost from its per-token
+    cost, and NNLS would split them arbitrarily. None: the evidence alone (a run's own machine, which no table
+    may know)."""
     fitted = [o for o in observations if not o.held_out]
-    if not any(o.figure == "ttft_s" for o in fitted) or not any(o.figure == "total_tok_s" for o in fitted):
-        raise CampaignError("calibrate needs a prefill cell and a decode cell to fit (prefill fixes a prompt "
-                            "token's cost, decode a step's)",
-                            hint="calibrate from a run with both (the demo matrix has both), or hold fewer out")
-    costs, iterations, used, settled, determined = start, 0, np.zeros(len(TERMS), dtype=bool), False, 0
+    seen = {figure for o in fitted for figure in _figures(o)}
+    if not seen & set(PREFILL_FIGURES) or not seen & set(DECODE_FIGURES):
+        raise CampaignError("calibrate needs a figure of prefill and one of decode to fit (a prefill cell's or a "
+                            "load's TTFT fixes a prompt token's cost; a decode cell's tok/s or a load's TPOT a "
+                            "step's)", hint="calibrate from a run with both (the demo matrix has both), or hold "
+                                            "fewer out")
+    if prior is not None:
+        start = prior
+    costs, iterations, settled, determined = start, 0, False, 0
+    rows = _system(fitted, costs)
+    if not rows:
+        raise CampaignError("no cell could be replayed with trial costs (every one over capacity or invalid)",
+                            hint="calibrate from a run whose prefill and decode cells are Valid")
+    # The API server's time is told apart only by loads (a light one, whose first tokens it is a large share
+    # of); a run's closed-loop cells prefill one request at a time, where it and a step's fixed cost are one
+    # direction: without a load it stays at 0, as the tables have it.
+    pinned = [] if any(isinstance(o, Arrivals) for o in fitted) else [TERMS.index("request_s")]
+    a, offsets = _relative(rows)
+    a[:, pinned] = 0.0
+    used = a.max(axis=0) > 0
     for iterations in range(1, MAX_ITERATIONS + 1):   # noqa: B007 (the count is reported)
-        rows, targets = [], []
-        for obs in fitted:
-            row = _row(_replay(obs, costs), obs)
-            if row is not None:
-                rows.append(row)
-                targets.append(_target(obs))
-        if not rows:
-            raise CampaignError("no cell could be replayed with trial costs (every one over capacity or invalid)",
-                                hint="calibrate from a run whose prefill and decode cells are Valid")
-        a = np.array(rows) / np.array(targets)[:, None]
-        used = a.max(axis=0) > 0
-        scale = np.where(used, a.max(axis=0), 1.0)
-        solution, _ = nnls(a / scale, np.ones(len(rows)))
-        new = _costs(solution / scale)
-        moved = np.abs((a @ _vector(new)) / (a @ _vector(costs)) - 1)
-        costs = new
+        a, offsets = _relative(rows)
+        a[:, pinned] = 0.0
+        used |= a.max(axis=0) > 0
+        scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+        lean = _prior_rows(prior)
+        solution, _ = nnls(np.vstack([a, lean]) / scale, np.concatenate([1.0 - offsets,
+                                                                         np.full(len(lean), PRIOR_WEIGHT)]))
         # Terms whose rows are (nearly) proportional cannot be told apart by these cells: NNLS splits them
         # arbitrarily, which predicts the measured shapes well and others (another context, load) less so.
         determined = int(np.linalg.matrix_rank(a / scale, tol=1e-3 * np.linalg.svd(a / scale, compute_uv=False)[0]))
-        settled = float(moved.max()) < SETTLED
+        error, step = _residual(rows, costs), 1.0
+        # Settled: the rows' own best moves no fitted figure by SETTLED on this schedule; it is taken.
+        settled = _moved(rows, costs, _costs(solution / scale)) < SETTLED
         if settled:
+            costs = _costs(solution / scale)
             break
-    cells = []
-    replayed = [(obs, _replay(obs, costs)) for obs in observations]
-    for obs, cell in replayed:
-        predicted = figure_of(cell, obs.figure) if cell.status == "Valid" else None
-        cells.append(FitCell(variant=obs.variant, key=obs.spec.key, figure=obs.figure, measured=obs.measured,
-                             spread=obs.spread, predicted=predicted,
-                             error=None if predicted is None else predicted / obs.measured - 1, held_out=obs.held_out))
-    power, energy_cells = fit_power(costs, replayed)
+        for _ in range(6):
+            trial = _costs(vector(costs) + step * (solution / scale - vector(costs)))
+            trial_rows = _system(fitted, trial)
+            if trial_rows.keys() == rows.keys() and _residual(trial_rows, trial) <= error:
+                break
+            step /= 2
+        else:
+            break          # no move the replay confirms: a local best on these schedules
+        costs, rows = trial, trial_rows
+    if any(isinstance(o, Arrivals) for o in fitted):
+        costs, converged = _refined(fitted, costs, prior)
+        settled = settled or converged
+    final = [(obs, _replay(obs, costs) if isinstance(obs, Observation) else obs.replay(costs))
+             for obs in observations]
+    cells = [c for obs, replayed in final for c in _cells(obs, replayed)]
+    unreplayed = [f"{obs.variant}:{obs.key}: not predicted: {replayed.problem}" for obs, replayed in final
+                  if isinstance(obs, Arrivals) and isinstance(replayed, Replayed) and replayed.problem is not None]
+    power, energy_cells = fit_power(costs, [(obs, cell) for obs, cell in final
+                                            if isinstance(obs, Observation) and isinstance(cell, replay.VirtualCell)])
     return Fitted(costs=costs, cells=cells + energy_cells, iterations=iterations,
                   unmeasured=[name for name, seen in zip(TERMS, used, strict=True) if not seen], settled=settled,
-                  determined=determined, power=power)
+                  determined=determined, power=power, unreplayed=unreplayed, leaned=prior is not None)
+
+
+def _errors(fitted: Sequence[Evidence], costs: StepCosts, keys: Sequence[tuple[int, str]]) -> np.ndarray:
+    """The rows `keys`' relative errors as the replay with `costs` reads them (a row the replay does not
+    publish counts as a tenfold miss)."""
+    rows = _system(fitted, costs)
+    out = []
+    for key in keys:
+        row = rows.get(key)
+        value = 0.0 if row is None else float(row.features @ vector(costs)) + row.offset
+        if row is None or value <= 0:
+            out.append(10.0)
+        else:   # a rate's row is its inverse
+            out.append(row.target / value - 1 if row.figure in RATES else value / row.target - 1)
+    return np.array(out)
+
+
+def _prior_rows(prior: StepCosts | None) -> np.ndarray:
+    """PRIOR_WEIGHT x cost / prior's cost = PRIOR_WEIGHT, one row a term the prior gives (none without one)."""
+    if prior is None:
+        return np.zeros((0, len(TERMS)))
+    p = vector(prior)
+    given = p > 0
+    return np.diag(np.where(given, PRIOR_WEIGHT / np.where(given, p, 1.0), 0.0))[given]
+
+
+def _refined(fitted: Sequence[Evidence], costs: StepCosts,
+             prior: StepCosts | None = None) -> tuple[StepCosts, bool]:
+    """The costs refined on the replay itself, for loads that arrived at their own times: least squares over the
+    replayed figures' relative errors (scipy's trust-region reflective, non-negative, each term's slope from a
+    replay with it 2% larger), from the rows' fit. The rows hold a schedule still; a queue's does not (slower
+    steps gather more arrivals each), so their slopes can point past the best, and the replay is the judge.
+    Kept only where it reads the figures better; also says whether it converged (scipy's tolerances met before
+    its budget of replays ran out)."""
+    base = vector(costs)
+    # Each term in units of its value (a term at 0 in units of START's, or of a millisecond for the API
+    # server's time, which START leaves at 0): a slope's 2% step is then a step of that size.
+    floor = np.maximum(vector(START), [*([1e-12] * (len(TERMS) - 1)), REQUEST_SCALE_S])
+    scale = np.where(base > 0, base, floor)
+    start = np.where((base > 0) | (vector(START) > 0), 1.0, 0.0)
+    keys = list(_system(fitted, costs))
+    lean = _prior_rows(prior)
+
+    def errors(x: np.ndarray) -> np.ndarray:
+        c = np.maximum(x, 0.0) * scale
+        return np.concatenate([_errors(fitted, _costs(c), keys), lean @ c - PRIOR_WEIGHT])
+
+    before = errors(start)
+    found = least_squares(errors, start, bounds=(0.0, np.inf), diff_step=REFINE_STEP,
+                          max_nfev=REFINE_EVALUATIONS)
+    better = float(np.linalg.norm(found.fun)) < float(np.linalg.norm(before))
+    converged = bool(found.status > 0)
+    return (_costs(np.maximum(found.x, 0.0) * scale), converged) if better else (costs, converged)
 
 
 def _energy_row(costs: StepCosts, cell: replay.VirtualCell) -> np.ndarray | None:
@@ -238,7 +413,7 @@ def fit_power(costs: StepCosts, replayed: Sequence[tuple[Observation, replay.Vir
 
 @dataclass(frozen=True)
 class RunCells:
-    observations: list[Observation]
+    observations: list[Evidence]
     skipped: list[str]                       # cells not used, each with why
     servers: dict[str, ServerRecord]         # each variant's first ready launch
 
@@ -325,7 +500,7 @@ def launch_config(server: ServerRecord, window: int) -> SimConfig:
 
 
 def _figure(cell: StoredCell) -> tuple[Figure, float | None] | str:
-    """The figure a stored cell is fitted on, or why it is not used."""
+    """The figure a stored closed-loop cell is fitted on, or why it is not used (a rate cell: _load)."""
     result, spec = cell.result, cell.result.spec
     if result.status != "Valid":
         return f"{result.status}, not a measurement to fit"
@@ -335,7 +510,30 @@ def _figure(cell: StoredCell) -> tuple[Figure, float | None] | str:
         if spec.prompts != "random" or spec.endpoint != "completions":
             return "text prompts through a template are not replayed token for token"
         return "total_tok_s", result.total_tok_s
-    return f"a {spec.phase} cell is open-loop or multi-step and is not replayed"
+    return f"a {spec.phase} cell is multi-step and is not replayed"
+
+
+def _load(cell: StoredCell) -> list[Timed] | str:
+    """A stored rate cell's requests as a measured load at their own send times (in the hardware's seconds),
+    or why it is not used."""
+    result, spec = cell.result, cell.result.spec
+    if result.status != "Valid":
+        return f"{result.status}, not a measurement to fit"
+    if spec.prompts != "random" or spec.endpoint != "completions":
+        return "text prompts through a template are not replayed token for token"
+    if spec.trace is not None:
+        return "a trace's prompts share prefixes, which the replay does not rebuild"
+    if spec.sessions is not None:
+        return "agent sessions share a system prompt and their history, which the replay does not rebuild"
+    records = [RequestRecord.from_dict(r) for r in result.requests or []]
+    failed = sum(1 for r in records if not r.ok)
+    if failed or not records:
+        return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
+            "no request records stored"
+    scale = result.time_scale or 1.0
+    return [Timed(Sent(r.send_t * scale, r.usage_prompt_tokens or r.prompt_tokens, r.tokens),
+                  (r.chunk_t[0] - r.send_t) * scale, (r.chunk_t[-1] - r.send_t) * scale)
+            for r in records if r.chunk_t]
 
 
 def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
@@ -357,8 +555,23 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
     grouped: dict[tuple[str, str], list[StoredCell]] = {}
     for cell in run.cells():
         grouped.setdefault((cell.variant, cell.result.spec.key), []).append(cell)
-    observations, skipped, seen = [], [], set()
+    observations: list[Evidence] = []
+    skipped, seen = [], set()
     for (variant, key), cells in sorted(grouped.items()):
+        if cells[0].result.spec.phase == "rate" and variant in configs:
+            out = {f"{variant}:{key}", key} & wanted
+            loads = [(c, _load(c)) for c in cells]
+            used = [(c, load) for c, load in loads if not isinstance(load, str) and load]
+            spec = cells[0].result.spec
+            closed = spec.max_concurrency if spec.request_rate is None else None   # a closed loop's streams
+            for _, load in used:
+                observations.append(Arrivals(variant, key, configs[variant], tuple(t.sent for t in load),
+                                             measured_figures(load), held_out=bool(out), max_concurrency=closed))
+            if used:
+                seen |= out
+            else:
+                skipped.append(f"{variant}:{key}: {next(w for _, w in loads if isinstance(w, str))}")
+            continue
         reasons = [_figure(c) for c in cells]
         values = [r[1] for r in reasons if isinstance(r, tuple) and r[1] is not None and r[1] > 0]
         kinds = {r[0] for r in reasons if isinstance(r, tuple)}
@@ -380,16 +593,34 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
         if hit is not None:
             raise CampaignError(f"--hold-out {name}: that cell is not used, so it cannot be held out ({hit})")
     if unknown:
-        keys = ", ".join(sorted({f"{o.variant}:{o.spec.key}" for o in observations}))
+        keys = ", ".join(sorted({f"{o.variant}:{o.key if isinstance(o, Arrivals) else o.spec.key}"
+                                 for o in observations}))
         raise CampaignError(f"--hold-out {sorted(unknown)[0]}: no such cell of this run to hold out",
                             hint=f"cells that can be: {keys}")
     return RunCells(observations=observations, skipped=skipped, servers=servers)
 
 
+def tables_prior(run: RunDir) -> StepCosts | None:
+    """What the hardware tables (or the measured entry the profile names) say the run's machine costs, at its
+    baseline's flags: calibrate's prior. None where they do not know its card and model (the CPU build) or the
+    run has no manifest."""
+    if not run.manifest_path.exists():
+        return None
+    manifest = run.manifest()
+    profile, matrix = manifest.profile_model(), manifest.matrix_model()
+    if not profile.simulatable:
+        return None
+    flags = next((v.flags for v in matrix.variants if v.name == matrix.baseline), {})
+    try:
+        return replay.loaded_profile_config(profile, Path(manifest.profile.path), flags).costs
+    except (CampaignError, ValueError):   # a profile the simulator cannot stand in for: the evidence alone
+        return None
+
+
 def calibrate(run: RunDir, name: str, held_out: Iterable[str] = ()) -> tuple[MeasuredHardware, Fitted, RunCells]:
     """The measured hardware entry for `run`: costs fitted to its cells, memory from its baseline's launch."""
     cells = run_cells(run, held_out)
-    fitted = fit(cells.observations)
+    fitted = fit(cells.observations, prior=tables_prior(run))
     baseline = run.manifest().matrix_model().baseline if run.manifest_path.exists() else None
     server = cells.servers.get(baseline or "") or next(iter(cells.servers.values()))
     window = max(s.facts.max_model_len or 0 for s in cells.servers.values())
@@ -397,6 +628,56 @@ def calibrate(run: RunDir, name: str, held_out: Iterable[str] = ()) -> tuple[Mea
         "fit": fitted.cells, "fitted_error": fitted.summary(held_out=False),
         "held_out_error": fitted.summary(held_out=True), "power": fitted.power})
     return entry, fitted, cells
+
+
+# --- a peer's per-request exports as observations -----------------------------------------------------------
+
+def _memory_of(config: SimConfig) -> MemoryRecord:
+    """The KV cache and scheduler of a profile's launch as the simulator sizes it (an export has no log)."""
+    mem = config.memory()
+    return MemoryRecord(
+        kv_cache_tokens=mem.kv_tokens, kv_cache_gib=round(mem.kv_gib, 2),
+        kv_bytes_per_token=mem.kv_gib * GIB / mem.kv_tokens if mem.kv_tokens > 0 else None,
+        block_size=config.block(), tensor_parallel_size=config.tensor_parallel_size,
+        kv_cache_dtype=config.kv_cache_dtype, gpu_memory_utilization=config.gpu_memory_utilization,
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        speculative=(f"{config.speculative_method or 'draft_model'}:{config.num_speculative_tokens}"
+                     if config.num_speculative_tokens else None),
+        model_weights_gib=mem.weights_gib)
+
+
+def calibrate_exports(exports: Sequence[Path], config: SimConfig, profile: str, name: str,
+                      held_out: Iterable[Path] = ()) -> tuple[MeasuredHardware, Fitted, list[str]]:
+    """The measured hardware entry fitted to peers' per-request exports (exports.read_vllm_bench) of a server
+    launched as `config` (the profile's, which sizes its KV cache: an export has no startup log); `held_out`:
+    exports to predict rather than fit. Also returns what was left out of each export."""
+    config = replace(config, faults=Faults(), speed_factor=1.0)
+    held = {p.resolve() for p in held_out}
+    unknown = held - {p.resolve() for p in exports}
+    if unknown:
+        raise CampaignError(f"--hold-out {sorted(unknown)[0]}: not one of the --export files",
+                            hint="hold out a file that is also given with --export")
+    observations: list[Evidence] = []
+    notes: list[str] = []
+    for path in exports:
+        export = read_vllm_bench(path)
+        if export.failed:
+            notes.append(f"{path.name}: {export.failed} failed request(s) left out (a failure says nothing of "
+                         "speed)")
+        observations.append(Arrivals(profile, path.name, config, tuple(t.sent for t in export.timed),
+                                     measured_figures(export.timed), held_out=path.resolve() in held,
+                                     max_concurrency=export.max_concurrency))
+    fitted = fit(observations, prior=config.costs)
+    none = ErrorSummary(cells=0, median_abs=None, max_abs=None)
+    entry = MeasuredHardware(
+        name=name, description=f"{config.hardware}, {config.model} (vLLM {config.version_style}): fitted to "
+                               f"{len(exports)} vLLM bench serve export(s)",
+        source=", ".join(str(p) for p in exports), fitted_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        vllm_version=str(config.version_style), device=config.hardware, window=config.max_model_len,
+        step=StepCostsRecord.of(fitted.costs), memory=_memory_of(config), fit=fitted.cells,
+        fitted_error=none, held_out_error=none).model_copy(update={
+            "fitted_error": fitted.summary(held_out=False), "held_out_error": fitted.summary(held_out=True)})
+    return entry, fitted, notes
 
 
 def write(entry: MeasuredHardware, folder: Path) -> Path:

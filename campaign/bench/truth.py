@@ -22,7 +22,7 @@ tokens; the delay itself is reported as the client's own error. Above time scale
 millisecond of client delay is several simulated milliseconds: latencies are then reported with the bound
 measured, not judged. Throughput and counts are judged at every scale.
 
-Long (about 790 lines): the truth run drives every kind of cell against the simulator and matches each
+Long (about 810 lines): the truth run drives every kind of cell against the simulator and matches each
 figure with the engine's own records; the matching rules per figure are read together.
 """
 
@@ -297,12 +297,35 @@ def server_view_figures(where: str, cell: CellResult, requests: list[RequestTrut
     beside the truth of those requests."""
     firsts = [r.ttft for r in requests if r.ttft is not None]
     gaps = [b[0] - a[0] for r in requests for a, b in zip(r.emits, r.emits[1:], strict=False)]
+    # vLLM observes a request's wait in its queue as it ends (not when aborted): first scheduled less arrival.
+    waits = [(r.admitted if r.admitted is not None else r.arrival) - r.arrival for r in requests
+             if r.finish is not None and r.reason != "abort"]
     return [
         Figure(where, "server_first_tokens", "count", _count(cell.server_first_tokens), float(len(firsts))),
         Figure(where, "server_ttft_mean", "latency", _seconds(cell.server_ttft_mean_ms), stats.mean(firsts)),
         Figure(where, "server_itl_mean", "latency", _seconds(cell.server_itl_mean_ms), stats.mean(gaps)),
+        Figure(where, "server_queue_mean", "latency", _seconds(cell.server_queue_mean_ms), stats.mean(waits)),
         Figure(where, "client_ttft_mean", "latency", _seconds(cell.client_ttft_mean_ms), stats.mean(firsts)),
     ]
+
+
+def _send_band(cell: CellResult, matched: Matched, everyone: list[RequestTruth], start: float, delay: float,
+               span: float) -> tuple[float, float] | None:
+    """The achieved rate is the client's: its requests over the span until it sent the last. The engine dates
+    the sending's end by the latest arrival, later than its send by that request's own transport (a burst's
+    requests leave at one instant and reach the engine one after another on a busy host), and its start by
+    the window's, read either side of the client's delivery delay. Both ends are the truth's: the rate by
+    arrivals from the delay-shifted start, and by the latest arrival less its own measured transport from the
+    window's own start. (Taking the transport of the last request sent, not of the last to arrive, read a
+    burst's slower sibling as sending time and failed a Mooncake burst of 17 in CI.)"""
+    ok = [r for r in cell.records if r.ok]
+    if not ok or not everyone:
+        return None
+    latest = max(range(len(everyone)), key=lambda i: everyone[i].arrival)
+    transport = max(0.0, everyone[latest].arrival - matched.truth.sim_time(ok[latest].send_t))
+    arrived = everyone[latest].arrival - start
+    slow, fast = max(span, arrived), max(span, arrived - transport - delay)
+    return (len(everyone) / slow, len(everyone) / fast) if slow > 0 and fast > 0 else None
 
 
 def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[Figure]:
@@ -327,7 +350,8 @@ def rate_cell_figures(cell: CellResult, matched: Matched, delay: float) -> list[
     judged_s = len(mine) * (load_s or 0.0) / max(1, len(everyone))
     latency = sim_truth.latency_figures(mine, -math.inf, math.inf)
     figures = [
-        Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"]),
+        Figure(where, "achieved_rate_rps", "rate", cell.achieved_rate_rps, arrived["achieved_rate_rps"],
+               _send_band(cell, matched, everyone, start, delay, span)),
         Figure(where, "completed", "count", _count(cell.completed), arrived["completed"]),
         Figure(where, "output_tokens", "count", _count(cell.output_tokens), arrived["output_tokens"]),
         # The server's counters over the whole step: every request of it (agent sessions share prefixes).

@@ -19,7 +19,7 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 KEPT = ("completed", "failed", "total_input_tokens", "total_output_tokens", "mean_ttft_ms", "median_ttft_ms",
         "mean_itl_ms", "median_itl_ms", "mean_tpot_ms", "median_tpot_ms", "input_lens", "output_lens", "ttfts",
-        "itls", "start_times", "duration")
+        "itls", "start_times", "duration", "errors", "max_concurrency", "request_rate")
 
 
 def run(url: str, tokenizer: str, input_len: int, output_len: int, concurrency: int, prompts: int) -> dict[str, Any]:

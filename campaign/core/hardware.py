@@ -18,6 +18,16 @@ class Hardware:
     fp8_tflops: float | None    # dense; None where the chip has no FP8
     int8_tops: float            # dense
     source: str = ""            # the vendor's datasheet or whitepaper the figures are from
+    # What the driver reports per card (vLLM's total_gpu_memory, GiB), where a real log printed it; None: the
+    # vendor's figure less 1% (reported_gib()).
+    reported: float | None = None
+    reported_source: str = ""
+
+    def reported_gib(self) -> float:
+        """The card's memory as vLLM counts it (torch's total, GiB). Vendors state GDDR and HBM cards in binary
+        gigabytes (24 GB is 24 GiB: an RTX 4090 reports 23.99); a card with ECC that takes memory (L40S, L4)
+        reports less, and needs its row's logged figure."""
+        return self.reported if self.reported is not None else self.memory_gb * 0.99
 
 
 # Dense figures (datasheets print Hopper/Ada/Ampere tensor figures with 2:4 sparsity; these are half). BF16 and
@@ -35,16 +45,21 @@ _H200 = "https://www.nvidia.com/en-us/data-center/h200/"
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     Hardware("rtx-a5000", 24, 768, 111.1, None, 222.2,
              "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx/nvidia-rtx-a5000-"
-             "datasheet.pdf (INT8: twice the dense FP16 figure, the GA102 ratio; the datasheet prints none)"),
-    Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6, _ADA + " (appendix, GeForce RTX 4090; v2.02's FP8 figure)"),
-    Hardware("l40s", 48, 864, 362.05, 733, 733, "https://www.nvidia.com/en-us/data-center/l40s/"),
+             "datasheet.pdf (INT8: twice the dense FP16 figure, the GA102 ratio; the datasheet prints none)",
+             23.99, "seed 000's startup log"),
+    Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6, _ADA + " (appendix, GeForce RTX 4090; v2.02's FP8 figure)",
+             23.99, "torch on an RTX 4090 prints total_memory=24563MB; nvidia-smi 24564MiB (vllm-project/vllm#7553)"),
+    Hardware("l40s", 48, 864, 362.05, 733, 733, "https://www.nvidia.com/en-us/data-center/l40s/", 44.42,
+             "vLLM 0.7.1 log, 2x L40S (vllm-project/vllm#15815): ECC takes its share"),
     Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100),
     Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624, _A100),
-    Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979, _H100),
+    Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979, _H100, 79.22,
+             "vLLM's memory-profiling log on an 80 GB H100 (vllm-project/vllm#10511, total_gpu_memory 79.22GiB)"),
     Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100),
     Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200),
-    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200),
-    Hardware("rtx-3090", 24, 936, 71, None, 284, _AMPERE + " (appendix A, GeForce RTX 3090)"),
+    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200, 140.4, "seed 004's startup log"),
+    Hardware("rtx-3090", 24, 936, 71, None, 284, _AMPERE + " (appendix A, GeForce RTX 3090)", 23.69,
+             "vLLM 0.6.4-era log on an RTX 3090 (vllm-project/vllm#10517, total_gpu_memory=23.69GiB)"),
     Hardware("rtx-5090", 32, 1792, 209.5, 419, 838,
              "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"
              " (appendix, GeForce RTX 5090)"),
@@ -76,6 +91,16 @@ class ModelShape:
     kv_shards: int | None = None   # ways tensor parallelism splits the KV cache (its KV heads; MLA: 1); None: any
     attention_flops_per_token_per_ctx: float = 0.0   # a prompt token's attention per token of context it attends
     notes: tuple[str, ...] = ()   # what the shape leaves out
+    # For vLLM's memory profile (sim.model.profile_activation): the vocabulary (the sampler's rows), the hidden
+    # size and the MLP width a token passes through (the experts it is routed to, for MoE); None: not known
+    # (the hand table's rows), and the profile falls back to a per-token guess.
+    vocab: int | None = None
+    hidden: int | None = None
+    mlp_width: int | None = None
+    # A mixture of experts: every routed expert's parameters (billions) and the share a token is routed to
+    # (experts per token / experts); None: dense, or not known.
+    expert_params_b: float | None = None
+    expert_share: float | None = None
 
     @property
     def held_params_b(self) -> float:
@@ -128,14 +153,15 @@ def is_measured(hardware: str) -> bool:
 
 # A card stated inline (a profile's `hardware:` mapping, passed to the simulator as JSON): its keys.
 INLINE_REQUIRED = ("memory_gb", "bandwidth_gb_s", "bf16_tflops")
-INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count")
+INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count", "reported_gib")
 
 
 def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     """A card stated by its figures rather than named from the tables: memory (GB, as the vendor states it),
     bandwidth (GB/s), dense BF16 TFLOPS, optionally dense FP8 TFLOPS (none: no FP8), dense INT8 TOPS (default
-    twice the BF16 figure, as on Ampere, Ada and Hopper) and how many (`count`, default 1). Raises ValueError
-    naming the key and what it expects."""
+    twice the BF16 figure, as on Ampere, Ada and Hopper), what the driver reports (`reported_gib`: vLLM's
+    total_gpu_memory or torch's total_memory, GiB; default the vendor's figure less 1%) and how many (`count`,
+    default 1). Raises ValueError naming the key and what it expects."""
     unknown = sorted(set(card) - set(INLINE_REQUIRED) - set(INLINE_OPTIONAL))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}: a card inline takes "
@@ -160,7 +186,8 @@ def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     assert bf16 is not None
     hw = Hardware(name=f"inline:{card.get('name') or 'card'}", memory_gb=positive("memory_gb") or 0.0,
                   bandwidth_gb_s=positive("bandwidth_gb_s") or 0.0, bf16_tflops=bf16,
-                  fp8_tflops=positive("fp8_tflops"), int8_tops=positive("int8_tops") or 2 * bf16)
+                  fp8_tflops=positive("fp8_tflops"), int8_tops=positive("int8_tops") or 2 * bf16,
+                  reported=positive("reported_gib"), reported_source="stated inline" if "reported_gib" in card else "")
     return hw, count
 
 

@@ -4,7 +4,9 @@ units. No I/O and no clock: every function takes the records (and the window) it
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Callable
 from typing import Any
 
 from campaign.core import stats
@@ -38,8 +40,7 @@ def itl_per_token(records: list[RequestRecord], start: float, end: float) -> lis
 
 def tpot_per_request(records: list[RequestRecord]) -> list[float]:
     """(last token time - first token time) / (tokens - 1), for every request with two tokens or more."""
-    return [(r.chunk_t[-1] - r.chunk_t[0]) / (r.tokens - 1) for r in records
-            if r.ok and r.tokens >= 2 and r.chunk_t[-1] > r.chunk_t[0]]
+    return [t for r in records if (t := _tpot_s(r)) is not None]
 
 
 # A cell's figures measured on a wall clock that runs `time_scale` times faster than the hardware's (a
@@ -286,3 +287,96 @@ def rate_metrics(records: list[RequestRecord], *, start: float, span_s: float, p
                 "slo_met_fraction": outcome.met_fraction, "slo_passed": outcome.passed,
                 "slo_bounds": outcome.bounds}
     return out
+
+
+# A queue that stays non-empty through at least this share of a schedule's end, and ends longer than it began,
+# is a server that fell behind the arrivals (not the moment's wait of a burst, which empties again).
+BEHIND_MIN_SHARE = 0.10
+BEHIND_MIN_SAMPLES = 3
+
+
+def fell_behind(queue: list[tuple[float, float]], start: float, end: float) -> tuple[float, float, float] | None:
+    """When the server fell behind the arrivals for good, from its waiting-requests gauge over a schedule
+    [start, end] ((time, waiting) samples, in time order): (the first time of the run of samples with a queue
+    that lasts to the schedule's end, the longest queue in it, the queue at the end). None when the queue was
+    empty at the end, or its last run is shorter than BEHIND_MIN_SHARE of the schedule (or BEHIND_MIN_SAMPLES),
+    or it did not grow over that run: the server kept up, queueing only for moments. tests/test_fell_behind.py
+    reads the simulator's own steps with the same rule."""
+    inside = [(t, w) for t, w in queue if start <= t <= end]
+    first = len(inside)
+    while first > 0 and inside[first - 1][1] > 0:
+        first -= 1
+    run = inside[first:]
+    if len(run) < BEHIND_MIN_SAMPLES or end - run[0][0] < BEHIND_MIN_SHARE * (end - start):
+        return None
+    if run[-1][1] <= run[0][1]:
+        return None
+    return run[0][0], max(w for _, w in run), run[-1][1]
+
+
+def _lateness(stalls: list[tuple[float, float]], reach_s: float) -> Callable[[float], float]:
+    """How late a stamp may be: a stamp at `t` inside a stall (the loop probe's sample (when, lag): the loop
+    stood still for `lag` up to `when`, somewhere within `reach_s` before that) may have arrived that much
+    earlier; 0 outside every stall."""
+    spans = sorted((when, when - lag - reach_s, lag) for when, lag in stalls if lag > 0)
+    ends = [end for end, _, _ in spans]
+    longest = max((end - begin for end, begin, _ in spans), default=0.0)
+
+    def late(t: float) -> float:
+        most = 0.0
+        # The stalls ending at or after t (by their ends, in order) that began before it: none ends later than
+        # the longest stall's length past t.
+        for _end, begin, lag in spans[bisect.bisect_left(ends, t):bisect.bisect_right(ends, t + longest)]:
+            if begin <= t:
+                most = max(most, min(lag, t - begin))
+        return most
+
+    return late
+
+
+def stall_error(records: list[RequestRecord], window: tuple[float, float], stalls: list[tuple[float, float]],
+                reach_s: float) -> float | None:
+    """How far the client's own stalls could move a sustained window's figures, as a share of them: a token
+    stamped inside a stall may have arrived up to that stall earlier. The total moves by the tokens a stall
+    could carry across an edge of the window (one stamped just inside the start may have arrived before it;
+    one stamped after the end, inside it). Stream tok/s, the median of the streams' rates, moves no further
+    than the medians of their lowest and highest possible rates: a stream's rate over its time inside the
+    window, whose ends (its own first and last stamps there, or the window's edges) may each be early by their
+    stamps' lateness. So a stall mid-stream moves nothing, and a few streams' ends in a stall move the median
+    by no more than its neighbours' spread. Measured on the simulated A5000 pair at time scale 5 (8 streams, a
+    4 s window): 0.8-1.9% on a quiet host, 63% to many times over on one starved by three CPU hogs, whose
+    cells read stream tok/s 12-50% off the simulator's own records. None without tokens in the window.
+    `stalls`: the loop probe's (when, lag) samples over the step, on the records' clock; `reach_s`: how far
+    before a sample its stall may lie (the probe's interval)."""
+    start, end = window
+    late = _lateness(stalls, reach_s)
+    counted = moved_out = moved_in = 0
+    rates: list[float] = []
+    lower: list[float] = []
+    upper: list[float] = []
+    for rec in records:
+        chunks = list(zip(rec.chunk_t, rec.chunk_tokens, strict=True))
+        for t, n in chunks:
+            if start <= t <= end:
+                counted += n
+                moved_out += n if t - late(t) < start else 0
+            elif t > end and t - late(t) <= end:
+                moved_in += n
+        rate = stats.streaming_rate(chunks, start, end)
+        if rate is None:
+            continue
+        inside = [t for t, _ in chunks if start <= t <= end]
+        across_start, across_end = any(t < start for t, _ in chunks), any(t > end for t, _ in chunks)
+        begin, finish = start if across_start else inside[0], end if across_end else inside[-1]
+        early_begin, early_finish = (0.0 if across_start else late(begin)), (0.0 if across_end else late(finish))
+        span = finish - begin
+        rates.append(rate)
+        lower.append(rate * span / (span + early_begin))
+        upper.append(rate * span / (span - early_finish) if span > early_finish else math.inf)
+    if not counted:
+        return None
+    total = max(moved_out, moved_in) / counted
+    mid, low, high = stats.median(rates), stats.median(lower), stats.median(upper)   # rates: stream_speeds
+    if mid is None or low is None or high is None:
+        return total
+    return max(total, high / mid - 1, 1 - low / mid)

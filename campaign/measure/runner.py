@@ -5,7 +5,7 @@ own output is known exactly (requests straddling the window are drained, not abo
 counted too), so any excess is foreign traffic: the step is discarded and rerun with fresh prompts, and after
 `max_attempts` the cell is Contaminated. A step designed to share nothing must see zero prefix-cache hits.
 
-Long (about 950 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
+Long (about 1,050 lines): the Measurer runs every kind of cell (prefill, sustained and fixed decode, rate)
 with the same bracketing, contamination checks, retries and (open-loop steps) the prefix cache emptied first;
 its steps share the target's state and one client, so they are one class.
 """
@@ -35,6 +35,7 @@ from campaign.http.tokenizer import ServerTokenizer
 from campaign.measure import cachestate, openloop, shard, slo, steady, traces
 from campaign.measure.cells import (
     CAVEATS,
+    STALL_SHARE,
     TTFT_MODE_TEXT,
     Attempt,
     CellResult,
@@ -53,11 +54,13 @@ from campaign.measure.cells import (
 )
 from campaign.measure.figures import (
     behind_schedule,
+    fell_behind,
     fixed_metrics,
     hardware_units,
     prefill_metrics,
     rate_metrics,
     request_latencies,
+    stall_error,
     window_metrics,
 )
 from campaign.measure.prompts import Prompt, Prompts, PromptSource, SessionTurns
@@ -67,9 +70,13 @@ from campaign.server.startup_log import StartupFacts
 
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
-# Findings that say the client offered less than asked because its own host stalled it: in a sustained window
-# every pause between a stream's reply and its next request is the client's; on a schedule, every late send.
-CLIENT_STALLS = (Reason.FEWER_ACTIVE, Reason.SCHEDULE_BEHIND)
+# Findings that say the client offered less than asked, or stamped late what it got, because its own host
+# stalled it: in a sustained window every pause between a stream's reply and its next request is the client's,
+# and every token that arrived while its loop stood still was stamped late; on a schedule, every late send.
+CLIENT_STALLS = (Reason.FEWER_ACTIVE, Reason.SCHEDULE_BEHIND, Reason.CLIENT_STALLED)
+# Every host stall an attempt is measured again for: the client's, and a time-scaled simulator's that fell
+# behind its clock (its host starved it: its steps ran late, and the reading is not its hardware's).
+HOST_STALLS = (*CLIENT_STALLS, Reason.SIM_BEHIND)
 WARMUP_PREFILLS = 3  # the warm-up sends the longest prompt this many times
 # Rendering /metrics blocks vLLM's API server (the process that streams every token) for a noticeable time,
 # so sampling the queue gauges during a window perturbs what is measured: on the 2-core CPU build, scraping
@@ -153,6 +160,8 @@ class _Step:
     telemetry: StepTelemetry | None = None
     lag: list[float] = field(default_factory=list)   # the controller's event-loop lateness, seconds
     cache: cachestate.CacheState | None = None     # a rate cell's prefix cache when its step began
+    queue: list[tuple[float, float]] = field(default_factory=list)   # (sample time, waiting), as `waiting`
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # the loop probe's (when, lag), the whole step
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,7 @@ class _Load:
 
 
 SIM_BEHIND_NOTE = 0.01   # a simulator behind its clock for over 1% of a cell says so in the cell's notes
+RATE_SAMPLES = 20         # a long rate cell's queue gauge, sampled this many times over its schedule
 LAG_EVERY_S = 0.005      # the controller's event-loop lag probe wakes this often (a few hundred cheap wake-ups)
 TIMER_RESOLUTION_S = 0.001  # event-loop timers fire up to this late on an idle loop: not the client's noise
 
@@ -218,11 +228,70 @@ def server_view(delta: m.Delta, records: list[RequestRecord], scale: float) -> d
     if ttft is None:
         return {}
     itl = m.histogram_mean(delta, m.ITL_HISTOGRAM)
+    queue = m.histogram_mean(delta, m.QUEUE_HISTOGRAM)
     firsts = [r.ttft_s for r in records if r.ttft_s is not None]
     client = stats.mean(firsts)
     return {"server_first_tokens": ttft[0], "server_ttft_mean_ms": None if ttft[1] is None else ttft[1] * 1000,
             "server_itl_mean_ms": None if itl is None or itl[1] is None else itl[1] * 1000,
+            "server_queue_mean_ms": None if queue is None or queue[1] is None else queue[1] * 1000,
             "client_ttft_mean_ms": None if client is None else client * 1000 * scale}
+
+
+def _stalled(attempt: Attempt, stall: tuple[str, Reason]) -> Attempt:
+    """The attempt discarded for its client's stall, or its simulator's."""
+    whose = "the simulator's" if stall[1] is Reason.SIM_BEHIND else "the client's"
+    return attempt.model_copy(update={"accepted": False, "code": stall[1],
+                                      "reason": f"{whose} host stalled it: {stall[0]}"})
+
+
+def _cleanest(stalled: list[tuple[int, CellResult, tuple[str, Reason]]], attempts: list[Attempt]) -> CellResult:
+    """The result a cell stands on when its client's host stalled every attempt: a Valid one (the stall only a
+    caveat: client_stalled) before an Invalid one (its load not kept), then the one whose stalls could move its
+    figures least, then the latest; every other attempt discarded, saying why."""
+    best = min(range(len(stalled)), key=lambda k: (stalled[k][1].status != "Valid",
+                                                   max(stalled[k][1].client_stall_bound or 0.0,
+                                                       stalled[k][1].sim_behind_share or 0.0), -k))
+    final = list(attempts)
+    for k, (index, _, stall) in enumerate(stalled):
+        final[index] = (attempts[index].model_copy(update={"accepted": True, "code": None, "reason": None})
+                        if k == best else _stalled(attempts[index], stall))
+    discarded = [a for a in final if not a.accepted]
+    return stalled[best][1].model_copy(update={"attempts": final, "discarded_steps": len(discarded),
+                                               "discarded_tokens": sum(a.excess_tokens for a in discarded)})
+
+
+@dataclass(frozen=True)
+class _Queue:
+    """A rate cell's queue over its schedule, from the server's waiting gauge (figures.fell_behind)."""
+
+    waiting_max: float | None = None
+    avg_waiting: float | None = None
+    fell_behind_s: float | None = None     # the hardware's seconds from the schedule's start
+    waiting_at_end: float | None = None
+    finding: Finding | None = None         # the caveat, where it fell behind
+
+
+def _queue(samples: list[tuple[float, float]], load: _Load, scale: float, queue_mean_ms: float | None) -> _Queue:
+    """What the server's own gauge says of a rate cell's queue while its schedule ran: its longest and mean
+    queue, and whether and from when it fell behind the arrivals, as a caveat naming the server's figures
+    (the client's timeouts are not the finding: a queue the server works through is waited for)."""
+    end = load.start + load.span_s / scale
+    inside = [w for t, w in samples if load.start <= t <= end]
+    if not inside:
+        return _Queue()
+    behind = fell_behind(samples, load.start, end)
+    if behind is None:
+        return _Queue(waiting_max=max(inside), avg_waiting=stats.mean(inside))
+    began, longest, last = behind
+    since = (began - load.start) * scale
+    waited = (f", and the requests it seated waited {queue_mean_ms / 1000:.1f} s on average for a seat (its "
+              "queue-time histogram)") if queue_mean_ms is not None else ""
+    return _Queue(waiting_max=max(inside), avg_waiting=stats.mean(inside), fell_behind_s=since, waiting_at_end=last,
+                  finding=Finding(Reason.SERVER_FELL_BEHIND, (
+                      f"the server fell behind the arrivals {since:.1f} s into the {load.span_s:.0f} s schedule: "
+                      f"its queue grew from then on, to {longest:.0f} requests waiting (its gauge), {last:.0f} "
+                      f"still waiting when the schedule ended{waited}; the latencies are a growing queue's, not a "
+                      "rate it holds")))
 
 
 def _lag_ms(lags: list[float]) -> float | None:
@@ -349,6 +418,7 @@ class Measurer:
         foreign traffic's is; the last one stands as measured (Invalid, with why). A step with any other finding
         (failed requests, a queue, a clamp) stands at once: that finding would come back on every attempt."""
         attempts: list[Attempt] = []
+        stalled: list[tuple[int, CellResult, tuple[str, Reason]]] = []   # (attempt's index, result, the stall)
         source = self._source(spec, control)
         if source is not None:
             await source.prepare(spec.context_tokens)
@@ -362,14 +432,16 @@ class Measurer:
             if attempt.accepted:
                 result = self._result(base, spec, step, m.Delta(before, after), attempts)
                 stall = next(((r, c) for r, c in zip(result.reasons, result.reason_codes, strict=True)
-                              if c in CLIENT_STALLS), None)
+                              if c in HOST_STALLS), None)
                 # Only a stall alone: a finding that would come back on every attempt (errors, a queue, a
                 # clamp) stands at once, never measured three times over.
-                others = set(result.reason_codes) - set(CLIENT_STALLS) - CAVEATS
-                if stall is None or others or number == self.max_attempts:
+                others = set(result.reason_codes) - set(HOST_STALLS) - CAVEATS
+                if stall is None or others:
                     return result
-                attempts[-1] = attempt.model_copy(update={"accepted": False, "code": stall[1],
-                                                          "reason": f"the client's host stalled it: {stall[0]}"})
+                stalled.append((len(attempts) - 1, result, stall))
+                if number == self.max_attempts:
+                    return _cleanest(stalled, attempts)
+                attempts[-1] = _stalled(attempt, stall)
             self.on_event(f"{spec.key}: attempt {number} discarded ({attempts[-1].reason}); "
                           "rerunning with fresh prompts")
         discarded = [a for a in attempts if not a.accepted]
@@ -486,7 +558,10 @@ class Measurer:
         stop_sampling = asyncio.Event()
         wall = self.target.wall_s
         # Every interval of the hardware's time, so a time-scaled cell's verdict rests on as many samples.
-        interval = wall(min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S)
+        # A rate cell's queue is sampled through its schedule, where its server may fall behind the arrivals: as
+        # sparsely as a window's, and at most RATE_SAMPLES times.
+        interval = wall(max(SAMPLE_EVERY_S, spec.duration_s / RATE_SAMPLES) if spec.phase == "rate" else
+                        min(SAMPLE_EVERY_S, spec.window_s / 2) if spec.mode == "sustained" else SAMPLE_EVERY_S)
         sampler = asyncio.create_task(self._sampler(control, samples, window_open, stop_sampling, interval))
         # On a simulated clock the client's stamps are exact: its lag is zero, and a probe waking every few
         # milliseconds would only cost the host time.
@@ -520,6 +595,7 @@ class Measurer:
                 priming = list(await asyncio.gather(*(self._one(client, spec.context_tokens, 1, prompt=p)
                                                       for p in prompts)))
             if spec.phase == "rate":
+                window_open.set()
                 load = await self._rate(spec, client, records, source)
             elif spec.phase == "prefill" or spec.mode == "fixed":
                 if spec.phase == "decode":
@@ -565,6 +641,7 @@ class Measurer:
         # On a simulated clock the client's work costs no measured time, so its share of a core measures nothing.
         cpu = None if simulated else max(
             [(time.thread_time() - cpu0) / max(1e-9, time.perf_counter() - wall0), *worker_cpu])
+        stalls = list(lags)   # a stall just past a window's end may carry its tokens out of it
         if window is not None:
             # The drain after a sustained window runs fewer than C: its samples say nothing of the window.
             samples = [g for g in samples if window[0] <= g.t <= window[1]]
@@ -574,6 +651,7 @@ class Measurer:
                      kv_usage=[g.kv_usage for g in samples], cpu=cpu,
                      processes=processes, telemetry=telemetry,
                      sim_clock=[g.sim_clock for g in samples if g.sim_clock is not None],
+                     queue=[(g.t, g.waiting) for g in samples], stalls=stalls if lag_applies else [],
                      lag=[0.0] if simulated else [lag for _, lag in lags] if lag_applies else [], load=load)
 
     def _template_hits(self, spec: CellSpec, requests: int) -> float:
@@ -781,6 +859,10 @@ class Measurer:
         # An early stop leaves the schedule's later intervals empty on purpose: no trend to tell there.
         steadiness = None if load.early_stopped else steady.steadiness(
             records, values["window"], scale=scale, judged=spec.trace is None and spec.sessions is None)
+        view = server_view(delta, records, scale)
+        queue = _queue(step.queue, load, scale, view.get("server_queue_mean_ms"))
+        if queue.finding is not None:
+            findings.append(queue.finding)
         if steadiness is not None and steadiness.drifting:
             findings.append(Finding(Reason.NOT_STEADY, f"the window was not steady: {steadiness.describe()}"))
         elif steadiness is not None and not steadiness.judged and any(
@@ -799,7 +881,8 @@ class Measurer:
             prefix_cache_hits=delta.optional(m.PREFIX_HITS),
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta), attempts=attempts, trace_implied_hits=load.implied_hits,
-            **server_view(delta, records, scale),
+            **view, waiting_max=queue.waiting_max, avg_waiting=queue.avg_waiting, fell_behind_s=queue.fell_behind_s,
+            waiting_at_end=queue.waiting_at_end,
             cache_state=step.cache, steadiness=steadiness,
             requests=[r.to_dict() for r in records])
 
@@ -865,6 +948,11 @@ class Measurer:
             max_num_batched_tokens=self.target.max_num_batched_tokens,
             decode_tokens_per_seq=1 + (self.target.num_speculative_tokens or 0),
             avg_active=values.get("avg_active"), avg_before_first_token=values.get("avg_before_first_token"),
+            window_tokens=values.get("output_tokens") if step.window is not None else None,
+            window_s=(step.window[1] - step.window[0]) * self.target.time_scale if step.window is not None else None,
+            stall_error=stall_error(records, step.window, step.stalls, LAG_EVERY_S)
+            if step.window is not None and step.stalls else None,
+            client_stall_s=max(step.lag) * self.target.time_scale if step.window is not None and step.lag else None,
             client_cpu=step.cpu, max_num_seqs=self.target.max_num_seqs,
             gpu_throttled=step.telemetry.throttled if step.telemetry else None,
             shares_prefixes=spec.phase == "decode" and spec.ttft == "warm",
@@ -915,16 +1003,22 @@ class Measurer:
                          "from the way the prompt was fitted")
         behind = sim_behind_share(step.sim_clock, delta)
         if behind is not None and behind > SIM_BEHIND_NOTE:
-            notes.append(f"the simulator fell behind its clock for {behind:.1%} of the "
-                         f"{'window' if len(step.sim_clock) >= 2 else 'step'}: its rates read up to that much low "
-                         "for the hardware it imitates; lower CAMPAIGN_SIM_TIME_SCALE")
+            said = (f"the simulator fell behind its clock for {behind:.1%} of the "
+                    f"{'window' if len(step.sim_clock) >= 2 else 'step'}: its rates read up to that much low "
+                    "for the hardware it imitates")
+            # Past a verdict's smallest change the reading is not the hardware's: measured again, as a stall.
+            if behind > STALL_SHARE:
+                findings.append(Finding(Reason.SIM_BEHIND, said))
+            else:
+                notes.append(f"{said}; lower CAMPAIGN_SIM_TIME_SCALE")
         acceptance_rate, acceptance_length = m.spec_decode(delta)
         discarded = [a for a in attempts if not a.accepted]
         return CellResult(
             **base, status=status, **findings_fields(findings), notes=notes, **values,
             discarded_steps=len(discarded), discarded_tokens=sum(a.excess_tokens for a in discarded),
             client_cpu=step.cpu, client_lag_p99_ms=_lag_ms(step.lag),
-            client_lag_max_ms=_lag_max_ms(step.lag),
+            client_lag_max_ms=_lag_max_ms(step.lag), client_stall_bound=evidence.stall_error,
+            sim_behind_share=behind,
             running_median=running_median, waiting_max=waiting_max,
             avg_running=stats.mean(step.running), avg_waiting=stats.mean(step.waiting),
             kv_usage_max=max((kv for kv in step.kv_usage if kv is not None), default=None),

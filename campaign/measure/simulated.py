@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
@@ -199,7 +200,8 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            config = sim_config.parse(command, launch=launch)
+            # The profile's environment is the server's: the vLLM variables it sets act as they would on it.
+            config = sim_config.parse(command, launch=launch, env={**os.environ, **spec.env_overrides})
     except SystemExit:
         raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
                           log_tail=errors.getvalue(), hint="see the simulator's usage line") from None

@@ -475,14 +475,25 @@ def _speeds_from(run: RunDir | None, profile: LaunchProfile | None) -> Rates:
 
 # --- the plan --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class PredictedServer:
+    """A variant's server as the simulator's memory model predicts it before any launch (vLLM's accounting for
+    the profile's card, model and flags): its startup facts, or why vLLM would not start."""
+
+    facts: StartupFacts
+    refused: str | None = None   # e.g. "start-up: the weights do not fit (out of memory)"
+
+
+@dataclass(frozen=True)
 class VariantPlan:
     name: str
     flags: dict[str, Any]
-    kv_cache_tokens: int | None  # as the last run found it; None: unknown until launched
+    kv_cache_tokens: int | None  # as the last run found it, else as predicted; None: unknown until launched
     skipped: list[str]  # cells over capacity at that KV cache: will be skipped
     launches: int = 0   # in the schedule
     not_run: dict[str, Finding] = field(default_factory=dict)   # key: why; skipped, or past the window
     unsure: list[str] = field(default_factory=list)   # cells whose fit in an unknown KV cache decides the estimate
+    predicted: bool = False      # kv_cache_tokens is the simulator's memory model's, not a launch's
+    refused: str | None = None   # predicted: vLLM would not start with these flags, and why
 
 
 @dataclass(frozen=True)
@@ -502,7 +513,10 @@ class Plan:
     budget_s: float | None = None
 
 
-def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -> Plan:
+def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None,
+              predicted: Mapping[str, PredictedServer] | None = None) -> Plan:
+    """The plan; `predicted`: each variant's server as the simulator's memory model sizes it (plan.replay's
+    predict_servers, for a profile it can simulate), used where the last run did not launch that variant."""
     order = schedule(matrix)
     cells = matrix.cells()
     previous_times: list[LaunchTime] = []
@@ -511,15 +525,22 @@ def make_plan(matrix: Matrix, profile: LaunchProfile, previous: RunDir | None) -
             previous_times = launch_times(previous)
         except CampaignError:
             previous = None  # unreadable by this version: planned as if there were no last run
-    planned = estimate(matrix, profile, len(order), rates_from(previous, profile))
+    rates = rates_from(previous, profile)
+    guessed = {name: p for name, p in (predicted or {}).items()
+               if rates.servers.get(name, StartupFacts()).kv_cache_tokens is None}
+    if guessed:
+        rates = replace(rates, servers={**rates.servers, **{name: p.facts for name, p in guessed.items()}})
+    planned = estimate(matrix, profile, len(order), rates)
     variants = []
     for variant in matrix.ordered_variants():
         facts = planned.rates.servers.get(variant.name, StartupFacts())
         left = planned.not_run.get(variant.name, {})
+        guess = guessed.get(variant.name)
         variants.append(VariantPlan(variant.name, dict(variant.flags), facts.kv_cache_tokens,
                                     [k for k, why in left.items() if why.code == Reason.OVER_CAPACITY],
                                     sum(name == variant.name for name, _ in order), left,
-                                    [c.key for c in hinges_on_kv(planned, variant.name, cells)]))
+                                    [c.key for c in hinges_on_kv(planned, variant.name, cells)],
+                                    predicted=guess is not None, refused=guess.refused if guess else None))
     at_most = None
     if matrix.until_settled:
         rounds = max(matrix.max_repeats or matrix.repeats, matrix.repeats)

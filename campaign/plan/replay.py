@@ -28,6 +28,7 @@ says and again with every decode cell's TTFT mode flipped.
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,8 +48,10 @@ from campaign.measure.cells import (
     verdict,
 )
 from campaign.measure.runner import MAX_ROUNDS, SAMPLE_EVERY_S
+from campaign.plan.planning import PredictedServer
 from campaign.server import argv
 from campaign.server.profiles import FlagValue, LaunchProfile, load_profile
+from campaign.server.startup_log import StartupFacts
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import truth as sim_truth
@@ -134,9 +137,11 @@ def loaded_profile_config(profile: LaunchProfile, path: Path,
         raise ConfigError(str(path), "hardware", "the profile names no simulated hardware",
                           hint="give it hardware: and model_shape: (as launch_profiles/h200.yaml does), or a model "
                                "whose config.json the simulator reads (a local folder, or one it ships the config of)")
-    command = argv.build(profile, flags, engine="sim", port=8000).argv
+    spec = argv.build(profile, flags, engine="sim", port=8000)
+    command = spec.argv
     try:
-        return sim_config.parse_checked(command[command.index("campaign.sim") + 1:])
+        return sim_config.parse_checked(command[command.index("campaign.sim") + 1:],
+                                        env={**os.environ, **spec.env_overrides})
     except ValueError as exc:   # the simulator would refuse to start: a measured file, a flag out of bounds
         raise ConfigError(str(path), "hardware" if "--hardware" in str(exc) else "flags", str(exc),
                           hint="the simulator's own words; fix the profile, the matrix's flags or the measured file") \
@@ -153,6 +158,28 @@ def refused(config: SimConfig) -> str | None:
             "no-cache": "start-up: no memory for the KV cache",
             "window": f"start-up: a KV cache of {mem.kv_tokens:,} tokens cannot hold max-model-len "
                       f"{config.max_model_len:,}"}[why]
+
+
+def predict_servers(matrix: Matrix, profile: LaunchProfile, path: Path) -> dict[str, PredictedServer]:
+    """Each variant's server as the simulator's memory model sizes it on the profile's card and model (vLLM's
+    own accounting, by the version the profile names): the KV cache, block size and window a plan can skip
+    cells by before anything is launched. Empty for a profile the simulator cannot size (no hardware, or a
+    model whose shape it cannot read); a variant whose flags it refuses is left out (the launch will say)."""
+    if not profile.simulatable:
+        return {}
+    out: dict[str, PredictedServer] = {}
+    for variant in matrix.ordered_variants():
+        try:
+            config = loaded_profile_config(profile, path, variant.flags)
+        except CampaignError:
+            continue
+        mem = config.memory()
+        why = refused(config)
+        facts = StartupFacts(kv_cache_tokens=None if why else mem.kv_tokens, block_size=config.block(),
+                             max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+                             tensor_parallel_size=config.tensor_parallel_size)
+        out[variant.name] = PredictedServer(facts, why)
+    return out
 
 
 def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
@@ -283,7 +310,8 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     evidence = _evidence(sim, config, spec, avg_active=figures["avg_active"],
                          template_hits=template_hits(len(truth.all_requests()), prompts.template_prefix,
                                                      config.block()),
-                         avg_before_first_token=figures["avg_before_first_token"], samples=samples)
+                         avg_before_first_token=figures["avg_before_first_token"], samples=samples,
+                         window_tokens=figures["output_tokens"], window_s=spec.window_s)
     status, findings = verdict(evidence)
     return VirtualCell(spec, status, findings, total_tok_s=figures["total_tok_s"],
                        per_request_tok_s=figures["per_request_tok_s"],
@@ -317,7 +345,8 @@ def gauges(steps: Sequence[sim_truth.StepTruth], t: float,
 
 def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: float | None,
               samples: list[tuple[float, float, float]], avg_before_first_token: float | None = None,
-              template_hits: float = 0.0) -> StepEvidence:
+              template_hits: float = 0.0, window_tokens: float | None = None,
+              window_s: float | None = None) -> StepEvidence:
     counters = sim.engine.counters
     return StepEvidence(
         phase=spec.phase, mode=spec.mode, concurrency=spec.concurrency, records=[],
@@ -327,7 +356,7 @@ def _evidence(sim: Virtual, config: SimConfig, spec: CellSpec, *, avg_active: fl
         avg_before_first_token=avg_before_first_token, max_num_seqs=config.max_num_seqs,
         shares_prefixes=spec.phase == "decode" and spec.ttft == "warm", context_tokens=spec.context_tokens,
         max_num_batched_tokens=config.max_num_batched_tokens, template_hits=template_hits,
-        decode_tokens_per_seq=1 + config.num_speculative_tokens)
+        decode_tokens_per_seq=1 + config.num_speculative_tokens, window_tokens=window_tokens, window_s=window_s)
 
 
 def run_matrix(matrix: Matrix, *, variant: str | None = None, ttft: TTFTMode | None = None) -> list[VirtualCell]:

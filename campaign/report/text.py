@@ -1,7 +1,7 @@
 """Presentation only: cell results and facts -> labelled tables (campaign.report.tables), rendered as text here and
 as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it.
 
-Long (about 790 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
+Long (about 810 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
 virtual replays, export rows); each is short and they share the column vocabulary defined here, the figures'
 names and definitions taken from campaign.report.names."""
 
@@ -12,9 +12,9 @@ from dataclasses import replace
 from typing import Any
 
 from campaign.core.progress import fmt_duration
-from campaign.measure.cells import CAVEATS, CellResult, CellSpec
+from campaign.measure.cells import CAVEATS, CellResult, CellSpec, Reason
 from campaign.measure.judged import FAMILY_ALPHA
-from campaign.plan.planning import Plan, Power, cell_s, kv_unknown
+from campaign.plan.planning import Plan, Power, VariantPlan, cell_s, kv_unknown
 from campaign.plan.replay import VirtualCell
 from campaign.report import names
 from campaign.report.names import TOTAL_OVER_STREAMS, header
@@ -368,6 +368,9 @@ EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "
                  "e2e_p99_ms", "latency_requests", "itl_samples",
                  # the server's own view beside the client's (format 15)
                  "server_first_tokens", "server_ttft_mean_ms", "server_itl_mean_ms", "client_ttft_mean_ms",
+                 # the server's queue, the client's stall bound, the simulator's lag behind its clock (format 19)
+                 "server_queue_mean_ms", "waiting_max", "fell_behind_s", "waiting_at_end", "client_stall_bound",
+                 "sim_behind_share",
                  "energy_j_per_token", "avg_active", "completed",
                  "output_tokens", "measured_s", "time_scale", "discarded_steps", "discarded_tokens",
                  # rate cells (format 6)
@@ -695,6 +698,19 @@ def power_notes(power: Sequence[Power], cells: list[CellSpec]) -> list[Cell]:
     return out
 
 
+def _planned_kv(v: VariantPlan, known_from: str | None) -> str:
+    """A variant's KV cache in the plan: as the last run found it, as the simulator's memory model predicts it
+    (said as a prediction: the launch's own log decides), or unknown until launched."""
+    if v.refused:
+        return f"none: {v.refused} (predicted by the simulator's memory model)"
+    if v.kv_cache_tokens and v.predicted:
+        return (f"about {v.kv_cache_tokens:,} tokens (predicted by the simulator's memory model; the launch's log "
+                "decides)")
+    if v.kv_cache_tokens and known_from:
+        return f"{v.kv_cache_tokens:,} tokens (from {known_from})"
+    return "unknown until launched"
+
+
 def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     """What `campaign plan` says a campaign will run: launches in order (a repeat past `repeats` is the drift
     sentinel), each variant's flags, KV cache (as the last run found it) and the cells it will skip as over
@@ -710,8 +726,7 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
     per_variant = Table(title="Variants", headers=["Variant", "Flags", "KV cache", "Over capacity: will be skipped"],
                         align="llll", rows=[
                             [v.name, ", ".join(f"{k}={x}" for k, x in v.flags.items()) or DASH,
-                             f"{v.kv_cache_tokens:,} tokens (from {known_from})" if v.kv_cache_tokens and known_from
-                             else "unknown until launched", ", ".join(v.skipped) or DASH] for v in plan.variants],
+                             _planned_kv(v, known_from), ", ".join(v.skipped) or DASH] for v in plan.variants],
                         notes=power_notes(est.power, plan.cells))
     if repeats == 1 and len(plan.variants) > 1:
         order = replace(order, notes=[Cell(ONE_REPEAT_WARNING, cls="warn")])
@@ -749,7 +764,11 @@ def _virtual_cell(cell: VirtualCell | None, other: VirtualCell | None) -> Cell:
     if cell.status == "Over capacity":
         return Cell("Over capacity", cls="cell over")
     if cell.status != "Valid":
-        return Cell(f"{fmt_num(cell.total_tok_s)} ({cell.status})", title="; ".join(cell.reasons), cls="cell bad")
+        codes = ", ".join(dict.fromkeys(f.code.value for f in cell.findings))
+        # A window with no token has no decode figure to show, only the reason.
+        value = DASH if any(f.code is Reason.NO_TOKENS_IN_WINDOW for f in cell.findings) else fmt_num(cell.total_tok_s)
+        return Cell(f"{value} ({cell.status}{': ' + codes if codes else ''})", title="; ".join(cell.reasons),
+                    cls="cell bad")
     shown = fmt_num(cell.total_tok_s)
     if other is not None and other.total_tok_s is not None and cell.total_tok_s:
         change = round(100 * (other.total_tok_s / cell.total_tok_s - 1))

@@ -160,6 +160,8 @@ def build(
             head += ["--hardware", sim_hardware(profile.hardware)]
         if profile.model_shape:
             head += ["--model-shape", profile.model_shape]
+        if profile.vllm_version:
+            head += ["--version-style", profile.vllm_version]
     elif profile.command == "api_server":
         head = [resolve_path(profile.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     else:

@@ -28,6 +28,7 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 # vLLM's request histograms (V1): read as their _sum and _count samples; optional (a server may not export them).
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
+QUEUE_HISTOGRAM = "vllm:request_queue_time_seconds"   # arrival to first scheduled, observed as a request ends
 # Only the simulator's: simulated seconds it ran steps, and those it had work but fell behind its clock.
 SIM_BUSY = "campaign_sim:busy_seconds_total"
 SIM_BEHIND = "campaign_sim:behind_seconds_total"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from campaign.core import secret
@@ -118,6 +119,9 @@ class LaunchProfile(BaseModel):
     # What the simulator imitates, and what roofline figures are computed against.
     hardware: str | None = None
     model_shape: str | None = None
+    # The vLLM version the simulator behaves as (its startup log, and its memory accounting: the CUDA-graph
+    # reservation came in 0.21); None: the version this project follows. The real server ignores it.
+    vllm_version: str | None = None
     rates: RateHints | None = None
     # A GPU pool for `campaign run` (`0-7`, `0,1`, or a list): launches side by side, as --gpus does.
     gpus: str | list[int] | None = None
@@ -137,6 +141,16 @@ class LaunchProfile(BaseModel):
                 parse_gpus(value, where="gpus")
             except CampaignError as exc:
                 raise ValueError(f"{exc.message.removeprefix('gpus: ')} ({exc.hint})") from None
+        return value
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _a_version(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                Version(value)
+            except InvalidVersion:
+                raise ValueError(f"not a version: {value!r} (write it as vLLM prints it, e.g. 0.19.1)") from None
         return value
 
     @field_validator("env", mode="before")

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -146,6 +147,9 @@ class SimConfig:
     aliases: tuple[str, ...] = ()        # every --served-model-name given (the first is served_model_name)
     tokenizer: str | None = None         # --tokenizer: the model's own; None: the built-in approximation
     power_override: sim_model.StepPower | None = None   # likewise, the power a fit is trying
+    # Whether this vLLM counts its CUDA-graph estimate against the KV cache (sim_model.cudagraphs_reserved: the
+    # version imitated and VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS in the server's environment).
+    cuda_graphs: bool = True
 
     @property
     def name(self) -> str:
@@ -208,7 +212,8 @@ class SimConfig:
                                 max_num_batched_tokens=self.max_num_batched_tokens,
                                 kv_cache_dtype=self.kv_cache_dtype, num_speculative_tokens=self.num_speculative_tokens,
                                 speculative_method=self.speculative_method, drafter=self.drafter,
-                                kv_cache_memory_bytes=self.kv_cache_memory_bytes)
+                                kv_cache_memory_bytes=self.kv_cache_memory_bytes, max_num_seqs=self.max_num_seqs,
+                                cuda_graphs=self.cuda_graphs)
         # The pages the engine uses: a --block-size given holds the same tokens in more, smaller blocks.
         return replace(mem, num_blocks=mem.kv_tokens // self.block()) if self.block_size else mem
 
@@ -297,10 +302,13 @@ def option_names() -> frozenset[str]:
 
 
 def parse(argv: list[str], *, launch: str | None = None,
-          measured: sim_measured.MeasuredHardware | None = None) -> SimConfig:
+          measured: sim_measured.MeasuredHardware | None = None, env: Mapping[str, str] | None = None) -> SimConfig:
     """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do. `launch`:
     the launch's identity in its night (default: LAUNCH_ENV), which with `--seed` draws its launch noise.
-    `measured`: an entry in hand (campaign calibrate's, being fitted) instead of the file --hardware names."""
+    `measured`: an entry in hand (campaign calibrate's, being fitted) instead of the file --hardware names.
+    `env`: the server's environment where it is not this process's (a launch in simulated time, a plan): the
+    vLLM variables that change what it does at start-up are read from it."""
+    environ = os.environ if env is None else env
     p = _parser()
     args = p.parse_args(argv)
     model = args.model or args.model_tag
@@ -410,17 +418,19 @@ def parse(argv: list[str], *, launch: str | None = None,
         faults=faults, truth=truth, non_default=non_default, launch=identity,
         speed_factor=launch_speed(faults.launch_noise, args.seed, identity), measured=measured,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        cuda_graphs=sim_model.cudagraphs_reserved(version, environ.get(sim_model.CUDAGRAPH_ENV)),
     )
 
 
 def parse_checked(argv: list[str], *, launch: str | None = None,
-                  measured: sim_measured.MeasuredHardware | None = None) -> SimConfig:
+                  measured: sim_measured.MeasuredHardware | None = None,
+                  env: Mapping[str, str] | None = None) -> SimConfig:
     """parse() for a caller in this process (replay, calibrate, tune): what the simulator's command line
     would refuse (its usage error and exit 2) is a ValueError with argparse's message instead."""
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            return parse(argv, launch=launch, measured=measured)
+            return parse(argv, launch=launch, measured=measured, env=env)
     except SystemExit:
         lines = errors.getvalue().strip().splitlines()
         raise ValueError(lines[-1].removeprefix("vllm serve: error: ") if lines else "refused") from None

@@ -46,6 +46,7 @@ class Request:
     propose_p: float = 1.0
     proposing: bool = False              # drafts in the step being planned (set by the scheduler)
     hashes: list[bytes] | None = None    # the prompt's full-block hashes, made once at its first admission
+    ready: float = 0.0                   # when the engine may seat it: its arrival plus the costs' request_s
 
     @property
     def in_prefill(self) -> bool:
@@ -146,8 +147,17 @@ class Engine:
             override = self.config.acceptance_rate
             req.accept_p = method.rate(score) if override is None else override
             req.propose_p = method.proposal_chance(score) if override is None else 1.0
+        req.ready = now + self.config.costs.request_s
         self.waiting.append(req)
         self.truth.arrival(req, now)
+
+    def waits_until(self, now: float) -> float | None:
+        """When the engine next has a request to seat, where it has nothing to run at `now` until then: every
+        request waits out its API server's time (StepCosts.request_s) first, in arrival order. None: it has
+        work now, or none at all."""
+        if self.running or not self.waiting or self.waiting[0].ready <= now:
+            return None
+        return self.waiting[0].ready
 
     def generation_tokens(self, now: float) -> float:
         """The server's generation counter: this engine's tokens plus any foreign traffic's (a fault)."""
@@ -185,6 +195,8 @@ class Engine:
                 self.waiting.popleft()
                 self._finish(req, at, "abort")
                 continue
+            if req.ready > at:
+                break   # still with the API server; those behind it arrived later
             hit = self._admit(req)
             took = self._prefill_chunk(req, budget)
             if took is None:
@@ -359,9 +371,12 @@ class Virtual:
         self.now = 0.0
         self._ids = 0
 
-    def submit(self, prompt: list[int], max_tokens: int, *,
+    def submit(self, prompt: list[int], max_tokens: int, *, at: float | None = None,
                on_finish: Callable[[float], None] | None = None) -> Request:
-        """A request arriving now; `on_finish(t)` is called when it ends (it may submit the next one)."""
+        """A request arriving now, or at `at` (not after now: one that arrived while the last step ran, which
+        the next step may seat); `on_finish(t)` is called when it ends (it may submit the next one)."""
+        if at is not None and at > self.now:
+            raise ValueError(f"a request arriving at {at} cannot be submitted at {self.now}, before it arrives")
         self._ids += 1
 
         def sink(tokens: int | None) -> None:
@@ -369,12 +384,19 @@ class Virtual:
                 on_finish(self.now)
 
         req = Request(id=f"v{self._ids}", prompt=prompt, max_tokens=max_tokens, sink=sink)
-        self.engine.submit(req, self.now)
+        self.engine.submit(req, self.now if at is None else at)
         return req
 
     def run(self, until: float | None = None) -> None:
         """Step until nothing is left to do, or until simulated time `until`."""
         while self.engine.busy and (until is None or self.now < until):
+            ready = self.engine.waits_until(self.now)
+            if ready is not None:   # idle while the next request is with the API server
+                if until is not None and ready >= until:
+                    self.now = until   # the time passes all the same
+                    return
+                self.now = ready
+                continue
             step = self.engine.schedule(self.now)
             start, self.now = self.now, self.now + step.duration
             self.engine.complete(step, start, self.now)

@@ -12,6 +12,12 @@ The file is a typed, versioned record like a run's files. Format history:
 2 - `power`: what the GPUs draw while computing and while reading memory (watts), fitted to the cells' energy
     per token where the run measured it (NVML); null otherwise. A format-1 file reads as one without it. A fit
     cell's `figure` may be `energy_j_per_token`.
+3 - a fit cell's `figure` may be `mean_ttft_s`, `mean_tpot_s` or `output_tok_s`: a load replayed at its own
+    arrival times (a run's rate cell, or a peer's per-request export: `campaign calibrate --export`), as vLLM's
+    bench defines them. For an entry fitted to exports, `source` lists the files and `memory` is the launch
+    profile's as the simulator sizes it (an export carries no startup log). Formats 1 and 2 read unchanged.
+4 - the step costs carry `request_s`: each request's time with the API server before the engine can seat it
+    (parsing, tokenising, handing it over), part of every TTFT and no step's. Older files read with 0.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from campaign.sim.model import GIB, Memory, StepCosts, StepPower
 
-MEASURED_SCHEMA_VERSION = 2
-READABLE = (1, 2)   # format 1 lacks only `power`
+MEASURED_SCHEMA_VERSION = 4
+READABLE = (1, 2, 3, 4)   # format 1 lacks only `power`; 3 adds figures only; 4 `request_s` (0 before)
 
 
 class _Record(BaseModel):
@@ -43,6 +49,8 @@ class StepCostsRecord(_Record):
     attention_s_per_token_ctx: float = Field(ge=0, description="per prompt token per token of context it "
                                                                "attends to")
     kv_read_s_per_token: float = Field(ge=0, description="per token of decoding context read from the KV cache")
+    request_s: float = Field(default=0.0, ge=0, description="per request, before the engine can seat it: the API "
+                                                            "server's time (format 4; 0 in older files)")
 
     def costs(self) -> StepCosts:
         return StepCosts(**self.model_dump())
@@ -52,7 +60,7 @@ class StepCostsRecord(_Record):
         return cls(fixed_s=costs.fixed_s, decode_s_per_token=costs.decode_s_per_token,
                    prefill_s_per_token=costs.prefill_s_per_token,
                    attention_s_per_token_ctx=costs.attention_s_per_token_ctx,
-                   kv_read_s_per_token=costs.kv_read_s_per_token)
+                   kv_read_s_per_token=costs.kv_read_s_per_token, request_s=costs.request_s)
 
 
 class PowerRecord(_Record):
@@ -106,14 +114,18 @@ class MemoryRecord(_Record):
                       equivalent_utilization=utilization, suggested_utilization=utilization)
 
 
+FitFigure = Literal["ttft_s", "total_tok_s", "energy_j_per_token", "mean_ttft_s", "mean_tpot_s", "output_tok_s"]
+
+
 class FitCell(_Record):
     """One measured cell against the calibrated simulator's replay of it."""
 
     variant: str = Field(description="the run's variant")
-    key: str = Field(description="the cell's key")
-    figure: Literal["ttft_s", "total_tok_s", "energy_j_per_token"] = Field(
+    key: str = Field(description="the cell's key (a peer's export: its file name)")
+    figure: FitFigure = Field(
         description="what was compared: a prefill cell's TTFT, a decode cell's total tok/s, or its energy per "
-                    "token (the power model's fit; format 2)")
+                    "token (the power model's fit; format 2); a load's mean TTFT, mean TPOT or output tok/s "
+                    "(a rate cell or a peer's export replayed at its own arrival times; format 3)")
     measured: float = Field(description="the median over the run's repeats, in the hardware's units")
     spread: float | None = Field(description="the repeats' (max - min) / median: the machine's own noise on it; "
                                              "None with one repeat")
@@ -136,7 +148,7 @@ class MeasuredHardware(_Record):
     kind: Literal["measured-hardware"] = "measured-hardware"
     name: str = Field(description="the entry's name (the file's stem)")
     description: str = Field(description="what was measured: the run, its server, its device")
-    source: str = Field(description="the run directory the cells came from")
+    source: str = Field(description="the run directory the cells came from (or the peers' export files)")
     fitted_utc: str = Field(description="when the fit was made")
     vllm_version: str | None = Field(description="the measured server's version, as its log said")
     device: str | None = Field(description="GPU or CPU, as the log said")

@@ -1,7 +1,11 @@
 """The simulator's physics: memory at start-up and time per engine step, for one (hardware, model) pair.
 
-Pure arithmetic. The memory model follows vLLM's profile: weights, a CUDA-graph reservation, activations that
-grow with max-num-batched-tokens, and whatever is left of `gpu_memory_utilization x total` becomes KV cache.
+Pure arithmetic. The memory model is vLLM's own accounting (V1's gpu_worker.determine_available_memory): the
+KV cache is `gpu_memory_utilization x total` less the weights, the profiled activation peak (a forward pass of
+max-num-batched-tokens and the sampler's pass over max-num-seqs rows of the vocabulary), non-torch memory
+(NCCL and all-reduce buffers, workspaces), and the CUDA-graph estimate only where that vLLM version reserves it
+(by default since 0.21; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 turns it off). A pair no measurement fitted
+takes the profile's terms from the model's config, with constants fitted to public real logs (UnfittedProfile).
 Step time is a roofline: a fixed cost, the weights read once per step over the tensor-parallel group's pooled
 bandwidth (plus the KV cache read for the batch's context), and compute per scheduled token over the group's
 peak at a calibrated efficiency. Calibrations reproduce the seeds' tables (see tests/test_sim.py).
@@ -13,10 +17,80 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from packaging.version import Version
+
 from campaign.core.hardware import HARDWARE, MODELS, ModelShape, resolve_hardware
 from campaign.core.model_config import model_shape, require_shape
 
 GIB = 2**30
+
+# VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: vLLM counts its CUDA-graph estimate against the KV cache by default
+# since 0.21 ("Enabled by default as of v0.21.0", envs.py); from 0.17 to 0.20 only when it is set to 1 (their
+# note: "This will become the default"); before 0.17 the variable did not exist and nothing was reserved.
+CUDAGRAPH_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+CUDAGRAPH_OPT_IN_SINCE = Version("0.17")
+CUDAGRAPH_DEFAULT_SINCE = Version("0.21")
+
+
+def cudagraphs_reserved(version: Version, env_value: str | None) -> bool:
+    """Whether a vLLM of `version` with the variable set to `env_value` (None: unset) subtracts its CUDA-graph
+    estimate from the KV cache (as envs.py reads it: "0" turns it off, "1" on)."""
+    value = None if env_value is None else env_value.strip()
+    if version >= CUDAGRAPH_DEFAULT_SINCE:
+        return value != "0"
+    return version >= CUDAGRAPH_OPT_IN_SINCE and value == "1"
+
+
+@dataclass(frozen=True)
+class UnfittedProfile:
+    """vLLM's memory profile for a pair no measurement fitted, per card, from the model's config. The profile
+    run is a forward pass of max-num-batched-tokens, then the sampler over max-num-seqs rows of the vocabulary
+    (logits in fp32, sorted for top-k/top-p); torch's peak is the larger of the two. The constants are fitted
+    to 12 public startup logs of real vLLM 0.15.1 (11 H100 runs of 7 models at TP 1, 2 and 4, and an A100
+    serving Llama-3.1-8B): the KV cache each printed less what the weights and the utilisation account for
+    leaves the other terms; each log's KV tokens are then within 1.1% (docs/simulator.md, "Memory as vLLM
+    counts it"; tests/test_kv_memory.py)."""
+
+    non_torch_gib: float = 0.56            # one card: cuBLAS workspaces, the CUDA context's growth
+    non_torch_tp_gib: float = 0.60         # tensor parallel: NCCL and custom all-reduce buffers too
+    sampler_bytes_per_logit: float = 28.0  # per row of max-num-seqs per token of the vocabulary
+    forward_bytes_per_width: float = 5.0   # per batched token per unit of (hidden + MLP width / TP)
+    fallback_bytes_per_token: float = 8_000.0   # a hand-table shape with no config: per batched token
+    # What vLLM's CUDA-graph estimate takes where it is counted: public logs show graph pools of 0.1 to 1.1 GiB
+    # for dense models ("Graph capturing finished ... took 0.31 GiB"); not fitted to a KV figure.
+    cuda_graph_gib: float = 0.5
+
+    def activation_gib(self, shape: ModelShape, *, tp: int, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+        """The profiled activation peak (torch's peak increase) of one card."""
+        if shape.hidden is None or shape.mlp_width is None or shape.vocab is None:
+            return self.fallback_bytes_per_token * max_num_batched_tokens / GIB
+        forward = self.forward_bytes_per_width * max_num_batched_tokens * (shape.hidden + shape.mlp_width / tp)
+        return max(forward, self.sampler_bytes_per_logit * max_num_seqs * shape.vocab) / GIB
+
+    def non_torch(self, tp: int) -> float:
+        return self.non_torch_gib if tp == 1 else self.non_torch_tp_gib
+
+
+UNFITTED_PROFILE = UnfittedProfile()
+
+
+@dataclass(frozen=True)
+class UnfittedSteps:
+    """A pair no measurement fitted: the roofline's overheads and efficiencies, fitted (a grid, two rounds of
+    coordinate descent on mean |log error| of TPOT and TTFT) to ten public runs of real vLLM 0.15.1 on H100s:
+    Llama-2-7B at TP 1 and CodeLlama-34B at TP 2 (campaign/bench/fidelity.py FITTED_ON); `make fidelity` gives
+    the error on the fourteen held out (Llama-2-70B at TP 4, Mixtral-8x7B, GPUStack's Qwen3-8B on vLLM 0.11).
+    Before, they were guesses (3 ms, 0.8, 0.3, 0.45: TPOT 47% off in the median). The step's terms add up, so
+    a decode batch's arithmetic, which hides under its weights' read on a real GPU, is charged at a "decode
+    MFU" above 1: the additive form's stand-in for that overlap, not an efficiency a GPU reaches."""
+
+    fixed_step_s: float = 0.003
+    bandwidth_efficiency: float = 0.95
+    decode_mfu: float = 1.2
+    prefill_mfu: float = 0.9
+
+
+UNFITTED_STEPS = UnfittedSteps()
 
 
 NO_WEIGHT_METHODS = {"ngram", "suffix", "ngram_gpu"}   # drafters that need no extra weights
@@ -38,6 +112,9 @@ class Calibration:
     prefill_mfu: float                  # compute efficiency for prefill chunks
     attention_flops_per_token_per_ctx: float  # 4 x heads x head_dim x attention layers (x kernel advantage)
     kv_read_factor: float = 1.0         # attention kernels read the KV cache at a different efficiency
+    # A pair no measurement fitted: the activation and non-torch terms come from the model's config
+    # (UNFITTED_PROFILE) instead of activation_bytes_per_batched_token and other_gib.
+    profiled: UnfittedProfile | None = None
 
 
 CALIBRATIONS: dict[tuple[str, str], Calibration] = {
@@ -81,23 +158,27 @@ def calibration_for(hardware: str, model: str) -> Calibration:
     if fitted is not None:
         return fitted
     return Calibration(
-        reported_memory_gib=hw.memory_gb * 1e9 / GIB * 0.995, kv_bytes_per_token=float(shape.kv_bytes_per_token),
-        block_size=16, cuda_graph_gib=1.5, other_gib=1.0, activation_bytes_per_batched_token=8_000.0,
-        fixed_step_s=0.003, bandwidth_efficiency=0.8, decode_mfu=0.3, prefill_mfu=0.45,
-        attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx)
+        reported_memory_gib=hw.reported_gib(), kv_bytes_per_token=float(shape.kv_bytes_per_token),
+        block_size=16, cuda_graph_gib=UNFITTED_PROFILE.cuda_graph_gib, other_gib=UNFITTED_PROFILE.non_torch_gib,
+        activation_bytes_per_batched_token=UNFITTED_PROFILE.fallback_bytes_per_token,
+        fixed_step_s=UNFITTED_STEPS.fixed_step_s, bandwidth_efficiency=UNFITTED_STEPS.bandwidth_efficiency,
+        decode_mfu=UNFITTED_STEPS.decode_mfu, prefill_mfu=UNFITTED_STEPS.prefill_mfu,
+        attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx, profiled=UNFITTED_PROFILE)
 
 
 @dataclass(frozen=True)
 class Memory:
     total_gib: float                 # per card
     weights_gib: float               # per card
-    cuda_graph_gib: float
+    cuda_graph_gib: float            # the CUDA-graph estimate (counted against the cache only where reserved)
     activation_gib: float
     kv_gib: float                    # per card; negative means the cache does not fit at all
     kv_tokens: int
     num_blocks: int
     equivalent_utilization: float
     suggested_utilization: float
+    non_torch_gib: float = 0.0       # per card (a fitted pair's "other" memory)
+    cuda_graphs_reserved: bool = True   # whether this vLLM counted the estimate against the cache
 
 
 # Why vLLM exits at start-up for want of memory, in the order it finds out (sim.server.start_up prints each
@@ -119,11 +200,15 @@ def start_refusal(mem: Memory, *, utilization: float, max_model_len: int) -> Sta
 
 def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_batched_tokens: int,
            kv_cache_dtype: str = "auto", num_speculative_tokens: int = 0, speculative_method: str | None = "mtp",
-           drafter: ModelShape | None = None, kv_cache_memory_bytes: int | None = None) -> Memory:
-    """`kv_cache_memory_bytes` (vLLM's flag, per card) sets the cache outright, whatever the utilisation.
-    A drafter model costs twice, as on the real card: its weights, and its own KV for every token of every
-    sequence (vLLM pages the drafter's layers from the same budget), which is what cut seed 000's usable
-    cache "by nearly 5x" on 24 GB cards. An MTP head costs one more layer's weights; n-gram costs nothing."""
+           drafter: ModelShape | None = None, kv_cache_memory_bytes: int | None = None, max_num_seqs: int = 256,
+           cuda_graphs: bool = True) -> Memory:
+    """vLLM's accounting, per card: utilisation x total, less the weights, the profiled activation peak and
+    non-torch memory, less the CUDA-graph estimate where `cuda_graphs` (cudagraphs_reserved: this version and its
+    environment count it). `kv_cache_memory_bytes` (vLLM's flag, per card) sets the cache outright, whatever the
+    utilisation (vLLM skips the profile's subtraction). A drafter model costs twice, as on the real card: its
+    weights, and its own KV for every token of every sequence (vLLM pages the drafter's layers from the same
+    budget), which is what cut seed 000's usable cache "by nearly 5x" on 24 GB cards. An MTP head costs one more
+    layer's weights; n-gram costs nothing."""
     if not 0 < utilization <= 1:   # vLLM refuses it; a share above 1 would hand out memory the card lacks
         raise ValueError(f"gpu-memory-utilization {utilization:g} is outside (0, 1]")
     cal = calibration_for(hardware, model)
@@ -136,25 +221,36 @@ def memory(*, hardware: str, model: str, tp: int, utilization: float, max_num_ba
         drafter_kv = drafter.kv_bytes_per_token
     elif num_speculative_tokens and (speculative_method or "mtp") not in NO_WEIGHT_METHODS:
         weights *= 1.03  # an MTP or EAGLE head: about one more layer's weights
-    activation = cal.activation_bytes_per_batched_token * max_num_batched_tokens / GIB
-    kv = utilization * total - weights - activation - cal.cuda_graph_gib - cal.other_gib
+    if cal.profiled is not None:
+        activation = cal.profiled.activation_gib(shape, tp=tp, max_num_batched_tokens=max_num_batched_tokens,
+                                                 max_num_seqs=max_num_seqs)
+        non_torch = cal.profiled.non_torch(tp)
+    else:
+        activation = cal.activation_bytes_per_batched_token * max_num_batched_tokens / GIB
+        non_torch = cal.other_gib
+    graphs = cal.cuda_graph_gib if cuda_graphs else 0.0
+    kv = utilization * total - weights - activation - non_torch - graphs
     if kv_cache_memory_bytes is not None:
         # Whatever the utilisation, but not past the card: a cache bigger than what is left runs out of memory
         # (no blocks: the start-up fails as vLLM's would).
-        room = total - weights - activation - cal.cuda_graph_gib - cal.other_gib
+        room = total - weights - activation - non_torch - graphs
         kv = kv_cache_memory_bytes / GIB if kv_cache_memory_bytes / GIB <= room else -1.0
     # Per card: split over the ranks, but a KV head is kept whole (past its KV heads, ranks hold copies; MLA's
     # latent is on every rank).
     per_token = ((cal.kv_bytes_per_token + drafter_kv) * (0.5 if kv_cache_dtype.startswith("fp8") else 1.0)
                  / min(tp, shape.kv_shards or tp))
     block = cal.block_size * (2 if kv_cache_dtype.startswith("fp8") and cal.block_size > 16 else 1)
-    # vLLM reports hybrid capacity as an effective token count, not a whole number of blocks.
     tokens = max(0, int(kv * GIB / per_token))
+    if cal.profiled is not None:
+        # vLLM allocates whole pages and prints their tokens (blocks x block size); a fitted hybrid pair's log
+        # reports capacity as an effective token count instead, kept as fitted.
+        tokens = tokens // block * block
     return Memory(
         total_gib=total, weights_gib=weights, cuda_graph_gib=cal.cuda_graph_gib, activation_gib=activation,
         kv_gib=kv, kv_tokens=tokens, num_blocks=tokens // block,
         equivalent_utilization=utilization - cal.cuda_graph_gib / total,
         suggested_utilization=min(1.0, utilization + cal.cuda_graph_gib / total),
+        non_torch_gib=non_torch, cuda_graphs_reserved=cuda_graphs,
     )
 
 
@@ -181,6 +277,22 @@ class StepCosts:
     draft_pass_s: float = 0.0
     draft_s_per_seq: float = 0.0
     draft_kv_read_s_per_token: float = 0.0
+    # A mixture of experts: reading every routed expert once, and the share of them a token is routed to. A
+    # step reads the experts its tokens touch, 1 - (1 - share)^tokens of them in expectation (uniform routing):
+    # at one token the active ones, at a batch of a dozen nearly all (fixed_s holds the rest of the weights).
+    expert_read_s: float = 0.0
+    expert_share: float = 0.0
+    # Per request, before the engine can seat it: the API server's work on it (parsing, tokenising, handing it
+    # to the engine core). A delay, not a step's time: requests pay it side by side, and the steps run on
+    # meanwhile. Part of every TTFT the client sees; 0 in the tables, fitted by `campaign calibrate`.
+    request_s: float = 0.0
+
+    def experts_s(self, tokens: float) -> float:
+        """The routed experts' read in a step of `tokens` tokens."""
+        if not self.expert_read_s or tokens <= 0:
+            return 0.0
+        untouched: float = (1.0 - self.expert_share) ** tokens
+        return self.expert_read_s * (1.0 - untouched)
 
     def seconds(self, *, decode_tokens: int, prefill_tokens: int, prefill_context: int, context_tokens_read: int,
                 draft_passes: int = 0, drafting_seqs: int = 0, prefill_speed: float = 1.0,
@@ -194,7 +306,8 @@ class StepCosts:
         tokens, so a step of prefill alone, or of decode alone, takes exactly 1/speed as long."""
         if decode_tokens == 0 and prefill_tokens == 0:
             return 0.0
-        t_mem = self.fixed_s + self.kv_read_s_per_token * context_tokens_read
+        t_mem = (self.fixed_s + self.kv_read_s_per_token * context_tokens_read
+                 + self.experts_s(decode_tokens + prefill_tokens))
         t_decode = decode_tokens * self.decode_s_per_token
         t_prefill = prefill_tokens * (self.prefill_s_per_token + self.attention_s_per_token_ctx * prefill_context)
         t_draft = 0.0
@@ -216,7 +329,7 @@ class StepCosts:
         _, decode, prefill, weight, read = features
         compute = (self.decode_s_per_token * decode + self.prefill_s_per_token * prefill
                    + self.attention_s_per_token_ctx * weight)
-        return compute, self.fixed_s + self.kv_read_s_per_token * read
+        return compute, self.fixed_s + self.kv_read_s_per_token * read + self.experts_s(decode + prefill)
 
 
 @dataclass(frozen=True)
@@ -248,6 +361,12 @@ def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None
     peak = tp * hw.bf16_tflops * 1e12
     flops_per_token = 2 * shape.params_b * 1e9
     weights = shape.params_b * 1e9 * shape.weight_bytes_per_param
+    experts: dict[str, float] = {}
+    if shape.expert_params_b and shape.expert_share:
+        # The routed experts leave the fixed read (its active share of them), read as a step's tokens touch them.
+        expert_bytes = shape.expert_params_b * 1e9 * shape.weight_bytes_per_param
+        weights -= shape.expert_share * expert_bytes
+        experts = {"expert_read_s": expert_bytes / bandwidth, "expert_share": shape.expert_share}
     draft = {}
     if drafter is not None:
         draft = {"draft_pass_s": drafter.params_b * 1e9 * drafter.weight_bytes_per_param / bandwidth
@@ -259,7 +378,7 @@ def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None
         decode_s_per_token=flops_per_token / (peak * cal.decode_mfu),
         prefill_s_per_token=flops_per_token / (peak * cal.prefill_mfu),
         attention_s_per_token_ctx=cal.attention_flops_per_token_per_ctx / (peak * cal.prefill_mfu),
-        kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, **draft)
+        kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, **draft, **experts)
 
 
 def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,

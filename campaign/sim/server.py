@@ -12,7 +12,7 @@ times faster; served from the caller's process (`in_process`, measure.simulated)
 own clock instead (LoopClock). `--truth FILE` records what the engine really did (sim_truth). Faults: see
 sim_config.FAULTS.
 
-Long (about 870 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
+Long (about 900 lines): the OpenAI-compatible front (completions, chat, tokenize, models, metrics) and the
 startup log it prints, on one event loop with the engine; a request's path is read in one place, whether it
 came over HTTP or from a client in this process (open_stream).
 """
@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import Version
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -43,7 +44,7 @@ from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import text as sim_text
 from campaign.sim import truth as sim_truth
-from campaign.sim.config import VERSION, SimConfig
+from campaign.sim.config import SimConfig
 from campaign.sim.engine import Engine, Request, Tee, TruthSink, engine_for
 from campaign.sim.histograms import RequestHistograms
 
@@ -157,6 +158,11 @@ class Driver:
                 self.wake.clear()
                 await self.wake.wait()
                 end = self.clock.now()
+            ready = self.engine.waits_until(self.clock.now())
+            if ready is not None:   # idle while the next request is with the API server (StepCosts.request_s)
+                await self.clock.sleep_until(ready)
+                end = max(end, ready)
+                continue
             now = self.clock.now()
             step = self.engine.schedule(now)
             start = max(end, now - step.duration)
@@ -315,7 +321,7 @@ class Server:
         if path == "/health":
             return await self.respond(writer, 200, b"")
         if path == "/version":
-            return await self.respond(writer, 200, json.dumps({"version": VERSION}).encode())
+            return await self.respond(writer, 200, json.dumps({"version": str(self.config.version_style)}).encode())
         if path == "/metrics":
             # What the engine did up to now, as vLLM's logger has recorded it (the histograms fold first).
             exposition = b"" if self.histograms is None else self.histograms.exposition()
@@ -671,6 +677,11 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(args, mem, block, log))
 
 
+# vLLM prints the KV cache's size and the concurrency it allows on one line from 0.28 (two lines in 0.22 and
+# before; the versions between were not read).
+ONE_LINE_KV_SINCE = Version("0.28")
+
+
 def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> tuple[sim_model.Memory, int] | None:
     """The startup log, line by line as vLLM prints it, with the values the memory model computes; the memory
     and the KV page size, or None where vLLM would exit 1 (what went wrong is the log's last line). A launch in
@@ -680,7 +691,8 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     began = time.monotonic()
     tp = args.tensor_parallel_size
     log.line("APIServer", "INFO", "utils.py:253", f"non-default args: {args.non_default}")
-    log.line("APIServer", "INFO", "startup.py:38", f"vLLM server version {VERSION}, serving model {args.model}")
+    log.line("APIServer", "INFO", "startup.py:38",
+             f"vLLM server version {args.version_style}, serving model {args.model}")
     window = args.window
     if window is not None and args.max_model_len > window:
         # vLLM 0.32's words (vllm/config/model.py, _get_and_verify_max_len), raised or only warned of.
@@ -719,7 +731,7 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
         f"SpeculativeConfig(method='{args.speculative_method or 'draft_model'}', "
         f"model='{args.drafter.name if args.drafter else args.model}', "
         f"num_spec_tokens={args.num_speculative_tokens})")
-    log.line("EngineCore", "INFO", "core.py:139", f"Initializing a V1 LLM engine (v{VERSION}) with config: "
+    log.line("EngineCore", "INFO", "core.py:139", f"Initializing a V1 LLM engine (v{args.version_style}) with config: "
              f"model='{args.model}', speculative_config={spec_text}, tokenizer='{args.tokenizer or args.model}', "
              f"max_seq_len={args.max_model_len}, "
              f"tensor_parallel_size={tp}, pipeline_parallel_size=1, device_config=cuda, "
@@ -763,11 +775,18 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
     for rank in range(tp):
         log.line(f"Worker_TP{rank}", "INFO", "gpu_model_runner.py:5089",
                  f"Model loading took {mem.weights_gib:.2f} GiB memory and {20 + mem.weights_gib:.6f} seconds")
-    log.line("Worker_TP0", "INFO", "gpu_worker.py:787", "CUDA graph memory profiling is enabled (default since "
-             f"v0.21.0). The current --gpu-memory-utilization={args.gpu_memory_utilization:.4f} is equivalent to "
-             f"--gpu-memory-utilization={mem.equivalent_utilization:.4f} without CUDA graph memory profiling. To "
-             "maintain the same effective KV cache size as before, increase --gpu-memory-utilization to "
-             f"{mem.suggested_utilization:.4f}. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
+    if mem.cuda_graphs_reserved:
+        log.line("Worker_TP0", "INFO", "gpu_worker.py:787", "CUDA graph memory profiling is enabled (default since "
+                 f"v0.21.0). The current --gpu-memory-utilization={args.gpu_memory_utilization:.4f} is equivalent to "
+                 f"--gpu-memory-utilization={mem.equivalent_utilization:.4f} without CUDA graph memory profiling. To "
+                 "maintain the same effective KV cache size as before, increase --gpu-memory-utilization to "
+                 f"{mem.suggested_utilization:.4f}. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
+    elif args.version_style >= sim_model.CUDAGRAPH_DEFAULT_SINCE:   # turned off where it is the default
+        log.line("Worker_TP0", "WARNING", "gpu_worker.py:804", "CUDA graph memory profiling is disabled "
+                 "(VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0). Without it, CUDA graph memory is not accounted for "
+                 "during KV cache allocation, which may require lowering --gpu-memory-utilization to avoid OOM. "
+                 "Consider re-enabling it (the default as of v0.21.0) and increasing --gpu-memory-utilization from "
+                 f"{args.gpu_memory_utilization:.4f} to {mem.suggested_utilization:.4f}.")
     if refusal == "no-cache":
         log.line("EngineCore", "ERROR", "core.py:1120", "ValueError: No available memory for the cache blocks. Try "
                  "increasing `gpu_memory_utilization` when initializing the engine.")
@@ -783,8 +802,14 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
         return None
     for rank in range(tp):
         log.line(f"Worker_TP{rank}", "INFO", "gpu_worker.py:772", f"Available KV cache memory: {mem.kv_gib:.2f} GiB")
-    log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {mem.kv_tokens:,} tokens, Maximum "
-             f"concurrency for {args.max_model_len:,} tokens per request: {mem.kv_tokens / args.max_model_len:.2f}x")
+    concurrency = (f"Maximum concurrency for {args.max_model_len:,} tokens per request: "
+                   f"{mem.kv_tokens / args.max_model_len:.2f}x")
+    if args.version_style >= ONE_LINE_KV_SINCE:
+        log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {mem.kv_tokens:,} tokens, "
+                 + concurrency)
+    else:   # two lines up to 0.22 (0.28 has one)
+        log.line("EngineCore", "INFO", "kv_cache_utils.py:1307", f"GPU KV cache size: {mem.kv_tokens:,} tokens")
+        log.line("EngineCore", "INFO", "kv_cache_utils.py:1311", concurrency)
     log.line("EngineCore", "INFO", "core.py:396", "init engine (profile, create kv cache, warmup model) took "
              f"{time.monotonic() - began + 30 / args.time_scale:.2f} s")
     return mem, block

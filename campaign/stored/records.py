@@ -86,6 +86,20 @@ Format history:
 17 - an overload experiment may be Invalid for `reads_unordered`: its client read more first tokens before the
     first request's last than the launch's max-num-seqs lets run at once (a stall read two of the server's
     steps together), measured again up to three times as for `sends_spread`. Older files have no such code.
+18 - a sustained decode cell in whose window no stream received a token (its window fell inside the streams'
+    prefill) is Invalid for `no_tokens_in_window`, its 0 tok/s no longer a Valid decode figure. Older files
+    have no such code (such a cell was stored Valid).
+19 - a sustained decode cell carries `client_stall_bound`, how far its client's stalls could move its figures
+    (figures.stall_error: tokens stamped late by the client's event loop, carried across the window's edges or
+    moving a stream's ends); past 3% the attempt is discarded (`client_stalled`) and the window measured
+    again, up to three times, the cleanest standing, Valid with the caveat `client_stalled` where that is its
+    only stall; likewise `sim_behind` where a time-scaled simulator fell behind its clock for over 3% of the
+    window (`sim_behind_share`: under that, a note as before). Older files have no such code, bound or share
+    (None). Cells carry `server_queue_mean_ms` (vLLM's
+    request_queue_time_seconds between the step's scrapes); rate cells their queue over the schedule from the
+    server's waiting gauge (`waiting_max`, `avg_waiting`) and, where the server fell behind the arrivals for
+    good, `fell_behind_s` and `waiting_at_end` with the caveat `server_fell_behind`. Older files have none
+    (None).
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -110,7 +124,7 @@ from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 from campaign.spec.matrix import Matrix
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 19
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -517,6 +531,8 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     14: _defaults_suffice,  # 14 -> 15: cells' server view (None: not read)
     15: _defaults_suffice,  # 15 -> 16: experiments' reason codes (none) and facts' model_window (None)
     16: _defaults_suffice,  # 16 -> 17: a new reason code only
+    17: _defaults_suffice,  # 17 -> 18: a new reason code only
+    18: _defaults_suffice,  # 18 -> 19: new reason codes; cells' queue figures (None: not measured)
 }
 
 

@@ -1,0 +1,72 @@
+"""Issue 52, item 6: `make fidelity`'s harness. Its inputs are public measurements of real vLLM (each cited, with
+its licence); its figures come from the cell's raw request records as the source defines them; a run replays
+through the tool's own launch and Measurer in simulated time. The simulator's error itself is the benchmark's
+output (docs/simulator.md carries the table), not asserted here."""
+
+from __future__ import annotations
+
+import pytest
+
+from campaign.bench import fidelity
+from campaign.http.client import RequestRecord
+
+
+def test_every_public_run_is_cited_and_its_model_and_card_are_known() -> None:
+    runs = fidelity.load_runs()
+    assert len(runs) >= 20 and len({r.id for r in runs}) == len(runs)
+    for run in runs:
+        assert run.source and run.licence and run.vllm_version
+        profile = fidelity.profile_for(run)
+        assert profile.simulatable, run.id
+        fidelity.cell_for(run)   # a valid cell
+
+
+def test_a_run_file_with_a_key_it_does_not_know_is_refused() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        fidelity.load_runs("schema_version: 1\nruns:\n  - {id: x, sauce: y}\n")
+
+
+def test_the_figures_are_the_sources_definitions_over_the_raw_records() -> None:
+    """Two requests of 11 tokens: TTFT 0.1 and 0.3 s, 10 gaps of 10 and 20 ms; the span from the first send
+    to the last end is 0.5 s."""
+    def rec(send: float, first: float, gap: float) -> RequestRecord:
+        times = [first + gap * i for i in range(11)]
+        return RequestRecord(id="r", prompt_tokens=10, max_tokens=11, send_t=send, chunk_t=times,
+                             chunk_tokens=[1] * 11, end_t=times[-1], status=200, usage_completion_tokens=11)
+    got = fidelity.figures([rec(0.0, 0.1, 0.01), rec(0.0, 0.3, 0.02)])
+    assert got["ttft_mean_ms"] == pytest.approx(200.0)
+    assert got["tpot_mean_ms"] == pytest.approx(15.0)
+    assert got["output_tok_s"] == pytest.approx(22 / 0.5)
+    assert fidelity.error(110.0, 100.0) == pytest.approx(0.10) and fidelity.error(None, 100.0) is None
+
+
+def test_a_closed_loop_run_replays_on_the_simulator_and_is_scored() -> None:
+    """GPUStack's single-stream run (100 ShareGPT-length requests one at a time, Qwen3-8B on an H100, vLLM
+    0.11): replayed in simulated time, every figure has a simulated value, and the report scores it."""
+    run = next(r for r in fidelity.load_runs() if r.id == "gpustack-G2")
+    done = fidelity.replay(run)
+    assert done.status == "Valid"
+    assert all(done.simulated[f] is not None and done.simulated[f] > 0 for f in fidelity.FIGURES)
+    text, summary = fidelity.report([done], [])
+    assert "gpustack-G2" in text and summary["held out"]["tpot_mean_ms"]["runs"] == 1
+    assert summary["fitted on"]["tpot_mean_ms"]["runs"] == 0 and "gpustack-G2" not in fidelity.FITTED_ON
+    assert fidelity.FITTED_ON <= {r.id for r in fidelity.load_runs()}
+
+
+def test_the_calibrated_split_groups_a_card_and_models_runs_and_fits_every_other() -> None:
+    """`make fidelity --calibrated`'s split: BLIS's four card-and-model groups of five open-loop runs (the
+    saturated and closed-loop runs left out), each in rate order; a run's load is its rate for 30 s at its mean
+    lengths. The fit itself is the calibrate tests' (tests/test_calibrate_loads.py); its error on these runs is
+    the benchmark's output (docs/simulator.md)."""
+    found = fidelity.groups(fidelity.load_runs())
+    assert sorted(len(g) for g in found) == [5, 5, 5, 5]
+    for members in found:
+        assert all(m.saturated is None and m.workload.kind == "rate" for m in members)
+        rates = [m.workload.rate_rps or 0.0 for m in members]
+        assert rates == sorted(rates) and len({(m.hardware, m.model) for m in members}) == 1
+    t1 = next(r for r in fidelity.load_runs() if r.id == "blis-T1")   # 5 requests a second, constant
+    load = fidelity._load(t1)
+    assert len(load) == 150 and load[1].at_s == pytest.approx(0.2) and load[0].prompt_tokens == 592
+    text, summary = fidelity.calibrated_report([fidelity.Calibrated(t1, "tpot_mean_ms", 9.26 * 1.04, True)])
+    assert "blis-T1" in text and "+4.0%" in text
+    assert summary["tpot_mean_ms"]["within_target"] == 1 and summary["ttft_mean_ms"]["runs"] == 0
