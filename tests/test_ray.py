@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign.measure.runner import CLIENT_STALLS
+from campaign.measure.runner import HOST_STALLS
 from campaign.server.profiles import PROJECT_ROOT
 from campaign.spec.matrix import load_matrix, schedule
 from campaign.stored import store
@@ -346,7 +346,7 @@ def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path
     # which is the client's finding, not the trace's; any other finding is a failure here.
     assert len(cells) == 3, [(c.variant, c.result.status, c.result.reasons) for c in cells]
     for c in cells:
-        assert c.result.status == "Valid" or set(c.result.reason_codes) <= set(CLIENT_STALLS), (
+        assert c.result.status == "Valid" or set(c.result.reason_codes) <= set(HOST_STALLS), (
             c.variant, c.result.status, c.result.reasons)
         assert c.result.spec.trace is not None and len(c.result.requests) == c.result.spec.trace.requests
     assert {c.result.spec.trace.path for c in cells if c.result.spec.trace} == {str(trace)}

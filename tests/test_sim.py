@@ -22,7 +22,7 @@ from campaign.core.errors import LaunchError
 from campaign.http.client import RequestRecord
 from campaign.http.endpoint import Endpoint, Timeouts
 from campaign.measure import runner, study
-from campaign.measure.cells import CellResult, CellSpec, over_capacity
+from campaign.measure.cells import CellResult, CellSpec, Reason, over_capacity
 from campaign.measure.runner import Measurer, Target
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.plan import replay as sim_virtual
@@ -119,9 +119,10 @@ def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Seed 000's A/B (three flag sets, interleaved rounds until settled: two launches each, at most three)
     measured over HTTP at 5x is the same campaign as replayed in simulated time: the same keep and revert,
-    every cell's figures (the hardware's on both sides, format 10, no division by the scale anywhere) within
-    10%, each cell storing the client's own
-    timing noise. Neither pair differs in the engine's speed by anything a verdict calls a change (the memory
+    every Valid cell's figures (the hardware's on both sides, format 10, no division by the scale anywhere)
+    within 10%, each cell storing the client's own timing noise (a window whose client stood still is measured
+    again: a CI run once read stream tok/s 12% low in a Valid cell before `client_stalled`). Neither pair
+    differs in the engine's speed by anything a verdict calls a change (the memory
     flag only grows the cache; the bigger chunk speeds the prefill by 0.5%), so a better or worse in either
     line would be the host's jitter read as a difference: the HTTP side of the A/A that
     test_aa_campaign_on_the_simulator_finds_no_difference checks in simulated time. Seed 000's numbers
@@ -157,6 +158,10 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
     def means(of: store.RunDir) -> dict[tuple[str, str, str], float]:
         out: dict[tuple[str, str, str], list[float]] = {}
         for c in of.cells():
+            # A window whose client's stalls could move its figures, or whose simulator fell behind its clock
+            # (client_stalled, sim_behind), is not the hardware's.
+            if c.result.status != "Valid" or {Reason.CLIENT_STALLED, Reason.SIM_BEHIND} & set(c.result.reason_codes):
+                continue
             for figure in ("prompt_tok_s", "total_tok_s", "per_request_tok_s", "ttft_ms"):
                 value = getattr(c.result, figure)
                 if value is not None:
@@ -492,8 +497,8 @@ def test_a_sustained_cell_sharded_over_two_client_processes_matches_the_server_c
     assert cell.status == "Valid", cell.reasons
     assert any("2 client processes" in n for n in cell.notes), cell.notes
     assert cell.avg_active is not None and cell.avg_active >= 0.95 * 6
-    accepted = cell.attempts[-1]
-    assert accepted.accepted and accepted.counted_generation_tokens == accepted.expected_generation_tokens
+    accepted = cell.stood_on
+    assert accepted is not None and accepted.counted_generation_tokens == accepted.expected_generation_tokens
     assert len({r.id for r in cell.records}) == len(cell.records) >= 6
 
 
@@ -566,8 +571,8 @@ def test_warm_ttft_caches_each_streams_prompt_and_says_so(a5000: LaunchedServer)
     assert cold.ttft_ms is not None and warm.ttft_ms is not None and warm.ttft_ms < 0.5 * cold.ttft_ms
     assert warm.prefix_cache_hits and warm.prefix_cache_hits >= 2 * 4800 * 0.8  # the cache served the prompts
     assert any("warm TTFT" in n and "2 priming" in n for n in warm.notes), warm.notes
-    accepted = warm.attempts[-1]
-    assert accepted.accepted and accepted.expected_generation_tokens == 2 * 64 + 2  # priming tokens bracketed too
+    accepted = warm.stood_on
+    assert accepted is not None and accepted.expected_generation_tokens == 2 * 64 + 2  # priming tokens bracketed too
 
 
 def test_fixed_mode_runs_rounds_until_its_minimum_requests(a5000: LaunchedServer) -> None:
@@ -577,4 +582,4 @@ def test_fixed_mode_runs_rounds_until_its_minimum_requests(a5000: LaunchedServer
     cell = asyncio.run(Measurer(target_of(a5000)).run_cell(spec))
     assert cell.status == "Valid", cell.reasons
     assert len(cell.records) == 6 and cell.latency_requests == 6 and cell.output_tokens == 6 * 16  # three rounds
-    assert cell.attempts[-1].counted_generation_tokens == 6 * 16
+    assert cell.stood_on is not None and cell.stood_on.counted_generation_tokens == 6 * 16

@@ -318,7 +318,8 @@ def test_real_vllm_over_https_verified_by_both_paths(vllm_server: LaunchedServer
     cell = asyncio.run(Measurer(target).run_cell(
         CellSpec(phase="decode", context_tokens=128, concurrency=2, mode="fixed", max_tokens=32)))
     assert cell.status == "Valid", cell.reasons
-    assert cell.output_tokens == 64 and cell.attempts[-1].counted_generation_tokens == 64
+    stood = cell.stood_on
+    assert cell.output_tokens == 64 and stood is not None and stood.counted_generation_tokens == 64
     probe = ["probe", vllm_server.spec.base_url + "/v1", "--contexts", "128", "--max-tokens", "8", "--mode", "fixed",
              "--json"]
     # Without the CA: one clear error line naming the certificate problem, no traceback.
@@ -497,7 +498,8 @@ def test_text_prompts_are_exactly_l_tokens_by_the_servers_own_count(target: Targ
         assert all(abs(n - 300) <= 1 for n in counted), counted
         assert all(n == 300 for n in counted) or any("other than 300 tokens" in n for n in cell.notes)
     assert [r.usage_completion_tokens for r in cell.records] == [24, 24]
-    assert cell.attempts[-1].counted_prompt_tokens == sum(counted)  # the bracket agrees with the server
+    stood = cell.stood_on
+    assert stood is not None and stood.counted_prompt_tokens == sum(counted)  # the bracket agrees with the server
     if endpoint == "chat":
         assert all(r.reasoning_tokens == 0 for r in cell.records)  # no reasoning parser: none labelled
         assert all(r.server_id and r.server_id.startswith("chatcmpl") for r in cell.records)
@@ -594,7 +596,7 @@ def test_two_open_loop_rates_and_a_short_capacity_search_on_the_real_build(targe
         assert len(cell.requests) == round(2.0 * (cell.request_rate or 0))
         assert {r.usage_completion_tokens for r in cell.records} == {16}
         assert cell.goodput_rps is not None and cell.slo_met_fraction is not None and cell.slo_passed is not None
-        assert cell.attempts and cell.attempts[-1].accepted  # bracketed by vLLM's own counters
+        assert cell.stood_on is not None  # bracketed by vLLM's own counters
     assert found.status == "Valid", found.reasons
     search = found.details["slo_search"]
     assert 1 <= len(search["probes"]) <= 2
@@ -711,7 +713,7 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
     code, noise = cells["code"], cells["random"]
     for cell in (code, noise):
         assert cell.status == "Valid", cell.reasons
-        assert cell.output_tokens == 64 and cell.attempts[-1].accepted  # one whole reply, bracketed
+        assert cell.output_tokens == 64 and cell.stood_on is not None  # one whole reply, bracketed
         assert cell.spec_acceptance_rate is not None and 0 < cell.spec_acceptance_rate <= 1
         assert cell.spec_mean_accepted is not None and 0 < cell.spec_mean_accepted <= 2
         assert cell.spec_mean_acceptance_length == pytest.approx(1 + cell.spec_mean_accepted)

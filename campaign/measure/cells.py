@@ -1,6 +1,6 @@
 """What a cell is, what it produced, and the pure arithmetic from raw request records to its columns.
 
-Long (about 760 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
+Long (about 830 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
 evidence and the queue diagnosis that reads it, and the spec and result models; the arithmetic from records
 to columns is figures.py."""
 
@@ -20,6 +20,7 @@ from campaign.core import stats
 from campaign.http.client import RequestRecord
 from campaign.measure import slo
 from campaign.measure.cachestate import CacheState
+from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.openloop import Arrival
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
@@ -42,6 +43,12 @@ Status = Literal["Valid", "Over capacity", "Contaminated", "Failed", "Invalid"]
 
 # A client that used more than this share of one core may have measured itself, not the server.
 CLIENT_CPU_LIMIT = 0.90
+# A sustained window whose client's stalls could move its figures by more than this share (figures.stall_error:
+# a token stamped late by a stall may cross an edge of the window, a stream's rate moves with its own ends'
+# stamps) as much as the smallest change a verdict acts on (judged.MIN_EFFECT). Seen at time scale 5 on a host
+# starved by three CPU hogs: stalls of 90-180 ms in a 0.8 s wall window read stream tok/s 6-34% low, while
+# windows whose longest stall was 1-4 ms read within 0.5% of simulated time.
+STALL_SHARE = MIN_EFFECT
 
 
 class Reason(StrEnum):
@@ -60,6 +67,11 @@ class Reason(StrEnum):
     QUEUED = "queued"   # queued, and the cause could not be told (format 2 stored every queued cell so)
     FEWER_ACTIVE = "fewer_active"
     CLIENT_SATURATED = "client_saturated"
+    # A caveat (format 19): a sustained window whose client's stalls could move its figures past a verdict's
+    # smallest change (measured again, up to three times; the cleanest attempt stands, saying how far).
+    CLIENT_STALLED = "client_stalled"
+    # A caveat (format 19): a time-scaled simulator that fell behind its clock past a verdict's smallest change.
+    SIM_BEHIND = "sim_behind"
     GPU_THROTTLED = "gpu_throttled"
     OVER_CAPACITY = "over_capacity"
     OVER_WINDOW = "over_window"
@@ -76,6 +88,10 @@ class Reason(StrEnum):
     # Caveats a Valid cell may carry (CAVEATS): its figures stand, but a conclusion must not be drawn from them.
     SPEC_RANDOM_PROMPTS = "spec_random_prompts"
     NOT_STEADY = "not_steady"
+    # A sustained window in which no stream received a token (format 18 and on).
+    NO_TOKENS_IN_WINDOW = "no_tokens_in_window"
+    # A caveat (format 19): a rate cell whose server fell behind the arrivals; its latencies are a growing queue's.
+    SERVER_FELL_BEHIND = "server_fell_behind"
 
 
 REASON_HINTS: dict[Reason, str] = {
@@ -91,6 +107,10 @@ REASON_HINTS: dict[Reason, str] = {
                    "of those names), and check for other clients",
     Reason.FEWER_ACTIVE: "the client could not keep every stream busy (errors, or a slow client)",
     Reason.CLIENT_SATURATED: "run the client on a quieter or bigger machine, or on more client processes",
+    Reason.SIM_BEHIND: "lower the time scale (CAMPAIGN_SIM_TIME_SCALE), or measure on a quieter host (the window "
+                       "was measured up to three times; this is the cleanest)",
+    Reason.CLIENT_STALLED: "measure on a quieter or bigger client machine, or at a lower time scale against the "
+                           "simulator (the window was measured up to three times; this is the cleanest)",
     Reason.GPU_THROTTLED: "check cooling and power limits (nvidia-smi -q -d PERFORMANCE) and measure again",
     Reason.OVER_CAPACITY: "not run: fewer streams or a shorter context fit the KV cache",
     Reason.OVER_WINDOW: "not run: the prompt and reply do not fit max_model_len",
@@ -110,9 +130,14 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.GAUGES_DISAGREE: "the server ran more requests at once than the client had in flight, which its "
                             "gauges cannot over-read: the client's timestamps are wrong (a stalled client host); "
                             "measure again on a quieter client machine",
+    Reason.NO_TOKENS_IN_WINDOW: "the window fell inside the streams' prefill: lengthen window_s past one request's "
+                                "prefill and reply, or use ttft: warm (the prompts cached first)",
     Reason.NOT_STEADY: "the window's average spans two regimes: a server still settling (measure after a warm-up "
                        "cell), a cooler or power-capped card (nvidia-smi -q -d PERFORMANCE), or a longer or lower "
                        "rate the server holds steadily",
+    Reason.SERVER_FELL_BEHIND: "the offered load is past what this server holds: its latencies grow with the "
+                               "schedule's length. A lower rate, or more capacity (KV cache, max-num-seqs, "
+                               "max-num-batched-tokens); --find-max-rate brackets the rate it holds",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }
@@ -157,6 +182,12 @@ class StepEvidence:
     cache_problem: str | None = None           # rate cells: why the prefix cache was not left empty before it
     implied_hits: int | None = None            # trace cells: the most its shared blocks let the cache serve
     prefix_cache_queries: float | None = None  # the server's prompt tokens looked up (a re-query counts again)
+    window_tokens: float | None = None         # sustained cells: tokens the streams received inside the window
+    window_s: float | None = None              # ... and the window's length, in the hardware's seconds
+    # ... how far the client loop's stalls could move its figures, as a share (figures.stall_error), and its
+    # longest stall inside it, in the hardware's seconds
+    stall_error: float | None = None
+    client_stall_s: float | None = None
 
 
 # The first cell of a launch measured again at its end: slower by more than this, and it was measured cold.
@@ -184,7 +215,8 @@ def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TO
 
 
 # Findings that leave a cell Valid: its figures stand, with what they cannot be read as.
-CAVEATS = frozenset({Reason.SPEC_RANDOM_PROMPTS, Reason.NOT_STEADY})
+CAVEATS = frozenset({Reason.SPEC_RANDOM_PROMPTS, Reason.NOT_STEADY, Reason.SERVER_FELL_BEHIND, Reason.CLIENT_STALLED,
+                     Reason.SIM_BEHIND})
 
 
 def spec_random_prompts() -> Finding:
@@ -383,6 +415,20 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         cause = queue_cause(e)
         if cause is not None:
             found.append(cause)
+    if sustained and e.window_tokens == 0:
+        # Zero is what the server sent then, not its decode speed: the window measured a wait, not a decode.
+        waited = (f"; {e.avg_before_first_token:.1f} of {e.concurrency} streams on average had no token yet"
+                  if e.avg_before_first_token is not None else "")
+        found.append(Finding(Reason.NO_TOKENS_IN_WINDOW, "no stream received a token inside the "
+                             + (f"{e.window_s:g} s " if e.window_s is not None else "") + "window, so it measured "
+                             f"no decode{waited} (fresh {e.context_tokens:,}-token prompts in prefill)"))
+    # First of the client's findings: a loop that stood still also leaves streams idle (fewer_active).
+    if sustained and e.stall_error is not None and e.stall_error > STALL_SHARE:
+        longest = f" (its longest {1000 * e.client_stall_s:.0f} ms, the hardware's)" if e.client_stall_s else ""
+        by = "by any amount" if math.isinf(e.stall_error) else f"by up to {e.stall_error:.0%}"
+        found.append(Finding(Reason.CLIENT_STALLED,
+                             f"the client's event loop stood still as the window's tokens arrived{longest}: "
+                             f"stamped late, they could move the window's rates {by}"))
     if sustained and e.avg_active is not None and e.avg_active < ACTIVE_SHARE * e.concurrency:
         found.append(Finding(Reason.FEWER_ACTIVE,
                              f"the client kept only {e.avg_active:.1f} of {e.concurrency} streams active "
@@ -396,7 +442,7 @@ def verdict(e: StepEvidence) -> tuple[Status, list[Finding]]:
         found.append(Finding(Reason.SCHEDULE_BEHIND, e.behind_schedule))
     if e.cache_problem:
         found.append(Finding(Reason.CACHE_NOT_RESET, e.cache_problem))
-    status: Status = "Failed" if errors else ("Invalid" if found else "Valid")
+    status: Status = "Failed" if errors else ("Invalid" if any(f.code not in CAVEATS for f in found) else "Valid")
     return status, found
 
 
@@ -604,7 +650,8 @@ class Attempt(BaseModel):
     reason: str | None = Field(default=None, description="why it was discarded, in words")
     code: Reason | None = Field(
         default=None, description="why it was discarded, as a code (format 14): contaminated for foreign traffic; "
-                                  "fewer_active or schedule_behind where the client's host stalled it; None when "
+                                  "fewer_active, schedule_behind or client_stalled (format 19) where the client's "
+                                  "host stalled it; None when "
                                   "accepted (and in older files)")
     expected_generation_tokens: int = Field(description="the tokens our requests were served (their usage)")
     counted_generation_tokens: float | None = Field(
@@ -688,12 +735,30 @@ class CellResult(BaseModel):
     server_ttft_mean_ms: float | None = None
     server_itl_mean_ms: float | None = None
     client_ttft_mean_ms: float | None = None
+    # The server's mean wait in its queue (format 19): vLLM's request_queue_time_seconds (from arrival to first
+    # scheduled, observed as each request ends) over the same scrapes, in the hardware's ms; None where the
+    # server exports no such histogram or nothing ended.
+    server_queue_mean_ms: float | None = None
     running_median: float | None = None
+    # A sustained window (format 19): how far the client's own stalls could move its figures, as a share
+    # (figures.stall_error: tokens its event loop stamped late, carried across the window's edges or moving a
+    # stream's ends); None where not measured (no window, client worker processes, a simulated clock).
+    client_stall_bound: float | None = None
+    # A time-scaled simulator's share of the window (or step) it fell behind its clock (format 19; its
+    # behind_seconds_total against its busy seconds): past 3% the caveat sim_behind. None against a real server.
+    sim_behind_share: float | None = None
+    # The most requests the server's waiting gauge showed in a sustained window's samples, or (format 19) over
+    # a rate cell's schedule.
     waiting_max: float | None = None
     # The server's gauges sampled inside a sustained window (a few samples; see `notes` for how many): mean
-    # running and waiting requests, peak KV-cache use (0-1).
+    # running and waiting requests, peak KV-cache use (0-1); a rate cell's mean waiting over its schedule.
     avg_running: float | None = None
     avg_waiting: float | None = None
+    # Rate cells (format 19): when the server fell behind the arrivals for good, in the hardware's seconds
+    # from the schedule's start (figures.fell_behind: its waiting gauge non-empty from then to the schedule's
+    # end, and growing), and the requests still waiting at the schedule's end; None where it kept up.
+    fell_behind_s: float | None = None
+    waiting_at_end: float | None = None
     kv_usage_max: float | None = None
     preemptions: float | None = None
     prefix_cache_queries: float | None = None
@@ -748,6 +813,12 @@ class CellResult(BaseModel):
     @property
     def records(self) -> list[RequestRecord]:
         return [RequestRecord.from_dict(r) for r in self.requests]
+
+    @property
+    def stood_on(self) -> Attempt | None:
+        """The attempt whose step the figures come from: the accepted one. When a host stalled every attempt the
+        cleanest stands, which is not always the last; None where none was accepted (Contaminated)."""
+        return next((a for a in self.attempts if a.accepted), None)
 
 
 def kv_tokens_needed(*, context_tokens: int, output_tokens: int, concurrency: int, block_size: int | None) -> int:
