@@ -30,6 +30,7 @@ The figures below are computed from the truth alone, by their definitions, not b
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -233,9 +234,26 @@ class Truth:
         return {r.id: r for r in self.requests}
 
     def behind_s(self) -> float:
-        """Simulated time the engine had work but no step ran: the simulator fell behind its clock."""
-        return sum(max(0.0, b.start - a.end) for a, b in zip(self.steps, self.steps[1:], strict=False)
-                   if a.running or a.waiting)
+        """Simulated time the engine had work but no step ran: the simulator fell behind its clock. A request
+        with the API server (the header's `request_s`) is not yet work: after a step that left only waiting
+        requests, the engine could start no sooner than the first of them was ready."""
+        request_s = float(self.header.get("request_s", 0.0))
+        by_arrival = sorted(self.requests, key=lambda r: r.arrival)
+        arrivals = [r.arrival for r in by_arrival]
+        behind = 0.0
+        for a, b in zip(self.steps, self.steps[1:], strict=False):
+            if not (a.running or a.waiting):
+                continue
+            start = a.end
+            if not a.running and request_s > 0:
+                # The head of the queue: the first to have arrived by then and not been seated or ended.
+                head = next((r.arrival for r in by_arrival[:bisect.bisect_right(arrivals, a.end)]
+                             if (r.admitted is None or r.admitted > a.end) and (r.finish is None or r.finish > a.end)),
+                            None)
+                if head is not None:
+                    start = max(start, head + request_s)
+            behind += max(0.0, b.start - start)
+        return behind
 
 
 def read(path: Path) -> Truth:
