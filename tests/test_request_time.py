@@ -16,6 +16,7 @@ from campaign.measure.cells import CellSpec
 from campaign.measure.runner import Measurer
 from campaign.plan import replay
 from campaign.server.profiles import load_profile
+from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 
 REQUEST_S = 0.05
@@ -61,3 +62,37 @@ def test_a_busy_engine_steps_on_while_a_new_request_is_with_the_api_server() -> 
     emitted = [t for t, _ in first.emits]
     assert any(0.2 < t < 0.2 + REQUEST_S for t in emitted)   # the first streamed on meanwhile
     assert second.admitted == min(t for t in emitted if t >= 0.2 + REQUEST_S)   # seated in the next step
+
+
+def test_the_truth_counts_no_wait_for_the_api_server_as_the_simulator_falling_behind() -> None:
+    """A request arriving as the only other one ends: the engine's last step leaves it waiting, not yet ready,
+    and the next step begins when its time with the API server is over. The replay's clock never falls behind,
+    so the truth's behind_s is 0 with the truth file's request_s; without it, that wait would read as lag."""
+    _, with_api = _configs()
+    load = [Sent(0.0, 512, 4), Sent(0.14, 512, 8)]   # the first ends at about 0.156 s
+    requests, steps = arrivals.run_load(with_api, load, with_api.costs)
+    first, second = requests
+    assert first is not None and second is not None and first.finish is not None and second.admitted is not None
+    assert 0.14 < first.finish < second.admitted == pytest.approx(0.14 + REQUEST_S)   # the engine idled between
+    assert any(not s.running and s.waiting for s in steps)
+    done = [r for r in requests if r is not None]
+    assert sim_truth.Truth({"request_s": REQUEST_S}, done, steps).behind_s() == 0.0
+    assert sim_truth.Truth({}, done, steps).behind_s() == pytest.approx(second.admitted - first.finish)
+
+
+def test_a_rate_cell_on_the_in_process_server_waits_out_each_api_server_time_and_ends() -> None:
+    """An open loop of 20 requests on the server a client measures in this process, on its virtual clock: each
+    request that finds the engine idle is seated its request_s after it arrived, and the cell ends. (The driver
+    once slept until that instant, woke a rounding error before it, and waited again with the virtual clock
+    standing still: `make fidelity` hung on its first run.)"""
+    _, with_api = _configs()
+    launch = simulated.start(load_profile("h200")[0], {}, seed=0)
+    spec = CellSpec(phase="rate", context_tokens=512, max_tokens=8, request_rate=5.0, duration_s=4.0,
+                    arrival="constant")
+    with simulated.SimulatedServer(with_api, with_api.memory(), launch.facts) as server:
+        cell = server.call(Measurer(server.target()).run_cell(spec))
+    assert cell.status == "Valid" and len(cell.records) == 20, cell.reasons
+    plain = replay.run_cell(with_api, CellSpec(phase="prefill", context_tokens=512)).ttft_s
+    assert plain is not None
+    # 0.2 s apart, each alone on the engine: every first token the lone request's, request_s included.
+    assert all(r.ttft_s == pytest.approx(plain, rel=1e-6) for r in cell.records), [r.ttft_s for r in cell.records]

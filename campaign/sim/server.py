@@ -158,12 +158,14 @@ class Driver:
                 self.wake.clear()
                 await self.wake.wait()
                 end = self.clock.now()
-            ready = self.engine.waits_until(self.clock.now())
+            # Never before the last step's end or a wait's: a loop's timer may fire within its clock's resolution
+            # early (asyncio's does), and a virtual clock would then stand still while the engine waited again.
+            now = max(self.clock.now(), end)
+            ready = self.engine.waits_until(now)
             if ready is not None:   # idle while the next request is with the API server (StepCosts.request_s)
                 await self.clock.sleep_until(ready)
                 end = max(end, ready)
                 continue
-            now = self.clock.now()
             step = self.engine.schedule(now)
             start = max(end, now - step.duration)
             self.behind_s += start - end
@@ -838,7 +840,7 @@ async def serve(config: SimConfig, mem: sim_model.Memory, block: int, log: Log) 
         "time_scale": config.time_scale, "anchor": clock.anchor, "hardware": config.hardware,
         "model_shape": config.model_shape, "block_size": block, "num_blocks": mem.num_blocks,
         "num_speculative_tokens": config.num_speculative_tokens, "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_num_batched_tokens": config.max_num_batched_tokens, "request_s": config.costs.request_s,
         **({"speed_factor": config.speed_factor} if config.faults.launch_noise else {})})
 
     def close_truth() -> None:
