@@ -76,18 +76,21 @@ UNFITTED_PROFILE = UnfittedProfile()
 
 @dataclass(frozen=True)
 class UnfittedSteps:
-    """A pair no measurement fitted: the roofline's overheads and efficiencies, fitted (a grid, two rounds of
-    coordinate descent on mean |log error| of TPOT and TTFT) to ten public runs of real vLLM 0.15.1 on H100s:
-    Llama-2-7B at TP 1 and CodeLlama-34B at TP 2 (campaign/bench/fidelity.py FITTED_ON); `make fidelity` gives
-    the error on the fourteen held out (Llama-2-70B at TP 4, Mixtral-8x7B, GPUStack's Qwen3-8B on vLLM 0.11).
-    Before, they were guesses (3 ms, 0.8, 0.3, 0.45: TPOT 47% off in the median). The step's terms add up, so
-    a decode batch's arithmetic, which hides under its weights' read on a real GPU, is charged at a "decode
-    MFU" above 1: the additive form's stand-in for that overlap, not an efficiency a GPU reaches."""
+    """A pair no measurement fitted: the roofline's overheads and efficiencies and the API server's time per
+    request, fitted by `python -m campaign.bench.fidelity --fit` (a pattern search on mean |log error| of mean
+    TPOT and TTFT) to ten public runs of real vLLM 0.15.1 on H100s: Llama-2-7B at TP 1 and CodeLlama-34B at
+    TP 2 (campaign/bench/fidelity.py FITTED_ON); `make fidelity` gives the error on the fourteen held out
+    (Llama-2-70B at TP 4, Mixtral-8x7B, GPUStack's Qwen3-8B on vLLM 0.11). The step's terms add up, so a decode
+    batch's arithmetic, which hides under its weights' read on a real GPU, is charged at a "decode MFU" far
+    above 1, and a prefill chunk's partly so: the additive form's stand-in for that overlap, not an efficiency
+    a GPU reaches (a roofline's max of the two terms would not need it; calibrate's fit is linear in the
+    terms, which a max is not)."""
 
-    fixed_step_s: float = 0.003
-    bandwidth_efficiency: float = 0.95
-    decode_mfu: float = 1.2
-    prefill_mfu: float = 0.9
+    fixed_step_s: float = 0.0038
+    bandwidth_efficiency: float = 1.0
+    decode_mfu: float = 19.6
+    prefill_mfu: float = 1.42
+    request_s: float = 0.0088   # StepCosts.request_s: each request's time with the API server
 
 
 UNFITTED_STEPS = UnfittedSteps()
@@ -112,6 +115,7 @@ class Calibration:
     prefill_mfu: float                  # compute efficiency for prefill chunks
     attention_flops_per_token_per_ctx: float  # 4 x heads x head_dim x attention layers (x kernel advantage)
     kv_read_factor: float = 1.0         # attention kernels read the KV cache at a different efficiency
+    request_s: float = 0.0              # StepCosts.request_s (the seeds' fits hold it in their steps' costs)
     # A pair no measurement fitted: the activation and non-torch terms come from the model's config
     # (UNFITTED_PROFILE) instead of activation_bytes_per_batched_token and other_gib.
     profiled: UnfittedProfile | None = None
@@ -144,8 +148,9 @@ def fitted(hardware: str, model: str) -> bool:
     return resolved is not None and shape is not None and (resolved[0].name, shape.name) in CALIBRATIONS
 
 
-def calibration_for(hardware: str, model: str) -> Calibration:
-    """The fitted calibration, or one derived from the tables with the reference's suggested defaults."""
+def calibration_for(hardware: str, model: str, unfitted: UnfittedSteps = UNFITTED_STEPS) -> Calibration:
+    """The fitted calibration, or one derived from the tables with `unfitted`'s constants (the fidelity bench's
+    fit tries others)."""
     resolved = resolve_hardware(hardware)
     if resolved is None:
         raise ValueError(f"unknown hardware {hardware!r}; known: {', '.join(sorted(HARDWARE))}")
@@ -161,8 +166,8 @@ def calibration_for(hardware: str, model: str) -> Calibration:
         reported_memory_gib=hw.reported_gib(), kv_bytes_per_token=float(shape.kv_bytes_per_token),
         block_size=16, cuda_graph_gib=UNFITTED_PROFILE.cuda_graph_gib, other_gib=UNFITTED_PROFILE.non_torch_gib,
         activation_bytes_per_batched_token=UNFITTED_PROFILE.fallback_bytes_per_token,
-        fixed_step_s=UNFITTED_STEPS.fixed_step_s, bandwidth_efficiency=UNFITTED_STEPS.bandwidth_efficiency,
-        decode_mfu=UNFITTED_STEPS.decode_mfu, prefill_mfu=UNFITTED_STEPS.prefill_mfu,
+        fixed_step_s=unfitted.fixed_step_s, bandwidth_efficiency=unfitted.bandwidth_efficiency,
+        decode_mfu=unfitted.decode_mfu, prefill_mfu=unfitted.prefill_mfu, request_s=unfitted.request_s,
         attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx, profiled=UNFITTED_PROFILE)
 
 
@@ -284,7 +289,8 @@ class StepCosts:
     expert_share: float = 0.0
     # Per request, before the engine can seat it: the API server's work on it (parsing, tokenising, handing it
     # to the engine core). A delay, not a step's time: requests pay it side by side, and the steps run on
-    # meanwhile. Part of every TTFT the client sees; 0 in the tables, fitted by `campaign calibrate`.
+    # meanwhile. Part of every TTFT the client sees; 0 for the seeds' pairs, UnfittedSteps' for any other,
+    # fitted by `campaign calibrate`.
     request_s: float = 0.0
 
     def experts_s(self, tokens: float) -> float:
@@ -350,9 +356,11 @@ class StepPower:
         return self.compute_w, self.memory_w
 
 
-def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None = None) -> StepCosts:
-    """The roofline of a (hardware, model) pair of the tables at tensor parallelism `tp`, as step costs."""
-    cal = calibration_for(hardware, model)
+def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None = None,
+               unfitted: UnfittedSteps = UNFITTED_STEPS) -> StepCosts:
+    """The roofline of a (hardware, model) pair of the tables at tensor parallelism `tp`, as step costs (a pair
+    no seed fitted: with `unfitted`'s constants)."""
+    cal = calibration_for(hardware, model, unfitted)
     resolved = resolve_hardware(hardware)
     assert resolved is not None
     hw, _ = resolved
@@ -378,7 +386,8 @@ def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None
         decode_s_per_token=flops_per_token / (peak * cal.decode_mfu),
         prefill_s_per_token=flops_per_token / (peak * cal.prefill_mfu),
         attention_s_per_token_ctx=cal.attention_flops_per_token_per_ctx / (peak * cal.prefill_mfu),
-        kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, **draft, **experts)
+        kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, request_s=cal.request_s,
+        **draft, **experts)
 
 
 def step_seconds(*, hardware: str, model: str, tp: int, decode_tokens: int, prefill_tokens: int,
