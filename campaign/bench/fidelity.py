@@ -206,15 +206,18 @@ def groups(runs: list[PublicRun]) -> list[list[PublicRun]]:
     return [sorted(g, key=lambda r: r.workload.rate_rps or 0.0) for g in by.values() if len(g) >= 3]
 
 
+def observation(run: PublicRun) -> Arrivals:
+    """The run's open loop and its published means, as `campaign calibrate` reads a load."""
+    config = replay_plan.loaded_profile_config(profile_for(run), Path(run.id))
+    measured: dict[OpenFigure, float] = {"mean_ttft_s": run.real.ttft_mean_ms / 1000,
+                                         "mean_tpot_s": run.real.tpot_mean_ms / 1000}
+    return Arrivals(run.model, run.id, config, _load(run), measured)
+
+
 def calibrate_group(members: list[PublicRun]) -> list[Calibrated]:
     """`campaign calibrate`'s fit (the tables' costs as the prior) on every other run of the group, lowest rate
     first, to its mean TTFT and mean TPOT; the others predicted, held out."""
-    observations = []
-    for k, run in enumerate(members):
-        config = replay_plan.loaded_profile_config(profile_for(run), Path(run.id))
-        measured: dict[OpenFigure, float] = {"mean_ttft_s": run.real.ttft_mean_ms / 1000,
-                                             "mean_tpot_s": run.real.tpot_mean_ms / 1000}
-        observations.append(Arrivals(run.model, run.id, config, _load(run), measured, held_out=k % 2 == 1))
+    observations = [replace(observation(run), held_out=k % 2 == 1) for k, run in enumerate(members)]
     fitted = calibration.fit(observations, prior=observations[0].config.costs)
     by_id = {run.id: run for run in members}
     source = {v: k for k, v in CALIBRATED.items()}
@@ -228,14 +231,6 @@ FIT_STEP = 0.25        # the first round's relative move of a constant; each lat
 FIT_ROUNDS = 6         # the last moves are 0.8%
 REQUEST_S_SCALE = 0.01  # request_s moves by FIT_STEP x this many seconds (it starts at 0, where no factor moves it)
 UNSERVED_PENALTY = 10.0  # a run whose replay served not every request: an error far past any served run's
-
-
-def observation(run: PublicRun) -> Arrivals:
-    """The run's open loop and its published means, as `campaign calibrate` reads a load."""
-    config = replay_plan.loaded_profile_config(profile_for(run), Path(run.id))
-    measured: dict[OpenFigure, float] = {"mean_ttft_s": run.real.ttft_mean_ms / 1000,
-                                         "mean_tpot_s": run.real.tpot_mean_ms / 1000}
-    return Arrivals(run.model, run.id, config, _load(run), measured)
 
 
 def objective(observations: list[Arrivals], steps: sim_model.UnfittedSteps) -> float:
