@@ -994,21 +994,26 @@ def test_a_sustained_window_whose_client_stood_still_is_measured_again_and_says_
 @pytest.mark.wall_timed
 def test_a_stalled_windows_figures_are_off_the_truth_by_no_more_than_its_bound(
         h200: tuple[LaunchedServer, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bound's truth: the starved window measured once (no attempt to spare) stands Valid with the caveat
-    `client_stalled` saying how far its figures could be off, and its stream tok/s and total tok/s are off the
-    simulator's own records of the same requests by no more than that (measure.figures.stall_error; three runs
-    here: bounds of 9.5-12.5% over errors of -2.2% to +7.3% on stream tok/s, the total exact)."""
+    """The bound's truth: the starved window measured once (no attempt to spare) stands Valid with a bound on
+    how far its figures could be off, and its stream tok/s and total tok/s are off the simulator's own records
+    of the same requests by no more than that, the simulator's own lag added (measure.figures.stall_error;
+    three runs here: bounds of 9.5-12.5% over errors of -2.2% to +7.3% on stream tok/s, the total exact). The
+    caveat `client_stalled` stands exactly when the bound passes a verdict's smallest change: a stall moves a
+    stream's rate only where one of its ends is stamped in it, so a window whose ends all fell between the
+    15 ms stalls is rightly not flagged (CI once drew one: the probe saw the stalls, the bound stayed under 3%)."""
     server, truth_path = h200
     _starved_once(monkeypatch)
     cell = asyncio.run(Measurer(server.target(), max_attempts=1).run_cell(STARVED))
-    assert cell.status == "Valid" and Reason.CLIENT_STALLED in cell.reason_codes, cell.reasons
+    assert cell.status == "Valid", cell.reasons
+    assert cell.client_lag_max_ms is not None and cell.client_lag_max_ms >= 10   # the probe saw the starving
     bound = cell.client_stall_bound
-    assert bound is not None and bound > cells.STALL_SHARE
+    assert bound is not None and (Reason.CLIENT_STALLED in cell.reason_codes) == (bound > cells.STALL_SHARE)
+    allowed = bound + (cell.sim_behind_share or 0.0)
     figures_, _ = truth.cell_figures(cell, truth.Matched(sim_truth.read(truth_path)))
     for name in ("per_request_tok_s", "total_tok_s"):
         (figure,) = [f for f in figures_ if f.name == name]
         assert figure.tool is not None and figure.truth
-        assert abs(figure.tool / figure.truth - 1) <= bound, (name, figure, bound)
+        assert abs(figure.tool / figure.truth - 1) <= allowed, (name, figure, bound, cell.sim_behind_share)
 
 
 @pytest.mark.wall_timed
