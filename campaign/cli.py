@@ -609,8 +609,9 @@ def calibrate(
         "--hold-out", metavar="[VARIANT:]KEY|FILE",
         help="a cell (or an --export file) to predict rather than fit (repeatable)")] = None,
     export: Annotated[list[Path] | None, typer.Option(
-        "--export", metavar="FILE", help="a vllm bench serve --save-result --save-detailed JSON to fit to, "
-                                         "instead of a run (repeatable; needs --profile)")] = None,
+        "--export", metavar="FILE", help="a peer's per-request export to fit to, instead of a run: vllm bench "
+                                         "serve --save-result --save-detailed JSON, GuideLLM's benchmarks.json, "
+                                         "AIPerf's profile_export.jsonl (repeatable; needs --profile)")] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="PROFILE", help="the launch profile of the server the exports measured (its "
                                              "flags and KV cache)")] = None,

@@ -48,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
+from campaign.analysis import exports as peer_exports
 from campaign.analysis.arrivals import FIGURES as OPEN_FIGURES
 from campaign.analysis.arrivals import (
     RATES,
@@ -61,7 +62,6 @@ from campaign.analysis.arrivals import (
     measured_figures,
     vector,
 )
-from campaign.analysis.exports import read_vllm_bench
 from campaign.core.errors import CampaignError
 from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
@@ -648,7 +648,7 @@ def _memory_of(config: SimConfig) -> MemoryRecord:
 
 def calibrate_exports(exports: Sequence[Path], config: SimConfig, profile: str, name: str,
                       held_out: Iterable[Path] = ()) -> tuple[MeasuredHardware, Fitted, list[str]]:
-    """The measured hardware entry fitted to peers' per-request exports (exports.read_vllm_bench) of a server
+    """The measured hardware entry fitted to peers' per-request exports (analysis.exports.read) of a server
     launched as `config` (the profile's, which sizes its KV cache: an export has no startup log); `held_out`:
     exports to predict rather than fit. Also returns what was left out of each export."""
     config = replace(config, faults=Faults(), speed_factor=1.0)
@@ -659,19 +659,27 @@ def calibrate_exports(exports: Sequence[Path], config: SimConfig, profile: str, 
                             hint="hold out a file that is also given with --export")
     observations: list[Evidence] = []
     notes: list[str] = []
+    tools: set[str] = set()
+    names = [p.name for p in exports]
     for path in exports:
-        export = read_vllm_bench(path)
-        if export.failed:
-            notes.append(f"{path.name}: {export.failed} failed request(s) left out (a failure says nothing of "
-                         "speed)")
-        observations.append(Arrivals(profile, path.name, config, tuple(t.sent for t in export.timed),
-                                     measured_figures(export.timed), held_out=path.resolve() in held,
-                                     max_concurrency=export.max_concurrency))
+        loads = peer_exports.read(path)
+        # Its folder too where two files share a name (every GuideLLM run writes benchmarks.json).
+        label = path.name if names.count(path.name) == 1 else f"{path.parent.name}/{path.name}"
+        for k, export in enumerate(loads, 1):
+            key = label if len(loads) == 1 else f"{label}#{k}"   # a GuideLLM sweep: a load a benchmark
+            tools.add(export.tool)
+            notes += export.notes
+            if export.failed:
+                notes.append(f"{key}: {export.failed} failed request(s) left out (a failure says nothing of "
+                             "speed)")
+            observations.append(Arrivals(profile, key, config, tuple(t.sent for t in export.timed),
+                                         measured_figures(export.timed), held_out=path.resolve() in held,
+                                         max_concurrency=export.max_concurrency))
     fitted = fit(observations, prior=config.costs)
     none = ErrorSummary(cells=0, median_abs=None, max_abs=None)
     entry = MeasuredHardware(
         name=name, description=f"{config.hardware}, {config.model} (vLLM {config.version_style}): fitted to "
-                               f"{len(exports)} vLLM bench serve export(s)",
+                               f"{len(exports)} export(s) of {', '.join(sorted(tools))}",
         source=", ".join(str(p) for p in exports), fitted_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         vllm_version=str(config.version_style), device=config.hardware, window=config.max_model_len,
         step=StepCostsRecord.of(fitted.costs), memory=_memory_of(config), fit=fitted.cells,
