@@ -62,12 +62,11 @@ def read(path: Path) -> list[Export]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CampaignError(f"{path}: cannot read it ({exc})", hint=HINT) from None
-    first = text.lstrip()[:1]
-    if first == "{" and "\n{" in text.strip():
-        return [read_aiperf(path)]
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":   # one JSON value after another: JSON lines
+            return [read_aiperf(path)]
         raise CampaignError(f"{path}: cannot read it as JSON ({exc})", hint=HINT) from None
     if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
         return read_guidellm(path, data)
