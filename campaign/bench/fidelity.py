@@ -254,8 +254,8 @@ def fit_unfitted(observations: list[Arrivals], start: sim_model.UnfittedSteps = 
     coordinate, a move kept while it lowers the objective, the move halved each round; the bandwidth's
     efficiency kept at or below 1, request_s at or above 0. Hand-written because scipy's searches did worse
     here (a queue makes the objective piecewise; on the recovery test's two runs, tests/test_fidelity.py):
-    this one reached 2.2% in 10 s at 4 rounds, Powell 1.3% in 155 s, Nelder-Mead stalled at 22% (its first
-    simplex cannot move request_s off 0)."""
+    this one reached 1.9% in 15 s at its 6 rounds (2.2% in 10 s at 4), Powell 1.3% in 155 s, Nelder-Mead
+    stalled at 22% (its first simplex cannot move request_s off 0)."""
     best, score = start, objective(observations, start)
     step = FIT_STEP
     for _ in range(FIT_ROUNDS):
