@@ -183,11 +183,7 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
                     send(i)
                 ready.clear()
                 continue
-            later = sim.engine.waits_until(sim.now)
-            if later is not None:         # idle while the next request is with the API server
-                if until is not None and later >= until:
-                    return
-                sim.now = later
+            if sim.wait_ready(until):     # idle while the next request is with the API server
                 continue
             step = sim.engine.schedule(sim.now)
             if step.duration <= 0:

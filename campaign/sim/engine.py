@@ -387,15 +387,20 @@ class Virtual:
         self.engine.submit(req, self.now if at is None else at)
         return req
 
+    def wait_ready(self, until: float | None = None) -> bool:
+        """Where the engine has nothing to run until its next request is through the API server (request_s):
+        the clock moved to then, or to `until` if that comes first (the time passes all the same); True if it
+        moved, so the caller's loop looks again."""
+        ready = self.engine.waits_until(self.now)
+        if ready is None:
+            return False
+        self.now = ready if until is None else min(ready, until)
+        return True
+
     def run(self, until: float | None = None) -> None:
         """Step until nothing is left to do, or until simulated time `until`."""
         while self.engine.busy and (until is None or self.now < until):
-            ready = self.engine.waits_until(self.now)
-            if ready is not None:   # idle while the next request is with the API server
-                if until is not None and ready >= until:
-                    self.now = until   # the time passes all the same
-                    return
-                self.now = ready
+            if self.wait_ready(until):
                 continue
             step = self.engine.schedule(self.now)
             start, self.now = self.now, self.now + step.duration
