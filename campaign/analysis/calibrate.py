@@ -26,7 +26,8 @@ Evidence used:
 - a run's rate cells of random-token prompts, each repeat's requests replayed at their own send times with their
   own lengths (analysis.arrivals: the mean TTFT, the mean TPOT and output tok/s, as vLLM's bench defines them);
 - peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
-  --save-detailed`), replayed the same way on the launch profile the user names.
+  --save-detailed`, GuideLLM's benchmarks.json, AIPerf's profile_export.jsonl), replayed the same way on the
+  launch profile the user names.
 Trace cells (their prompts share prefixes the replay does not rebuild), agent cells and the study's experiments are
 listed as skipped. Held-out cells and exports are predicted by the fit, never fitted: the honest test of it.
 
@@ -269,9 +270,7 @@ def fit(observations: Sequence[Evidence], start: StepCosts = START, prior: StepC
     # of); a run's closed-loop cells prefill one request at a time, where it and a step's fixed cost are one
     # direction: without a load it stays at 0, as the tables have it.
     pinned = [] if any(isinstance(o, Arrivals) for o in fitted) else [TERMS.index("request_s")]
-    a, offsets = _relative(rows)
-    a[:, pinned] = 0.0
-    used = a.max(axis=0) > 0
+    used = np.zeros(len(TERMS), dtype=bool)   # the terms some round's rows exercised
     for iterations in range(1, MAX_ITERATIONS + 1):   # noqa: B007 (the count is reported)
         a, offsets = _relative(rows)
         a[:, pinned] = 0.0
