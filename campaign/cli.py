@@ -652,6 +652,8 @@ def calibrate(
         _check_entry_name(chosen)
         entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
         skipped = cells.skipped
+        _, assumed = calibration.block_size(cells.baseline)
+        kv_from += f", {assumed}" if assumed else ""
         _say_damaged(stored)
     typer.echo(to_text(calibration_report.table(entry, iterations=fitted.iterations, unmeasured=fitted.unmeasured,
                                                 skipped=[*skipped, *fitted.unreplayed], settled=fitted.settled,

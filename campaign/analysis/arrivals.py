@@ -1,6 +1,7 @@
-"""Loads as calibration evidence: requests that arrived at their own times (a stored run's rate cell, a
+"""Loads as calibration evidence: requests that arrived at their own times (a stored run's rate or trace cell, a
 peer's per-request export such as vLLM's `bench serve --save-detailed`, a public measurement's load) replayed on
-the engine at those times, with their figures written as linear forms in the step costs.
+the engine at those times, with their figures written as linear forms in the step costs. A trace's prompts
+share the blocks its hash ids name, as the Measurer sent them (measure.traces.BlockPrompts).
 
 Why linear: on a fixed schedule (which requests share which step) the engine's clock is piecewise. It idles until
 a request arrives, then runs steps back to back; a step ends at the arrival that began its busy period plus the
@@ -25,6 +26,7 @@ from typing import Literal
 
 import numpy as np
 
+from campaign.measure import traces
 from campaign.plan import replay
 from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
@@ -44,11 +46,14 @@ FIGURES: tuple[OpenFigure, ...] = ("mean_ttft_s", "mean_tpot_s", "output_tok_s")
 
 @dataclass(frozen=True)
 class Sent:
-    """One request of a load: when it arrived (seconds from any origin), its prompt and its reply in tokens."""
+    """One request of a load: when it arrived (seconds from any origin), its prompt and its reply in tokens,
+    and the prefix blocks it shares with the load's other prompts (a trace's hash ids; empty: none, its prompt
+    is its own)."""
 
     at_s: float
     prompt_tokens: int
     output_tokens: int
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,9 +130,11 @@ class Arrivals:
     held_out: bool = False
     # A closed loop of this many requests in flight (run_load); None: each request arrived at its own time.
     max_concurrency: int | None = None
+    # Prompt tokens a hash id stands for, where the load's prompts share blocks (a trace's); None: they share none.
+    block: int | None = None
 
     def replay(self, costs: StepCosts) -> Replayed:
-        requests, steps = run_load(self.config, self.load, costs, self.max_concurrency)
+        requests, steps = run_load(self.config, self.load, costs, self.max_concurrency, self.block)
         served = [r for r in requests if r is not None and r.emits]
         if len(served) < len(requests):
             return Replayed([], dict.fromkeys(FIGURES), f"{len(requests) - len(served)} of {len(requests)} "
@@ -141,10 +148,14 @@ class Arrivals:
         return Replayed(rows, predicted)
 
 
-def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_concurrency: int | None = None
-             ) -> tuple[list[RequestTruth | None], list[StepTruth]]:
+def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_concurrency: int | None = None,
+             block: int | None = None) -> tuple[list[RequestTruth | None], list[StepTruth]]:
     """The load on a fresh engine of `config` with `costs`, with fresh random-id prompts and exactly each
     request's reply length; each request's truth (in the load's order; None: it never finished) and every step.
+
+    With `block`, a request's hash ids are shared blocks of that many tokens (the trace replay's own
+    traces.BlockPrompts, so the engine's prefix cache serves what the measured server's could), and only the
+    tokens past them are its own.
 
     Each request arrives at its own time (from the first). With `max_concurrency` (a closed loop, as vLLM's
     bench runs `--max-concurrency C` at an unlimited rate) the first C do, and each later one, in the order
@@ -157,6 +168,7 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
     truth = sim_truth.Recorder()
     sim = Virtual(engine_for(replace(config, costs_override=costs), truth))
     prompts = replay.Prompts()
+    blocks = None if block is None else traces.BlockPrompts(block, salt=0)
     order = sorted(range(len(load)), key=lambda i: load[i].at_s)
     origin = load[order[0]].at_s if order else 0.0
     index: dict[str, int] = {}
@@ -169,7 +181,10 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
         if load[i].prompt_tokens + load[i].output_tokens > room:
             ended(sim.now)        # refused, as vLLM refuses a request past its window: it never reaches the engine
             return
-        request = sim.submit(prompts.fresh(load[i].prompt_tokens), load[i].output_tokens, at=at, on_finish=ended)
+        sent = load[i]
+        ids = (blocks.prompt(traces.TraceRequest(sent.at_s, sent.prompt_tokens, sent.output_tokens, sent.hash_ids))
+               if blocks is not None and sent.hash_ids else prompts.fresh(sent.prompt_tokens))
+        request = sim.submit(ids, sent.output_tokens, at=at, on_finish=ended)
         index[request.id] = i
 
     def ended(_t: float) -> None:

@@ -23,15 +23,17 @@ are split arbitrarily by NNLS; the report says how many of the six the cells det
 Evidence used:
 - a run's prefill cells (their TTFT) and decode cells of random-token prompts (total tok/s), each the median over
   the run's repeats, with their spread (the machine's own noise, which no fit can beat);
-- a run's rate cells of random-token prompts, each repeat's requests replayed at their own send times with their
-  own lengths (analysis.arrivals: the mean TTFT, the mean TPOT and output tok/s, as vLLM's bench defines them);
+- a run's rate and trace cells of random-token prompts, each repeat's requests replayed at their own send times
+  with their own lengths (analysis.arrivals: the mean TTFT, the mean TPOT and output tok/s, as vLLM's bench
+  defines them), a trace's prompts sharing the blocks its hash ids name (read again from the trace file, which
+  must be the one the run read), so the prefix cache serves the replay what it served the run;
 - peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
   --save-detailed`, GuideLLM's benchmarks.json, AIPerf's profile_export.jsonl), replayed the same way on the
   launch profile the user names.
-Trace cells (their prompts share prefixes the replay does not rebuild), agent cells and the study's experiments are
-listed as skipped. Held-out cells and exports are predicted by the fit, never fitted: the honest test of it.
+Agent cells (a session's history is not rebuilt) and the study's experiments are listed as skipped. Held-out
+cells and exports are predicted by the fit, never fitted: the honest test of it.
 
-Long (about 520 lines): the fit, the power fit and the three sources of its evidence are one method; split, the
+Long (about 750 lines): the fit, the power fit and the three sources of its evidence are one method; split, the
 rules a cell is used by would be read in several places.
 """
 
@@ -63,9 +65,10 @@ from campaign.analysis.arrivals import (
     measured_figures,
     vector,
 )
-from campaign.core.errors import CampaignError
+from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
+from campaign.measure import traces
 from campaign.measure.cells import CellSpec
 from campaign.plan import replay
 from campaign.sim import config as sim_config
@@ -415,6 +418,7 @@ class RunCells:
     observations: list[Evidence]
     skipped: list[str]                       # cells not used, each with why
     servers: dict[str, ServerRecord]         # each variant's first ready launch
+    baseline: ServerRecord                   # the launch whose memory the entry keeps: the baseline's
 
 
 def _flag(server: ServerRecord, name: str) -> Any:
@@ -432,15 +436,36 @@ def _speculative(server: ServerRecord) -> dict[str, Any]:
     return spec if isinstance(spec, dict) else {}
 
 
+# vLLM's KV page size on CUDA and ROCm where nothing chose another (vllm/platforms/cuda.py: `block_size = 16` when
+# the cache config has none). A V1 log prints the size only where something overrides it (a hybrid model's
+# "Setting attention block size", MLA's "Forcing kv cache block size"), so a dense model's log prints none.
+GPU_DEFAULT_BLOCK = 16
+
+
+def block_size(server: ServerRecord) -> tuple[int | None, str | None]:
+    """The launch's KV page size: as its log printed it, else as its `--block-size` flag set it, else vLLM's GPU
+    default where the log says the cache is on a GPU; and, where it was not printed, what it rests on."""
+    if server.facts.block_size:
+        return server.facts.block_size, None
+    flag = _flag(server, "block-size")
+    if flag is not None:
+        return int(flag), f"its page size of {int(flag)} tokens from its --block-size (the log prints none)"
+    if server.facts.device == "GPU":
+        return GPU_DEFAULT_BLOCK, (f"its page size vLLM's GPU default of {GPU_DEFAULT_BLOCK} tokens (the log prints "
+                                   "none: nothing overrode it)")
+    return None, None
+
+
 def _memory(server: ServerRecord) -> MemoryRecord:
     facts = server.facts
-    missing = [name for name in ("kv_cache_tokens", "block_size", "max_num_batched_tokens", "max_model_len")
-               if not getattr(facts, name)]
+    block, _ = block_size(server)
+    missing = [name for name in ("kv_cache_tokens", "max_num_batched_tokens", "max_model_len")
+               if not getattr(facts, name)] + ([] if block else ["block_size"])
     if missing:
         raise CampaignError(f"{server.launch_dir}: the startup log gave no {', '.join(missing)}; the simulator "
                             "cannot be sized without them", hint="calibrate from a run whose launches logged them "
                             "(campaign parse-log LOG shows what a log gives)")
-    assert facts.kv_cache_tokens is not None and facts.block_size is not None
+    assert facts.kv_cache_tokens is not None and block is not None
     assert facts.max_num_batched_tokens is not None
     cache_bytes = _flag(server, "kv-cache-memory-bytes")
     exact = human_int(str(cache_bytes)) if cache_bytes is not None else None
@@ -450,7 +475,7 @@ def _memory(server: ServerRecord) -> MemoryRecord:
     tp = facts.tensor_parallel_size or _flag(server, "tensor-parallel-size") or 1
     return MemoryRecord(
         kv_cache_tokens=facts.kv_cache_tokens, kv_cache_gib=facts.available_kv_cache_gib, kv_bytes_per_token=per_token,
-        block_size=facts.block_size, tensor_parallel_size=int(tp),
+        block_size=block, tensor_parallel_size=int(tp),
         kv_cache_dtype=str(_flag(server, "kv-cache-dtype") or "auto"),
         gpu_memory_utilization=facts.gpu_memory_utilization, max_num_batched_tokens=facts.max_num_batched_tokens,
         max_num_seqs=int(facts.max_num_seqs or _flag(server, "max-num-seqs") or 256),
@@ -520,8 +545,6 @@ def _load(cell: StoredCell) -> list[Timed] | str:
         return f"{result.status}, not a measurement to fit"
     if spec.prompts != "random" or spec.endpoint != "completions":
         return "text prompts through a template are not replayed token for token"
-    if spec.trace is not None:
-        return "a trace's prompts share prefixes, which the replay does not rebuild"
     if spec.sessions is not None:
         return "agent sessions share a system prompt and their history, which the replay does not rebuild"
     records = [RequestRecord.from_dict(r) for r in result.requests or []]
@@ -529,10 +552,45 @@ def _load(cell: StoredCell) -> list[Timed] | str:
     if failed or not records:
         return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
             "no request records stored"
+    shared: dict[str, tuple[int, ...]] = {}
+    if spec.trace is not None:
+        blocks = _trace_blocks(spec.trace, records)
+        if isinstance(blocks, str):
+            return blocks
+        shared = blocks
     scale = result.time_scale or 1.0
-    return [Timed(Sent(r.send_t * scale, r.usage_prompt_tokens or r.prompt_tokens, r.tokens),
+    # In the order they were sent (a stored cell keeps them as they ended): requests sent at one instant (a
+    # trace's arrivals in one millisecond) reach the engine, and are seated, in it; the replay seats them so.
+    return [Timed(Sent(r.send_t * scale, r.usage_prompt_tokens or r.prompt_tokens, r.tokens, shared.get(r.id, ())),
                   (r.chunk_t[0] - r.send_t) * scale, (r.chunk_t[-1] - r.send_t) * scale)
-            for r in records if r.chunk_t]
+            for r in sorted(records, key=_sent_order) if r.chunk_t]
+
+
+def _sent_order(record: RequestRecord) -> tuple[float, int]:
+    """A record's place in the order it was sent: its send time, then its id's number (the Measurer numbers
+    requests as it sends them: r1, r2, ...; another id ranks as 0, so its stored order stands)."""
+    number = record.id[1:]
+    return record.send_t, int(number) if record.id.startswith("r") and number.isdigit() else 0
+
+
+def _trace_blocks(trace: traces.TraceSlice, records: Sequence[RequestRecord]) -> dict[str, tuple[int, ...]] | str:
+    """Each stored request's hash ids (by record id), read again from the trace slice the cell replayed, or why
+    they cannot be: the file is gone or changed, or the stored requests are not the slice's. A record is the
+    slice's request of the same place in the order they were sent (the schedule's, which is the slice's) and
+    must have the same lengths."""
+    try:
+        requests = trace.load()
+    except (ConfigError, OSError) as exc:
+        return f"its trace's shared prefixes cannot be read again ({exc})"
+    if len(requests) != len(records) or any(r.scheduled_t is None for r in records):
+        return (f"{len(records)} requests stored of its trace slice's {len(requests)} (stopped early): the replay "
+                "would send the others")
+    by_time = sorted(records, key=lambda r: (r.scheduled_t, *_sent_order(r)[1:]))
+    in_trace = sorted(requests, key=lambda q: q.at_s)   # stable: the slice's order, in which they were sent
+    if any((r.prompt_tokens, r.max_tokens) != (q.input_tokens, q.output_tokens)
+           for r, q in zip(by_time, in_trace, strict=True)):
+        return "its stored requests are not its trace slice's (their lengths differ in the arrival order)"
+    return {r.id: q.hash_ids for r, q in zip(by_time, in_trace, strict=True)}
 
 
 def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
@@ -565,7 +623,8 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
             closed = spec.max_concurrency if spec.request_rate is None else None   # a closed loop's streams
             for _, load in used:
                 observations.append(Arrivals(variant, key, configs[variant], tuple(t.sent for t in load),
-                                             measured_figures(load), held_out=bool(out), max_concurrency=closed))
+                                             measured_figures(load), held_out=bool(out), max_concurrency=closed,
+                                             block=None if spec.trace is None else spec.trace.block_tokens))
             if used:
                 seen |= out
             else:
@@ -596,7 +655,9 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
                                  for o in observations}))
         raise CampaignError(f"--hold-out {sorted(unknown)[0]}: no such cell of this run to hold out",
                             hint=f"cells that can be: {keys}")
-    return RunCells(observations=observations, skipped=skipped, servers=servers)
+    baseline = run.manifest().matrix_model().baseline if run.manifest_path.exists() else None
+    return RunCells(observations=observations, skipped=skipped, servers=servers,
+                    baseline=servers.get(baseline or "") or next(iter(servers.values())))
 
 
 def tables_prior(run: RunDir) -> StepCosts | None:
@@ -620,10 +681,9 @@ def calibrate(run: RunDir, name: str, held_out: Iterable[str] = ()) -> tuple[Mea
     """The measured hardware entry for `run`: costs fitted to its cells, memory from its baseline's launch."""
     cells = run_cells(run, held_out)
     fitted = fit(cells.observations, prior=tables_prior(run))
-    baseline = run.manifest().matrix_model().baseline if run.manifest_path.exists() else None
-    server = cells.servers.get(baseline or "") or next(iter(cells.servers.values()))
     window = max(s.facts.max_model_len or 0 for s in cells.servers.values())
-    entry = _entry(name, server, _memory(server), window, fitted.costs, source=str(run.root)).model_copy(update={
+    entry = _entry(name, cells.baseline, _memory(cells.baseline), window, fitted.costs,
+                   source=str(run.root)).model_copy(update={
         "fit": fitted.cells, "fitted_error": fitted.summary(held_out=False),
         "held_out_error": fitted.summary(held_out=True), "power": fitted.power})
     return entry, fitted, cells
