@@ -30,6 +30,7 @@ from campaign.analysis import arrivals
 from campaign.analysis import calibrate as cal
 from campaign.analysis.arrivals import Arrivals, Sent, Timed
 from campaign.analysis.exports import read_vllm_bench
+from campaign.bench import fidelity
 from campaign.cli import run_cli
 from campaign.core.errors import CampaignError
 from campaign.plan import replay
@@ -98,6 +99,22 @@ def test_a_loads_figures_are_linear_in_the_costs_on_its_schedule(request_s: floa
     doubled = arrivals.measured_figures(_served(replay_config(config, twice), lone))
     assert float(ttft.features @ arrivals.vector(twice)) + ttft.offset == pytest.approx(doubled["mean_ttft_s"],
                                                                                        rel=1e-12)
+
+
+def test_a_mixtures_rows_carry_the_routed_experts_read_its_steps_took() -> None:
+    """A mixture of experts' step reads the experts its tokens touch, which grows with the step's tokens as
+    no fitted term does (Mixtral-8x7B at TP 2 on H100s, the public run blis-T14's load: 10 requests a second
+    for 30 s): the rows at the replay's costs still give back its own figures, that read held in their
+    constant. Before, it was left out and summed over a busy period: the mean TTFT read -10 s, which the
+    search of the unfitted constants (bench.fidelity --fit) would have scored had an MoE run been fitted on."""
+    runs = {r.id: r for r in fidelity.load_runs()}
+    obs = fidelity.observation(runs["blis-T14"])
+    assert obs.config.costs.expert_read_s > 0
+    measured = arrivals.measured_figures(_served(obs.config, list(obs.load)))
+    replayed = replace(obs, measured=measured).replay(obs.config.costs)
+    assert replayed.problem is None and set(measured) == set(arrivals.FIGURES)
+    for figure, value in measured.items():
+        assert replayed.predicted[figure] == pytest.approx(value, rel=1e-9), figure
 
 
 def replay_config(config: SimConfig, costs: StepCosts) -> SimConfig:

@@ -139,7 +139,7 @@ class Arrivals:
         if len(served) < len(requests):
             return Replayed([], dict.fromkeys(FIGURES), f"{len(requests) - len(served)} of {len(requests)} "
                                                         "requests got no token on the replay")
-        line = _Timeline(steps, costs.request_s)
+        line = _Timeline(steps, costs)
         rows = [row for figure in FIGURES if figure in self.measured
                 if (row := _row(figure, served, line, self.measured[figure])) is not None]
         predicted: dict[str, float | None] = dict.fromkeys(FIGURES)
@@ -224,22 +224,26 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
 class _Timeline:
     """When each step ended, as features . costs + a constant: the engine's busy periods (module docstring).
     A busy period begins when a request's time with the API server (`request_s`, the replay's) is over: its
-    base is that request's arrival, and request_s one of its terms."""
+    base is that request's arrival, and request_s one of its terms. What a step took beyond its terms at the
+    replay's costs (a mixture's routed experts' read, which grows with the step's tokens as no term does; a
+    drafter's passes) is in the constant: a fit holds it as the replay's costs had it."""
 
-    def __init__(self, steps: Sequence[StepTruth], request_s: float = 0.0) -> None:
+    def __init__(self, steps: Sequence[StepTruth], costs: StepCosts) -> None:
         self._at = {s.end: k for k, s in enumerate(steps)}
         self._base: list[float] = []
         self._prefix: list[np.ndarray] = []
         self._period: list[int] = []
+        terms = vector(costs)
         for k, step in enumerate(steps):
             features = np.array([*step.features(), 0.0], dtype=float)
+            beyond = (step.end - step.start) - float(features @ terms)
             if k == 0 or step.start != steps[k - 1].end:   # the engine idled before it: a busy period begins
                 features[-1] = 1.0
-                self._base.append(step.start - request_s)
+                self._base.append(step.start - costs.request_s + beyond)
                 self._prefix.append(features)
                 self._period.append(k)
             else:
-                self._base.append(self._base[-1])
+                self._base.append(self._base[-1] + beyond)
                 self._prefix.append(self._prefix[-1] + features)
                 self._period.append(self._period[-1])
 
