@@ -269,13 +269,17 @@ def test_a_better_latency_tail_in_a_slower_cell_is_no_benefit(tmp_path: Path) ->
     slower = build(tmp_path / "slower", {"baseline": cells(400.0, 30.0), "drafter": cells(320.0, 20.0)},
                    {"baseline": 567_000, "drafter": 122_000}, flags)
     (diff,) = diff_run(slower)
-    outcome, _, sentence = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 122_000})
+    outcome, _, sentence, headline = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 122_000})
     assert outcome == "revert" and "better" not in sentence and "worse: total_tok_s" in sentence, sentence
+    # The headline: what decided it, the largest change first, then the exact launch fact.
+    assert headline.startswith("total_tok_s at decode-"), headline
+    assert headline.endswith("; KV cache -78.5%, agents at 8K context 70 -> 15"), headline
     held = build(tmp_path / "held", {"baseline": cells(400.0, 30.0), "drafter": cells(400.0, 20.0)},
                  {"baseline": 567_000, "drafter": 567_000}, flags)
     (diff,) = diff_run(held)
-    outcome, _, sentence = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
+    outcome, _, sentence, headline = recommend(diff, {"kv_cache_tokens": 567_000}, {"kv_cache_tokens": 567_000})
     assert outcome == "keep" and "better: itl_p99_ms" in sentence, sentence
+    assert headline.startswith("itl_p99_ms at decode-") and headline.endswith("-33.3%"), headline
 
 
 def test_no_difference_names_the_diagnostic_values_that_moved() -> None:
@@ -293,8 +297,9 @@ def test_no_difference_names_the_diagnostic_values_that_moved() -> None:
     diff = VariantDiff(variant="chunk", baseline="base", flag_changes=[("max-num-batched-tokens", 2048, 64)],
                        fact_changes=[], cells=[decode, burst], comparable=True, tests=2)
     facts = {"kv_cache_tokens": 1000}
-    outcome, provisional, sentence = recommend(diff, facts, facts)
+    outcome, provisional, sentence, headline = recommend(diff, facts, facts)
     assert outcome == "no difference" and not provisional
+    assert headline == "every deciding figure shown within +-3% (2 tests)"
     assert sentence.endswith("no difference: every deciding figure shown within +-3% (2 tests at family-wise 5%); "
                              "moved, but describing the server rather than deciding: queued at overload-x1.25 worse")
     quiet = VariantDiff(variant="chunk", baseline="base", flag_changes=diff.flag_changes, fact_changes=[],
@@ -316,6 +321,11 @@ def test_the_demos_small_chunk_on_its_stored_run_is_not_settled_with_what_would_
             "it") in chunk.recommendation
     assert "find its cause" not in chunk.recommendation
     assert diffs["small-cache"].outcome == "revert"
+    # Issue 53: the headline is the change nearest to settling and what would settle it, not the widest
+    # interval (TTFT at the 4-stream cell, +694% in [-66,155%, +67,543%]); small-cache's is its KV cache.
+    assert chunk.headline == ("ttft_ms at prefill-L1536 +210.8% seen, not yet shown: 1 more launch a side would "
+                              "confirm it")
+    assert diffs["small-cache"].headline == "KV cache -93.8%"
 
 
 def test_the_sample_variance_is_the_standard_librarys_exact_one_to_rounding() -> None:

@@ -151,10 +151,12 @@ def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
     report = campaign("report", str(run.root), "--format", "md", "--out", str(tmp_path / "r.md"))
     assert report.returncode == 0, report.stderr
     verdict = (tmp_path / "r.md").read_text().split("## Verdict", 1)[1].split("\n## ", 1)[0]
-    assert "memory: keep: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
-    assert ("batch: revert: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit: "
-            "every deciding figure is shown within +-3%)") \
-        in verdict
+    # A line a variant in one sentence (issue 53), its whole reasoning on the line under it.
+    assert "- memory: keep: KV cache +15.0%" in verdict
+    assert "  - why: gpu-memory-utilization 0.9 -> 0.95: KV cache +15.0%" in verdict
+    assert "- batch: revert: it costs 0.8% KV cache, and every deciding figure is shown within +-3%" in verdict
+    assert ("  - why: max-num-batched-tokens 2,048 -> 8,192: KV cache -0.8%: revert (a cost with no benefit: "
+            "every deciding figure is shown within +-3%)") in verdict
     # The launch's startup log is the simulator's, read as any vLLM's: the facts are the parser's.
     server = next(s for s in run.ready_servers() if s.variant == "batch")
     assert server.facts.kv_cache_tokens == pytest.approx(562_838, rel=1e-4)

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown, fewest_launches, normalizable
 from campaign.analysis.sentences import (
+    agents_at_8k,
     capacity_texts,
     cost_revert_text,
     costs_of,
     fmt_value,
     kv_text,
+    largest,
     listed,
     repeats_advice,
+    settling_head,
     unsettled_head,
     unsettled_text,
     why_not_reverted,
@@ -145,8 +148,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
             record = settled.get(variant)
             diff.rounds_note = _rounds_note(record.rounds if record else None, record.outcome if record else None,
                                             look)
-        diff.outcome, diff.provisional, diff.recommendation = recommend(diff, facts.get(base_name),
-                                                                        facts.get(variant))
+        diff.outcome, diff.provisional, diff.recommendation, diff.headline = recommend(
+            diff, facts.get(base_name), facts.get(variant))
         diffs.append(diff)
     return diffs
 
@@ -213,8 +216,19 @@ def _flag_changes(base: dict[str, Any], other: dict[str, Any]) -> list[tuple[str
 _UNJUDGED = {"Invalid", "Contaminated", "Failed"}
 
 
+class Recommendation(NamedTuple):
+    """A variant's verdict: the outcome, whether it rests on launch facts alone, the whole sentence (the flags
+    changed, every figure and fact that moved, the verdict and why) and its headline (what decided it, or the
+    change nearest to settling and what would settle it, and the price: one sentence)."""
+
+    outcome: Outcome
+    provisional: bool
+    sentence: str
+    headline: str
+
+
 def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
-              facts: dict[str, Any] | None) -> tuple[Outcome, bool, str]:
+              facts: dict[str, Any] | None) -> Recommendation:
     """Keep, revert, no difference or not settled, for the variant as a whole, in one plain sentence.
 
     Better/worse verdicts are family-wise (Holm) already. Revert needs evidence of harm (a metric worse, the KV
@@ -228,15 +242,20 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     settled" (with what would settle it) where any is neither, unless the variant has a certain cost (a smaller
     cache, fewer agents) and no benefit shown even once each launch's shared speed is taken out (benefit.py):
     from three launches a side that is a revert (issue 54). With one measurement a side nothing measured is
-    judged, and the launch facts decide provisionally. Returns (outcome, provisional, sentence)."""
+    judged, and the launch facts decide provisionally. Returns the outcome with its whole sentence and its
+    headline (what decided it, in one sentence)."""
     changes = ", ".join(f"{k} {fmt_value(a)} -> {fmt_value(b)}" for k, a, b in diff.flag_changes) or (
         "no flag change (A/A)")
     if not diff.comparable:
-        return "not settled", False, f"{changes}: not comparable ({diff.not_comparable_reason}): not settled"
+        return Recommendation("not settled", False,
+                              f"{changes}: not comparable ({diff.not_comparable_reason}): not settled",
+                              f"not comparable: {diff.not_comparable_reason}")
     if facts is None:
         if base_facts is None:
-            return "not settled", False, f"{changes}: neither server became ready; nothing to compare: not settled"
-        return "revert", False, f"{changes}: the server never became ready with these flags: revert"
+            return Recommendation("not settled", False, f"{changes}: neither server became ready; nothing to "
+                                  "compare: not settled", "neither server became ready")
+        return Recommendation("revert", False, f"{changes}: the server never became ready with these flags: revert",
+                              "the server never became ready with these flags")
     # A change of speculative decoding measured on random token ids: their speed says nothing of text, so those
     # cells decide nothing (other changes on a speculative server are measured like any other).
     random_spec = _random_spec_cells(diff)
@@ -295,22 +314,45 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     def sentence(verdict: str) -> str:
         return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
 
+    # The headline's parts: what was shown, and the launch facts that are exact.
+    shown_better = [(c, m) for c, m in decisive if m.verdict == "better"
+                    and not (m.metric in TAIL_METRICS and c.key in slower)]
+    shown_worse = [(c, m) for c, m in decisive if m.verdict == "worse"]
+    exact_gain = ([f"KV cache {kv_change:+.1f}%"] if kv_gain and kv_change is not None else []) + (
+        [f"no longer over capacity in {listed(gained, 1)}"] if gained else [])
+    exact_loss = ([f"KV cache {kv_change:+.1f}%"] if kv_loss and kv_change is not None else []) + (
+        [f"over capacity now in {listed(lost, 1)}"] if lost else [])
+    agents = (agents_at_8k(base_facts), agents_at_8k(facts))
+    if agents[0] is not None and agents[1] is not None and (kv_gain or kv_loss) and agents[0] != agents[1]:
+        (exact_gain if agents[1] > agents[0] else exact_loss).append(f"agents at 8K context {agents[0]} -> "
+                                                                     f"{agents[1]}")
+    gains = "; ".join(([largest(shown_better)] if shown_better else []) + ([", ".join(exact_gain)] if exact_gain
+                                                                            else []))
+    losses = "; ".join(([largest(shown_worse)] if shown_worse else []) + ([", ".join(exact_loss)] if exact_loss
+                                                                          else []))
+
+    def said(outcome: Outcome, verdict: str, headline: str, provisional: bool = False) -> Recommendation:
+        return Recommendation(outcome, provisional, sentence(verdict), headline)
+
     gain, loss = kv_gain or bool(gained), kv_loss or bool(lost)
     if diff.aa and (better or worse or gain or loss):
-        return "not settled", False, sentence(
-            "not settled: an A/A cannot differ, so these are false positives or launch-to-launch variation "
-            "(noise this rig's intervals do not capture)")
+        return said("not settled", "not settled: an A/A cannot differ, so these are false positives or "
+                    "launch-to-launch variation (noise this rig's intervals do not capture)",
+                    f"an A/A read a difference ({gains or losses}): noise this rig's intervals do not capture")
     if not judged:
         # Issue 20: one measurement a side is not evidence (nor are cells never Valid on both sides); only the
         # launch facts are exact, so they decide, provisionally.
         why = "one measurement" if one_measurement else "no cell measured on both sides"
         advice = repeats_advice(diff)
         if gain and not loss:
-            return "keep", True, sentence(f"keep, provisionally ({why}: {advice} to confirm)")
+            return said("keep", f"keep, provisionally ({why}: {advice} to confirm)",
+                        f"{gains}, from the launch facts alone ({why}: repeats would confirm it)", True)
         if loss and not gain:
-            return "revert", True, sentence(f"revert, provisionally ({why}: {advice} to confirm)")
+            return said("revert", f"revert, provisionally ({why}: {advice} to confirm)",
+                        f"{losses}, from the launch facts alone ({why}: repeats would confirm it)", True)
         if one_measurement:
-            return "not settled", False, sentence(f"not settled (one measurement a side: {advice} to settle it)")
+            return said("not settled", f"not settled (one measurement a side: {advice} to settle it)",
+                        "one measurement a side: repeats would settle it")
     # 1% or more of the KV cache counts like a faster or slower cell; a smaller loss is still a cost.
     harm = bool(worse) or kv_loss or bool(lost)
     benefit = bool(better) or kv_gain or bool(gained)
@@ -324,22 +366,28 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     # Streams the baseline served that the variant cannot hold at all (over capacity now, and a smaller cache)
     # are not weighed against a faster cell elsewhere: seed 000 reverted a drafter that cut the cache 5x.
     if lost and kv_loss and not gained and not kv_gain:
-        return "revert", False, sentence("revert (it can no longer serve what the baseline served)")
+        return said("revert", "revert (it can no longer serve what the baseline served)",
+                    f"it can no longer serve what the baseline served: {losses}")
     if harm and (rate_benefit or (benefit and not rate_harm)):
-        return "not settled", False, sentence("not settled: a trade-off, decide by which matters more")
+        return said("not settled", "not settled: a trade-off, decide by which matters more",
+                    f"a trade-off: {gains} against {losses}")
     if harm and benefit:
-        return "revert", False, sentence("revert (a better latency tail does not buy back what was lost)")
+        return said("revert", "revert (a better latency tail does not buy back what was lost)",
+                    f"{losses}; a better latency tail ({gains}) does not buy it back")
     if harm:
-        return "revert", False, sentence("revert")
+        return said("revert", "revert", losses)
     if random_spec and not text_judged:
-        return "not settled", False, sentence(
-            "not settled: speculative decoding cannot be judged on random prompts alone")
+        return said("not settled", "not settled: speculative decoding cannot be judged on random prompts alone",
+                    "speculative decoding measured on random prompts only: measure it on text")
     if unjudged:
-        return "not settled", False, sentence("not settled until those cells are measured")
+        return said("not settled", "not settled until those cells are measured",
+                    f"{len(unjudged)} cell(s) not measured on both sides ({listed([c.key for c in unjudged], 1)}): "
+                    "not settled until they are")
     if benefit:
-        return "keep", False, sentence("keep")
+        costs_kept = [] if diff.aa else costs_of(base_facts, facts, kv_change)
+        return said("keep", "keep", gains + (f"; at a price: {listed(costs_kept)}" if costs_kept else ""))
     if not judged:
-        return "not settled", False, sentence("not settled: no comparable measurements")
+        return said("not settled", "not settled: no comparable measurements", "no comparable measurements")
     within = f"+-{100 * diff.look.min_effect:g}%"
     unsettled = [(c, m) for c, m in decisive if m.verdict == "not settled"]
     costs = [] if diff.aa else costs_of(base_facts, facts, kv_change)
@@ -350,21 +398,24 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         # shows on its own once each launch's shared speed is taken out (benefit.py; verdict-check's rates).
         shown = benefits_shown(figures, diff.look.min_effect)
         if not shown:
-            return "revert", False, sentence(cost_revert_text(costs, unsettled, diff))
+            return said("revert", cost_revert_text(costs, unsettled, diff),
+                        f"it costs {listed(costs)} and showed no benefit in {diff.tests} tests")
         best = max(shown, key=lambda b: b.change_pct)
-        return "not settled", False, sentence(
-            f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, but {best.figure} is better by "
-            f"{best.change_pct:.1f}% on its own once each launch's shared speed is taken out (one-sided "
-            f"p={best.p_value:.3f}): a revert could throw a real benefit away")
+        return said("not settled",
+                    f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, but {best.figure} is better by "
+                    f"{best.change_pct:.1f}% on its own once each launch's shared speed is taken out (one-sided "
+                    f"p={best.p_value:.3f}): a revert could throw a real benefit away",
+                    f"it costs {listed(costs)}, but {best.figure} may be {best.change_pct:.1f}% better")
     if unsettled and costs:
         # Why the cost alone did not revert it, and what would let it.
-        return "not settled", False, sentence(f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, "
-                                              f"but {why_not_reverted(figures)}")
+        return said("not settled", f"{unsettled_text(unsettled, diff)}; it costs {listed(costs)}, "
+                                   f"but {why_not_reverted(figures)}",
+                    f"it costs {listed(costs)}; {settling_head(unsettled, diff.look)}")
     if unsettled:
-        return "not settled", False, sentence(unsettled_text(unsettled, diff))
+        return said("not settled", unsettled_text(unsettled, diff), settling_head(unsettled, diff.look))
     if costs:
-        return "revert", False, sentence(f"revert (a cost with no benefit: every deciding figure is shown within "
-                                         f"{within})")
+        return said("revert", f"revert (a cost with no benefit: every deciding figure is shown within {within})",
+                    f"it costs {listed(costs)}, and every deciding figure is shown within {within}")
     noise = (f"no difference: every deciding figure shown within {within} ({diff.tests} tests at "
              f"{diff.look.describe()})")
     # Values that describe the server but do not decide (DIAGNOSTIC_METRICS) may still have moved: saying
@@ -373,7 +424,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
              if m.metric in DIAGNOSTIC_METRICS and m.verdict in {"better", "worse"}]
     if moved:
         noise += f"; moved, but describing the server rather than deciding: {listed(moved)}"
-    return "no difference", False, sentence(noise)
+    return said("no difference", noise, f"every deciding figure shown within {within} ({diff.tests} tests)")
 
 
 def _figures(decisive: list[tuple[CellDiff, MetricVerdict]]) -> list[Figure] | None:

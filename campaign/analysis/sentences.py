@@ -153,16 +153,20 @@ def unsettled_head(unsettled: list[tuple[CellDiff, MetricVerdict]], look: Look) 
     return text
 
 
+def closest_to_settling(unsettled: list[tuple[CellDiff, MetricVerdict]]) -> list[tuple[CellDiff, MetricVerdict]]:
+    """The open figures by what would settle them soonest: first the changes fewest launches would confirm,
+    then the largest."""
+    return sorted(unsettled, key=lambda item: (item[1].confirm_repeats is None, item[1].confirm_repeats or 0,
+                                               -abs(item[1].change_pct or 0.0)))
+
+
 def unsettled_text(unsettled: list[tuple[CellDiff, MetricVerdict]], diff: VariantDiff) -> str:
     """Why a variant is not settled and what would settle it: the widest interval, where it is and which side
     is noisy; then, for the largest changes seen, the launches a side that would confirm each if it is real and
     that would show no difference if it is not."""
     look = diff.look
     text = unsettled_head(unsettled, look)
-    # The advice: first the changes fewest launches would confirm, then the largest.
-    closest = sorted(unsettled, key=lambda item: (item[1].confirm_repeats is None, item[1].confirm_repeats or 0,
-                                                  -abs(item[1].change_pct or 0.0)))[:2]
-    for cell, m in closest:
+    for cell, m in closest_to_settling(unsettled)[:2]:
         have = min(m.n_baseline, m.n_variant)
         text += (f"; {m.metric} at {cell.key} {m.change_pct or 0.0:+.1f}%: "
                  + settle_advice((m.change_pct or 0.0) / 100, m.confirm_repeats, m.equivalence_repeats, have,
@@ -176,3 +180,35 @@ def noisy_side(spread_pct: tuple[float, float]) -> str:
     if max(base, variant) > 2 * max(min(base, variant), 1e-9):
         text += f": the {'variant' if variant > base else 'baseline'} is the noisy side"
     return text
+
+
+# --- the verdict in one sentence (the report's first line a variant; the whole reasoning stays the sentence) ---
+
+def change_text(cell: CellDiff, m: MetricVerdict) -> str:
+    """`prompt_tok_s at prefill-L1536 -67.5%`: a figure's change seen."""
+    return f"{m.metric} at {cell.key} {m.change_pct or 0.0:+.1f}%"
+
+
+def largest(found: list[tuple[CellDiff, MetricVerdict]], limit: int = 2) -> str:
+    """The `limit` largest changes of these figures, the largest first."""
+    ranked = sorted(found, key=lambda item: -abs(item[1].change_pct or 0.0))
+    return listed([change_text(c, m) for c, m in ranked], limit)
+
+
+def settling_head(unsettled: list[tuple[CellDiff, MetricVerdict]], look: Look) -> str:
+    """The open change nearest to settling, and what would settle it: `prompt_tok_s at prefill-L1536 -67.5%
+    seen, not yet shown: 1 more launch a side would confirm it`."""
+    cell, m = closest_to_settling(unsettled)[0]
+    have = min(m.n_baseline, m.n_variant)
+
+    def more(n: int | None, then: str, out_of_reach: str) -> str:
+        if n is None:
+            return f"{out_of_reach} is out of reach at this noise (over {MAX_ADVISED_REPEATS} launches a side)"
+        n = max(1, n - have)
+        return f"{n} more launch{'es' if n > 1 else ''} a side would {then}"
+
+    if abs(m.change_pct or 0.0) >= 100 * look.min_effect:
+        return (f"{change_text(cell, m)} seen, not yet shown: "
+                f"{more(m.confirm_repeats, 'confirm it', 'confirming it')}")
+    return (f"{change_text(cell, m)} seen, under the +-{100 * look.min_effect:g}% that counts: "
+            f"{more(m.equivalence_repeats, 'show no difference', 'showing no difference')}")

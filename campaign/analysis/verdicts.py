@@ -71,6 +71,7 @@ class VariantDiff:
     comparable: bool
     not_comparable_reason: str = ""
     recommendation: str = ""
+    headline: str = ""            # the recommendation in one sentence: what decided it (recommend.Recommendation)
     # How the variant's `gpu-memory-utilization: suggested` was resolved: suggested, margin, resolved.
     suggested: dict[str, Any] | None = None
     outcome: Outcome = "not settled"

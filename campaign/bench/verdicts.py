@@ -128,8 +128,7 @@ def judge(base: list[list[tuple[float, float]]], other: list[list[tuple[float, f
     variant = VariantDiff(variant="v", baseline="b", flag_changes=[("x", 1, 2)], fact_changes=[], cells=cells,
                           comparable=True, look=look)
     variant.tests = family_wise(cells, look)
-    outcome, _, _ = recommend(variant, FACTS, COSTLY if cost else FACTS)
-    return outcome
+    return recommend(variant, FACTS, COSTLY if cost else FACTS).outcome
 
 
 def night(rng: random.Random, scenario: Scenario, min_effect: float = MIN_EFFECT) -> tuple[Outcome, int]:

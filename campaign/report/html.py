@@ -336,7 +336,8 @@ def render_html(data: ReportData) -> str:
 def render_markdown(data: ReportData) -> str:
     """The same tables as the HTML report, as Markdown tables (charts beside it as PNG files)."""
     parts = [f"# {md_escape(data.manifest.campaign)} ({data.manifest.created_utc})", "## Verdict",
-             "\n".join(f"- {md_escape(line)}" for line in report.verdict_lines(verdict(data))),
+             "\n".join(("  - " if line.startswith(report.WHY) else "- ") + md_escape(line)
+                       for line in report.verdict_lines(verdict(data))),
              *(f"![{md_escape(alt)}]({path.name})" for alt, path in _forests(data))]
     for heading, tables in sections(data):
         parts += [f"## {md_escape(heading)}", *map(to_markdown, tables)]

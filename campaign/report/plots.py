@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +18,17 @@ from campaign.report import names
 DPI = 110
 
 
-def _subplots(*grid: int, figsize: tuple[float, float], squeeze: bool = True) -> tuple[Any, Any]:
+def _subplots(*grid: int, figsize: tuple[float, float], squeeze: bool = True,
+              height_ratios: Sequence[float] | None = None) -> tuple[Any, Any]:
     """A figure of its own (no pyplot: no display, no global figure registry to close) and its axes.
     matplotlib is imported here, when a chart is drawn: it is 0.4 s of every command's start otherwise."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=figsize)
-    return fig, fig.subplots(*grid, squeeze=squeeze)
+    return fig, fig.subplots(*grid, squeeze=squeeze, height_ratios=height_ratios)
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path, *, bottom: float = 0.0) -> Path:
     """The figure as a 256-colour PNG: charts are flat colours and antialiased lines, and the palette keeps
     them as they look at a third of the bytes (a forest plot 64 -> 20 KB, the throughput chart 76 -> 22 KB),
     so a report of a dozen charts stays light enough to mail. Fast octree, unoptimised: 10 ms a chart against
@@ -33,7 +36,7 @@ def _save(fig: Any, path: Path) -> Path:
     the throughput chart); a report draws one per variant and experiment, and every night ends with one."""
     from PIL import Image
 
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, bottom, 1.0, 1.0))   # `bottom`: a share of the height kept for a footnote
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=DPI, format="png")
     buffer.seek(0)
@@ -129,58 +132,142 @@ def agents_that_fit(all_fits: dict[str, dict[str, int | None]], path: Path) -> P
 VERDICT_COLOURS = {"better": "tab:green", "worse": "tab:red", "no difference": "tab:blue", "not settled": "dimgrey"}
 
 
-def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
-    """The A/B at a glance (verdicts.VariantDiff): every cell and metric's change against the baseline as a point
-    with its 95% interval on one % axis, the band of the minimum effect shaded, better green, worse red, no
-    difference blue, not settled grey; a change without an interval (one measurement a side) a hollow point, a cell or
-    metric with nothing to compare an x at 0, and a variant that is not comparable says so in the title."""
-    rows: list[tuple[str, Any]] = [(f"{c.key}  {names.name(m.metric)}", m) for c in diff.cells for m in c.metrics]
-    rows += [(f"{c.key}  (not valid)", None) for c in diff.cells if not c.metrics and c.status_note]
-    # The launch facts' changes are exact (no interval): the KV cache's often decides the verdict.
-    facts = [(f"launch fact  {key}", pct) for key, _, _, pct in diff.fact_changes if pct is not None]
-    if not rows and not facts:
-        return None
-    # The axis fits the changes, not the widest interval (one noisy TTFT's +-8000% would flatten the rest):
-    # an interval beyond it ends in an arrow at the edge.
-    changes = [abs(m.change_pct) for _, m in rows if m is not None and m.change_pct is not None]
-    edge = max(10.0, 2 * noise_pct, 1.25 * max(changes + [abs(p) for _, p in facts], default=0.0))
-    fig, ax = _subplots(figsize=(8.5, 1.1 + 0.24 * (len(rows) + len(facts))))
-    ax.axvspan(-noise_pct, noise_pct, color="#eeeeee", zorder=0, label=f"noise (±{noise_pct:g}%)")
-    ax.axvline(0, color="grey", linewidth=0.8, zorder=1)
-    for y, (_, m) in enumerate(rows):
-        if m is None or m.change_pct is None:
-            ax.plot([0], [y], marker="x", color="darkorange", zorder=3)
-            continue
-        colour = VERDICT_COLOURS.get(m.verdict, "grey") if diff.comparable else "grey"
+AXIS_CAP_PCT = 100.0   # an undecided change beyond this is an arrow at the edge, its value printed
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One figure's point on the forest plot: its change, its 95% interval as drawn (within the axis), and
+    what was cut at the axis' edge, printed where it was cut."""
+
+    label: str
+    verdict: str
+    change_pct: float          # as drawn: at the edge where the change is beyond it
+    interval: tuple[float, float] | None   # as drawn; None: no interval (one measurement a side)
+    cut: tuple[str | None, str | None] = (None, None)   # the low and high ends' real values, where cut
+    change_cut: str | None = None   # the change's real value, where it is beyond the edge (an arrow there)
+
+
+@dataclass(frozen=True)
+class ForestLayout:
+    """What a variant's forest plot shows: the figures drawn, the axis' half-width, the launch facts (exact
+    changes, their own panel) and the figures with nothing to compare, listed under the plot, never drawn."""
+
+    rows: list[ForestRow]
+    edge: float
+    facts: list[tuple[str, float]]
+    nothing: list[str]
+
+
+def forest_layout(diff: Any, *, noise_pct: float) -> ForestLayout:
+    """The forest plot's content (verdicts.VariantDiff). The axis fits every decided change (better, worse, no
+    difference) and, up to AXIS_CAP_PCT, the undecided ones, so one noisy figure's +700% does not flatten the
+    rest; a change or interval end beyond it is cut to an arrow at the edge with its value printed there."""
+    found = [(f"{c.key}  {names.name(m.metric)}", m) for c in diff.cells for m in c.metrics]
+    missing: dict[str, list[str]] = {}
+    for c in diff.cells:
+        for m in c.metrics:
+            if m.change_pct is None:
+                missing.setdefault(c.key, []).append(names.name(m.metric))
+        if not c.metrics and c.status_note:
+            missing.setdefault(c.key, []).append("not valid")
+    nothing = [f"{key} ({', '.join(figures)})" for key, figures in missing.items()]
+    measured = [(label, m) for label, m in found if m.change_pct is not None]
+    facts = [(f"{key}", pct) for key, _, _, pct in diff.fact_changes if pct is not None]
+    decided = [abs(m.change_pct) for _, m in measured if m.verdict in {"better", "worse", "no difference"}]
+    seen = [abs(m.change_pct) for _, m in measured]
+    edge = max(10.0, 2 * noise_pct, 1.25 * max(decided, default=0.0), min(1.25 * max(seen, default=0.0),
+                                                                           AXIS_CAP_PCT))
+    rows = []
+    for label, m in measured:
+        verdict = m.verdict if diff.comparable else "not comparable"
+        change = max(-edge, min(edge, m.change_pct))
+        beyond = f"{m.change_pct:+.0f}%" if change != m.change_pct else None
         if m.ci95_pct is None:
-            ax.plot([m.change_pct], [y], marker="o", markerfacecolor="white", color=colour, zorder=3)
+            rows.append(ForestRow(label, verdict, change, None, change_cut=beyond))
             continue
-        low, high = max(m.ci95_pct[0], -edge), min(m.ci95_pct[1], edge)
-        ax.plot([low, high], [y, y], color=colour, linewidth=1.2, zorder=2)
-        ax.plot([m.change_pct], [y], marker="o", markersize=4, color=colour, zorder=3)
-        for end, clipped, arrow in ((low, m.ci95_pct[0] < -edge, "<"), (high, m.ci95_pct[1] > edge, ">")):
-            ax.plot([end], [y], marker=arrow if clipped else "|", color=colour, markersize=5, zorder=3)
-    for y, (_, pct) in enumerate(facts, start=len(rows)):
-        ax.plot([pct], [y], marker="D", markersize=5, color="black", zorder=3)
-    ax.set_xlim(-edge, edge)
-    ax.set_yticks(range(len(rows) + len(facts)), [label for label, _ in rows + facts], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("change against the baseline (%), 95% interval")
+        low, high = m.ci95_pct
+        cut = (f"{low:+.0f}%" if low < -edge else None, f"{high:+.0f}%" if high > edge else None)
+        rows.append(ForestRow(label, verdict, change, (max(low, -edge), min(high, edge)), cut, change_cut=beyond))
+    return ForestLayout(rows, edge, facts, nothing)
+
+
+def forest(diff: Any, path: Path, *, noise_pct: float) -> Path | None:
+    """The A/B at a glance (verdicts.VariantDiff, laid out by forest_layout): every figure's change against the
+    baseline as a point with its 95% interval on one % axis, the band of the minimum effect shaded, better
+    green, worse red, no difference blue, not settled grey; a change without an interval (one measurement a
+    side) a hollow point; what the axis cut, an arrow with its value; the launch facts (exact) in a panel of
+    their own; the figures with nothing to compare listed under the plot; a variant that is not comparable says
+    so in the title."""
+    layout = forest_layout(diff, noise_pct=noise_pct)
+    if not layout.rows and not layout.facts:
+        return None
+    from matplotlib.lines import Line2D
+
+    panels = [n for n in (len(layout.rows), len(layout.facts)) if n]
+    listed = textwrap.wrap(f"nothing to compare (not drawn): {'; '.join(layout.nothing)}", 150) if layout.nothing \
+        else []
+    fig, grid = _subplots(len(panels), 1, squeeze=False, height_ratios=[n + 1.5 for n in panels], figsize=(
+        8.5, 1.3 + 0.24 * sum(panels) + 0.6 * (len(panels) - 1) + 0.14 * len(listed)))
+    axes = list(grid[:, 0])
+    ax = axes[0] if layout.rows else None
+    if ax is not None:
+        edge = layout.edge
+        ax.axvspan(-noise_pct, noise_pct, color="#eeeeee", zorder=0, label=f"noise (±{noise_pct:g}%)")
+        ax.axvline(0, color="grey", linewidth=0.8, zorder=1)
+        for y, row in enumerate(layout.rows):
+            colour = VERDICT_COLOURS.get(row.verdict, "grey")
+            if row.interval is not None:
+                ax.plot(row.interval, [y, y], color=colour, linewidth=1.2, zorder=2)
+                for end, value, arrow, side in ((row.interval[0], row.cut[0], "<", 1),
+                                                (row.interval[1], row.cut[1], ">", -1)):
+                    ax.plot([end], [y], marker=arrow if value else "|", color=colour, markersize=5, zorder=3)
+                    if value:
+                        ax.annotate(value, (end, y), xytext=(4 * side, 2), textcoords="offset points", fontsize=6,
+                                    color=colour, ha="left" if side > 0 else "right", va="bottom")
+            if row.change_cut:
+                ax.plot([row.change_pct], [y], marker=">" if row.change_pct > 0 else "<", markersize=7,
+                        color=colour, zorder=3)
+                ax.annotate(f"change {row.change_cut}", (row.change_pct, y), xytext=(-6 if row.change_pct > 0 else 6,
+                                                                                    -3),
+                            textcoords="offset points", fontsize=6, fontweight="bold", color=colour,
+                            ha="right" if row.change_pct > 0 else "left", va="top")
+            else:
+                hollow = row.interval is None
+                ax.plot([row.change_pct], [y], marker="o", markersize=5 if hollow else 4, color=colour,
+                        markerfacecolor="white" if hollow else colour, zorder=3)
+        ax.set_xlim(-edge, edge)
+        ax.set_yticks(range(len(layout.rows)), [row.label for row in layout.rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("change against the baseline (%), 95% interval", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        keys = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in VERDICT_COLOURS.items()
+                if any(r.verdict == v for r in layout.rows)]
+        if any(r.interval is None for r in layout.rows):
+            keys.append(Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="white",
+                               label="not judged (no interval)"))
+        handles, _ = ax.get_legend_handles_labels()
+        ax.legend(handles=handles + keys, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if layout.facts:
+        fax = axes[-1]
+        reach = max(10.0, 1.25 * max(abs(p) for _, p in layout.facts))
+        fax.axvline(0, color="grey", linewidth=0.8, zorder=1)
+        for y, (_, pct) in enumerate(layout.facts):
+            fax.plot([pct], [y], marker="D", markersize=5, color="black", zorder=3)
+            fax.annotate(f"{pct:+.1f}%", (pct, y), xytext=(6, -2), textcoords="offset points", fontsize=6)
+        fax.set_xlim(-reach, reach)
+        fax.set_ylim(len(layout.facts) - 0.5, -0.5)
+        fax.set_yticks(range(len(layout.facts)), [label for label, _ in layout.facts], fontsize=7)
+        fax.set_xlabel("launch facts: exact change from the startup log (%)", fontsize=8)
+        fax.grid(axis="x", alpha=0.3)
     title = f"{diff.variant} vs {diff.baseline}"
     if not diff.comparable:
         title += f": NOT COMPARABLE ({diff.not_comparable_reason})"
-    ax.set_title(title, fontsize=9)
-    ax.grid(axis="x", alpha=0.3)
-    from matplotlib.lines import Line2D
-
-    keys = [Line2D([], [], marker="o", linestyle="", color=c, label=v) for v, c in VERDICT_COLOURS.items()]
-    keys += [Line2D([], [], marker="o", linestyle="", color="grey", markerfacecolor="white",
-                    label="not judged (no interval)"),
-             Line2D([], [], marker="x", linestyle="", color="darkorange", label="nothing to compare"),
-             Line2D([], [], marker="D", linestyle="", color="black", label="launch fact (exact)")]
-    handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles=handles + keys, fontsize=6, loc="lower right")
-    return _save(fig, path)
+    axes[0].set_title(title, fontsize=9)
+    if listed:
+        fig.text(0.01, 0.005, "\n".join(listed), fontsize=6, color="dimgrey", va="bottom")
+        fig.subplots_adjust(bottom=0.0)
+    return _save(fig, path, bottom=0.14 * len(listed) / fig.get_figheight())
 
 
 # --- the study's experiments as pictures (issue 18) ------------------------------------------------------------

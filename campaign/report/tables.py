@@ -2,9 +2,9 @@
 
 A table is built once, as data (`Table` of `Cell`s), and every output renders that same object, the way
 hyperfine's Markdown, AsciiDoc and Org exporters share one table and differ only in row syntax. The renderers
-add nothing a table does not say: the HTML-only parts of a cell (hover title, CSS class, heat-map shade) are
-data on the cell, ignored where a format cannot show them; so is a header's hover text (what the column's figure is,
-`header_titles`).
+add nothing a table does not say: the HTML-only parts of a cell (hover title, CSS class, heat-map shade, a long
+form folded under it) are data on the cell, ignored where a format cannot show them; so is a header's hover text
+(what the column's figure is, `header_titles`).
 
 Shapes: a table with headers is a grid (left out when it has no rows), with `lead` lines said before it (the
 diff's flag and fact changes) and `notes` after it. A table without headers is a titled list of its notes
@@ -25,6 +25,9 @@ class Cell:
     title: str | None = None   # HTML hover text (why a cell is not Valid, which label it has)
     cls: str | None = None     # HTML class: "bad", "over", "better", "worse", "noise", "warn", ...
     heat: float | None = None  # 0..1: the cell's share of the table's best value, as an HTML background
+    # The whole text where `text` is its short form (a verdict's reasoning under its headline): HTML folds it
+    # under the cell's text, one click away; the verdict's lines say it on a line of its own.
+    more: str | None = None
 
 
 Item = Cell | str
@@ -136,8 +139,12 @@ def _attrs(classes: Sequence[str | None], c: Cell | None = None) -> str:
     return out
 
 
+MORE = "the whole reasoning"   # the fold's label
+
+
 def _td(c: Cell, align: str) -> str:
-    return f"<td{_attrs([c.cls, 'l' if align == 'l' else None], c)}>{_e(c.text)}</td>"
+    more = f"<details><summary>{MORE}</summary>{_e(c.more)}</details>" if c.more else ""
+    return f"<td{_attrs([c.cls, 'l' if align == 'l' else None], c)}>{_e(c.text)}{more}</td>"
 
 
 def _th(table: Table, index: int) -> str:

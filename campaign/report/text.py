@@ -328,7 +328,9 @@ def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[st
     answers = short or {}
     for d in diffs:
         outcome = d.outcome + (", provisionally" if d.provisional else "")
-        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), names.named(d.recommendation),
+        said = Cell(names.named(d.headline), more=names.named(d.recommendation)) if d.headline else Cell(
+            names.named(d.recommendation))
+        rows.append([d.variant, Cell(outcome, cls=OUTCOME_CLASS.get(d.outcome)), said,
                      floor_capacity(answers.get(d.baseline), answers.get(d.variant))])
     health: list[Item] = [Cell(f"drift: {drift}", cls="note")]
     not_valid = [(variant, c) for variant, cells in latest.items() for c in cells.values() if c.status != "Valid"]
@@ -350,16 +352,26 @@ def verdict_table(diffs: Sequence[Any], *, drift: str, latest: dict[str, dict[st
         Cell("launches failed: none", cls="note")]
     if not rows:
         health.insert(0, Cell(NOTHING_TO_COMPARE, cls="note"))
-    return Table(title="Verdict", headers=["Variant", "Verdict", "Why", "Streams at the floor"] if rows else (),
+    return Table(title="Verdict", headers=["Variant", "Verdict", "In one sentence", "Streams at the floor"] if rows
+                 else (),
                  rows=rows, align="llll", notes=health, cls="verdict")
 
 
+WHY = "  why: "   # the verdict line's reasoning, on a line of its own under it
+
+
 def verdict_lines(table: Table) -> list[str]:
-    """The verdict as lines ("variant: outcome: why [streams at the floor]", then the health lines): the end
-    of the console output and the opening of the Markdown report, word for word."""
-    texts = [[as_cell(item).text for item in row] for row in table.rows]
-    return [f"{variant}: {outcome}: {why}" + ("" if floor == DASH else f" [streams at the floor: {floor}]")
-            for variant, outcome, why, floor in texts] + [as_cell(n).text for n in table.notes]
+    """The verdict as lines ("variant: outcome: headline [streams at the floor]", with the whole reasoning on
+    an indented line under it, then the health lines): the end of the console output and the opening of the
+    Markdown report, word for word."""
+    out = []
+    for row in table.rows:
+        variant, outcome, why, floor = (as_cell(item) for item in row)
+        out.append(f"{variant.text}: {outcome.text}: {why.text}"
+                   + ("" if floor.text == DASH else f" [streams at the floor: {floor.text}]"))
+        if why.more:
+            out.append(WHY + why.more)
+    return out + [as_cell(n).text for n in table.notes]
 
 
 EXPORT_FIELDS = ["variant", "phase", "context_tokens", "concurrency", "label", "status", "total_tok_s",
