@@ -110,6 +110,17 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
             assert small.evaluate("document.documentElement.scrollWidth") <= width, width
             verdicts = small.locator("#verdict table td:nth-child(2)").all_inner_texts()
             assert verdicts == [d.outcome + (", provisionally" if d.provisional else "") for d in diffs]
+            # Issue 53: each verdict in one sentence, the whole reasoning one click away, and the verdict
+            # table needs no sideways scroll.
+            said = small.locator("#verdict table td:nth-child(3)")
+            assert said.evaluate_all("els => els.map(e => e.firstChild.textContent)") == [
+                names.named(d.headline) for d in diffs]
+            folded = small.locator("#verdict table td:nth-child(3) details")
+            assert folded.count() == len(diffs) and not folded.first.evaluate("e => e.open")
+            assert folded.evaluate_all("els => els.map(e => e.lastChild.textContent)") == [
+                names.named(d.recommendation) for d in diffs]
+            table = small.locator("#verdict table")
+            assert table.evaluate("t => t.scrollWidth <= t.clientWidth && t.getBoundingClientRect().right") <= width
             small.screenshot(path=str(tmp_path / f"report-{width}.png"))
             assert (tmp_path / f"report-{width}.png").stat().st_size > 20_000
             small.close()
@@ -192,6 +203,42 @@ def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(t
                         cells=[cell], comparable=False, not_comparable_reason="different GPU models")
     path = plots.forest(apart, tmp_path / "apart.png", noise_pct=3.0)
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_forest_plot_fits_what_was_decided_cuts_noise_at_its_edge_and_lists_what_has_nothing_to_compare(
+        ) -> None:
+    """Issue 53: a figure with nothing to compare is listed under the plot, never drawn at 0 (where the eye
+    reads "no change"); the axis fits every decided change but cuts an undecided one (a noisy TTFT's +760%) at
+    100%, its value printed where it was cut, so a real -67% is not a dot near zero; launch facts (exact) are
+    a panel of their own."""
+    from campaign.analysis.statistics import MetricVerdict
+    from campaign.analysis.verdicts import CellDiff, VariantDiff
+    from campaign.report import plots
+
+    def metric(name: str, change: float | None, ci: tuple[float, float] | None, verdict: str) -> MetricVerdict:
+        return MetricVerdict(metric=name, baseline=1.0, variant=None if change is None else 1 + change / 100,
+                             change_pct=change, ci95_pct=ci, n_baseline=2, n_variant=2 if change is not None else 0,
+                             verdict=verdict)  # type: ignore[arg-type]
+
+    prefill = CellDiff(key="prefill-L1536", phase="prefill", context_tokens=1536, concurrency=1, label="prefill",
+                       metrics=[metric("prompt_tok_s", -67.5, (-91.0, -44.0), "worse"),
+                                metric("ttft_ms", 760.0, (-7944.0, 9473.0), "not settled")])
+    burst = CellDiff(key="overload-x1.25", phase="experiment", context_tokens=0, concurrency=0, label="experiment",
+                     metrics=[metric("errored", None, None, "not judged")])
+    diff = VariantDiff(variant="v", baseline="b", flag_changes=[], cells=[prefill, burst], comparable=True,
+                       fact_changes=[("max_num_batched_tokens", 2048, 64, -96.9)])
+    layout = plots.forest_layout(diff, noise_pct=3.0)
+    assert layout.edge == 100.0 and layout.nothing == ["overload-x1.25 (errored)"]
+    assert layout.facts == [("max_num_batched_tokens", -96.9)]
+    worse, ttft = layout.rows
+    assert (worse.change_pct, worse.interval, worse.cut, worse.change_cut) == (-67.5, (-91.0, -44.0), (None, None),
+                                                                               None)
+    assert (ttft.change_pct, ttft.interval, ttft.cut, ttft.change_cut) == (100.0, (-100.0, 100.0),
+                                                                           ("-7944%", "+9473%"), "+760%")
+    # A decided change is never cut: the axis reaches it.
+    prefill.metrics[1] = metric("ttft_ms", 150.0, (120.0, 180.0), "worse")
+    decided = plots.forest_layout(diff, noise_pct=3.0)
+    assert decided.edge == pytest.approx(187.5) and decided.rows[1].cut == (None, None)
 
 
 def test_the_experiments_are_pictures_with_their_sentences_as_hover_text(run_dir: store.RunDir) -> None:
