@@ -305,6 +305,18 @@ def test_probe_through_the_proxy_in_every_mode(sim: LaunchedServer, pki: dict[st
             results[name] = probe(proxy.url + suffix, *probe_args)
         # Every measured stream went through the proxy (the probe's own requests: at least 4 streams).
         assert proxy.event_streams is not None and proxy.event_streams >= 4, (name, proxy)
+    # A path that adds nothing to the first token: the client's TTFT is the server's own, no caveat.
+    for name, cell in [("direct", direct), *results.items()]:
+        assert "client_ttft_over_server" not in cell["reason_codes"], (name, cell["reasons"])
+        assert cell["client_ttft_mean_ms"] - cell["server_ttft_mean_ms"] < 50 * float(TIME_SCALE), name
+    # Issue 53: a proxy that holds each stream's first piece 300 ms (1.5 s of the hardware's time at 5x): the
+    # cell stays Valid (its TTFT is what a user sees through that path) with the typed caveat, the gap it
+    # names being the hold.
+    with sse_proxy(upstream, "--hold-first-ms", "300") as proxy:
+        held = probe(proxy.url)
+    assert held["reason_codes"] == ["client_ttft_over_server"], held["reasons"]
+    gap = held["client_ttft_mean_ms"] - held["server_ttft_mean_ms"]
+    assert 300 * float(TIME_SCALE) <= gap < 300 * float(TIME_SCALE) + 50 * float(TIME_SCALE), gap
     summary = {name: (round(cell["total_tok_s"]), behind_share(cell)) for name, cell in results.items()}
     summary["direct"] = (round(direct["total_tok_s"]), behind_share(direct))
     print("total_tok_s, share of the window the simulator fell behind:", summary)

@@ -337,3 +337,20 @@ def test_the_sample_variance_is_the_standard_librarys_exact_one_to_rounding() ->
         assert sample_variance(values) == pytest.approx(stats_lib.variance(values), rel=1e-14)
     for value in (0.1, 0.7, 1 / 3, 123.456):   # equal values vary by exactly nothing, at any count
         assert all(sample_variance([value] * n) == 0.0 for n in range(2, 12))
+
+
+def test_a_cell_whose_client_ttft_is_past_the_servers_is_said_in_the_diff() -> None:
+    """Issue 53: the caveat `client_ttft_over_server` (a buffering proxy, a busy client host) is judged like any
+    Valid cell (the same path on both sides) but said in the variant's sentence, with what to do."""
+    decode = CellDiff(key="decode-x", phase="decode", context_tokens=512, concurrency=1, label="single-stream",
+                      metrics=[MetricVerdict(metric="total_tok_s", baseline=1.0, variant=1.0, change_pct=0.5,
+                                             ci95_pct=(-0.5, 1.5), n_baseline=2, n_variant=2,
+                                             verdict="no difference", p_value=0.5)],
+                      variant_reasons=[Reason.CLIENT_TTFT_OVER_SERVER])
+    diff = VariantDiff(variant="v", baseline="b", flag_changes=[("max-num-seqs", 256, 128)], fact_changes=[],
+                       cells=[decode], comparable=True, tests=1)
+    facts = {"kv_cache_tokens": 1000}
+    outcome, _, sentence, _ = recommend(diff, facts, facts)
+    assert outcome == "no difference"
+    assert "the client's TTFT past the server's own in decode-x (the TTFT is what a user sees through this path" \
+        in sentence, sentence

@@ -283,6 +283,8 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
               and c.phase == "experiment"]
     # Judged like every cell, but said: their averages span two regimes of the window.
     unsteady = [c.key for c in diff.cells if Reason.NOT_STEADY in c.variant_reasons + c.baseline_reasons]
+    # Judged too (the same path on both sides), but said: those TTFTs are the client's path's, not the server's.
+    proxied = [c.key for c in diff.cells if Reason.CLIENT_TTFT_OVER_SERVER in c.variant_reasons + c.baseline_reasons]
     kv_change = _pct((base_facts or {}).get("kv_cache_tokens"), facts.get("kv_cache_tokens"))
     kv_gain = kv_change is not None and kv_change >= KV_DECISIVE_PCT
     kv_loss = kv_change is not None and kv_change <= -KV_DECISIVE_PCT
@@ -305,6 +307,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     if unsteady:
         parts.append(f"not steady in {listed(unsteady)} (its averages span two regimes of the window: "
                      f"{REASON_HINTS[Reason.NOT_STEADY]})")
+    if proxied:
+        parts.append(f"the client's TTFT past the server's own in {listed(proxied)} "
+                     f"({REASON_HINTS[Reason.CLIENT_TTFT_OVER_SERVER]})")
     for kind, found in (("cell", unjudged), ("experiment", unread)):
         if found:
             codes = sorted({code for c in found for code in c.variant_reasons + c.baseline_reasons} - CAVEATS)

@@ -92,6 +92,8 @@ class Reason(StrEnum):
     NO_TOKENS_IN_WINDOW = "no_tokens_in_window"
     # A caveat (format 19): a rate cell whose server fell behind the arrivals; its latencies are a growing queue's.
     SERVER_FELL_BEHIND = "server_fell_behind"
+    # A caveat (format 20): the client's mean TTFT is past the server's own by more than a client's path adds.
+    CLIENT_TTFT_OVER_SERVER = "client_ttft_over_server"
 
 
 REASON_HINTS: dict[Reason, str] = {
@@ -138,6 +140,9 @@ REASON_HINTS: dict[Reason, str] = {
     Reason.SERVER_FELL_BEHIND: "the offered load is past what this server holds: its latencies grow with the "
                                "schedule's length. A lower rate, or more capacity (KV cache, max-num-seqs, "
                                "max-num-batched-tokens); --find-max-rate brackets the rate it holds",
+    Reason.CLIENT_TTFT_OVER_SERVER: "the TTFT is what a user sees through this path, not the server's: a proxy that "
+                                    "buffers the stream (nginx's proxy_buffering), or a client host too busy to read "
+                                    "it; measure from the server's host, or turn the buffering off",
     Reason.SPEC_RANDOM_PROMPTS: "measure speculative decoding on text: prompts: code or prose (or a FILE.jsonl of your "
                                 "own), where the drafter has something to predict",
 }
@@ -216,7 +221,32 @@ def not_warm(first: CellResult, again: CellResult, *, tolerance: float = WARM_TO
 
 # Findings that leave a cell Valid: its figures stand, with what they cannot be read as.
 CAVEATS = frozenset({Reason.SPEC_RANDOM_PROMPTS, Reason.NOT_STEADY, Reason.SERVER_FELL_BEHIND, Reason.CLIENT_STALLED,
-                     Reason.SIM_BEHIND})
+                     Reason.SIM_BEHIND, Reason.CLIENT_TTFT_OVER_SERVER})
+
+# What a client's own path may add to the server's TTFT (vLLM's histogram counts from the request's arrival at
+# its API server to the first token's output): the socket, the stream's framing and the client's loop. On this
+# machine the real CPU build's and the simulator's gaps are a few ms and under 1%; a proxy that buffers the
+# stream holds the first token for tens to hundreds of ms, a starved client host as long as it stalls.
+CLIENT_TTFT_SLACK_MS = 50.0
+CLIENT_TTFT_SLACK_SHARE = 0.10
+
+
+def client_ttft_finding(server_ttft_ms: float | None, client_ttft_ms: float | None,
+                        time_scale: float = 1.0) -> Finding | None:
+    """The caveat `client_ttft_over_server` where the client's mean TTFT over a step's requests is past the
+    server's own over the same requests by more than CLIENT_TTFT_SLACK_MS (of the client's wall clock: a
+    time-scaled simulator's hardware ms are `time_scale` of them) and CLIENT_TTFT_SLACK_SHARE of it; None
+    where either is unknown or the gap is within that. Both in the hardware's ms."""
+    if server_ttft_ms is None or client_ttft_ms is None:
+        return None
+    gap = client_ttft_ms - server_ttft_ms
+    allowed = max(CLIENT_TTFT_SLACK_MS * time_scale, CLIENT_TTFT_SLACK_SHARE * server_ttft_ms)
+    if gap <= allowed:
+        return None
+    return Finding(Reason.CLIENT_TTFT_OVER_SERVER,
+                   f"the client's mean TTFT, {client_ttft_ms:,.0f} ms, is {gap:,.0f} ms over the server's own "
+                   f"{server_ttft_ms:,.0f} ms for the same requests (its TTFT histogram), more than the "
+                   f"{allowed:,.0f} ms a client's path adds")
 
 
 def spec_random_prompts() -> Finding:

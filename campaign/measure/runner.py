@@ -43,6 +43,7 @@ from campaign.measure.cells import (
     Finding,
     Reason,
     StepEvidence,
+    client_ttft_finding,
     findings_fields,
     longest_request,
     over_capacity,
@@ -863,6 +864,9 @@ class Measurer:
         queue = _queue(step.queue, load, scale, view.get("server_queue_mean_ms"))
         if queue.finding is not None:
             findings.append(queue.finding)
+        over = client_ttft_finding(view.get("server_ttft_mean_ms"), view.get("client_ttft_mean_ms"), scale)
+        if over is not None:
+            findings.append(over)
         if steadiness is not None and steadiness.drifting:
             findings.append(Finding(Reason.NOT_STEADY, f"the window was not steady: {steadiness.describe()}"))
         elif steadiness is not None and not steadiness.judged and any(
@@ -961,6 +965,11 @@ class Measurer:
         if spec.phase == "decode" and spec.prompts == "random" and (
                 m.speculative(delta) or self.target.num_speculative_tokens):
             findings.append(spec_random_prompts())
+        view = server_view(delta, records + step.priming, self.target.time_scale)
+        over = client_ttft_finding(view.get("server_ttft_mean_ms"), view.get("client_ttft_mean_ms"),
+                                   self.target.time_scale)
+        if over is not None:
+            findings.append(over)
         energy = step.telemetry.energy_j if step.telemetry else None
         generated = sum(r.tokens for r in records)
         if energy is not None and generated and spec.phase == "decode":
@@ -1026,7 +1035,7 @@ class Measurer:
             spec_acceptance_rate=acceptance_rate, spec_mean_acceptance_length=acceptance_length,
             spec_mean_accepted=m.spec_mean_accepted(delta),
             attempts=attempts, requests=[r.to_dict() for r in records],
-            **server_view(delta, records + step.priming, scale),
+            **view,
         )
 
 

@@ -100,6 +100,9 @@ Format history:
     server's waiting gauge (`waiting_max`, `avg_waiting`) and, where the server fell behind the arrivals for
     good, `fell_behind_s` and `waiting_at_end` with the caveat `server_fell_behind`. Older files have none
     (None).
+20 - a cell may carry the caveat `client_ttft_over_server`: its client's mean TTFT is past the server's own
+    (`server_ttft_mean_ms`, the same requests) by more than 50 ms and 10% of it, more than a client's path
+    adds (a proxy that buffers the stream, a client host too busy to read it). Older files have no such code.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -124,7 +127,7 @@ from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
 from campaign.spec.matrix import Matrix
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 _VERSION = Field(default=SCHEMA_VERSION, description="the format version this file is written in (see history)")
 
 
@@ -533,6 +536,7 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any], float], dict[str, Any]]] = {
     16: _defaults_suffice,  # 16 -> 17: a new reason code only
     17: _defaults_suffice,  # 17 -> 18: a new reason code only
     18: _defaults_suffice,  # 18 -> 19: new reason codes; cells' queue figures (None: not measured)
+    19: _defaults_suffice,  # 19 -> 20: a new reason code only
 }
 
 

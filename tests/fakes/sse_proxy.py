@@ -14,7 +14,9 @@ measure. What changes, one option at a time:
   Content-Length, no chunking);
 - `--prefix /p`: served under a path prefix (/p/v1/completions reaches the upstream's /v1/completions; other
   paths get 404);
-- `--tls-cert/--tls-key`: served over https.
+- `--tls-cert/--tls-key`: served over https;
+- `--hold-first-ms MS`: each event stream's first piece is held that long before it is written on, as a proxy
+  that buffers the stream holds the first token (what the client's TTFT then carries and the server's does not).
 
 Prints "listening on URL" once ready; SIGINT or SIGTERM stop it, and it prints how many requests and event
 streams it proxied.
@@ -98,6 +100,7 @@ class Proxy:
         self.prefix: str = (args.prefix or "").rstrip("/")
         self.rewrite = EOLS[args.line_ending] if args.line_ending else None
         self.http10 = args.http10
+        self.hold_s = args.hold_first_ms / 1000
         self.requests = 0
         self.event_streams = 0
 
@@ -199,11 +202,16 @@ class Proxy:
         down.write(("\r\n".join(out_head) + "\r\n\r\n").encode("latin-1"))
         await down.drain()
 
+        held = [self.hold_s if media == "text/event-stream" else 0.0]
+
         async def send(data: bytes) -> None:
             if rewrite is not None:
                 data = rewrite(data)
             if not data:
                 return
+            if held[0]:
+                await asyncio.sleep(held[0])
+                held[0] = 0.0
             down.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" if frame_chunked else data)
             await down.drain()
 
@@ -268,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http10", action="store_true", help="reply as HTTP/1.0, bodies delimited by closing")
     parser.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve https")
     parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    parser.add_argument("--hold-first-ms", type=float, default=0.0,
+                        help="hold each event stream's first piece this long (a buffering proxy)")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
