@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import yaml
 from fakes import builders
 from PIL import Image
 
@@ -87,6 +88,9 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
         assert reason is not None and "EngineCore encountered an issue" in reason
         assert page.locator("text=FAILED TO START (bad_argument)").count() >= 1
         assert page.locator("img").count() >= 3
+        # Every image loads and says what it shows; the frontier is among them (issue 53).
+        assert page.evaluate("[...document.images].every(i => i.complete && i.naturalWidth > 0 && i.alt)")
+        assert page.locator('img[alt="The frontier: tok/s per GPU against tok/s per user"]').count() == 1
         assert page.locator("text=How this was measured").count() == 1
         shot = tmp_path / "report.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -132,7 +136,7 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
 def test_png_charts_are_non_trivial(run_dir: store.RunDir, tmp_path: Path) -> None:
     paths = html_report.write(run_dir, fmt="png", out=tmp_path / "charts")
     names = {p.name for p in paths}
-    assert {"throughput.png", "prefill_vs_context.png", "agents_that_fit.png"} <= names
+    assert {"throughput.png", "prefill_vs_context.png", "agents_that_fit.png", "frontier.png"} <= names
     for path in paths:
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -582,3 +586,58 @@ def test_the_docs_use_the_figures_names_and_hold_their_legend_word_for_word() ->
             for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
     # results-format.md is generated from the records' own descriptions (campaign/stored/records.py).
     assert {doc: where for doc, where in said.items() if where and doc != "results-format.md"} == {}
+
+
+def test_a_rate_runs_report_draws_goodput_against_rate_with_the_capacity_bracket(tmp_path: Path) -> None:
+    """Issue 53: a night of rate cells and a capacity search (the simulated A5000 pair in simulated time) has
+    its loads drawn as stored: each rate cell's offered rate, achieved rate, goodput and p90 TTFT, each search
+    probe held or failed as its cell says, the bracket as the search stored it; the page shows the chart, and
+    a frontier needs a decode ladder, which this night has not."""
+    matrix = {"schema_version": 1, "name": "rate-report", "profile": "a5000-tp2", "baseline": "baseline",
+              "variants": [{"name": "baseline", "flags": {}}], "slo": {"ttft_p99_ms": 2000, "floor_tok_s": 20},
+              "workloads": [{"kind": "rate", "contexts": [1024], "rates": [0.25, 0.5], "max_tokens": 128,
+                             "duration_s": 30},
+                            {"kind": "slo-search", "context": 1024, "max_tokens": 128, "duration_s": 20,
+                             "start_rps": 0.5}],
+              "repeats": 1}
+    path = tmp_path / "rate-report.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    assert run_cli(["run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+                    "--plain"]) == 0
+    (root,) = (tmp_path / "runs" / "rate-report").iterdir()
+    data = html_report.gather(store.RunDir(root))
+    loads, brackets = html_report.rate_loads(data)
+    cells = sorted((c for c in data.latest["baseline"].values() if c.phase == "rate"), key=lambda c: c.request_rate)
+    drawn = sorted((p for p in loads["baseline"] if p.passed is None), key=lambda p: p.offered)
+    assert [(p.offered, p.achieved, p.goodput, p.ttft_p90_ms) for p in drawn] == [
+        (c.request_rate, c.achieved_rate_rps, c.goodput_rps, c.ttft_p90_ms) for c in cells] and len(cells) == 2
+    (search,) = [e.result for e in data.experiments if e.result.kind == "slo-search"]
+    stored = search.details["slo_search"]
+    assert brackets["baseline"] == (stored["last_pass_rps"], stored["first_fail_rps"]) != (None, None)
+    probes = [p for p in loads["baseline"] if p.passed is not None]
+    # The rate search's probes (the concurrency search's are closed loops: no offered rate to draw them at).
+    assert {(p.offered, p.passed) for p in probes} == {(c["request_rate"], c["slo_passed"])
+                                                        for c in search.details["probes"] if c["request_rate"]}
+    assert any(p.passed for p in probes) and not all(p.passed for p in probes)
+    html_report.write(store.RunDir(root))
+    page = (root / "report" / "report.html").read_text()
+    assert 'alt="Goodput and the first token&#x27;s wait against the rate offered, with the capacity bracket"' in page
+    assert "The frontier" not in page
+
+
+def test_the_frontier_is_each_variants_ladder_per_gpu_against_per_user(run_dir: store.RunDir) -> None:
+    """Issue 53: the frontier's points are the decode ladder's own figures (the ladder the short answers use):
+    a stream's tok/s across, total tok/s over the variant's GPUs up (tensor parallelism as its launch's log
+    said); a variant on two GPUs halves its per-GPU figure."""
+    from campaign.measure import answers
+    from campaign.report import plots
+
+    data = html_report.gather(run_dir)
+    gpus = html_report.gpu_counts(data.servers)
+    assert gpus["baseline"] == 1 and "broken" not in gpus
+    points = plots.frontier_points(data.all_cells, gpus)
+    ladder = answers.ladder_from_cells(data.all_cells["baseline"])
+    assert points["baseline"] == [(s.concurrency, s.per_request_tok_s, s.total_tok_s) for s in ladder]
+    assert [c for c, _, _ in points["baseline"]] == [1, 4]
+    halved = plots.frontier_points(data.all_cells, {"baseline": 2})["baseline"]
+    assert [y for _, _, y in halved] == [s.total_tok_s / 2 for s in ladder]

@@ -15,6 +15,7 @@ from typing import Any
 
 from campaign.analysis import recommend, summary, verdicts
 from campaign.core.errors import CampaignError
+from campaign.core.vllm_flags import value_of
 from campaign.measure.cells import CellResult
 from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
@@ -97,6 +98,41 @@ def gather(run: RunDir, other: RunDir | None = None) -> ReportData:
                       other_drift=summary.drift(other) if other is not None else None)
 
 
+def gpu_counts(servers: list[ServerRecord | FailureRecord]) -> dict[str, int]:
+    """Each variant's GPUs, as its first ready launch ran: tensor parallelism as its log said, else its flag."""
+    out: dict[str, int] = {}
+    for server in servers:
+        if isinstance(server, ServerRecord) and server.variant not in out:
+            flag = value_of(server.flags, "tensor-parallel-size")
+            out[server.variant] = int(server.facts.tensor_parallel_size or flag or 1)
+    return out
+
+
+def rate_loads(data: ReportData) -> tuple[dict[str, list[plots.RatePoint]], dict[str, plots.Bracket]]:
+    """Each variant's open-loop loads as stored (its latest rate and trace cells, its latest capacity search's
+    probes) and that search's bracket on the rate axis (the highest rate that held, the lowest that failed)."""
+    def point(c: CellResult, passed: bool | None = None) -> plots.RatePoint:
+        assert c.request_rate is not None
+        return plots.RatePoint(c.request_rate, c.achieved_rate_rps, c.goodput_rps, c.ttft_p90_ms, passed)
+
+    loads: dict[str, list[plots.RatePoint]] = {}
+    for variant, cells in data.latest.items():
+        for cell in cells.values():
+            if cell.phase == "rate" and cell.request_rate is not None and cell.status == "Valid":
+                loads.setdefault(variant, []).append(point(cell))
+    brackets: dict[str, plots.Bracket] = {}
+    for (variant, kind), result in _latest_experiments(data).items():
+        if kind != "slo-search":
+            continue
+        search = result.details.get("slo_search") or {}
+        brackets[variant] = (search.get("last_pass_rps"), search.get("first_fail_rps"))
+        for raw in result.details.get("probes") or []:
+            probe = CellResult.model_validate(raw)
+            if probe.request_rate is not None and probe.status == "Valid":
+                loads.setdefault(variant, []).append(point(probe, probe.slo_passed))
+    return loads, brackets
+
+
 def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     ttft: dict[str, list[tuple[int, float]]] = {}
@@ -114,6 +150,8 @@ def write_charts(data: ReportData, folder: Path) -> dict[str, Path]:
                     ttft.setdefault(item.variant, []).append((row["context_tokens"], 1000 * row["ttft_s"]))
     made = {
         "throughput": plots.throughput_vs_concurrency(data.all_cells, data.short, folder / "throughput.png"),
+        "frontier": plots.frontier(data.all_cells, gpu_counts(data.servers), folder / "frontier.png"),
+        "goodput": plots.goodput_vs_rate(*rate_loads(data), folder / "goodput_vs_rate.png"),
         "ttft": plots.ttft_vs_prompt(ttft, folder / "ttft_vs_prompt.png"),
         "prefill": plots.prefill_vs_context(prefill, folder / "prefill_vs_context.png"),
         "agents": plots.agents_that_fit({v: a.get("agents_that_fit") or {} for v, a in data.short.items()},
@@ -315,7 +353,9 @@ def render_html(data: ReportData) -> str:
     for heading, tables in sections(data):
         parts += [f"<h2>{_e(heading)}</h2>", *map(to_html, tables)]
     parts.append(_experiments_html(data))
-    titles = {"throughput": f"{names.header('total_tok_s')} and {names.name('per_request_tok_s')} against "
+    titles = {"frontier": "The frontier: tok/s per GPU against tok/s per user",
+              "goodput": "Goodput and the first token's wait against the rate offered, with the capacity bracket",
+              "throughput": f"{names.header('total_tok_s')} and {names.name('per_request_tok_s')} against "
                             "concurrency",
               "ttft": "Time to first token against prompt length", "prefill": "Prefill tok/s against context",
               "agents": "Agents that fit against context per agent"}

@@ -82,6 +82,109 @@ def throughput_vs_concurrency(by_variant: Mapping[str, Sequence[CellResult]], sh
     return _save(fig, path)
 
 
+def frontier_points(by_variant: Mapping[str, Sequence[CellResult]], gpus: Mapping[str, int]
+                    ) -> dict[str, list[tuple[int, float, float]]]:
+    """Each variant's frontier: (streams, tok/s per user, tok/s per GPU) a rung of its decode ladder, the
+    ladder's own figures (stream tok/s; total tok/s over the variant's GPUs)."""
+    out = {}
+    for variant, cells in by_variant.items():
+        ladder = answers.ladder_from_cells(cells)
+        count = max(1, gpus.get(variant, 1))
+        if ladder:
+            out[variant] = [(s.concurrency, s.per_request_tok_s, s.total_tok_s / count) for s in ladder]
+    return out
+
+
+def frontier(by_variant: Mapping[str, Sequence[CellResult]], gpus: Mapping[str, int], path: Path) -> Path | None:
+    """The trade a server makes as streams are added, as vLLM's `bench sweep plot_pareto` and InferenceX draw
+    it: tok/s per GPU (the operator's) against tok/s per user (a stream's), a point per concurrency of the
+    decode ladder (answers.ladder_from_cells), one curve a variant; up and to the right is better, and a
+    variant whose curve lies above another's everywhere serves more per GPU at every speed a user gets."""
+    curves = frontier_points(by_variant, gpus)
+    if not curves:
+        return None
+    fig, ax = _subplots(figsize=(7.5, 4.6))
+    for variant, points in curves.items():
+        count = max(1, gpus.get(variant, 1))
+        line = ax.plot([p[1] for p in points], [p[2] for p in points], marker="o",
+                       label=f"{variant} ({count} GPU{'s' if count > 1 else ''})")[0]
+        for streams, x, y in points:
+            ax.annotate(f"{streams}", (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7,
+                        color=line.get_color())
+    ax.set_xlabel(f"tok/s per user ({names.name('per_request_tok_s')})")
+    ax.set_ylabel("tok/s per GPU (total tok/s / GPUs)")
+    ax.set_title("The frontier: throughput per GPU against speed per user (labels: streams)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    """One open-loop load of a variant (a rate or trace cell, a capacity search's probe): the rate offered, the
+    rate achieved, the goodput at the SLO and the p90 TTFT; whether it held the SLO (None: no SLO asked)."""
+
+    offered: float
+    achieved: float | None
+    goodput: float | None
+    ttft_p90_ms: float | None
+    passed: bool | None = None
+
+
+Bracket = tuple[float | None, float | None]   # a capacity search's highest rate that held, lowest that failed
+
+
+def goodput_vs_rate(points: Mapping[str, Sequence[RatePoint]], brackets: Mapping[str, Bracket],
+                    path: Path) -> Path | None:
+    """Open-loop loads as a service sees them, a colour a variant: left, the goodput at the SLO (solid) and the
+    rate achieved (dotted) of the rate and trace cells against the rate offered, beside the line a server that
+    keeps up would follow; a capacity search's probes as points (filled: held the SLO; a cross: failed) and
+    its bracket as two lines with the band between (the highest rate that held, the lowest that failed);
+    right, the p90 TTFT against the rate offered, where a queue shows as the bend upward."""
+    points = {v: sorted(p, key=lambda r: r.offered) for v, p in points.items() if p}
+    if not points:
+        return None
+    fig, (ax_rate, ax_ttft) = _subplots(1, 2, figsize=(11, 4.4))
+    top = max(r.offered for p in points.values() for r in p)
+    ax_rate.plot([0, top], [0, top], linestyle="--", color="lightgrey", linewidth=0.8, label="kept up (offered)")
+    for variant, loads in points.items():
+        cells = [r for r in loads if r.passed is None]
+        probes = [r for r in loads if r.passed is not None]
+        line = ax_rate.plot([r.offered for r in cells], [math.nan if r.goodput is None else r.goodput for r in cells],
+                            marker="o", markersize=4, label=f"{variant}: goodput")[0]
+        colour = line.get_color()
+        ax_rate.plot([r.offered for r in cells], [math.nan if r.achieved is None else r.achieved for r in cells],
+                     linestyle=":", color=colour, label=f"{variant}: achieved")
+        for r in probes:
+            ax_rate.plot([r.offered], [r.goodput or 0.0], marker="o" if r.passed else "x", color=colour,
+                         markerfacecolor=colour if r.passed else "none", linestyle="")
+        low, high = brackets.get(variant, (None, None))
+        if low is not None or high is not None:
+            for end in (low, high):
+                if end is not None:
+                    ax_rate.axvline(end, color=colour, linewidth=0.8, linestyle="-.")
+            ax_rate.axvspan(low or 0.0, high if high is not None else top, color=colour, alpha=0.15,
+                            label=f"{variant}: capacity {_rate(low)} held, {_rate(high)} failed")
+        ttfts = [(r.offered, r.ttft_p90_ms / 1000) for r in cells if r.ttft_p90_ms is not None]
+        if ttfts:
+            ax_ttft.plot([x for x, _ in ttfts], [y for _, y in ttfts], marker="o", markersize=4, color=colour,
+                         label=variant)
+    ax_rate.set_xlabel("offered rate (requests/s)")
+    ax_rate.set_ylabel("requests/s")
+    ax_rate.set_title("Goodput at the SLO and rate achieved (points: the capacity search's probes)", fontsize=9)
+    ax_ttft.set_xlabel("offered rate (requests/s)")
+    ax_ttft.set_ylabel("TTFT p90 (s)")
+    ax_ttft.set_title("The wait for a first token as the load grows", fontsize=9)
+    for ax in (ax_rate, ax_ttft):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _rate(value: float | None) -> str:
+    return "none" if value is None else f"{value:.3g} req/s"
+
+
 def _lines(points: dict[str, list[tuple[int, float]]], path: Path, *, xlabel: str, ylabel: str, title: str,
            y_factor: float = 1.0) -> Path | None:
     """One line per variant through (x, y) points; None when there is nothing to draw."""
