@@ -20,6 +20,7 @@ import httpx
 import typer
 
 from campaign.analysis import calibrate as calibration
+from campaign.analysis import compare as comparing
 from campaign.analysis import export_trace, recommend, summary
 from campaign.core import aio, secret
 from campaign.core.console import buffered_stdio
@@ -538,6 +539,25 @@ def diff(
     if effect.checked:
         typer.echo(f"GPU effect: {effect.message}")
     _say_damaged(first)
+
+
+@app.command()
+def compare(
+    first: Annotated[Path, typer.Argument(metavar="RUN_A", help="the earlier night (a run directory)")],
+    second: Annotated[Path, typer.Argument(metavar="RUN_B", help="the later night, each variant against A's of "
+                                                                 "its name")],
+) -> None:
+    """Two nights side by side: each variant of RUN_B against RUN_A's variant of the same name, with the diff's
+    statistics, the caveat that nights are not interleaved, and a verdict only where both nights' drift checks
+    passed."""
+    a, b = store.RunDir(first), store.RunDir(second)
+    for run in (a, b):
+        if not run.manifest_path.exists():
+            raise CampaignError(f"{run.root}: not a run directory (no manifest.json)",
+                                hint="name two directories under runs/ that `campaign run` wrote")
+    typer.echo(report.compare_text(comparing.compare(a, b)))
+    _say_damaged(a)
+    _say_damaged(b)
 
 
 @app.command("report")

@@ -77,8 +77,10 @@ def _pct(before: Any, after: Any) -> float | None:
 
 
 def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None = None,
-             force: bool = False) -> list[VariantDiff]:
-    """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline."""
+             force: bool = False, same_names: bool = False) -> list[VariantDiff]:
+    """Every variant against the baseline (in one run), or every variant of `other` against `run`'s baseline;
+    with `same_names`, only each variant of `other` against this run's variant of the same name (campaign
+    compare: last night's memory variant against tonight's)."""
     manifest = run.manifest()
     planned = manifest.matrix_model()
     base_name = baseline or planned.baseline
@@ -86,6 +88,7 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
     references = {} if baseline else {v.name: v.compare_to for v in planned.variants if v.compare_to}
     cells = run.cells()
     facts, flags = _facts_by_variant(run)
+    mine = {c.variant for c in cells} | set(facts)
     if other is not None:
         other_cells = other.cells()
         other_facts, other_flags = _facts_by_variant(other)
@@ -93,6 +96,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         cells += [StoredCell(f"{c.variant}@B", c.repeat, c.result, c.path, c.launch) for c in other_cells]
         facts.update({f"{k}@B": v for k, v in other_facts.items()})
         flags.update({f"{k}@B": v for k, v in other_flags.items()})
+        if same_names:
+            references = {f"{v}@B": v for v in {c.variant for c in other_cells} | set(other_facts) if v in mine}
     by_variant: dict[str, list[StoredCell]] = defaultdict(list)
     for cell in cells:
         by_variant[cell.variant].append(cell)
@@ -151,6 +156,8 @@ def diff_run(run: RunDir, *, baseline: str | None = None, other: RunDir | None =
         diff.outcome, diff.provisional, diff.recommendation, diff.headline = recommend(
             diff, facts.get(base_name), facts.get(variant))
         diffs.append(diff)
+    if same_names:
+        return [d for d in diffs if references.get(d.variant) == d.baseline]
     return diffs
 
 
@@ -245,7 +252,7 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     judged, and the launch facts decide provisionally. Returns the outcome with its whole sentence and its
     headline (what decided it, in one sentence)."""
     changes = ", ".join(f"{k} {fmt_value(a)} -> {fmt_value(b)}" for k, a, b in diff.flag_changes) or (
-        "no flag change (A/A)")
+        "no flag change" + (" (A/A)" if diff.aa else ""))
     if not diff.comparable:
         return Recommendation("not settled", False,
                               f"{changes}: not comparable ({diff.not_comparable_reason}): not settled",

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from campaign.analysis.compare import CAVEAT, Comparison
 from campaign.core.progress import fmt_duration
 from campaign.measure.cells import CAVEATS, CellResult, CellSpec, Reason
 from campaign.measure.judged import FAMILY_ALPHA
@@ -301,6 +302,33 @@ def diff_text(diffs: Sequence[Any]) -> str:
     if not tables:
         return NOTHING_TO_COMPARE
     return text(replace(t, title=f"== {t.title} ==") for t in tables) + f"\n\n{JUDGED_SPEEDS}"
+
+
+def compare_text(c: Comparison) -> str:
+    """`campaign compare`: night B's variants against night A's of the same names, with the caveat first, what
+    differs between the nights, each night's drift, the diff tables, and a verdict line a variant (withheld,
+    with why, where the nights cannot be read as one machine)."""
+    lines = [f"night B ({c.second.root}) against night A ({c.first.root}): each variant against its namesake",
+             f"caveat: {CAVEAT}",
+             "between the nights: " + "; ".join(c.differences),
+             f"drift: A: {c.drifts[0].message}; B: {c.drifts[1].message}"]
+    if not c.diffs:
+        return "\n".join([*lines, "", "nothing to compare: the nights share no variant name"])
+    tables = []
+    for d in c.diffs:
+        table = diff_table(d)
+        if c.withheld:
+            table = replace(table, notes=[*table.notes[:-1], Cell(
+                f"no verdict across the nights ({c.withheld}); read alone, the figures say: "
+                f"{names.named(d.recommendation)}", cls="recommendation")])
+        tables.append(replace(table, title=f"== {table.title} =="))
+    verdicts = ["== Across the nights =="]
+    for d in c.diffs:
+        name = d.variant.removesuffix("@B")
+        word = f"no verdict ({c.withheld})" if c.withheld else d.outcome + (", provisionally" if d.provisional
+                                                                             else "")
+        verdicts.append(f"{name}: {word}: {names.named(d.headline)}")
+    return "\n".join(lines) + "\n\n" + text(tables) + f"\n\n{JUDGED_SPEEDS}\n\n" + "\n".join(verdicts)
 
 
 OUTCOME_CLASS = {"keep": "better", "revert": "worse", "no difference": "noise", "not settled": "warn"}
