@@ -25,6 +25,9 @@ from campaign.report.tables import Cell, Table, md_escape, to_html, to_markdown
 from campaign.stored.records import ExperimentRecord, FailureRecord, Manifest, ServerRecord
 from campaign.stored.store import RunDir, replace_text
 
+# The page's size budget: one self-contained file (every chart inlined) light enough to mail.
+PAGE_BUDGET_BYTES = 1_000_000
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1200px;color:#222;
 padding:0 1rem;line-height:1.45}
@@ -42,7 +45,10 @@ img{max-width:100%;border:1px solid #eee;margin:.5rem 0}
 table.verdict{display:table}table.verdict td{text-align:left}
 table.verdict td:nth-child(2){font-weight:600;white-space:nowrap}
 @media (max-width:700px){body{margin:.8rem auto;padding:0 .5rem}th,td{padding:.2rem .3rem}
-table.verdict td:nth-child(3){overflow-wrap:anywhere}table.verdict td:nth-child(2){white-space:normal}}
+table.verdict td:nth-child(3){overflow-wrap:anywhere}table.verdict td:nth-child(2){white-space:normal}
+table.stack,table.stack tr,table.stack td{display:block}table.stack tr:first-child{display:none}
+table.stack tr{border-top:1px solid #ccc;padding:.3rem 0}table.stack td{border:none;text-align:left;
+overflow-wrap:anywhere}table.stack td::before{content:attr(data-label) ": ";font-weight:600}}
 @media print{body{max-width:none;margin:0}h2{break-after:avoid}table,img{break-inside:avoid}}
 """
 

@@ -142,9 +142,10 @@ def _attrs(classes: Sequence[str | None], c: Cell | None = None) -> str:
 MORE = "the whole reasoning"   # the fold's label
 
 
-def _td(c: Cell, align: str) -> str:
+def _td(c: Cell, align: str, label: str | None = None) -> str:
     more = f"<details><summary>{MORE}</summary>{_e(c.more)}</details>" if c.more else ""
-    return f"<td{_attrs([c.cls, 'l' if align == 'l' else None], c)}>{_e(c.text)}{more}</td>"
+    named = f' data-label="{_e(label)}"' if label else ""
+    return f"<td{_attrs([c.cls, 'l' if align == 'l' else None], c)}{named}>{_e(c.text)}{more}</td>"
 
 
 def _th(table: Table, index: int) -> str:
@@ -164,8 +165,11 @@ def to_html(table: Table) -> str:
         parts.append(_li(table.lead))
     if table.headers and table.rows:
         head = "".join(_th(table, i) for i in range(len(table.headers)))
-        body = "".join("<tr>" + "".join(_td(cell(c), table.column_align(i)) for i, c in enumerate(row)) + "</tr>"
-                       for row in table.rows)
+        # A "stack" table (the diff's per-cell verdicts) becomes a card a row on a phone, each value under its
+        # column's name (the report's CSS): what a verdict rests on needs no sideways scroll there.
+        stack = "stack" in table.cls.split()
+        body = "".join("<tr>" + "".join(_td(cell(c), table.column_align(i), table.headers[i] if stack else None)
+                                        for i, c in enumerate(row)) + "</tr>" for row in table.rows)
         parts.append(f"<table{_attrs([table.cls])}><tr>{head}</tr>{body}</table>")
     if table.notes and table.headers:
         parts += [f"<p{_attrs([c.cls or 'note'], c)}>{_e(c.text)}</p>" for c in map(cell, table.notes)]

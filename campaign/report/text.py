@@ -115,13 +115,14 @@ def prefill_row(cells: Sequence[CellResult]) -> str | None:
 # headers are the figures' names, and in HTML their hover text what each is (campaign.report.names).
 ALL_FIGURES = ("total_tok_s", TOTAL_OVER_STREAMS, "per_request_tok_s", "ttft_ms", "itl_ms", "ttft_p99_ms",
                "itl_p99_ms", "tpot_ms", "e2e_p99_ms")
+# Two tables, not one of twenty columns (which ran off a 1280-px screen): what each cell measured, then how.
 _ALL_COLUMNS: list[tuple[str, str | None]] = [
-    *((h, None) for h in ("Phase", "Context", "Requests at once", "Label", "Status")),
-    *((header(k), k) for k in ALL_FIGURES),
-    *((h, None) for h in ("Average active", "Completed", "Output tokens", "Measured for", "Discarded steps",
-                          "Prefix-cache hits"))]
+    *((h, None) for h in ("Phase", "Context", "Requests at once", "Status")),
+    *((header(k), k) for k in ALL_FIGURES)]
 ALL_HEADERS = [h for h, _ in _ALL_COLUMNS]
 ALL_TITLES = [None if k is None else names.definition(k) for _, k in _ALL_COLUMNS]
+HOW_HEADERS = ["Phase", "Context", "Requests at once", "Label", "Average active", "Completed", "Output tokens",
+               "Measured for", "Discarded steps", "Prefix-cache hits"]
 
 
 def tail_columns(c: CellResult) -> list[str]:
@@ -136,23 +137,32 @@ def _phase_name(c: CellResult) -> str:
 def _measurement_row(c: CellResult) -> list[Item]:
     return [
         _phase_name(c),
-        fmt_context(c.context_tokens), str(c.concurrency), c.label,
+        fmt_context(c.context_tokens), str(c.concurrency),
         Cell(c.status, title=_why(c), cls=None if c.status == "Valid" else "bad"),
         fmt_num(c.prompt_tok_s if c.phase == "prefill" else c.total_tok_s),
         fmt_num(names.total_over_streams(c.phase, c.total_tok_s, c.concurrency)),
         fmt_num(c.per_request_tok_s), fmt_ms(c.ttft_ms),
-        fmt_itl(c.itl_ms), *tail_columns(c), fmt_num(c.avg_active), fmt_num(c.completed),
-        fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
+        fmt_itl(c.itl_ms), *tail_columns(c),
+    ]
+
+
+def _how_row(c: CellResult) -> list[Item]:
+    return [
+        _phase_name(c), fmt_context(c.context_tokens), str(c.concurrency), c.label, fmt_num(c.avg_active),
+        fmt_num(c.completed), fmt_num(c.output_tokens), DASH if c.measured_s is None else f"{c.measured_s:.1f} s",
         f"{c.discarded_steps} ({c.discarded_tokens} tok)" if c.discarded_steps else "0",
         DASH if c.prefix_cache_hits is None else f"{c.prefix_cache_hits:.0f}",
     ]
 
 
 def all_measurements_tables(cells: Sequence[CellResult]) -> list[Table]:
-    """Every cell's figures, then the speculative-decoding figures, why cells are not Valid, and their notes."""
+    """Every cell's figures, then how each was measured, the speculative-decoding figures, why cells are not
+    Valid, and their notes."""
     out = [Table(title="All measurements (latencies are medians unless a column says p99; prefill rows show prompt "
                        "tok/s under total tok/s)", headers=ALL_HEADERS, rows=[_measurement_row(c) for c in cells],
-                 align="lrrll", header_titles=ALL_TITLES)]
+                 align="lrrl", header_titles=ALL_TITLES),
+           Table(title="How each was measured", headers=HOW_HEADERS, rows=[_how_row(c) for c in cells],
+                 align="lrrl")]
     speculative = [c for c in cells if c.spec_acceptance_rate is not None]
     if speculative:
         out.append(Table(
@@ -288,7 +298,7 @@ def diff_table(d: Any) -> Table:
     lead += [f"fact  {key}: {_fmt_fact(a)} -> {_fmt_fact(b)}{'' if pct is None else f' ({pct:+.1f}%)'}"
              for key, a, b, pct in d.fact_changes]
     return Table(title=f"{d.variant} vs {d.baseline}", lead=lead, headers=DIFF_HEADERS, rows=_verdict_rows(d),
-                 align="lllrrrrrl", notes=[Cell(f"tests: {d.family_line}", cls="note"),
+                 align="lllrrrrrl", cls="stack", notes=[Cell(f"tests: {d.family_line}", cls="note"),
                                            Cell(f"recommendation: {names.named(d.recommendation)}",
                                                 cls="recommendation")])
 
