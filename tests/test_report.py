@@ -176,7 +176,8 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
                            + ("" if floors[v] == "—" else f" [streams at the floor: {floors[v]}]")
                            for v, d in by_variant.items()]
     assert lines[1:8:2] == [f"  why: {names.named(d.recommendation)}" for d in by_variant.values()]
-    assert lines[2] == "small-cache: revert: KV cache -93.8% [streams at the floor: 4 -> 4 at 40 stream tok/s]"
+    assert lines[2] == ("small-cache: revert: KV cache -93.8% (agents at 8K context: none, beyond the 2,048-token "
+                        "window) [streams at the floor: 4 -> 4 at 40 stream tok/s]")
     assert lines[3].startswith("  why: kv-cache-memory-bytes 1G -> 64M: KV cache -93.8%")
     assert lines[6].startswith("tight: revert, provisionally: ")
     assert lines[8].startswith("drift: baseline moved +8.6%")
@@ -337,7 +338,8 @@ def test_a_report_across_two_runs_of_one_matrix(run_dir: store.RunDir, tmp_path:
     assert verdict[0].startswith("- baseline@B: not settled: ")
     assert verdict[0].endswith("[streams at the floor: 4 -> 4 at 40 stream tok/s]")
     assert verdict[1].startswith("  - why: no flag change: not settled: ")   # @B is another night: no A/A
-    assert "- small-cache@B: revert: KV cache -93.8% [streams at the floor: 4 -> 4 at 40 stream tok/s]" in verdict
+    assert ("- small-cache@B: revert: KV cache -93.8% (agents at 8K context: none, beyond the 2,048-token window) "
+            "[streams at the floor: 4 -> 4 at 40 stream tok/s]") in verdict
     assert any(line.startswith("  - why: kv-cache-memory-bytes 1G -> 64M") for line in verdict)
     assert any("last-week (@B): baseline moved" in line for line in verdict)
     data = html_report.gather(run_dir, store.RunDir(other))

@@ -13,7 +13,6 @@ from typing import Any, NamedTuple
 
 from campaign.analysis.benefit import COST_REVERT_MIN_LAUNCHES, Figure, benefits_shown, fewest_launches, normalizable
 from campaign.analysis.sentences import (
-    agents_at_8k,
     capacity_texts,
     cost_revert_text,
     costs_of,
@@ -271,9 +270,11 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
     # A cell whose throughput is worse is not better because one of its latency tails is: a faster p99 gap
     # where tokens per second fell is the same change seen through a percentile, not a second benefit.
     slower = {c.key for c, m in decisive if m.metric in THROUGHPUT_METRICS and m.verdict == "worse"}
-    better = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "better"
-              and not (m.metric in TAIL_METRICS and c.key in slower)]
-    worse = [f"{m.metric} at {c.key}" for c, m in decisive if m.verdict == "worse"]
+    shown_better = [(c, m) for c, m in decisive if m.verdict == "better"
+                    and not (m.metric in TAIL_METRICS and c.key in slower)]
+    shown_worse = [(c, m) for c, m in decisive if m.verdict == "worse"]
+    better = [f"{m.metric} at {c.key}" for c, m in shown_better]
+    worse = [f"{m.metric} at {c.key}" for c, m in shown_worse]
     judged = any(m.p_value is not None for c in diff.cells for m in c.metrics)
     one_measurement = any(m.verdict == "not judged" and m.n_baseline and m.n_variant
                           for c in diff.cells for m in c.metrics)
@@ -327,17 +328,9 @@ def recommend(diff: VariantDiff, base_facts: dict[str, Any] | None,
         return f"{changes}: {'; '.join(parts)}: {verdict}" if parts else f"{changes}: {verdict}"
 
     # The headline's parts: what was shown, and the launch facts that are exact.
-    shown_better = [(c, m) for c, m in decisive if m.verdict == "better"
-                    and not (m.metric in TAIL_METRICS and c.key in slower)]
-    shown_worse = [(c, m) for c, m in decisive if m.verdict == "worse"]
-    exact_gain = ([f"KV cache {kv_change:+.1f}%"] if kv_gain and kv_change is not None else []) + (
-        [f"no longer over capacity in {listed(gained, 1)}"] if gained else [])
-    exact_loss = ([f"KV cache {kv_change:+.1f}%"] if kv_loss and kv_change is not None else []) + (
-        [f"over capacity now in {listed(lost, 1)}"] if lost else [])
-    agents = (agents_at_8k(base_facts), agents_at_8k(facts))
-    if agents[0] is not None and agents[1] is not None and (kv_gain or kv_loss) and agents[0] != agents[1]:
-        (exact_gain if agents[1] > agents[0] else exact_loss).append(f"agents at 8K context {agents[0]} -> "
-                                                                     f"{agents[1]}")
+    kv = [kv_text(base_facts, facts, kv_change)] if kv_change is not None else []
+    exact_gain = (kv if kv_gain else []) + ([f"no longer over capacity in {listed(gained, 1)}"] if gained else [])
+    exact_loss = (kv if kv_loss else []) + ([f"over capacity now in {listed(lost, 1)}"] if lost else [])
     gains = "; ".join(([largest(shown_better)] if shown_better else []) + ([", ".join(exact_gain)] if exact_gain
                                                                             else []))
     losses = "; ".join(([largest(shown_worse)] if shown_worse else []) + ([", ".join(exact_loss)] if exact_loss
