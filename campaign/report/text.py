@@ -486,17 +486,19 @@ def _shown_facts(server: ServerRecord) -> dict[str, Any]:
 
 
 def facts_table(variant: str, servers: Sequence[ServerRecord | FailureRecord]) -> Table:
-    """What each of the variant's launches became (startup log, cross-checked with /metrics), or why it failed."""
-    rows: list[list[Item]] = []
-    for server in servers:
-        if server.variant != variant:
-            continue
-        if server.kind == "failure":
-            rows.append([server.launch_dir or DASH, Cell(failure_line(server), cls="bad")])
-            continue
-        rows.append([server.launch_dir or DASH, ", ".join(f"{k}={v}" for k, v in _shown_facts(server).items())])
+    """What each of the variant's launches became (startup log, cross-checked with /metrics): a row a fact, a
+    column a launch (a few launches, a dozen facts: it fits a screen, where a line of key=value did not); a
+    launch that failed says why under it."""
+    ready = [s for s in servers if s.variant == variant and isinstance(s, ServerRecord)]
+    failed = [s for s in servers if s.variant == variant and not isinstance(s, ServerRecord)]
+    shown = [_shown_facts(s) for s in ready]
+    keys = list(dict.fromkeys(k for facts in shown for k in facts))
+    rows: list[list[Item]] = [[k, *(_fmt_fact(facts[k]) if k in facts else DASH for facts in shown)] for k in keys]
+    notes = [Cell(f"{s.launch_dir or DASH}: {failure_line(s)}", cls="bad") for s in failed]
     return Table(title="What the server became (startup log, cross-checked with /metrics)",
-                 headers=["Launch", "Facts"], rows=rows, align="ll")
+                 headers=["Fact", *((s.launch_dir or DASH).rsplit("/", 1)[-1] for s in ready)] if ready else (),
+                 rows=rows,
+                 align="l" + "r" * len(ready), notes=notes)
 
 
 def short_answers_rows(a: dict[str, Any]) -> list[list[str]]:
