@@ -628,6 +628,15 @@ def test_a_rate_runs_report_draws_goodput_against_rate_with_the_capacity_bracket
     assert {(p.offered, p.passed) for p in probes} == {(c["request_rate"], c["slo_passed"])
                                                         for c in search.details["probes"] if c["request_rate"]}
     assert any(p.passed for p in probes) and not all(p.passed for p in probes)
+    # Beside the chart: each rate cell's server view against the client's, and its cache before the step, as
+    # stored (in simulated time the two clocks are one: no gap).
+    view = report.server_view_table(cells)
+    assert view is not None and tables.texts(view) == [
+        [c.spec.key, report.fmt_ms(c.client_ttft_mean_ms), report.fmt_ms(c.server_ttft_mean_ms), "+0.0 ms",
+         report.fmt_itl(c.server_itl_mean_ms), report.fmt_num(c.server_first_tokens)] for c in cells]
+    state = report.open_loop_state_table(cells)
+    assert state is not None and [row[2] for row in tables.texts(state)] == [
+        c.cache_state.note() if c.cache_state else "—" for c in cells]
     html_report.write(store.RunDir(root))
     page = (root / "report" / "report.html").read_text()
     assert 'alt="Goodput and the first token&#x27;s wait against the rate offered, with the capacity bracket"' in page

@@ -239,9 +239,50 @@ def rate_table(cells: Sequence[CellResult]) -> Table | None:
 
 
 def cells_tables(cells: Sequence[CellResult]) -> list[Table]:
-    """The decode matrix, the prefill row, the open-loop rates and all measurements of one server's cells."""
-    return [t for t in (decode_matrix_table(cells), prefill_table(cells), rate_table(cells)) if t] + \
-        all_measurements_tables(cells)
+    """The decode matrix, the prefill row, the open-loop rates (with their steadiness and cache), the server's
+    view beside the client's, and all measurements of one server's cells."""
+    return [t for t in (decode_matrix_table(cells), prefill_table(cells), rate_table(cells),
+                        open_loop_state_table(cells), server_view_table(cells)) if t] + all_measurements_tables(cells)
+
+
+def server_view_table(cells: Sequence[CellResult]) -> Table | None:
+    """The server's own view of each cell beside the client's (format 15): vLLM's mean TTFT and mean gap
+    between a request's outputs from its histograms between the cell's scrapes, the client's mean TTFT over the
+    same requests, and the gap between the two TTFTs (what the client's path added); None where no cell has it."""
+    seen = [c for c in cells if c.server_ttft_mean_ms is not None]
+    if not seen:
+        return None
+
+    def gap(c: CellResult) -> Item:
+        if c.client_ttft_mean_ms is None or c.server_ttft_mean_ms is None:
+            return DASH
+        over = Reason.CLIENT_TTFT_OVER_SERVER in c.reason_codes
+        difference = round(c.client_ttft_mean_ms - c.server_ttft_mean_ms, 1) + 0.0   # no "-0.0"
+        return Cell(f"{difference:+,.1f} ms", cls="warn" if over else None)
+
+    rows: list[list[Item]] = [[c.spec.key, fmt_ms(c.client_ttft_mean_ms), fmt_ms(c.server_ttft_mean_ms), gap(c),
+                               fmt_itl(c.server_itl_mean_ms), fmt_num(c.server_first_tokens)] for c in seen]
+    return Table(title="The server's own view beside the client's (vLLM's request histograms over each cell)",
+                 headers=["Cell", "Client mean TTFT", "Server mean TTFT", "Client - server", "Server mean gap between "
+                          "outputs", "First tokens it counted"], rows=rows, align="lrrrrr",
+                 notes=[Cell("the difference is what the client's side adds to the server's first token (the socket, "
+                             "the stream's framing, the client's loop; a proxy's buffering): past 50 ms of the "
+                             "client's clock and 10% the cell carries the caveat client_ttft_over_server",
+                             cls="note")])
+
+
+def open_loop_state_table(cells: Sequence[CellResult]) -> Table | None:
+    """Each open-loop cell's steadiness over its schedule (steady.Steadiness: throughput and TPOT by interval,
+    their trend) and the prefix cache's state before its step (cachestate.CacheState); None without either."""
+    seen = [c for c in cells if c.phase == "rate" and (c.steadiness is not None or c.cache_state is not None)]
+    if not seen:
+        return None
+    rows: list[list[Item]] = [[c.spec.key,
+                               DASH if c.steadiness is None else Cell(c.steadiness.describe(),
+                                                                      cls="warn" if c.steadiness.drifting else None),
+                               DASH if c.cache_state is None else c.cache_state.note()] for c in seen]
+    return Table(title="Open-loop cells: the steady state over the schedule, and the cache before the step",
+                 headers=["Cell", "Steady state", "Prefix cache before the step"], rows=rows, align="lll")
 
 
 def cells_report(cells: Sequence[CellResult]) -> str:
