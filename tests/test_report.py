@@ -60,6 +60,8 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
         pytest.fail("Chromium is not installed: run `make chromium` (Debian's package)")
     from playwright.sync_api import sync_playwright
 
+    from campaign.report import plots
+
     paths = html_report.write(run_dir)
     page_path = paths[0]
     assert page_path.name == "report.html" and all(p.exists() for p in paths)
@@ -107,6 +109,9 @@ def test_html_report_in_a_real_browser(run_dir: store.RunDir, tmp_path: Path) ->
             assert small.locator("#verdict h2").inner_text() == "Verdict"
             top = small.evaluate("document.querySelector('#verdict table').getBoundingClientRect().top")
             assert 0 < top < height / 2, (width, top)
+            # Each forest plot draws only what has something to compare (the rest is listed under it).
+            assert all(row.change_pct is not None for d in diffs
+                       for row in plots.forest_layout(d, noise_pct=3.0).rows)
             alts = small.locator("#verdict img").evaluate_all("els => els.map(e => e.alt)")
             # A variant that never started has nothing to draw (its figures are listed, never drawn at 0).
             assert alts == [f"Change against the baseline with 95% intervals: {d.variant} vs {d.baseline}"
@@ -597,6 +602,7 @@ def test_the_docs_use_the_figures_names_and_hold_their_legend_word_for_word() ->
     assert {doc: where for doc, where in said.items() if where and doc != "results-format.md"} == {}
 
 
+@pytest.mark.browser
 def test_a_rate_runs_report_draws_goodput_against_rate_with_the_capacity_bracket(tmp_path: Path) -> None:
     """Issue 53: a night of rate cells and a capacity search (the simulated A5000 pair in simulated time) has
     its loads drawn as stored: each rate cell's offered rate, achieved rate, goodput and p90 TTFT, each search
@@ -641,6 +647,19 @@ def test_a_rate_runs_report_draws_goodput_against_rate_with_the_capacity_bracket
     page = (root / "report" / "report.html").read_text()
     assert 'alt="Goodput and the first token&#x27;s wait against the rate offered, with the capacity bracket"' in page
     assert "The frontier" not in page
+    if CHROMIUM is None:
+        pytest.fail("Chromium is not installed: run `make chromium` (Debian's package)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:   # and a browser shows it: every image loaded, nothing wider than 1280 px
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        shown = browser.new_page(viewport={"width": 1280, "height": 900})
+        shown.goto((root / "report" / "report.html").as_uri())
+        shown.wait_for_load_state("load")
+        chart = shown.locator('img[alt^="Goodput and the first token"]')
+        assert chart.count() == 1 and chart.evaluate("i => i.complete && i.naturalWidth > 500")
+        assert shown.evaluate("document.documentElement.scrollWidth") <= 1280
+        browser.close()
 
 
 def test_the_frontier_is_each_variants_ladder_per_gpu_against_per_user(run_dir: store.RunDir) -> None:
