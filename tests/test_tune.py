@@ -17,6 +17,7 @@ from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
 from campaign.plan import replay
 from campaign.plan import search as phase_one
+from campaign.report import html as html_report
 from campaign.server.profiles import load_profile
 from campaign.spec.matrix import load_matrix
 from campaign.spec.search_spec import SearchBlock
@@ -83,6 +84,18 @@ def test_tune_finds_the_grids_best_with_a_fifth_of_it_and_confirms_it_settled(
     measured = {name: float(re.findall(r"(\d+\.\d)\s+[+-]", row)[0]) for name, row in rows.items()}
     assert measured["candidate-1"] >= 20 > measured["baseline"], measured
     assert "Round 1, phase 2" in (written.parent / "report.md").read_text()
+    # The confirmation night keeps the tune's predictions beside what it measured (tune.json, format 20), and
+    # its own report shows them (issue 53): the same figures as the tune's console table.
+    (stored,) = list(tmp_path.rglob("tune.json"))
+    night = store.RunDir(stored.parent)
+    record = night.tune()
+    assert record is not None and record.round == 1 and [p.variant for p in record.predictions] == list(rows)
+    for p in record.predictions:
+        assert p.measured is not None and f"{p.measured:.1f}" in rows[p.variant], (p, rows[p.variant])
+    assert record.basis.startswith("the tables' a5000x2 / qwen-27b-hybrid calibration")
+    html_report.write(night)
+    page = (night.root / "report" / "report.html").read_text()
+    assert "What campaign tune predicted for this night (round 1), and what it measured" in page
 
 
 def test_a_model_that_missed_is_fitted_again_and_searched_again(

@@ -3,6 +3,9 @@ changes against its baseline (and whether the two are comparable at all) with it
 (verdicts.py), holds them to the family-wise error rate, and settles it with recommend: keep, revert, no
 difference or not settled, in one plain sentence with the KV-cache, capacity and settle-it advice it rests on.
 short_answers_by_variant gives the study's short answers per variant from the same stored files.
+
+Long (about 510 lines): recommend's cases each say their sentence and their headline from one reading of the
+diff; split, a case's two texts would be written apart.
 """
 
 from __future__ import annotations

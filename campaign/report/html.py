@@ -278,10 +278,18 @@ def side_by_side(data: ReportData) -> list[Table]:
     return [t for t in made if t is not None]
 
 
+def tune_section(data: ReportData) -> tuple[str, list[Table]] | None:
+    """A night `campaign tune` ran to confirm its search: its predictions beside what was measured."""
+    record = data.run.tune()
+    return None if record is None else ("campaign tune's evidence", [report.tune_table(record)])
+
+
 def sections(data: ReportData) -> list[tuple[str, list[Table]]]:
     """The report's sections before the charts and the A/B, as (heading, tables), for HTML and Markdown alike."""
     together = side_by_side(data)
-    out = [("Side by side", together)] if len(_variants(data)) > 1 and together else []
+    tune = tune_section(data)
+    out = [tune] if tune is not None else []
+    out += [("Side by side", together)] if len(_variants(data)) > 1 and together else []
     out += [(f"Variant: {variant}", variant_tables(data, variant)) for variant in _variants(data)]
     return out
 

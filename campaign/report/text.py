@@ -21,7 +21,7 @@ from campaign.report import names
 from campaign.report.names import TOTAL_OVER_STREAMS, header
 from campaign.report.tables import Cell, Item, Table, to_text
 from campaign.report.tables import cell as as_cell
-from campaign.stored.records import ExperimentRecord, FailureRecord, ServerRecord
+from campaign.stored.records import ExperimentRecord, FailureRecord, ServerRecord, TuneRecord
 
 DASH = "—"
 
@@ -243,6 +243,23 @@ def cells_tables(cells: Sequence[CellResult]) -> list[Table]:
     view beside the client's, and all measurements of one server's cells."""
     return [t for t in (decode_matrix_table(cells), prefill_table(cells), rate_table(cells),
                         open_loop_state_table(cells), server_view_table(cells)) if t] + all_measurements_tables(cells)
+
+
+def tune_table(record: TuneRecord) -> Table:
+    """A `campaign tune` night's evidence (tune.json): each variant's predicted and measured figure at the
+    objective's load, the prediction's error, the cell's status and its verdict against the baseline; what the
+    predictions rest on said first."""
+    rows: list[list[Item]] = []
+    for p in record.predictions:
+        error = DASH if p.predicted is None or not p.measured else f"{p.predicted / p.measured - 1:+.1%}"
+        rows.append([p.variant, ", ".join(f"{k} {v}" for k, v in p.flags.items()) or "(the baseline's)",
+                     fmt_num(p.predicted), fmt_num(p.measured), error, p.status, p.outcome or DASH])
+    load = f" at {record.load} at once" if record.load else ""
+    return Table(title=f"What campaign tune predicted for this night (round {record.round}), and what it measured",
+                 lead=[f"objective: {record.objective}; figure: {record.figure}{load}",
+                       f"the predictions rest on: {record.basis}"],
+                 headers=["Variant", "Flags", "Predicted", "Measured", "Prediction's error", "Status",
+                          "Verdict against the baseline"], rows=rows, align="llrrrll")
 
 
 def server_view_table(cells: Sequence[CellResult]) -> Table | None:

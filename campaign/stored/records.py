@@ -103,6 +103,8 @@ Format history:
 20 - a cell may carry the caveat `client_ttft_over_server`: its client's mean TTFT is past the server's own
     (`server_ttft_mean_ms`, the same requests) by more than 50 ms and 10% of it, more than a client's path
     adds (a proxy that buffers the stream, a client host too busy to read it). Older files have no such code.
+    A night `campaign tune` ran to confirm its search stores tune.json: each variant's predicted and measured
+    figure and what the predictions rest on. Older tune nights have none.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -361,6 +363,33 @@ class SettledRecord(_Record):
     written_utc: str = Field(description="when, ISO 8601 UTC")
 
 
+class TunePrediction(_Record):
+    """One variant of a `campaign tune` confirmation night: what phase 1 predicted and what the night measured."""
+
+    variant: str = Field(description="the variant of the confirmation night (the baseline, or candidate-<i>)")
+    flags: dict[str, Any] = Field(description="its own flags on top of the baseline's")
+    predicted: float | None = Field(description="the objective's figure at its load, on the simulator (phase 1)")
+    measured: float | None = Field(description="the same figure measured, the median over the night's repeats")
+    status: str = Field(description="the measured cell's status (the worst over repeats), or why it was not measured")
+    outcome: str | None = Field(description="keep, revert, no difference or not settled against the baseline (None: "
+                                            "the baseline)")
+
+
+class TuneRecord(_Record):
+    """tune.json: a night `campaign tune` ran to confirm its search (format 20): what its simulator predicted
+    for each variant beside what was measured, so the night's report shows the tune's evidence."""
+
+    schema_version: int = _VERSION
+    kind: Literal["tune"] = Field(default="tune", description="this file's kind")
+    round: int = Field(description="the tune's round that ran this night (1: its first search)")
+    objective: str = Field(description="what the tune maximised or minimised, in words")
+    figure: str = Field(description="the figure predicted and measured (the objective's), with its unit")
+    load: int | None = Field(description="the concurrency the objective was measured at")
+    basis: str = Field(description="what the predictions rest on: the tables, a measured entry with its fit error, "
+                                   "or costs fitted to the last night")
+    predictions: list[TunePrediction] = Field(description="each variant's predicted and measured figure")
+
+
 class Roofline(_Record):
     hardware: str | None = Field(description="the profile's `hardware`")
     model: str | None = Field(description="the profile's `model_shape`")
@@ -454,6 +483,7 @@ RECORDS: dict[str, type[_Record]] = {
     "manifest": Manifest, "server": ServerRecord, "stop": StopRecord, "failure": FailureRecord,
     "warmup": WarmupRecord, "cell": CellRecord, "guard": GuardRecord, "experiment": ExperimentRecord,
     "repeats": RepeatsRecord, "summary": SummaryRecord, "placement": PlacementRecord, "settled": SettledRecord,
+    "tune": TuneRecord,
 }
 FILES: dict[str, str] = {
     "manifest": "manifest.json", "server": "variants/<variant>/launch-<k>/server.json",
@@ -463,7 +493,7 @@ FILES: dict[str, str] = {
     "guard": "variants/<variant>/cells/<cell-key>/guard-<n>.json",
     "experiment": "variants/<variant>/experiments/<key>/rep-<n>.json", "repeats": "repeats-<n>.json",
     "summary": "summary.json", "placement": "variants/<variant>/launch-<k>/placement.json",
-    "settled": "variants/<variant>/settled.json",
+    "settled": "variants/<variant>/settled.json", "tune": "tune.json",
 }
 
 

@@ -47,6 +47,7 @@ from campaign.stored.records import (
     SettledRecord,
     StopRecord,
     SummaryRecord,
+    TuneRecord,
 )
 
 R = TypeVar("R", bound=BaseModel)
@@ -396,6 +397,15 @@ class RunDir:
         return write_new(self.variant_dir(variant) / "settled.json", SettledRecord(
             variant=variant, rounds=rounds, outcome=outcome, recommendation=recommendation,
             written_utc=datetime.now(UTC).isoformat()))
+
+    def write_tune(self, record: TuneRecord) -> Path:
+        """tune.json: the tune's predictions beside what this night measured (a tune's confirmation night)."""
+        return write_new(self.root / "tune.json", record)
+
+    def tune(self) -> TuneRecord | None:
+        """The tune's predictions for this night, where `campaign tune` ran it; None otherwise (or damaged)."""
+        path = self.root / "tune.json"
+        return next((record for _, record in self.read_each([path] if path.exists() else [], TuneRecord)), None)
 
     def settled(self) -> dict[str, SettledRecord]:
         """The variants a night run until settled has retired, by name."""

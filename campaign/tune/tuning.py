@@ -45,6 +45,7 @@ from campaign.sim.config import Faults, SimConfig
 from campaign.sim.model import StepCosts, StepPower
 from campaign.spec.matrix import Matrix, load_matrix
 from campaign.spec.search_spec import Objective, SearchBlock
+from campaign.stored.records import TunePrediction, TuneRecord
 from campaign.stored.store import RunDir, replace_text
 
 ROUNDS = 2      # search, confirm; at most once more on costs fitted to what the confirmation measured
@@ -298,6 +299,12 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
             diff = diffs.get(name)
             current.measured.append(Measured(name, dict(flags), predicted[name], speed, status,
                                              diff.outcome if diff else None, diff.recommendation if diff else ""))
+        # The night keeps what was predicted for it beside what it measured: its report shows the tune's evidence.
+        run.write_tune(TuneRecord(
+            round=number, objective=result.objective, figure=result.figure, load=load, basis=current.basis,
+            predictions=[TunePrediction(variant=m.variant, flags=dict(m.flags), predicted=m.predicted,
+                                        measured=m.measured, status=m.status, outcome=m.outcome)
+                         for m in current.measured]))
         floor = block.objective.floor_tok_s
         speeds_missed = False
         for row in current.measured:
