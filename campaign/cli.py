@@ -57,6 +57,7 @@ from campaign.server.control import ControlClient
 from campaign.server.profiles import PROFILES_DIR, FlagValue, LaunchProfile, load_profile, parse_gpus
 from campaign.spec.matrix import load_matrix
 from campaign.stored import store
+from campaign.stored.records import CalibrationRecord
 from campaign.stored.store import latest_run
 from campaign.tune import tuning
 
@@ -641,6 +642,7 @@ def calibrate(
     entry a profile can name."""
     skipped: list[str] = []
     kv_from = "as its log said"
+    stored: store.RunDir | None = None
     if export:
         if run_dir is not None:
             raise CampaignError(f"{run_dir} and --export: give one source to fit to, not both",
@@ -675,12 +677,21 @@ def calibrate(
         _, assumed = calibration.block_size(cells.baseline)
         kv_from += f", {assumed}" if assumed else ""
         _say_damaged(stored)
+    skipped = [*skipped, *fitted.unreplayed]
     typer.echo(to_text(calibration_report.table(entry, iterations=fitted.iterations, unmeasured=fitted.unmeasured,
-                                                skipped=[*skipped, *fitted.unreplayed], settled=fitted.settled,
+                                                skipped=skipped, settled=fitted.settled,
                                                 determined=fitted.determined, kv_from=kv_from,
                                                 leaned=fitted.leaned)))
     replaced = (folder / f"{chosen}.yaml").exists()
     path = calibration.write(entry, folder)
+    if stored is not None:   # the run keeps the fit made from it: its report shows it (format 20)
+        try:
+            stored.write_calibration(CalibrationRecord(
+                written_utc=entry.fitted_utc, path=str(path), entry=entry, iterations=fitted.iterations,
+                settled=fitted.settled, determined=fitted.determined, unmeasured=list(fitted.unmeasured),
+                skipped=skipped, kv_from=kv_from, leaned=fitted.leaned))
+        except CampaignError as exc:   # a run on a read-only disk: the entry stands, the run's report lacks the fit
+            _err(f"warning: the fit was not kept in the run ({exc.message}); {path} holds it")
     named = f"measured/{path.name}" if path.parent.resolve() == MEASURED_DIR.resolve() else str(path)
     said = "replaced" if replaced else "wrote"
     _err(f"{said} {path}; a profile names it as `hardware: {named}` (and no model_shape), and the simulator "

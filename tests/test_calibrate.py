@@ -12,6 +12,7 @@ All in simulated time, on the engine's own clock (no wall clock, no HTTP) except
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,9 @@ def test_calibrate_the_real_cpu_run_and_predict_a_held_out_cell(tmp_path: Path,
     of the median, stated as within 30%. The machine's own noise is as large: that cell's two repeats spread by
     21%, and two variants of the same speed (baseline, small-cache) measured 33 and 43 ms for one chunk."""
     capsys.readouterr()
-    code = run_cli(["calibrate", str(CPU_RUN), "--hold-out", HELD, "--dir", str(tmp_path)])
+    run = tmp_path / "run"   # a copy: calibrate keeps its fit in the run it read (calibrations/)
+    shutil.copytree(CPU_RUN, run)
+    code = run_cli(["calibrate", str(run), "--hold-out", HELD, "--dir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, err
     line = next(x for x in out.splitlines() if "prefill-L1536" in x and x.startswith("small-chunk"))

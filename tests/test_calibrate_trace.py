@@ -20,6 +20,7 @@ from campaign.analysis import calibrate as cal
 from campaign.analysis.arrivals import Arrivals, Sent, Timed, measured_figures, run_load
 from campaign.cli import run_cli
 from campaign.plan import replay
+from campaign.report import html as html_report
 from campaign.server.profiles import load_profile
 from campaign.sim import measured as sim_measured
 from campaign.stored.store import RunDir
@@ -103,6 +104,15 @@ def test_a_runs_trace_cell_calibrates_the_machine_and_predicts_the_others(
     assert entry.fitted_error.cells == 3 and entry.held_out_error.cells == 6, out
     assert entry.held_out_error.max_abs is not None and entry.held_out_error.max_abs <= 0.05, out
     assert entry.memory.block_size == 16 and "vLLM's GPU default of 16 tokens (the log prints none" in out
+    # The run keeps the fit made from it (calibrations/, format 20), and its report shows the same table the
+    # command printed (issue 53).
+    (kept,) = RunDir(run).calibrations()
+    assert kept.entry == entry and kept.path == str(tmp_path / "from-trace.yaml")
+    html_report.write(RunDir(run), fmt="md", out=tmp_path / "report.md")
+    page = (tmp_path / "report.md").read_text()
+    assert "## campaign calibrate's fits to this night" in page and "### calibration from-trace" in page
+    for cell in entry.fit:
+        assert f"| {cell.variant} | {cell.key} |" in page
 
 
 def test_a_trace_cell_whose_file_changed_is_skipped_with_its_reason(night: tuple[Path, Path]) -> None:

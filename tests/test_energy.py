@@ -12,6 +12,7 @@ them the same way it fits them here.
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -149,8 +150,9 @@ def test_calibrate_finds_the_power_model_again_from_a_runs_energy(
 def test_a_run_without_energy_says_joules_cannot_be_predicted(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """The demo's real CPU run measured no energy (no NVML): its entry has no power model, and says so."""
-    code, out, err = run_cli_out(capsys, "calibrate", str(ROOT / "tests" / "fixtures" / "runs" / "cpu-demo"),
-                                 "--dir", str(tmp_path))
+    run = tmp_path / "run"   # a copy: calibrate keeps its fit in the run it read (calibrations/)
+    shutil.copytree(ROOT / "tests" / "fixtures" / "runs" / "cpu-demo", run)
+    code, out, err = run_cli_out(capsys, "calibrate", str(run), "--dir", str(tmp_path))
     assert code == 0, err
     assert "power: the run measured no energy" in out
     assert sim_measured.load(tmp_path / "cpu-tiny.yaml").power is None

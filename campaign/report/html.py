@@ -19,6 +19,7 @@ from campaign.core.vllm_flags import value_of
 from campaign.measure.cells import CellResult
 from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
+from campaign.report import calibration as calibration_report
 from campaign.report import names, plots
 from campaign.report import text as report
 from campaign.report.tables import Cell, Table, md_escape, to_html, to_markdown
@@ -284,11 +285,21 @@ def tune_section(data: ReportData) -> tuple[str, list[Table]] | None:
     return None if record is None else ("campaign tune's evidence", [report.tune_table(record)])
 
 
+def calibration_section(data: ReportData) -> tuple[str, list[Table]] | None:
+    """The simulator fitted to this night (`campaign calibrate RUN`): each entry's latest fit, as its command
+    printed it, every cell fitted or held out with its error."""
+    tables = [replace(calibration_report.table(r.entry, iterations=r.iterations, unmeasured=r.unmeasured,
+                                               skipped=r.skipped, settled=r.settled, determined=r.determined,
+                                               kv_from=r.kv_from, leaned=r.leaned),
+                      lead=[f"written {r.written_utc} to {r.path}"])
+              for r in data.run.calibrations()]
+    return ("campaign calibrate's fits to this night", tables) if tables else None
+
+
 def sections(data: ReportData) -> list[tuple[str, list[Table]]]:
     """The report's sections before the charts and the A/B, as (heading, tables), for HTML and Markdown alike."""
     together = side_by_side(data)
-    tune = tune_section(data)
-    out = [tune] if tune is not None else []
+    out = [found for found in (tune_section(data), calibration_section(data)) if found is not None]
     out += [("Side by side", together)] if len(_variants(data)) > 1 and together else []
     out += [(f"Variant: {variant}", variant_tables(data, variant)) for variant in _variants(data)]
     return out

@@ -104,7 +104,8 @@ Format history:
     (`server_ttft_mean_ms`, the same requests) by more than 50 ms and 10% of it, more than a client's path
     adds (a proxy that buffers the stream, a client host too busy to read it). Older files have no such code.
     A night `campaign tune` ran to confirm its search stores tune.json: each variant's predicted and measured
-    figure and what the predictions rest on. Older tune nights have none.
+    figure and what the predictions rest on. Older tune nights have none. `campaign calibrate RUN` leaves in
+    the run calibrations/<name>-<time>.json, the entry it wrote with its table's facts, for the run's report.
 
 Long (about 550 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
@@ -127,6 +128,7 @@ from campaign.measure.steady import Steadiness, Trend
 from campaign.measure.study import ExperimentResult
 from campaign.server.profiles import LaunchProfile
 from campaign.server.startup_log import StartupFacts
+from campaign.sim.measured import MeasuredHardware
 from campaign.spec.matrix import Matrix
 
 SCHEMA_VERSION = 20
@@ -390,6 +392,25 @@ class TuneRecord(_Record):
     predictions: list[TunePrediction] = Field(description="each variant's predicted and measured figure")
 
 
+class CalibrationRecord(_Record):
+    """calibrations/<name>-<time>.json: `campaign calibrate` fitted the simulator to this night (format 20):
+    the entry it wrote and what its table said beside it, so the night's report shows the fit and its error."""
+
+    schema_version: int = _VERSION
+    kind: Literal["calibration"] = Field(default="calibration", description="this file's kind")
+    written_utc: str = Field(description="when the fit was made, ISO 8601 UTC")
+    path: str = Field(description="where the measured hardware entry was written")
+    entry: MeasuredHardware = Field(description="the entry: fitted costs, memory, every cell fitted or held out, "
+                                                "the errors")
+    iterations: int = Field(description="rounds of replay and fit")
+    settled: bool = Field(description="the last round moved no fitted figure by 0.2% or more")
+    determined: int = Field(description="the cost terms the cells tell apart")
+    unmeasured: list[str] = Field(description="cost terms no cell exercised (left at 0)")
+    skipped: list[str] = Field(description="cells not used, each with why")
+    kv_from: str = Field(description="where the KV cache's figures came from")
+    leaned: bool = Field(description="the fit leaned on the tables' costs where the cells did not tell terms apart")
+
+
 class Roofline(_Record):
     hardware: str | None = Field(description="the profile's `hardware`")
     model: str | None = Field(description="the profile's `model_shape`")
@@ -483,7 +504,7 @@ RECORDS: dict[str, type[_Record]] = {
     "manifest": Manifest, "server": ServerRecord, "stop": StopRecord, "failure": FailureRecord,
     "warmup": WarmupRecord, "cell": CellRecord, "guard": GuardRecord, "experiment": ExperimentRecord,
     "repeats": RepeatsRecord, "summary": SummaryRecord, "placement": PlacementRecord, "settled": SettledRecord,
-    "tune": TuneRecord,
+    "tune": TuneRecord, "calibration": CalibrationRecord,
 }
 FILES: dict[str, str] = {
     "manifest": "manifest.json", "server": "variants/<variant>/launch-<k>/server.json",
@@ -494,6 +515,7 @@ FILES: dict[str, str] = {
     "experiment": "variants/<variant>/experiments/<key>/rep-<n>.json", "repeats": "repeats-<n>.json",
     "summary": "summary.json", "placement": "variants/<variant>/launch-<k>/placement.json",
     "settled": "variants/<variant>/settled.json", "tune": "tune.json",
+    "calibration": "calibrations/<name>-<time>.json",
 }
 
 

@@ -36,6 +36,7 @@ from campaign.measure.cells import CellResult
 from campaign.stored import records
 from campaign.stored.records import (
     SCHEMA_VERSION,
+    CalibrationRecord,
     CellRecord,
     ExperimentRecord,
     FailureRecord,
@@ -406,6 +407,19 @@ class RunDir:
         """The tune's predictions for this night, where `campaign tune` ran it; None otherwise (or damaged)."""
         path = self.root / "tune.json"
         return next((record for _, record in self.read_each([path] if path.exists() else [], TuneRecord)), None)
+
+    def write_calibration(self, record: CalibrationRecord) -> Path:
+        """calibrations/<name>-<time>.json: a fit of the simulator to this run (campaign calibrate)."""
+        stamp = record.written_utc.replace(":", "").replace("-", "").split(".")[0]
+        return write_new(self.root / "calibrations" / f"{record.entry.name}-{stamp}.json", record)
+
+    def calibrations(self) -> list[CalibrationRecord]:
+        """The latest fit of each entry name made from this run, by name."""
+        latest: dict[str, CalibrationRecord] = {}
+        for _, record in self.read_each(sorted(self.root.glob("calibrations/*.json")), CalibrationRecord):
+            if record.entry.name not in latest or record.written_utc > latest[record.entry.name].written_utc:
+                latest[record.entry.name] = record
+        return [latest[name] for name in sorted(latest)]
 
     def settled(self) -> dict[str, SettledRecord]:
         """The variants a night run until settled has retired, by name."""
