@@ -984,8 +984,14 @@ def test_a_sustained_window_whose_client_stood_still_is_measured_again_and_says_
         # cleanest stands, saying so; it may be the starved one.
         assert len(cell.attempts) == 3 and cell.client_stall_bound > cells.STALL_SHARE, cell.reasons
         said = first.reason if not first.accepted else cell.reasons[cell.reason_codes.index(Reason.CLIENT_STALLED)]
+    elif first.accepted:
+        # The stalls fell where no stream's end nor an edge's token was stamped (the two streams run in lockstep,
+        # and may both be prefilling through them): nothing they could move, so nothing to measure again. (Drawn
+        # on a loaded machine once in a few dozen.)
+        assert cell.attempts == [first] and cell.client_stall_bound <= cells.STALL_SHARE, cell.reasons
+        return
     else:
-        assert not first.accepted and first.code == Reason.CLIENT_STALLED, first
+        assert first.code == Reason.CLIENT_STALLED, first
         assert cell.client_stall_bound <= cells.STALL_SHARE, cell.reasons
         said = first.reason
     assert said is not None and "event loop stood still as the window's tokens arrived" in said, said

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from campaign.core import stats
 from campaign.http.client import RequestRecord
 from campaign.measure import figures
 from campaign.measure.cells import REASON_HINTS, Reason, StepEvidence, verdict
@@ -171,6 +172,27 @@ def _ladder() -> list[RequestRecord]:
     """Four streams through a window of [1, 3] s, a token every 10 ms, each request 0.5 s long and the next
     sent 10 ms after it ends, starting 0.1 s apart: requests begin and end all through the window."""
     return [_stream(0.5 + 0.1 * lane + 0.51 * k, 50) for lane in range(4) for k in range(6)]
+
+
+def test_a_stall_over_the_windows_end_bounds_the_rate_of_a_request_it_cut_short() -> None:
+    """A request ending as the window closes, whose last tokens a stall held until after the end: stamped late,
+    they fall outside, and its rate inside reads 40 tok/s where it streamed at 100. With one other request at
+    100, stream tok/s (their median) reads 70 against a truth of 100; the bound must reach that 30%. Bounding a
+    request by its ends alone said 6% (only the total's moved tokens), and the truth test on the simulated H200
+    drew the like: stream tok/s 12% under its truth with a bound of 6.6%."""
+    def request(times: list[float]) -> RequestRecord:
+        return RequestRecord(id="r", prompt_tokens=100, max_tokens=len(times), send_t=times[0] - 0.05,
+                             chunk_t=times, chunk_tokens=[1] * len(times), end_t=times[-1], status=200)
+
+    steady = request([1.0 + 0.01 * i for i in range(101)])
+    true = [round(2.9 + 0.01 * i, 2) for i in range(16)]                  # 2.90 .. 3.05, one every 10 ms
+    stamped = [t if t < 2.95 else 3.06 for t in true]                      # a stall held 2.95 on until 3.06
+    window = (1.0, 3.0)
+    measured = stats.median(figures.stream_speeds([steady, request(stamped)], window))
+    truth = stats.median(figures.stream_speeds([steady, request(true)], window))
+    assert measured == pytest.approx(70.0) and truth == pytest.approx(100.0)
+    bound = figures.stall_error([steady, request(stamped)], window, [(3.06, 0.12)], 0.005)
+    assert bound is not None and bound >= abs(measured / truth - 1), bound
 
 
 def test_a_stall_mid_window_moves_nothing_and_one_at_an_edge_moves_the_total() -> None:
