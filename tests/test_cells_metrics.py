@@ -261,16 +261,17 @@ def test_a_medians_own_error_matches_theory_and_spans_two_modes() -> None:
 
 def test_a_client_ttft_past_the_servers_own_is_a_typed_caveat_past_its_stated_slack() -> None:
     """Issue 53: the client's mean TTFT over a step's requests against the server's own (vLLM's histogram, the
-    same requests): within 50 ms of the client's clock and 10% of the server's it is what a client's path adds;
-    past both, the caveat `client_ttft_over_server` (a Valid cell, said), naming the gap. A time-scaled
-    simulator's hardware ms are the time scale's multiple of the client's."""
+    same requests): within 200 ms of the client's clock (the real CPU build's busy API server put up to 94 ms
+    there) or 10% of the server's it is what a client's path adds; past both, the caveat
+    `client_ttft_over_server` (a Valid cell, said), naming the gap. A time-scaled simulator's hardware ms are
+    the time scale's multiple of the client's."""
     from campaign.measure.cells import CAVEATS, Reason, client_ttft_finding
 
     assert client_ttft_finding(None, 900.0) is None and client_ttft_finding(800.0, None) is None
-    assert client_ttft_finding(800.0, 849.0) is None            # 49 ms: a client's path
-    assert client_ttft_finding(800.0, 879.0) is None            # 79 ms, under 10% of 800
+    assert client_ttft_finding(800.0, 999.0) is None            # 199 ms: a client's path
+    assert client_ttft_finding(3_000.0, 3_290.0) is None        # 290 ms, under 10% of 3 s
     over = client_ttft_finding(800.0, 1_100.0)
     assert over is not None and over.code is Reason.CLIENT_TTFT_OVER_SERVER and over.code in CAVEATS
     assert over.message.startswith("the client's mean TTFT, 1,100 ms, is 300 ms over the server's own 800 ms")
-    assert client_ttft_finding(800.0, 1_040.0, time_scale=5.0) is None   # 48 ms of the client's clock at 5x
-    assert client_ttft_finding(800.0, 1_300.0, time_scale=5.0) is not None
+    assert client_ttft_finding(800.0, 1_790.0, time_scale=5.0) is None   # 198 ms of the client's clock at 5x
+    assert client_ttft_finding(800.0, 1_900.0, time_scale=5.0) is not None

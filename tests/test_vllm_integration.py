@@ -717,7 +717,11 @@ def test_an_ngram_drafter_on_the_real_cpu_build_is_measured_from_vllms_counters(
         assert cell.spec_acceptance_rate is not None and 0 < cell.spec_acceptance_rate <= 1
         assert cell.spec_mean_accepted is not None and 0 < cell.spec_mean_accepted <= 2
         assert cell.spec_mean_acceptance_length == pytest.approx(1 + cell.spec_mean_accepted)
-    assert code.reason_codes == [] and noise.reason_codes == [Reason.SPEC_RANDOM_PROMPTS]
+    # The busy host's wait before the API server counts a request in (94 ms once, beside the suite's two
+    # workers) is under the client_ttft_over_server caveat's 200 ms; a host stalled past it would be said so,
+    # and is allowed: the caveat is the truth about that request's path, not about speculative decoding.
+    path = {Reason.CLIENT_TTFT_OVER_SERVER}
+    assert set(code.reason_codes) <= path and set(noise.reason_codes) - path == {Reason.SPEC_RANDOM_PROMPTS}
 
 
 def test_the_real_build_serves_a_window_past_the_models_when_told_to_allow_it(

@@ -37,7 +37,7 @@ table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem;display:block;ove
 th,td{border:1px solid #ccc;padding:.25rem .5rem;text-align:right;vertical-align:top}
 th{background:#f3f3f3}td.l,th.l{text-align:left}
 .meta td{text-align:left}.cmd{font-family:ui-monospace,monospace;font-size:.8rem;word-break:break-all}
-.cell{min-width:7.5rem}.over{background:#e6e6e6;color:#555}.bad{background:#f8d7da}
+.cell{min-width:6rem}.over{background:#e6e6e6;color:#555}.bad{background:#f8d7da}
 .changed{background:#fff3cd}.better{background:#d4edda}.worse{background:#f8d7da}.noise{background:#f1f1f1}
 .note{color:#555;font-size:.85rem}
 .badge{display:inline-block;border-radius:1rem;padding:.2rem .7rem;margin:.2rem;border:1px solid #bbb}

@@ -283,7 +283,7 @@ def server_view_table(cells: Sequence[CellResult]) -> Table | None:
                  headers=["Cell", "Client mean TTFT", "Server mean TTFT", "Client - server", "Server mean gap between "
                           "outputs", "First tokens it counted"], rows=rows, align="lrrrrr",
                  notes=[Cell("the difference is what the client's side adds to the server's first token (the socket, "
-                             "the stream's framing, the client's loop; a proxy's buffering): past 50 ms of the "
+                             "the stream's framing, the client's loop; a proxy's buffering): past 200 ms of the "
                              "client's clock and 10% the cell carries the caveat client_ttft_over_server",
                              cls="note")])
 

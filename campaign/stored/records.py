@@ -101,7 +101,7 @@ Format history:
     good, `fell_behind_s` and `waiting_at_end` with the caveat `server_fell_behind`. Older files have none
     (None).
 20 - a cell may carry the caveat `client_ttft_over_server`: its client's mean TTFT is past the server's own
-    (`server_ttft_mean_ms`, the same requests) by more than 50 ms and 10% of it, more than a client's path
+    (`server_ttft_mean_ms`, the same requests) by more than 200 ms and 10% of it, more than a client's path
     adds (a proxy that buffers the stream, a client host too busy to read it). Older files have no such code.
     A night `campaign tune` ran to confirm its search stores tune.json: each variant's predicted and measured
     figure and what the predictions rest on. Older tune nights have none. `campaign calibrate RUN` leaves in
