@@ -118,25 +118,24 @@ def gpu_counts(servers: list[ServerRecord | FailureRecord]) -> dict[str, int]:
 def rate_loads(data: ReportData) -> tuple[dict[str, list[plots.RatePoint]], dict[str, plots.Bracket]]:
     """Each variant's open-loop loads as stored (its latest rate and trace cells, its latest capacity search's
     probes) and that search's bracket on the rate axis (the highest rate that held, the lowest that failed)."""
-    def point(c: CellResult, passed: bool | None = None) -> plots.RatePoint:
-        assert c.request_rate is not None
-        return plots.RatePoint(c.request_rate, c.achieved_rate_rps, c.goodput_rps, c.ttft_p90_ms, passed)
-
     loads: dict[str, list[plots.RatePoint]] = {}
     for variant, cells in data.latest.items():
-        for cell in cells.values():
-            if cell.phase == "rate" and cell.request_rate is not None and cell.status == "Valid":
-                loads.setdefault(variant, []).append(point(cell))
+        for c in cells.values():
+            if c.phase == "rate" and c.request_rate is not None and c.status == "Valid":
+                loads.setdefault(variant, []).append(plots.RatePoint(c.request_rate, c.achieved_rate_rps,
+                                                                     c.goodput_rps, c.ttft_p90_ms))
     brackets: dict[str, plots.Bracket] = {}
     for (variant, kind), result in _latest_experiments(data).items():
         if kind != "slo-search":
             continue
         search = result.details.get("slo_search") or {}
         brackets[variant] = (search.get("last_pass_rps"), search.get("first_fail_rps"))
-        for raw in result.details.get("probes") or []:
-            probe = CellResult.model_validate(raw)
-            if probe.request_rate is not None and probe.status == "Valid":
-                loads.setdefault(variant, []).append(point(probe, probe.slo_passed))
+        # The probes as stored in the search's details (a cell's fields, read by name: the figures drawn only).
+        for probe in result.details.get("probes") or []:
+            if probe.get("request_rate") is not None and probe.get("status") == "Valid":
+                loads.setdefault(variant, []).append(plots.RatePoint(
+                    probe["request_rate"], probe.get("achieved_rate_rps"), probe.get("goodput_rps"),
+                    probe.get("ttft_p90_ms"), probe.get("slo_passed")))
     return loads, brackets
 
 
