@@ -36,10 +36,16 @@ def test_two_demo_nights_side_by_side_with_the_caveat_and_no_verdict_past_their_
     assert lines[1] == f"caveat: {compare.CAVEAT}"
     assert lines[2].startswith("between the nights: measured 2026-11-30T11:36:48")
     assert "== baseline@B vs baseline ==" in out and "== small-chunk@B vs small-chunk ==" in out
+    assert "not compared" not in out   # the same variants on both nights
     verdicts = out.split("== Across the nights ==\n", 1)[1].splitlines()
     assert [line.split(":", 1)[0] for line in verdicts] == ["baseline", "small-cache", "small-chunk"]
     assert all(line.split(": ", 1)[1].startswith("no verdict (night A's baseline moved +8.6% between its first and "
                                                  "last launch (throughput); night B's") for line in verdicts)
+    # A variant only one night ran is said, not silently left out.
+    shutil.rmtree(b / "variants" / "small-cache")
+    assert run_cli(["compare", str(a), str(b)]) == 0
+    assert "not compared (no variant of that name in the other night): small-cache (night A only)" in \
+        capsys.readouterr().out
     # Not a run directory: one Error line naming it.
     assert run_cli(["compare", str(a), str(tmp_path)]) != 0
     err = capsys.readouterr().err
@@ -66,7 +72,7 @@ def test_a_slower_second_night_is_shown_worse_where_it_is_and_only_there(
     a = _night(tmp_path, "a", "launch-noise:0.01")
     b = _night(tmp_path, "b", "launch-noise:0.01,decode-speed:0.8")
     compared = compare.compare(store.RunDir(a), store.RunDir(b))
-    assert compared.withheld is None, compared.drifts
+    assert compared.withheld is None and compared.unmatched == [], compared.drifts
     (diff,) = compared.diffs
     assert (diff.variant, diff.baseline) == ("baseline@B", "baseline") and diff.outcome == "revert"
     verdicts = {(c.key, m.metric): m for c in diff.cells for m in c.metrics}

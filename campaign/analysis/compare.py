@@ -33,6 +33,7 @@ class Comparison:
     drifts: tuple[Drift, Drift]    # each night's own drift check (summary.drift)
     differences: list[str]         # what differs between the nights beside the flags, in words
     withheld: str | None           # why no verdict is given; None: the verdicts stand
+    unmatched: list[str]           # variants of one night with no namesake in the other, said as such
 
 
 def _vllm_version(run: RunDir) -> str | None:
@@ -80,5 +81,9 @@ def compare(first: RunDir, second: RunDir) -> Comparison:
                         f"{b.profile_model().model})")
     if _gpus(a)[0] != _gpus(b)[0]:
         withheld.append("the nights ran on different GPUs")
+    names = [{c.variant for c in run.cells()} | {s.variant for s in run.servers()} for run in (first, second)]
+    unmatched = [f"{v} (night {night} only)" for night, mine, theirs in (("A", names[0], names[1]),
+                                                                         ("B", names[1], names[0]))
+                 for v in sorted(mine - theirs)]
     return Comparison(first=first, second=second, diffs=diffs, drifts=drifts, differences=differences(first, second),
-                      withheld="; ".join(withheld) or None)
+                      withheld="; ".join(withheld) or None, unmatched=unmatched)

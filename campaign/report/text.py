@@ -380,6 +380,8 @@ def compare_text(c: Comparison) -> str:
              f"caveat: {CAVEAT}",
              "between the nights: " + "; ".join(c.differences),
              f"drift: A: {c.drifts[0].message}; B: {c.drifts[1].message}"]
+    if c.unmatched:
+        lines.append("not compared (no variant of that name in the other night): " + ", ".join(c.unmatched))
     if not c.diffs:
         return "\n".join([*lines, "", "nothing to compare: the nights share no variant name"])
     tables = []
