@@ -1,6 +1,6 @@
 """The `campaign` command. Parses arguments, calls the modules, prints; errors cross here once.
 
-Long (about 730 lines) for one reason: twelve commands declare their options here, with help texts (most of
+Long (about 820 lines) for one reason: twelve commands declare their options here, with help texts (most of
 its lines); what a command does lives in the layer that owns it (`measure.probe`, `night.orchestrate`,
 `analysis.calibrate`, `tune.tuning`, `report.closing`, ...)."""
 

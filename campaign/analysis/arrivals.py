@@ -182,8 +182,8 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
             ended(sim.now)        # refused, as vLLM refuses a request past its window: it never reaches the engine
             return
         sent = load[i]
-        ids = (blocks.prompt(traces.TraceRequest(sent.at_s, sent.prompt_tokens, sent.output_tokens, sent.hash_ids))
-               if blocks is not None and sent.hash_ids else prompts.fresh(sent.prompt_tokens))
+        ids = (blocks.ids(sent.hash_ids, sent.prompt_tokens) if blocks is not None and sent.hash_ids
+               else prompts.fresh(sent.prompt_tokens))
         request = sim.submit(ids, sent.output_tokens, at=at, on_finish=ended)
         index[request.id] = i
 

@@ -472,10 +472,9 @@ def _memory(server: ServerRecord) -> MemoryRecord:
     per_token = (exact / facts.kv_cache_tokens if exact else facts.available_kv_cache_gib * GIB / facts.kv_cache_tokens
                  if facts.available_kv_cache_gib else None)
     spec = _speculative(server)
-    tp = facts.tensor_parallel_size or _flag(server, "tensor-parallel-size") or 1
     return MemoryRecord(
         kv_cache_tokens=facts.kv_cache_tokens, kv_cache_gib=facts.available_kv_cache_gib, kv_bytes_per_token=per_token,
-        block_size=block, tensor_parallel_size=int(tp),
+        block_size=block, tensor_parallel_size=server.tensor_parallel_size(),
         kv_cache_dtype=str(_flag(server, "kv-cache-dtype") or "auto"),
         gpu_memory_utilization=facts.gpu_memory_utilization, max_num_batched_tokens=facts.max_num_batched_tokens,
         max_num_seqs=int(facts.max_num_seqs or _flag(server, "max-num-seqs") or 256),

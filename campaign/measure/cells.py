@@ -1,6 +1,6 @@
 """What a cell is, what it produced, and the pure arithmetic from raw request records to its columns.
 
-Long (about 830 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
+Long (about 870 lines): the cell's typed reasons (each with its message and hint, a closed set), the step
 evidence and the queue diagnosis that reads it, and the spec and result models; the arithmetic from records
 to columns is figures.py."""
 

@@ -364,17 +364,21 @@ class BlockPrompts:
         return [TOKEN_LOW + v % span for v in raw]
 
     def prompt(self, request: TraceRequest) -> list[int]:
+        return self.ids(request.hash_ids, request.input_tokens)
+
+    def ids(self, hash_ids: tuple[int, ...], tokens: int) -> list[int]:
+        """A prompt of `tokens` ids whose leading blocks are `hash_ids`' (any request's with the same ids)."""
         out: list[int] = []
-        for ident in request.hash_ids:
-            if len(out) >= request.input_tokens:
+        for ident in hash_ids:
+            if len(out) >= tokens:
                 break
             if ident not in self._blocks:
                 self._blocks[ident] = self._tokens(f"{self.salt}:b{ident}", self.block)
             out += self._blocks[ident]
-        if len(out) < request.input_tokens:
+        if len(out) < tokens:
             self._own += 1
-            out += self._tokens(f"{self.salt}:o{self._own}", request.input_tokens - len(out))
-        return out[:request.input_tokens]
+            out += self._tokens(f"{self.salt}:o{self._own}", tokens - len(out))
+        return out[:tokens]
 
 
 class TraceSlice(BaseModel):

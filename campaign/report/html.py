@@ -15,7 +15,6 @@ from typing import Any
 
 from campaign.analysis import recommend, summary, verdicts
 from campaign.core.errors import CampaignError
-from campaign.core.vllm_flags import value_of
 from campaign.measure.cells import CellResult
 from campaign.measure.judged import MIN_EFFECT
 from campaign.measure.study import ExperimentResult
@@ -110,8 +109,7 @@ def gpu_counts(servers: list[ServerRecord | FailureRecord]) -> dict[str, int]:
     out: dict[str, int] = {}
     for server in servers:
         if isinstance(server, ServerRecord) and server.variant not in out:
-            flag = value_of(server.flags, "tensor-parallel-size")
-            out[server.variant] = int(server.facts.tensor_parallel_size or flag or 1)
+            out[server.variant] = server.tensor_parallel_size()
     return out
 
 

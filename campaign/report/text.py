@@ -1,7 +1,7 @@
 """Presentation only: cell results and facts -> labelled tables (campaign.report.tables), rendered as text here and
 as Markdown and HTML by html_report. No measurement, no I/O: every function takes what was read for it.
 
-Long (about 810 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
+Long (about 935 lines): one function per table the tool prints (cells, plan, diff, verdict, experiments,
 virtual replays, export rows); each is short and they share the column vocabulary defined here, the figures'
 names and definitions taken from campaign.report.names."""
 

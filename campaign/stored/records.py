@@ -107,7 +107,7 @@ Format history:
     figure and what the predictions rest on. Older tune nights have none. `campaign calibrate RUN` leaves in
     the run calibrations/<name>-<time>.json, the entry it wrote with its table's facts, for the run's report.
 
-Long (about 550 lines): every stored record's model with a description per field, and the generator of
+Long (about 670 lines): every stored record's model with a description per field, and the generator of
 docs/results-format.md from them; one file so that the format and its documentation cannot drift apart.
 """
 
@@ -121,6 +121,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from campaign.core.errors import LaunchFailureKind
+from campaign.core.vllm_flags import value_of
 from campaign.measure.cachestate import CacheState
 from campaign.measure.cells import Attempt, CellResult
 from campaign.measure.figures import hardware_units
@@ -232,6 +233,10 @@ class ServerRecord(_Record):
                                   "resolved); None: not used")
     launch_dir: str | None = Field(default=None, description="not stored: set when read, the launch's folder "
                                                               "relative to the run")
+
+    def tensor_parallel_size(self) -> int:
+        """The GPUs it ran on under tensor parallelism: as its log said, else as its flags asked, else 1."""
+        return int(self.facts.tensor_parallel_size or value_of(self.flags, "tensor-parallel-size") or 1)
 
 
 class StopRecord(_Record):
