@@ -7,8 +7,10 @@ aborted in the engine (as a closed connection is), and closing the client ends a
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +20,7 @@ from campaign.http.streamclient import StreamClient
 from campaign.http.streams import StreamError, Streams
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
 from campaign.server.profiles import load_profile
+from campaign.sim.server import Completion, Stream
 
 
 @pytest.fixture()
@@ -160,3 +163,30 @@ def test_a_queued_request_waits_while_the_server_works_on_the_clients_other_stre
     assert short.ok and long.error_kind == "timeout", (short.error, long.error)
     assert long.error is not None and "(limit 0.5 s)" in long.error and long.error.startswith(
         "idle timeout: no data for ")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("continuous", [False, True])
+def test_an_event_is_the_whole_dict_dumped(chat: bool, continuous: bool) -> None:
+    """sim.server.Stream.event writes its events from a frame made once: byte for byte json.dumps of the event
+    vLLM writes (the dict built whole), whatever the text (quotes, escapes, non-ASCII) and on either side of a
+    reasoning reply's switch to content."""
+    texts = iter(['plain', 'a "quoted" \\ back\nslash', 'caf\u00e9 \u2603 \U0001f600', '', '\ue000', 'end'])
+    tokenizer = SimpleNamespace(reply=lambda _n: next(texts))
+    server = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(name="org/model-7B"))
+    checked = Completion(prompt=list(range(300)), max_tokens=6, chat=chat, stream=True, include_usage=True,
+                         continuous=continuous, thinks=chat)
+    req = SimpleNamespace(id="cmpl-sim-9", max_tokens=6, generated=0)
+    stream = Stream(server, checked, req)  # type: ignore[arg-type]
+    for generated in range(1, 7):
+        req.generated = generated
+        made = stream.event(1)
+        text = json.loads(made)["choices"][0]["delta" if chat else "text"]
+        text = next(iter(text.values())) if chat else text
+        part = "reasoning_content" if generated <= 3 else "content"
+        event: dict[str, object] = {"id": "cmpl-sim-9", "object": stream.kind, "model": "org/model-7B", "choices": [
+            {"index": 0, "delta": {part: text}, "finish_reason": None} if chat else
+            {"index": 0, "text": text, "finish_reason": None}]}
+        if continuous:
+            event["usage"] = {"prompt_tokens": 300, "completion_tokens": generated, "total_tokens": 300 + generated}
+        assert made == json.dumps(event).encode()

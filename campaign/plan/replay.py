@@ -28,6 +28,7 @@ says and again with every decode cell's TTFT mode flipped.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,8 +59,6 @@ from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
 from campaign.sim.engine import Request, Virtual, engine_for
 from campaign.spec.matrix import Matrix
-
-POLL_S = 0.05   # simulated seconds between checks for every stream's first token (the tool awaits an event)
 
 
 @dataclass(frozen=True)
@@ -285,25 +284,25 @@ def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec:
     """C streams from the moment priming ends, each sending its next request as the last ends; the window
     opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
     streams, primed = _primed(sim, truth, spec, prompts)
-    ended = False
+    end = math.inf   # no request is sent from the window's end on (the tool's stop), and the rest drain
 
     def stream(index: int) -> Callable[[float], None]:
-        def again(_t: float) -> None:
-            if not ended:
+        def again(t: float) -> None:
+            if t < end:
                 prompt = streams[index] if spec.ttft == "warm" else prompts.fresh(spec.context_tokens)
                 sim.submit(prompt, spec.max_tokens, on_finish=again)
         return again
 
     first: list[Request] = [sim.submit(streams[i], spec.max_tokens, on_finish=stream(i))
                             for i in range(spec.concurrency)]
-    while any(r.generated == 0 and not r.aborted for r in first) and sim.engine.busy:
-        sim.run(until=sim.now + POLL_S)
+    # The window opens warmup_s after the step that gave the last stream its first token (or ended one before
+    # any), as the tool's watch on every stream's first token opens it.
+    sim.run(done=lambda: all(r.generated or r.aborted for r in first))
     start = sim.now + spec.warmup_s
     end = start + spec.window_s
     interval = min(SAMPLE_EVERY_S, spec.window_s / 2)
     sample_at = list(times(start + interval / 2, end, interval))
     sim.run(until=end)
-    ended = True
     measured = sorted(truth.all_requests(), key=lambda r: r.arrival)[primed:]
     figures = sim_truth.window_figures(measured, start, end)
     samples = [g for g in (gauges(truth.steps, t, sim.engine.blocks.total) for t in sample_at) if g is not None]

@@ -364,7 +364,12 @@ def engine_for(config: SimConfig, truth: TruthSink | None = None, *,
 
 class Virtual:
     """The engine on a clock the caller owns: requests go in at the current simulated time, steps run back to
-    back with no wall clock, and the truth records say what happened. Deterministic for a given seed."""
+    back with no wall clock, and the truth records say what happened. Deterministic for a given seed.
+
+    A request's end reaches `on_finish(t)` as the step that ended it completes, so a closed loop's next request
+    is seated in the step planned at that instant, as the Measurer's is against the simulator in this process
+    (measure.simulated: the driver yields to the streams before it plans): the two agree to the engine's last
+    digit (tests/test_two_clocks.py)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -397,11 +402,13 @@ class Virtual:
         self.now = ready if until is None else min(ready, until)
         return True
 
-    def run(self, until: float | None = None) -> None:
-        """Step until nothing is left to do, or until simulated time `until`."""
+    def run(self, until: float | None = None, *, done: Callable[[], bool] | None = None) -> None:
+        """Step until nothing is left to do, until simulated time `until`, or until `done()` holds after a step."""
         while self.engine.busy and (until is None or self.now < until):
             if self.wait_ready(until):
                 continue
             step = self.engine.schedule(self.now)
             start, self.now = self.now, self.now + step.duration
             self.engine.complete(step, start, self.now)
+            if done is not None and done():
+                return
