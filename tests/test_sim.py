@@ -2,8 +2,8 @@
 /metrics read like vLLM's, a time-scaled cell's figures are the hardware's (the same as the engine's own in
 simulated time), the bracket against foreign traffic, a crash, an ignored SIGTERM, TLS, client processes, warm
 TTFT's priming. Campaign behaviour (verdicts, an A/A, a suggested flag, a bimodal cell) is checked in simulated
-time (`--clock virtual`, sim_night), and the step-time calibration against the seeds too (test_sim_calibration.py).
-Its memory model against the seeds needs neither."""
+time (`--clock virtual`, measure/simulated.py), and the step-time calibration against the seeds too
+(test_sim_calibration.py). Its memory model against the seeds needs neither."""
 
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
 from campaign.http.client import RequestRecord
 from campaign.http.endpoint import Endpoint, Timeouts
-from campaign.measure import runner, study
+from campaign.measure import runner, simulated, study
 from campaign.measure.cells import CellResult, CellSpec, Reason, over_capacity
 from campaign.measure.runner import Measurer, Target
 from campaign.night.launcher import LaunchedServer, launched
 from campaign.plan import replay as sim_virtual
-from campaign.plan import virtual as sim_night
 from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
 from campaign.sim import model as sim_model
@@ -179,8 +178,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
 def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 19, in simulated time: two identical flag sets, interleaved, come out no difference or not settled, with no
     better or worse verdict anywhere and the console saying so, and the 16-stream cell of 2,048-token prompts
-    Valid on every launch though its replacements queue for the 2,048-token chunk (a request waits in its
-    samples). test_sim_night reads the shipped a5000-aa's outcome; whether HTTP jitter reads as a difference
+    Valid on every launch, its 16 streams running by the server's gauges. test_sim_night reads the shipped
+    a5000-aa's outcome; whether HTTP jitter reads as a difference
     is test_seed_000_ab_reproduced_on_the_simulator's (two pairs no faster than each other, over HTTP)."""
     code, out, err = campaign(capsys, "run", str(MATRICES / "a5000-aa-sim.yaml"), "--engine", "sim",
                               "--clock", "virtual", "--out", str(tmp_path), "--plain")
@@ -209,7 +208,8 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     queued = [c.result for c in run.cells() if c.result.spec.key == "decode-sustained-L2048-C16-N128-W30"]
     # Three launches a side and the drift sentinel.
     assert len(queued) == 7 and all(c.status == "Valid" for c in queued), [c.reasons for c in queued]
-    assert all(c.waiting_max is not None and c.waiting_max >= 1 for c in queued), [c.waiting_max for c in queued]
+    # The queue gauges were sampled through every window (the server's own, scraped as over HTTP).
+    assert all(c.waiting_max is not None and c.running_median == 16 for c in queued), [c.waiting_max for c in queued]
 
 
 @pytest.mark.parametrize("fault, kind, startup_timeout_s", [
@@ -350,14 +350,15 @@ def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(
 
 def test_bimodal_fault_is_reported_as_two_modes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 000's two speeds at exactly four streams (the bimodal4 fault: the engine's rule, which the HTTP
-    simulator runs too), replayed in simulated time as a campaign's repeat experiment: six runs of the 4-wide
+    simulator runs too), measured in simulated time as a campaign's repeat experiment: six runs of the 4-wide
     cell are reported as two modes, never averaged into one meaningless number. A repeat experiment measured
     over HTTP is test_faults.py's campaign."""
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "bimodal4")
-    launch = sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
+    launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
     experiment = RepeatExperiment.model_validate({"kind": "repeat", "context": 1024, "concurrency": 4,
                                                   "mode": "fixed", "max_tokens": 256, "times": 6})
-    result = launch.experiment(experiment, sim_virtual.Prompts(), window_s=30.0)
+    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+        result = server.call(study.repeat_cell(server.target(), experiment.spec(30.0), times=experiment.times))
     assert result.details["bimodal"] is True, result.details["runs"]
     assert result.values["mean_total_tok_s"] is None  # never averaged into one meaningless number
     assert "BIMODAL" in result.verdict and result.details["low_count"] + result.details["high_count"] == 6
@@ -401,26 +402,23 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
 
 
 @pytest.mark.wall_timed
-def test_experiments_replayed_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
+def test_experiments_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
     """The peer of a virtual night's experiments: the same study functions over HTTP on the simulator at 5x
-    (their figures the hardware's, format 10) and fed by the engine's own records (sim_night)."""
-    from campaign.plan import virtual as sim_night
-
+    (their figures the hardware's, format 10) and in simulated time against the simulator in this process."""
     target = target_of(a5000)
 
-    async def over_http() -> tuple[study.ExperimentResult, study.ExperimentResult]:
+    async def measured(target: Target) -> tuple[study.ExperimentResult, study.ExperimentResult]:
         async with target.endpoint.async_control() as control:
             await Measurer(target).check_metrics(control)   # the scale, as the orchestrator learns it
         return (await study.prefix_order(target, block_size=a5000.facts.block_size, agents=4, shared_tokens=2400,
                                          task_tokens=200, reply_tokens=64),
                 await study.long_context(target, [2048, 8192], reply_tokens=64))
 
-    http_prefix, http_long = asyncio.run(over_http())
+    http_prefix, http_long = asyncio.run(measured(target))
     assert target.time_scale == TIME_SCALE
-    config = sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0).config
-    prompts = sim_virtual.Prompts()
-    virtual_prefix = sim_night.prefix_order(config, 4, 2400, 200, 64, prompts)
-    virtual_long = sim_night.long_context(config, [2048, 8192], 64, prompts)
+    launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
+    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+        virtual_prefix, virtual_long = server.call(measured(server.target()))
     assert http_prefix.status == virtual_prefix.status == "Valid"
     for name in ("shared_first_hit_rate", "shared_first_wall_s", "speedup"):
         http, virtual = http_prefix.values[name], virtual_prefix.values[name]

@@ -18,11 +18,12 @@ from test_sim_night import campaign, night
 
 from campaign.core.errors import LaunchError
 from campaign.core.progress import Progress
+from campaign.measure import simulated
 from campaign.measure.cells import CellSpec
+from campaign.measure.runner import Measurer
 from campaign.night import launch as night_launch
 from campaign.night.launcher import launched
 from campaign.plan import replay as sim_virtual
-from campaign.plan import virtual as sim_night
 from campaign.server import argv, flag_list
 from campaign.server.profiles import load_profile
 from campaign.sim import config as sim_config
@@ -31,6 +32,10 @@ from campaign.sim import truth as sim_truth
 from campaign.sim.engine import Virtual, engine_for
 from campaign.spec.matrix import load_matrix
 from campaign.stored import store
+
+# A figure measured in simulated time is exact to the simulated loop's tick: each stamp is a whole nanosecond
+# (measure.simulated.RESOLUTION_S), so a TTFT of 0.2 s, the shortest prefill here, to 1e-8 of itself.
+STAMP_REL = 2e-8
 
 PREFILL = CellSpec(phase="prefill", context_tokens=8192, concurrency=1)
 NOISE_LINE = re.compile(r"launch noise: speed factor ([0-9.]+) \(sigma ([0-9.]+), launch (\S+)\)")
@@ -52,9 +57,10 @@ workloads:
 def prompt_tok_s(flags: dict[str, str], *, launch: str = "baseline/0", profile: str = "h200",
                  context: int = 8192) -> float:
     """A prefill cell's prompt tok/s on one launch in simulated time."""
-    started = sim_night.start(load_profile(profile)[0], flags, seed=0, launch=launch)
-    figure = started.measure(CellSpec(phase="prefill", context_tokens=context, concurrency=1),
-                             sim_virtual.Prompts()).prompt_tok_s
+    started = simulated.start(load_profile(profile)[0], flags, seed=0, launch=launch)
+    with simulated.SimulatedServer(started.config, started.config.memory(), started.facts) as server:
+        figure = server.call(Measurer(server.target()).run_cell(
+            CellSpec(phase="prefill", context_tokens=context, concurrency=1))).prompt_tok_s
     assert figure is not None
     return figure
 
@@ -65,22 +71,22 @@ def test_each_launch_draws_its_own_speed_and_the_same_launch_draws_it_again() ->
     the same factor; the factor is the engine's physics (prompt tok/s divided by it), said in the startup log."""
     noisy = {"fault": "launch-noise:0.1"}
     profile = load_profile("h200")[0]
-    first, second, other = (sim_night.start(profile, noisy, seed=0, launch=name)
+    first, second, other = (simulated.start(profile, noisy, seed=0, launch=name)
                             for name in ("baseline/0", "baseline/1", "memory/0"))
     factors = {first.config.speed_factor, second.config.speed_factor, other.config.speed_factor}
     assert len(factors) == 3 and 1.0 not in factors
-    again = sim_night.start(profile, noisy, seed=0, launch="baseline/0")
+    again = simulated.start(profile, noisy, seed=0, launch="baseline/0")
     assert again.config.speed_factor == first.config.speed_factor
     # The profile's --seed is part of the draw: another seed, another night.
     assert sim_config.parse([*first.command[first.command.index("campaign.sim") + 1:], "--seed", "7"],
                             launch="baseline/0").speed_factor != first.config.speed_factor
     # Not the engine's seed (a repeat's): the same launch draws the same whichever engine seed it runs.
-    assert sim_night.start(profile, noisy, seed=5, launch="baseline/0").config.speed_factor == \
+    assert simulated.start(profile, noisy, seed=5, launch="baseline/0").config.speed_factor == \
         first.config.speed_factor
     quiet = prompt_tok_s({})
     for started in (first, second, other):
-        figure = started.measure(PREFILL, sim_virtual.Prompts()).prompt_tok_s
-        assert figure == pytest.approx(quiet / started.config.speed_factor, rel=1e-12)
+        figure = sim_virtual.run_cell(started.config, PREFILL).prompt_tok_s
+        assert figure == pytest.approx(quiet / started.config.speed_factor, rel=STAMP_REL)
         (line,) = [m for m in map(NOISE_LINE.search, started.log.splitlines()) if m]
         assert float(line[1]) == pytest.approx(started.config.speed_factor, abs=5e-5)
         assert (line[2], line[3]) == ("0.1", started.config.launch)
@@ -109,7 +115,7 @@ def test_the_launcher_gives_a_simulated_launch_its_identity(tmp_path: Path, monk
     with launched(profile, tmp_path / "server.log", engine="sim", launch="baseline/1"):
         pass
     (line,) = [m for m in map(NOISE_LINE.search, (tmp_path / "server.log").read_text().splitlines()) if m]
-    expected = sim_night.start(profile, {}, seed=0, launch="baseline/1").config.speed_factor
+    expected = simulated.start(profile, {}, seed=0, launch="baseline/1").config.speed_factor
     assert line[3] == "baseline/1" and float(line[1]) == pytest.approx(expected, abs=5e-5)
 
 
@@ -137,19 +143,18 @@ def test_a_nights_launches_over_http_are_named_by_variant_and_repeat(tmp_path: P
 # --- (b) without the faults, nothing changes -------------------------------------------------------------
 def test_without_the_faults_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fault: the factor is exactly 1, the log has no line of it, and a launch's identity changes nothing:
-    every replayed figure byte for byte the same whatever the launch is called, and the same as with a sigma
-    of 0 and speeds of 1; the step time is the roofline's, summed as it always was."""
+    every figure and engine record the same to the last digit whatever the launch is called, and the same as
+    with a sigma of 0 and speeds of 1; the step time is the roofline's, summed as it always was."""
     monkeypatch.setenv(sim_config.LAUNCH_ENV, "memory/3")   # as the launcher sets it: nothing to draw
     profile = load_profile("a5000-tp2")[0]
     decode = CellSpec(phase="decode", mode="fixed", context_tokens=32, concurrency=16, max_tokens=256,
                       min_requests=32)
 
     def stored(flags: dict[str, str], launch: str) -> str:
-        started = sim_night.start(profile, flags, seed=0, launch=launch)
+        started = simulated.start(profile, flags, seed=0, launch=launch)
         assert started.config.speed_factor == 1.0
         assert "launch noise" not in started.log and "speed faults" not in started.log
-        return json.dumps([started.measure(spec, sim_virtual.Prompts()).model_dump(mode="json")
-                           for spec in (PREFILL, decode)])
+        return repr([sim_virtual.run_cell(started.config, spec) for spec in (PREFILL, decode)])
 
     plain = stored({}, "baseline/0")
     assert stored({}, "other/7") == plain
@@ -166,10 +171,10 @@ def test_prefill_speed_reads_in_a_prefill_cell_as_the_factor_it_was_given() -> N
     """prefill-speed:0.8 reads 0.8x the prompt tok/s of the same launch without it (a prefill step is all
     prefill), and decode-speed leaves it alone."""
     quiet = prompt_tok_s({})
-    assert prompt_tok_s({"fault": "prefill-speed:0.8"}) == pytest.approx(0.8 * quiet, rel=1e-12)
-    assert prompt_tok_s({"fault": "decode-speed:0.5"}) == pytest.approx(quiet, rel=1e-12)
+    assert prompt_tok_s({"fault": "prefill-speed:0.8"}) == pytest.approx(0.8 * quiet, rel=STAMP_REL)
+    assert prompt_tok_s({"fault": "decode-speed:0.5"}) == pytest.approx(quiet, rel=STAMP_REL)
     assert prompt_tok_s({"fault": "prefill-speed:0.8"}, profile="a5000-tp2") == pytest.approx(
-        0.8 * prompt_tok_s({}, profile="a5000-tp2"), rel=1e-12)
+        0.8 * prompt_tok_s({}, profile="a5000-tp2"), rel=STAMP_REL)
 
 
 def test_decode_speed_slows_every_decode_step_by_the_factor() -> None:
@@ -178,7 +183,7 @@ def test_decode_speed_slows_every_decode_step_by_the_factor() -> None:
 
     def steps(flags: dict[str, str]) -> list[sim_truth.StepTruth]:
         truth = sim_truth.Recorder()
-        sim = Virtual(engine_for(sim_night.start(load_profile("a5000-tp2")[0], flags, seed=0).config, truth))
+        sim = Virtual(engine_for(simulated.start(load_profile("a5000-tp2")[0], flags, seed=0).config, truth))
         for _ in range(4):
             sim.submit(list(range(1000, 1512)), 16)
         sim.run()
@@ -228,7 +233,7 @@ def test_a_variant_carrying_prefill_speed_reads_20_percent_slower_in_a_virtual_n
     baseline = {(c.result.spec.key, c.repeat): c.result.prompt_tok_s for c in cells if c.variant == "baseline"}
     for cell in (c for c in cells if c.variant == "slow-prefill"):
         assert cell.result.prompt_tok_s == pytest.approx(0.8 * baseline[cell.result.spec.key, cell.repeat],
-                                                         rel=1e-9)
+                                                         rel=STAMP_REL)
 
 
 def test_environment_noise_and_a_variants_fault_both_apply_and_a_night_run_again_reads_the_same(
@@ -252,7 +257,7 @@ def test_environment_noise_and_a_variants_fault_both_apply_and_a_night_run_again
         exact = sim_config.launch_speed(0.05, 0, f"{variant}/{repeat}")
         assert factors[variant, repeat] == pytest.approx(exact, abs=5e-5)
         effect = 0.8 if variant == "slow-prefill" else 1.0
-        assert figure == pytest.approx(quiet[key] * effect / exact, rel=1e-9)
+        assert figure == pytest.approx(quiet[key] * effect / exact, rel=STAMP_REL)
 
 
 # --- (e) not a vLLM flag ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Whole campaigns in simulated time (`campaign run MATRIX --engine sim --clock virtual`, sim_night.py): the
+"""Whole campaigns in simulated time (`campaign run MATRIX --engine sim --clock virtual`, measure/simulated.py): the
 shipped matrices' verdicts in seconds, on a normal run that diff, report and export read, with every figure
 checked against the engine's own records (and, in test_sim.py, the replayed experiments against the same
 experiments measured over HTTP on the simulator).
@@ -23,12 +23,11 @@ from campaign.analysis.recommend import diff_run
 from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
 from campaign.core.progress import Progress
-from campaign.measure import corpus
+from campaign.measure import corpus, simulated
 from campaign.measure.cells import CellSpec
-from campaign.measure.runner import SIMULATED_NOTE
+from campaign.measure.runner import SIMULATED_NOTE, Measurer
 from campaign.night import orchestrate
 from campaign.plan import replay as sim_virtual
-from campaign.plan import virtual as sim_night
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
 from campaign.spec.matrix import DecodeWorkload, Matrix, load_matrix
@@ -45,10 +44,7 @@ _CORPORA = {"code": functools.cache(corpus.code), "prose": functools.cache(corpu
 
 @pytest.fixture(autouse=True)
 def _texts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's nights in this process start with no text prompt source, as a `campaign run` process does
-    (sim_night keeps one a process, its corpus tokenized once and its draws going on): the same prompts
-    whatever ran before, and none left behind for a later test. The corpora's text is made once for the file."""
-    monkeypatch.setattr(sim_night, "_TEXTS", {})
+    """The corpora's text is made once for the file (each walks the whole stdlib)."""
     for kind, made_once in _CORPORA.items():
         monkeypatch.setattr(corpus, kind, made_once)
 
@@ -171,21 +167,28 @@ def test_a_virtual_run_is_a_normal_run_for_diff_report_and_export(
     CellSpec(phase="decode", mode="sustained", context_tokens=8192, concurrency=4, max_tokens=256, window_s=10,
              ttft="warm"),
 ], ids=["fixed", "sustained", "warm"])
-def test_a_replayed_cells_figures_are_the_engines_by_their_definitions(spec: CellSpec) -> None:
-    """The tool's figures (figures.fixed_metrics / window_metrics over RequestRecords) against the engine's
-    truth (sim_truth's definitions over what it emitted): the same numbers, to rounding."""
-    launch = sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
-    cell = sim_virtual.run_cell(launch.config, spec)
-    stored = sim_night.cell_result(launch.config, spec, cell)
-    assert stored.status == "Valid", stored.reasons
-    if cell.window is None:
-        truth = sim_truth.fixed_figures(cell.requests)
-    else:
-        truth = sim_truth.window_figures(cell.requests, *cell.window)
+def test_the_replay_predicts_the_measurer_to_the_engines_last_digit(spec: CellSpec) -> None:
+    """What tune, calibrate and `campaign simulate` predict with (plan.replay, the engine alone) is what the
+    night measures (the Measurer against the simulator in this process, every figure from its records): the
+    same figures, to the simulated clock's nanosecond; and the night's figures are the engine's own by their
+    definitions (sim_truth's, over what the engine emitted)."""
+    launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
+    predicted = sim_virtual.run_cell(launch.config, spec)
+    recorder = sim_truth.Recorder()
+    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as server:
+        stored = server.call(Measurer(server.target()).run_cell(spec))
+        anchor = server.anchor
+    assert stored.status == predicted.status == "Valid", stored.reasons
     for figure in ("total_tok_s", "per_request_tok_s"):
-        assert getattr(stored, figure) == pytest.approx(truth[figure], rel=1e-9), figure
-    assert stored.completed == truth["completed"]
-    assert stored.ttft_ms == pytest.approx(1000 * (cell.ttft_s or 0), rel=1e-9)
+        assert getattr(stored, figure) == pytest.approx(getattr(predicted, figure), rel=1e-8), figure
+    assert stored.completed == predicted.completed
+    measured = [r for r in recorder.all_requests() if r.max_tokens == spec.max_tokens]
+    if stored.window is None:
+        truth = sim_truth.fixed_figures(measured)
+    else:
+        truth = sim_truth.window_figures(measured, stored.window[0] - anchor, stored.window[1] - anchor)
+    for figure in ("total_tok_s", "per_request_tok_s"):
+        assert getattr(stored, figure) == pytest.approx(truth[figure], rel=1e-8), figure
     assert json.dumps(stored.model_dump(mode="json"))  # storable as it is
 
 
@@ -214,23 +217,23 @@ def test_a_fault_with_nothing_to_act_on_in_simulated_time_is_refused(monkeypatch
     would have hung the night); the CUDA_VISIBLE_DEVICES of the controller places no simulated launch."""
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "hang-startup,foreign:50")
     with pytest.raises(LaunchError) as refused:
-        sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0)
+        simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
     assert refused.value.kind == "bad_argument"
     assert refused.value.message == \
         "fault hang-startup, foreign (CAMPAIGN_SIM_FAULTS) is not replayed in simulated time"
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "bimodal4")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")   # one GPU here; the simulated pair still starts
-    assert sim_night.start(load_profile("a5000-tp2")[0], {}, seed=0).config.faults.bimodal4
+    assert simulated.start(load_profile("a5000-tp2")[0], {}, seed=0).config.faults.bimodal4
 
 
 def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path: Path) -> None:
     """A simulated start that runs out of memory or gets an unknown flag is the launcher's LaunchError of that
     kind, and in a night it is a recorded launch failure (exit 6: finished, but a launch failed)."""
     with pytest.raises(LaunchError) as raised:
-        sim_night.start(load_profile("a5000-tp2")[0], {"gpu-memory-utilization": 0.25}, seed=0)
+        simulated.start(load_profile("a5000-tp2")[0], {"gpu-memory-utilization": 0.25}, seed=0)
     assert raised.value.kind == "out_of_memory", raised.value.message
     with pytest.raises(LaunchError) as bad:
-        sim_night.start(load_profile("a5000-tp2")[0], {"no-such-flag": 1}, seed=0)
+        simulated.start(load_profile("a5000-tp2")[0], {"no-such-flag": 1}, seed=0)
     assert bad.value.kind == "bad_argument" and "no-such-flag" in bad.value.message
     matrix = tmp_path / "m.yaml"
     matrix.write_text("name: m\nprofile: a5000-tp2\nbaseline: a\nrepeats: 1\nvariants:\n  - {name: a}\n"
@@ -264,7 +267,7 @@ def test_every_kind_runs_in_simulated_time_and_nothing_is_left_out(tmp_path: Pat
     assert sorted(cells) == ["decode-sustained-L1024-C1-N256-W5-Pcode", "prefill-L8192",
                              "rate-L1024-N256-Q2-poisson-D10"]
     assert all(c.status == "Valid" for c in cells.values()), {k: c.reasons for k, c in cells.items()}
-    assert cells["prefill-L8192"].notes[0] == sim_night.NOTE
+    assert all(SIMULATED_NOTE in c.notes for c in cells.values())
     rate = cells["rate-L1024-N256-Q2-poisson-D10"]
     assert SIMULATED_NOTE in rate.notes and rate.time_scale == 1.0 and rate.client_cpu is None
     assert rate.scheduled_requests is not None and rate.scheduled_requests >= 10
@@ -295,7 +298,7 @@ def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
         repeats.setdefault((c.variant, c.result.spec.key), set()).add(c.repeat)
     assert len(run.cells()) > cells and run.manifest().clock == "virtual"
     assert all(r >= {0, 1} for r in repeats.values()), repeats
-    assert all(c.result.notes[0] == sim_night.NOTE for c in run.cells())
+    assert all(SIMULATED_NOTE in c.result.notes for c in run.cells())
     matrix = load_matrix("h200-memory-quick")[0]
     assert matrix.repeats == 1
 

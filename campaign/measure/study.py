@@ -9,8 +9,8 @@
 
 (Capacity at a service level, the `slo-search` experiment, is capacity.py's.)
 
-Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them;
-plan.virtual feeds the same functions from the simulator's engine in simulated time.
+Each experiment sends its requests, then hands the records to a pure `*_result` function that judges them.
+In simulated time the same functions run against the simulator serving from this process (measure.simulated).
 
 Long (about 730 lines) so that an experiment's two halves are read together.
 """

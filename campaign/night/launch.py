@@ -41,8 +41,6 @@ from campaign.measure.cells import CellResult, CellSpec, Finding, Reason, findin
 from campaign.measure.runner import Measurer
 from campaign.night.launcher import LaunchedServer, Served, launched
 from campaign.plan import limits
-from campaign.plan import replay as sim_virtual
-from campaign.plan import virtual as sim_night
 from campaign.server import gpu
 from campaign.server.lifecycle import log_tail
 from campaign.server.profiles import FlagValue, LaunchProfile
@@ -264,17 +262,15 @@ class Campaign:
 
     def _serve_virtual(self, variant: Variant, repeat: int, pending: list[CellSpec],
                        experiments: list[Experiment]) -> None:
-        """One launch in simulated time: its startup log and facts read as a real one's (measure.simulated). Prefill
-        and decode cells and seed 000's experiments are replayed on the engine's clock (sim_night, fast); every
-        other kind (rate and trace cells, agent sessions, capacity searches) is measured by the very code a
-        launch over HTTP runs, warm-up and warm check included, against the simulator serving from this process
-        on its own clock (measure.simulated). A start that fails is recorded as a real one's is. Repeats differ
-        by the engine's seed."""
+        """One launch in simulated time: its startup log and facts read as a real one's (measure.simulated), then
+        every cell and experiment measured by the very code a launch over HTTP runs, warm-up and warm check
+        included, against the simulator serving from this process on its own clock (measure.simulated). A start
+        that fails is recorded as a real one's is. Repeats differ by the engine's seed."""
         launch_dir = self.run.new_launch_dir(variant.name)
         self.progress.status(f"{variant.name} (repeat {repeat + 1}): in simulated time")
         try:
             flags, resolution = self._resolve_flags(variant)
-            launch = sim_night.start(self.profile, flags, seed=repeat, launch=launch_identity(variant.name, repeat))
+            launch = simulated.start(self.profile, flags, seed=repeat, launch=launch_identity(variant.name, repeat))
         except LaunchError as exc:
             self._record_failure(launch_dir, variant, repeat, exc)
             self.progress.note(f"{variant.name} (repeat {repeat + 1}): FAILED TO START ({exc.kind}): {exc.message}")
@@ -284,27 +280,10 @@ class Campaign:
             variant=variant.name, repeat=repeat, started_utc=datetime.now(UTC).isoformat(), command=launch.command,
             flags=launch.flags, variant_flags=dict(flags), ready_s=launch.facts.engine_init_s or 0.0,
             facts=launch.facts, warnings=[], suggested=resolution))
-        prompts = sim_virtual.Prompts()
-        for spec in pending:
-            if not sim_night.replays(spec):
-                continue
-            check_stop()
-            result = launch.measure(spec, prompts)
-            self.run.write_cell(variant.name, repeat, result, launch=launch_dir.name, telemetry=None)
-            self.progress.cell_done(_cell_line(variant.name, repeat, result))
-        for experiment in experiments:
-            if not sim_night.replays(experiment):
-                continue
-            check_stop()
-            done = launch.experiment(experiment, prompts, window_s=self.matrix.window_s)
-            self.run.write_experiment(variant.name, repeat, experiment.key, done, launch=launch_dir.name)
-            self.progress.note(_experiment_line(variant.name, repeat, experiment.key, done))
-        measured = [spec for spec in pending if not sim_night.replays(spec)]
-        searched = [experiment for experiment in experiments if not sim_night.replays(experiment)]
-        if measured or searched:
+        if pending or experiments:
             with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
-                self._measure(server, variant, repeat, measured, set(), launch_dir)
-                self._experiments(server, variant, repeat, searched, launch_dir)
+                self._measure(server, variant, repeat, list(pending), set(), launch_dir)
+                self._experiments(server, variant, repeat, experiments, launch_dir)
 
     def _clean_up(self, launch_dir: Path, server: LaunchedServer | None, variant: str, repeat: int,
                   began: str, record: Callable[[LaunchedServer], None]) -> None:

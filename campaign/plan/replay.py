@@ -1,25 +1,26 @@
-"""A matrix's prefill and decode cells on the simulator in simulated time: the tool's method (measure.py)
-replayed on the engine's own clock (sim_engine.Virtual), with no HTTP and no wall clock, so a matrix that
-takes an hour of the hardware's time runs in seconds, the same way every time.
+"""A matrix's prefill and decode cells predicted on the engine alone, on its own clock (sim_engine.Virtual): no
+client, no server, no event loop, so `campaign tune`'s phase 1 (hundreds of cells), `campaign calibrate`'s fit
+(each cell again with trial costs) and `campaign simulate` run in seconds.
 
-Kept of the tool's method, rule for rule:
+It is not a second method: a night in simulated time measures every cell with the Measurer against the
+simulator in this process (measure.simulated), and this predicts what that measures, to the simulated clock's
+nanosecond (tests/test_sim_night.py holds the two together cell for cell). It follows the method's rules:
 - Over capacity and over the window are decided as the tool decides them (cells.over_capacity on the engine's
   KV cache; prompt + reply against max-model-len), and such cells are not run.
 - prefill: one request of a fresh prompt with a one-token reply; prompt tok/s is prompt tokens / TTFT.
-- sustained decode: C streams, each sending its next request the moment the last ends. `ttft: warm` (seed
-  004's method) first caches every stream's prompt with a one-token request, all C at once, and the stream
-  then sends that prompt every time, so a replacement finds it cached; `ttft: cold` sends a fresh prompt each
-  time, which must be prefilled while the others decode. The window opens `warmup_s` after every stream has
-  its first token and lasts `window_s`, both in the hardware's seconds as in a time-scaled run; its figures
-  are what the engine emitted inside it (sim_truth.window_figures, by their definitions).
+- sustained decode: C streams, each sending its next request the moment the last ends (in process, the
+  Measurer's next request reaches the engine before it plans its next step, as it does here). `ttft: warm`
+  (seed 004's method) first caches every stream's prompt with a one-token request, all C at once, and the
+  stream then sends that prompt every time; `ttft: cold` sends a fresh prompt each time. The window opens
+  `warmup_s` after the step that gave the last stream its first token and lasts `window_s`; from its end no
+  stream sends again. Its figures are what the engine emitted inside it (sim_truth.window_figures).
 - fixed decode: rounds of C requests until `min_requests` and `min_seconds` are reached.
-- The verdict is the tool's own (cells.verdict) on the evidence the engine holds: preemptions and prefix-cache
-  hits over the step, streams held, and the queue gauges sampled as the tool samples them (half an interval
-  into the window, then every interval).
+- The verdict is the tool's own (cells.verdict) on the evidence the engine holds.
 
-Not kept: the client (HTTP, its lag, the bracket against foreign traffic: test_truth checks those against the
-HTTP server), and the drain after a sustained window (its requests run on, unmeasured, in the tool).
-Rate cells, agents and the study's experiments are open-loop or multi-step and are not replayed here.
+Not kept: the client's records (a prediction's figures are the engine's), the queue gauges as a scrape reads
+them (here: each step's counts as it ended), and random ids' rare repeats (a counter's ids, whose prompt-lookup
+score is exactly 0, where the Measurer's random ids score about 2e-4: on a speculative model the acceptance
+draws differ by that much). Rate cells, agents and the study's experiments are the Measurer's alone.
 
 `campaign simulate MATRIX` prints the decode matrix (total tok/s) and the prefill row, measured as the matrix
 says and again with every decode cell's TTFT mode flipped.
@@ -74,7 +75,7 @@ class VirtualCell:
     ttft_s: float | None = None              # median over the step's requests (priming excluded)
     completed: int | None = None             # requests that ended (inside the window, for a sustained cell)
     avg_active: float | None = None
-    # What the engine did, for the tool's own figures (sim_night): the measured requests (priming excluded),
+    # What the engine did, for tune's and calibrate's figures: the measured requests (priming excluded),
     # a sustained cell's window, the queue gauges as sampled (running, waiting, KV usage), the step's counters.
     requests: list[sim_truth.RequestTruth] = field(default_factory=list)
     window: tuple[float, float] | None = None
