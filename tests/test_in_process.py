@@ -172,8 +172,8 @@ def test_an_event_is_the_whole_dict_dumped(chat: bool, continuous: bool) -> None
     vLLM writes (the dict built whole), whatever the text (quotes, escapes, non-ASCII) and on either side of a
     reasoning reply's switch to content."""
     texts = iter(['plain', 'a "quoted" \\ back\nslash', 'caf\u00e9 \u2603 \U0001f600', '', '\ue000', 'end'])
-    tokenizer = SimpleNamespace(reply=lambda _n: next(texts))
-    server = SimpleNamespace(tokenizer=tokenizer, config=SimpleNamespace(name="org/model-7B"))
+    server = SimpleNamespace(reply_json=lambda _n: json.dumps(next(texts)).encode(),
+                             config=SimpleNamespace(name="org/model-7B"))
     checked = Completion(prompt=list(range(300)), max_tokens=6, chat=chat, stream=True, include_usage=True,
                          continuous=continuous, thinks=chat)
     req = SimpleNamespace(id="cmpl-sim-9", max_tokens=6, generated=0)

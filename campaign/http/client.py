@@ -22,6 +22,7 @@ from campaign.http.streamclient import StreamClient
 from campaign.http.streams import Limits, StreamError, Streams
 
 _COMPLETION_KEY = b'"completion_tokens":'
+_UINT = re.compile(rb" *(\d+)")
 _PROMPT_KEY = b'"prompt_tokens":'
 _DONE = b"[DONE]"
 # vLLM >= 0.32 lowers max_tokens to fit the context window; with min_tokens = max_tokens that surfaces as
@@ -144,16 +145,14 @@ def chat_body(model: str, messages: list[dict[str, Any]], max_tokens: int) -> di
 
 
 def _int_after(event: bytes, key: bytes) -> int | None:
+    """The unsigned integer after the last `key` in `event` (spaces between skipped), or None. One regex match
+    at the spot: the byte-by-byte loop it replaces was 2.8 of an 80 s profile of a5000-tuning in simulated
+    time, where every token is an event."""
     at = event.rfind(key)
     if at < 0:
         return None
-    start = at + len(key)
-    while start < len(event) and event[start] == 0x20:
-        start += 1
-    end = start
-    while end < len(event) and 0x30 <= event[end] <= 0x39:
-        end += 1
-    return int(event[start:end]) if end > start else None
+    digits = _UINT.match(event, at + len(key))
+    return int(digits[1]) if digits else None
 
 
 def _chunk_tokens(event: dict[str, Any]) -> int:

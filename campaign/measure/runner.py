@@ -304,6 +304,22 @@ def _lag_max_ms(lags: list[float]) -> float | None:
     return 1000.0 * max(lags) if lags else None
 
 
+async def scrape(client: httpx.AsyncClient, *, server_version: str | None,
+                 only: frozenset[str] | None = None) -> m.MetricsSnapshot:
+    """The server's /metrics, parsed (a connection refused or reset is tried again for 10 s: a scrape is never
+    a measured request); with `only`, just those samples (the server answers in full: vLLM 0.32's /metrics
+    ignores prometheus_client's `?name[]=` query, checked on the real CPU build)."""
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_delay(10),
+        wait=wait_exponential(multiplier=0.1, max=1.0), reraise=True,
+    ):
+        with attempt:
+            response = await client.get("/metrics")
+            response.raise_for_status()
+            return m.parse(response.text, server_version=server_version, only=only)
+    raise AssertionError("unreachable")
+
+
 class Measurer:
     def __init__(
         self,
@@ -331,15 +347,7 @@ class Measurer:
 
     # --- control plane -----------------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient, *, only: frozenset[str] | None = None) -> m.MetricsSnapshot:
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_delay(10),
-            wait=wait_exponential(multiplier=0.1, max=1.0), reraise=True,
-        ):
-            with attempt:
-                response = await client.get("/metrics")
-                response.raise_for_status()
-                return m.parse(response.text, server_version=self.target.server_version, only=only)
-        raise AssertionError("unreachable")
+        return await scrape(client, server_version=self.target.server_version, only=only)
 
     async def check_metrics(self, control: httpx.AsyncClient) -> None:
         """Before measuring: every family the run relies on must exist; a missing one is an error, not 0."""

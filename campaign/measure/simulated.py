@@ -38,13 +38,16 @@ from campaign.http.endpoint import Endpoint, Timeouts
 from campaign.http.streams import Limits, Liveness, Reply, StreamError, Streams, StreamTimeout
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
+from campaign.server.gpu import StepTelemetry
 from campaign.server.profiles import FlagValue, LaunchProfile
 from campaign.server.startup_log import StartupFacts
 from campaign.sim import config as sim_config
 from campaign.sim import model as sim_model
 from campaign.sim import server as sim
+from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
-from campaign.sim.engine import TruthSink
+from campaign.sim.engine import Request, Tee, TruthSink
+from campaign.sim.model import StepPower
 
 T = TypeVar("T")
 # The simulated clock's tick: looptime keeps its time as a count of ticks (no floating-point drift); at a
@@ -237,6 +240,42 @@ async def _cancel_the_rest() -> None:
     await asyncio.gather(*rest, return_exceptions=True)
 
 
+class PowerMeter(sim_truth.Recorder):
+    """A launch's GPU monitor in simulated time: the energy the simulator's power model gives the engine's steps
+    (sim.truth.energy_j) over each measured step, where NVML's counter gives a real GPU's over the real one;
+    the Measurer divides it by the step's tokens as it divides NVML's. It is a sink of the engine's steps (its
+    requests are not kept) and a StepMonitor for the Measurer."""
+
+    def __init__(self, config: SimConfig, power: StepPower) -> None:
+        super().__init__()
+        self.config = config
+        self.power = power
+        self._on = False
+
+    def arrival(self, req: Request, t: float) -> None:
+        """Requests are not kept: only the steps' energy is measured here."""
+
+    def emit(self, req: Request, t: float, tokens: int) -> None:
+        """Requests are not kept."""
+
+    def finish(self, req: Request, t: float, reason: str) -> None:
+        """Requests are not kept."""
+
+    def _keep_step(self, step: sim_truth.StepTruth) -> None:
+        if self._on:
+            self.steps.append(step)
+
+    def start(self) -> None:
+        self.steps, self._on = [], True
+
+    def stop(self) -> StepTelemetry | None:
+        self._on = False
+        if not self.steps:
+            return None
+        return StepTelemetry(samples=[], energy_j=sim_truth.energy_j(self.power, self.config.costs, self.steps),
+                             energy_source="the simulator's power model")
+
+
 class SimulatedServer:
     """The simulator serving from this process on a loop of its own whose time is simulated, for as long as the
     object lives: each `call` runs a coroutine (a cell, an experiment) on that loop, so the engine's state (its
@@ -253,7 +292,11 @@ class SimulatedServer:
         self.uds = str(Path(self._folder.name) / "sim.sock")
         self.loop = looptime.new_event_loop(start=0.0, noop_cycles=SETTLE_CYCLES, resolution=RESOLUTION_S)
         self._stack = contextlib.AsyncExitStack()
-        served = sim.in_process(config, mem, sim.Log(config, log or self.lines.append), self.uds, truth=truth)
+        # The GPUs' energy, where the hardware has a power model (a measured entry's fit): a Measurer's monitor.
+        self.meter = None if config.power is None else PowerMeter(config, config.power)
+        sinks = [sink for sink in (truth, self.meter) if sink is not None]
+        sink = Tee(*sinks) if len(sinks) > 1 else sinks[0] if sinks else None
+        served = sim.in_process(config, mem, sim.Log(config, log or self.lines.append), self.uds, truth=sink)
         try:
             self.server: sim.Server = self.call(self._stack.enter_async_context(served))
         except BaseException:

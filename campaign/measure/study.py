@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from campaign.core import clock, stats
 from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.tokenizer import ServerTokenizer
-from campaign.measure import answers
+from campaign.measure import answers, runner
 from campaign.measure.cells import Attempt, CellResult, CellSpec, Finding, Reason
 from campaign.measure.figures import max_in_flight
 from campaign.measure.prompts import Prompts, PromptSource
@@ -199,9 +199,7 @@ def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: 
 
 async def _scrape(target: Target, client: httpx.AsyncClient, *,
                   only: frozenset[str] | None = None) -> m.MetricsSnapshot:
-    response = await client.get("/metrics")
-    response.raise_for_status()
-    return m.parse(response.text, server_version=target.server_version, only=only)
+    return await runner.scrape(client, server_version=target.server_version, only=only)
 
 
 # --- context window -----------------------------------------------------------------------------------

@@ -319,7 +319,8 @@ class Campaign:
             server.target(self._timeouts()),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
-            gpu_monitor=monitor,
+            # In simulated time, the simulator's power model meters the steps (where the hardware has one).
+            gpu_monitor=server.meter if isinstance(server, simulated.SimulatedServer) else monitor,
         )
         self._warm_up(server, measurer, queue, variant, repeat, launch_dir)
         first: CellResult | None = None  # the launch's first cell, measured again at its end

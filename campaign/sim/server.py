@@ -245,15 +245,15 @@ class Stream:
         reply's text and the usage's counts are the only things that change from token to token (dumping the
         whole dict per token was 7 of a 60 s profile of seed 004's matrix in simulated time)."""
         req = self.req
-        text = json.dumps(self.server.tokenizer.reply(produced))
+        text = self.server.reply_json(produced)
         part = "reasoning_content" if req.generated <= self.thinking else "content"
         head, tail = self._frames.get(part) or self._frame(part)
         if not self.checked.continuous:
-            return b"".join((head, text.encode(), tail, b"}"))
+            return b"".join((head, text, tail, b"}"))
         prompt = len(self.checked.prompt)
         usage = (f', "usage": {{"prompt_tokens": {prompt}, "completion_tokens": {req.generated}, '
                  f'"total_tokens": {prompt + req.generated}}}}}')
-        return b"".join((head, text.encode(), tail, usage.encode()))
+        return b"".join((head, text, tail, usage.encode()))
 
     def _frame(self, part: str) -> tuple[bytes, bytes]:
         """The event's bytes before and after its text, the closing brace left off (the usage goes before it)."""
@@ -286,6 +286,7 @@ class Server:
         self.memory = memory
         self.ids = 0
         self.tokenizer = sim_text.tokenizer_for(config.tokenizer)
+        self._replies: dict[int, bytes] = {}   # a reply's text of n tokens, JSON-encoded (each event carries one)
         self.api_key = config.api_key
         # vLLM serves its dev endpoints (/reset_prefix_cache among them) only with VLLM_SERVER_DEV_MODE=1.
         self.dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE", "0").strip() not in {"", "0"}
@@ -342,9 +343,7 @@ class Server:
         if path == "/version":
             return await self.respond(writer, 200, json.dumps({"version": str(self.config.version_style)}).encode())
         if path == "/metrics":
-            # What the engine did up to now, as vLLM's logger has recorded it (the histograms fold first).
-            exposition = b"" if self.histograms is None else self.histograms.exposition()
-            return await self.respond(writer, 200, exposition + generate_latest(self.registry),
+            return await self.respond(writer, 200, self.metrics_text(),
                                       "text/plain; version=0.0.4")
         # vLLM 0.32 asks for the key only under GUARDED_PREFIX (entrypoints/serve/middleware/authenticate.py):
         # /tokenize, /detokenize, /reset_prefix_cache, /health and /metrics answer without it.
@@ -558,6 +557,20 @@ class Server:
         if opening is not None:
             on_event(opening)
         return stream
+
+    def metrics_text(self) -> bytes:
+        """/metrics: what the engine did up to now, as vLLM's logger has recorded it (the histograms fold first).
+        A query (`?name[]=...`) is ignored, as vLLM 0.32's /metrics ignores it (the instrumentator's route, ahead
+        of prometheus_client's own app, answers in full; checked on the real CPU build)."""
+        exposition = b"" if self.histograms is None else self.histograms.exposition()
+        return exposition + generate_latest(self.registry)
+
+    def reply_json(self, tokens: int) -> bytes:
+        """The text of a reply's `tokens` tokens as an event carries it (JSON-encoded), made once per count."""
+        made = self._replies.get(tokens)
+        if made is None:
+            made = self._replies[tokens] = json.dumps(self.tokenizer.reply(tokens)).encode()
+        return made
 
     def usage(self, req: Request, prompt_tokens: int) -> dict[str, Any]:
         """A finished reply's usage; with --enable-prompt-tokens-details, as vLLM 0.32, the prompt tokens the
