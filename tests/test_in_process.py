@@ -18,8 +18,11 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Timeouts
 from campaign.http.streamclient import StreamClient
 from campaign.http.streams import StreamError, Streams
+from campaign.measure.cells import CellSpec
+from campaign.measure.runner import Measurer
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
 from campaign.server.profiles import load_profile
+from campaign.sim import truth as sim_truth
 from campaign.sim.server import Completion, Stream
 
 
@@ -190,3 +193,25 @@ def test_an_event_is_the_whole_dict_dumped(chat: bool, continuous: bool) -> None
         if continuous:
             event["usage"] = {"prompt_tokens": 300, "completion_tokens": generated, "total_tokens": 300 + generated}
         assert made == json.dumps(event).encode()
+
+
+def test_a_closed_loops_next_request_misses_the_step_planned_as_the_last_one_ended() -> None:
+    """Over HTTP a stream's next request cannot reach the engine before it plans the step after the one its
+    predecessor ended in (the reply's end and the request each cross a socket); in process the client hears
+    the end a loop cycle late, so neither does it there. Every replacement of a sustained cell is seated
+    after a step boundary past its arrival, never in the step that began as it arrived. (The two streams are
+    a prefill apart, 2,048-token prompts on a 2,048-token chunk, so each ends while the other decodes: an idle
+    engine would seat a request at once.)"""
+    launch = start(load_profile("a5000-tp2")[0], {}, seed=0)
+    recorder = sim_truth.Recorder()
+    spec = CellSpec(phase="decode", mode="sustained", context_tokens=2048, concurrency=2, max_tokens=16,
+                    window_s=20.0, warmup_s=0.0)
+    with SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as served:
+        result = served.call(Measurer(served.target()).run_cell(spec))
+    assert result.status == "Valid", result.reasons
+    starts = {round(s.start, 9) for s in recorder.steps}
+    replacements = [r for r in recorder.all_requests() if r.max_tokens == 16 and r.arrival > 0]
+    assert len(replacements) >= 4
+    for request in replacements:
+        assert request.admitted is not None and request.admitted > request.arrival, request
+        assert round(request.arrival, 9) in starts   # it arrived as a step began, and was not seated in it

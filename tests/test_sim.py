@@ -178,8 +178,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
 def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 19, in simulated time: two identical flag sets, interleaved, come out no difference or not settled, with no
     better or worse verdict anywhere and the console saying so, and the 16-stream cell of 2,048-token prompts
-    Valid on every launch, its 16 streams running by the server's gauges. test_sim_night reads the shipped
-    a5000-aa's outcome; whether HTTP jitter reads as a difference
+    Valid on every launch though its replacements queue for the 2,048-token chunk (a request waits in its
+    samples). test_sim_night reads the shipped a5000-aa's outcome; whether HTTP jitter reads as a difference
     is test_seed_000_ab_reproduced_on_the_simulator's (two pairs no faster than each other, over HTTP)."""
     code, out, err = campaign(capsys, "run", str(MATRICES / "a5000-aa-sim.yaml"), "--engine", "sim",
                               "--clock", "virtual", "--out", str(tmp_path), "--plain")
@@ -208,8 +208,7 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     queued = [c.result for c in run.cells() if c.result.spec.key == "decode-sustained-L2048-C16-N128-W30"]
     # Three launches a side and the drift sentinel.
     assert len(queued) == 7 and all(c.status == "Valid" for c in queued), [c.reasons for c in queued]
-    # The queue gauges were sampled through every window (the server's own, scraped as over HTTP).
-    assert all(c.waiting_max is not None and c.running_median == 16 for c in queued), [c.waiting_max for c in queued]
+    assert all(c.waiting_max is not None and c.waiting_max >= 1 for c in queued), [c.waiting_max for c in queued]
 
 
 @pytest.mark.parametrize("fault, kind, startup_timeout_s", [

@@ -173,7 +173,6 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
     origin = load[order[0]].at_s if order else 0.0
     index: dict[str, int] = {}
     waiting = deque(order[max_concurrency:] if max_concurrency else [])
-    ready: list[int] = []         # the closed loop's next requests, sent as a request ended
 
     room = min(config.max_model_len, config.memory().kv_tokens)
 
@@ -188,33 +187,17 @@ def run_load(config: SimConfig, load: Sequence[Sent], costs: StepCosts, max_conc
         index[request.id] = i
 
     def ended(_t: float) -> None:
+        # The closed loop's next request, sent as the client hears this one end: after the engine planned its
+        # next step (Virtual's rule, the Measurer's in simulated time).
         if waiting:
-            ready.append(waiting.popleft())
-
-    def run(until: float | None = None) -> None:
-        while (sim.engine.busy or ready) and (until is None or sim.now < until):
-            if not sim.engine.busy:       # the engine idles: what the client sends now starts the next step
-                for i in ready:
-                    send(i)
-                ready.clear()
-                continue
-            if sim.wait_ready(until):     # idle while the next request is with the API server
-                continue
-            step = sim.engine.schedule(sim.now)
-            if step.duration <= 0:
-                return            # nothing the engine can seat (a prompt its cache cannot hold): left unserved
-            for i in ready:
-                send(i)           # during the step just scheduled: seated in the next
-            ready.clear()
-            start, sim.now = sim.now, sim.now + step.duration
-            sim.engine.complete(step, start, sim.now)
+            send(waiting.popleft())
 
     for i in order[:max_concurrency] if max_concurrency else order:
         at = load[i].at_s - origin
-        run(until=at)
+        sim.run(until=at)
         sim.now = max(sim.now, at)     # an idle engine waits for it
         send(i, at)
-    run()
+    sim.run()
     out: list[RequestTruth | None] = [None] * len(load)
     for request in truth.requests:
         out[index[request.id]] = request

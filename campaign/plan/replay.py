@@ -8,9 +8,9 @@ nanosecond (tests/test_sim_night.py holds the two together cell for cell). It fo
 - Over capacity and over the window are decided as the tool decides them (cells.over_capacity on the engine's
   KV cache; prompt + reply against max-model-len), and such cells are not run.
 - prefill: one request of a fresh prompt with a one-token reply; prompt tok/s is prompt tokens / TTFT.
-- sustained decode: C streams, each sending its next request the moment the last ends (in process, the
-  Measurer's next request reaches the engine before it plans its next step, as it does here). `ttft: warm`
-  (seed 004's method) first caches every stream's prompt with a one-token request, all C at once, and the
+- sustained decode: C streams, each sending its next request as the last ends; it reaches the engine after
+  the engine planned its next step, as over HTTP and as the Measurer's does in process (sim_engine.Virtual).
+  `ttft: warm` (seed 004's method) first caches every stream's prompt with a one-token request, all C at once, and the
   stream then sends that prompt every time; `ttft: cold` sends a fresh prompt each time. The window opens
   `warmup_s` after the step that gave the last stream its first token and lasts `window_s`; from its end no
   stream sends again. Its figures are what the engine emitted inside it (sim_truth.window_figures).

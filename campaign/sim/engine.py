@@ -366,31 +366,41 @@ class Virtual:
     """The engine on a clock the caller owns: requests go in at the current simulated time, steps run back to
     back with no wall clock, and the truth records say what happened. Deterministic for a given seed.
 
-    A request's end reaches `on_finish(t)` as the step that ended it completes, so a closed loop's next request
-    is seated in the step planned at that instant, as the Measurer's is against the simulator in this process
-    (measure.simulated: the driver yields to the streams before it plans): the two agree to the engine's last
-    digit (tests/test_two_clocks.py)."""
+    A request's end reaches its client as a server's does: `on_finish(t)` runs once the engine has planned the
+    step after the one the request ended in (vLLM plans it the moment the last ends, before the tokens reach the
+    client; so does the simulator's HTTP server), or at once where the engine then has nothing to plan. A next
+    request it sends arrives at `t` and is seated from the step after that one, as a closed loop's request over
+    HTTP is: the measured path and this one agree to the engine's last digit (tests/test_two_clocks.py)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.now = 0.0
         self._ids = 0
+        self._heard: list[Callable[[], None]] = []   # ends whose clients act once the next step is planned
 
     def submit(self, prompt: list[int], max_tokens: int, *, at: float | None = None,
                on_finish: Callable[[float], None] | None = None) -> Request:
         """A request arriving now, or at `at` (not after now: one that arrived while the last step ran, which
-        the next step may seat); `on_finish(t)` is called when it ends (it may submit the next one)."""
+        the next step may seat); `on_finish(t)` is called when its end reaches the client (class docstring)."""
         if at is not None and at > self.now:
             raise ValueError(f"a request arriving at {at} cannot be submitted at {self.now}, before it arrives")
         self._ids += 1
 
         def sink(tokens: int | None) -> None:
             if tokens is None and on_finish is not None:
-                on_finish(self.now)
+                ended = self.now
+                self._heard.append(lambda: on_finish(ended))
 
         req = Request(id=f"v{self._ids}", prompt=prompt, max_tokens=max_tokens, sink=sink)
         self.engine.submit(req, self.now if at is None else at)
         return req
+
+    def _tell(self) -> None:
+        """The clients of the requests that ended act (at the time they ended: the clock has not moved)."""
+        while self._heard:
+            heard, self._heard = self._heard, []
+            for act in heard:
+                act()
 
     def wait_ready(self, until: float | None = None) -> bool:
         """Where the engine has nothing to run until its next request is through the API server (request_s):
@@ -404,10 +414,17 @@ class Virtual:
 
     def run(self, until: float | None = None, *, done: Callable[[], bool] | None = None) -> None:
         """Step until nothing is left to do, until simulated time `until`, or until `done()` holds after a step."""
-        while self.engine.busy and (until is None or self.now < until):
+        while True:
+            if self._heard and (not self.engine.busy or self.engine.waits_until(self.now) is not None):
+                self._tell()   # nothing to plan now: what the clients send reaches the engine first
+            if not self.engine.busy or (until is not None and self.now >= until):
+                return
             if self.wait_ready(until):
                 continue
             step = self.engine.schedule(self.now)
+            self._tell()       # planned without what the clients send now: they are seated from the next step
+            if step.duration <= 0:
+                return         # nothing the engine can seat (a prompt its cache cannot hold): left unserved
             start, self.now = self.now, self.now + step.duration
             self.engine.complete(step, start, self.now)
             if done is not None and done():
