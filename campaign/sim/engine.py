@@ -370,7 +370,8 @@ class Virtual:
     step after the one the request ended in (vLLM plans it the moment the last ends, before the tokens reach the
     client; so does the simulator's HTTP server), or at once where the engine then has nothing to plan. A next
     request it sends arrives at `t` and is seated from the step after that one, as a closed loop's request over
-    HTTP is: the measured path and this one agree to the engine's last digit (tests/test_two_clocks.py)."""
+    HTTP is: the Measurer in simulated time and this agree to the simulated clock's nanosecond
+    (tests/test_sim_night.py)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
