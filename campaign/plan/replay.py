@@ -34,7 +34,6 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from campaign.core import stats
 from campaign.core.errors import CampaignError, ConfigError
@@ -96,23 +95,15 @@ class VirtualCell:
         return [f"{f.code.value}: {f.message}" for f in self.findings]
 
 
-class PromptMaker(Protocol):
-    """Where a replayed cell's prompts come from: token ids of a length, and how many tokens every prompt
-    opens with alike (a chat template's fixed opening, which the prefix cache serves; 0 for raw ids)."""
-
-    template_prefix: int
-
-    def fresh(self, tokens: int) -> list[int]: ...
-
-
 class Prompts:
     """Random ids (the tool's `prompts: random`) that share no prefix: consecutive ids from a counter that
     wraps every 140,000 tokens, so two prompts begin alike only when a multiple of 140,000 tokens lies
     between their starts (for 8K prompts, 4,375 prompts apart: no cell sends that many); consecutive ids
     repeat no two-token sequence within 140,000 tokens, so prompt lookup (over a prompt's last 16,384) finds
     nothing, as in the tool's random ids.
-    Not prompts.PromptSource, the tool's own: its random ids, drawn one at a time, made `campaign simulate
-    h200-speed-matrix` take 24 s instead of 11 s, for figures within 0.2% of these."""
+    Not prompts.PromptSource, the tool's own: its random ids, drawn one at a time (before it drew them with
+    numpy), made `campaign simulate h200-speed-matrix` take 24 s instead of 11 s, for figures within 0.2% of
+    these. Every prompt opens with nothing alike (no chat template's opening for the prefix cache to serve)."""
 
     template_prefix = 0
 
@@ -192,7 +183,7 @@ def config_for(matrix: Matrix, variant: str | None = None) -> SimConfig:
     return profile_config(matrix.profile, chosen.flags)
 
 
-def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = None) -> VirtualCell:
+def run_cell(config: SimConfig, spec: CellSpec, prompts: Prompts | None = None) -> VirtualCell:
     """One cell on a fresh engine (a server of `config` with nothing cached)."""
     prompts = prompts or Prompts()
     mem = config.memory()
@@ -243,7 +234,7 @@ def run_cell(config: SimConfig, spec: CellSpec, prompts: PromptMaker | None = No
 
 
 def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,
-            prompts: PromptMaker) -> tuple[list[list[int]], int]:
+            prompts: Prompts) -> tuple[list[list[int]], int]:
     """Each stream's prompt; with `ttft: warm` (seed 004's method) cached first by a one-token request, all
     at once, and then reused by every request of the stream. Returns the prompts and the priming count."""
     streams = [prompts.fresh(spec.context_tokens) for _ in range(spec.concurrency)]
@@ -256,7 +247,7 @@ def _primed(sim: Virtual, truth: sim_truth.Recorder, spec: CellSpec,
 
 
 def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-           prompts: PromptMaker) -> VirtualCell:
+           prompts: Prompts) -> VirtualCell:
     """Rounds of C requests, each round once the last has ended, until the minimums (measure's rule)."""
     streams, primed = _primed(sim, truth, spec, prompts)
     began, sent = sim.now, 0
@@ -281,7 +272,7 @@ def _fixed(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: Cel
 
 
 def _sustained(sim: Virtual, truth: sim_truth.Recorder, config: SimConfig, spec: CellSpec,
-               prompts: PromptMaker) -> VirtualCell:
+               prompts: Prompts) -> VirtualCell:
     """C streams from the moment priming ends, each sending its next request as the last ends; the window
     opens `warmup_s` after every stream's first token (measure's rule) and lasts `window_s`."""
     streams, primed = _primed(sim, truth, spec, prompts)
