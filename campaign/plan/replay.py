@@ -28,12 +28,13 @@ says and again with every decode cell's TTFT mode flipped.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from campaign.core import stats
 from campaign.core.errors import CampaignError, ConfigError
@@ -108,10 +109,12 @@ class Prompts:
     template_prefix = 0
 
     def __init__(self) -> None:
-        self._next = itertools.count(1_000)
+        self._next = 1_000
 
     def fresh(self, tokens: int) -> list[int]:
-        return [next(self._next) % 140_000 + 1_000 for _ in range(tokens)]
+        start, self._next = self._next, self._next + tokens
+        ids: list[int] = (np.arange(start, start + tokens) % 140_000 + 1_000).tolist()
+        return ids
 
 
 def profile_config(profile_name: str, flags: Mapping[str, FlagValue] | None = None) -> SimConfig:

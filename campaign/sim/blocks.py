@@ -7,10 +7,12 @@ first; hybrid models (pages larger than 16 tokens) hold one more page per sequen
 
 from __future__ import annotations
 
-import hashlib
 import math
-from array import array
 from collections import OrderedDict, deque
+
+# The chain's start: a prompt's first block is hashed with it as its parent, as every later block with the one
+# before it (an int, whose hash Python never salts: the same hashes in every process).
+_ROOT = 0x5EED_B10C
 
 
 class BlockManager:
@@ -20,8 +22,8 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self.state_page = block_size > 16
         self._free: deque[int] = deque(range(num_blocks))
-        self._cached: OrderedDict[bytes, int] = OrderedDict()  # block hash -> block id, LRU first
-        self._hash_of: dict[int, bytes] = {}
+        self._cached: OrderedDict[int, int] = OrderedDict()  # block hash -> block id, LRU first
+        self._hash_of: dict[int, int] = {}
         self._refs: dict[int, int] = {}
         self._idle_cached = 0   # cached blocks nobody holds: free to vLLM's usage gauge, evictable
 
@@ -31,24 +33,19 @@ class BlockManager:
         on demand), so the usage gauge does not creep to 100% as the prefix cache fills with old prompts."""
         return self.total - len(self._free) - self._idle_cached
 
-    def hashes(self, prompt: list[int]) -> list[bytes]:
-        """One hash per full block, each chained from the one before it, over the ids' 8-byte encoding (the
-        decimal text of each block, hashed before, cost the simulated H200 more than its engine did: 13 s of a
-        37 s profile of seed 004's matrix in simulated time)."""
+    def hashes(self, prompt: list[int]) -> list[int]:
+        """One hash per full block, each chained from the one before it: Python's own hash of the parent's hash
+        and the block's ids. Two different prefixes share a hash with odds of about one in 2^64 per pair of
+        blocks, none a night can meet. (A BLAKE2 digest of each block's 8-byte ids cost 3.5x as much: 0.46
+        against 0.13 ms for a 16K prompt in 528-token pages, 0.95 against 0.28 ms in 16-token blocks.)"""
         size = self.block_size
-        full = len(prompt) - len(prompt) % size
-        try:
-            data = array("q", prompt[:full]).tobytes()
-            blocks = [data[start:start + 8 * size] for start in range(0, len(data), 8 * size)]
-        except OverflowError:  # an id past 64 bits (no tokenizer has one): each block's text, losslessly
-            blocks = [repr(prompt[start:start + size]).encode() for start in range(0, full, size)]
-        out, parent = [], b""
-        for block in blocks:
-            parent = hashlib.blake2b(parent + block, digest_size=12).digest()
+        out, parent = [], _ROOT
+        for start in range(0, len(prompt) - size + 1, size):
+            parent = hash((parent, *prompt[start:start + size]))
             out.append(parent)
         return out
 
-    def cached_prefix(self, prompt: list[int], hashes: list[bytes] | None = None) -> list[int]:
+    def cached_prefix(self, prompt: list[int], hashes: list[int] | None = None) -> list[int]:
         """Claim the cached blocks that begin `prompt`, leaving its last token to be computed (as vLLM does);
         `hashes`: the prompt's block hashes, when the caller keeps them."""
         if not self.prefix_caching:
@@ -69,6 +66,8 @@ class BlockManager:
 
     def grow(self, blocks: list[int], tokens: int) -> bool:
         """Append blocks until `blocks` holds `tokens`; False (keeping what was taken) when none is left."""
+        if blocks and tokens <= len(blocks) * self.block_size:
+            return True   # most calls: a decode token within its last block
         need = math.ceil(tokens / self.block_size) - len(blocks)
         need += 1 if self.state_page and not blocks else 0
         for _ in range(max(0, need)):
@@ -90,7 +89,7 @@ class BlockManager:
                     self._free.append(block)
         blocks.clear()
 
-    def register(self, hashes: list[bytes], blocks: list[int]) -> None:
+    def register(self, hashes: list[int], blocks: list[int]) -> None:
         """Make the full blocks computed so far (their hashes, from `hashes`) findable by later requests."""
         if not self.prefix_caching:
             return

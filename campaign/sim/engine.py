@@ -45,7 +45,7 @@ class Request:
     accept_p: float = 0.0
     propose_p: float = 1.0
     proposing: bool = False              # drafts in the step being planned (set by the scheduler)
-    hashes: list[bytes] | None = None    # the prompt's full-block hashes, made once at its first admission
+    hashes: list[int] | None = None      # the prompt's full-block hashes, made once at its first admission
     ready: float = 0.0                   # when the engine may seat it: its arrival plus the costs' request_s
 
     @property
@@ -168,13 +168,15 @@ class Engine:
         """Plan the next step; `at` is when the scheduler runs (requests it seats are admitted then)."""
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        decoding = [r for r in self.running if not r.in_prefill]
+        decoding = [r for r in self.running if r.computed >= len(r.prompt)]   # not in prefill
         k = cfg.num_speculative_tokens
-        for req in decoding:
-            # Whether it drafts this step, decided now: a request with nothing to propose (an n-gram drafter
-            # without a match) is scheduled one position, as vLLM schedules it, not 1 + k.
-            req.proposing = bool(k) and (req.propose_p >= 1.0 or self.rng.random() < req.propose_p)
-        decode_tokens = sum(1 + (k if r.proposing else 0) for r in decoding)
+        decode_tokens = len(decoding)
+        if k:
+            for req in decoding:
+                # Whether it drafts this step, decided now: a request with nothing to propose (an n-gram drafter
+                # without a match) is scheduled one position, as vLLM schedules it, not 1 + k.
+                req.proposing = req.propose_p >= 1.0 or self.rng.random() < req.propose_p
+                decode_tokens += k if req.proposing else 0
         budget -= len(decoding)
         prefill_tokens, prefill_weight, prefill_seqs = 0, 0, 0
         # Running prefills first, then admit waiting requests while seats and budget remain.
@@ -211,7 +213,7 @@ class Engine:
             prefill_tokens += took[0]
             prefill_weight += took[1]
             prefill_seqs += 1
-        context_read = sum(r.context for r in decoding)
+        context_read = sum(r.computed + r.generated for r in decoding)
         duration = cfg.costs.seconds(
             decode_tokens=decode_tokens, prefill_tokens=prefill_tokens,
             prefill_context=prefill_weight // max(1, prefill_tokens), context_tokens_read=context_read,
@@ -242,7 +244,7 @@ class Engine:
                 self._finish(req, out, "abort")
                 continue
             if id(req) in decoding:
-                produced = 1 + self._accepted_drafts(step, req)
+                produced = 1 + self._accepted_drafts(step, req) if req.proposing else 1
             elif not req.in_prefill:
                 produced = 1
             else:
