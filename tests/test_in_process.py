@@ -19,6 +19,7 @@ from campaign.http.endpoint import Timeouts
 from campaign.http.streamclient import StreamClient
 from campaign.http.streams import StreamError, Streams
 from campaign.measure.cells import CellSpec
+from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import Measurer
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
 from campaign.server.profiles import load_profile
@@ -215,3 +216,26 @@ def test_a_closed_loops_next_request_misses_the_step_planned_as_the_last_one_end
     for request in replacements:
         assert request.admitted is not None and request.admitted > request.arrival, request
         assert round(request.arrival, 9) in starts   # it arrived as a step began, and was not seated in it
+
+
+def test_a_launchs_prompts_in_simulated_time_are_its_own_and_the_same_every_time() -> None:
+    """A night in simulated time reads the same every time it runs (h200-mtp's acceptance, drawn from the
+    prompts' text, once moved a verdict between runs): each launch salts its prompts from its seed and identity.
+    Over HTTP every source draws its salt from the system's entropy, so no night meets another's prompts."""
+    async def ids() -> list[int]:
+        return PromptSource().unique(16)
+
+    def drawn(launch: str) -> list[list[int]]:
+        started = start(load_profile("a5000-tp2")[0], {}, seed=0, launch=launch)
+        with SimulatedServer(started.config, started.config.memory(), started.facts) as server:
+            lazy = Measurer(server.target())   # its source is made in the loop, at the first cell
+            return [server.call(ids()), server.call(ids()), server.call(_unique(lazy))]
+
+    first = drawn("baseline/0")
+    assert first == drawn("baseline/0") and len({tuple(i) for i in first}) == 3
+    assert not {tuple(i) for i in first} & {tuple(i) for i in drawn("baseline/1")}
+    assert PromptSource().unique(16) != PromptSource().unique(16)
+
+
+async def _unique(measurer: Measurer) -> list[int]:
+    return measurer.prompts.unique(16)

@@ -2,7 +2,9 @@
 
 Every prompt starts with six tokens that encode a per-run random salt plus a counter, so the first KV block
 of every prompt differs from every other prompt's, in this run and in any earlier run against the same
-server. A retried step calls the generator again and so always gets fresh prompts.
+server. A retried step calls the generator again and so always gets fresh prompts. In simulated time the
+salts are drawn from the launch's own seed instead (`salted_by`, measure.simulated): a night there reads the
+same every time it runs, as its engine does, while each launch still draws prompts of its own.
 
 `Prompts` adds text: windows of a corpus (corpus.py) that the server's own tokenizer turned into tokens,
 sent as token ids on /v1/completions (exactly L tokens by construction) or as a chat message on
@@ -14,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,11 +41,27 @@ CHAT_BODIES = 4        # chat texts fitted per length before a step, used in tur
 PAD_MAX = 8           # a chat prompt this many tokens short is padded, not cut again
 
 
+# Where a new PromptSource's salt comes from when it is given no seed: None, the system's entropy (`secrets`).
+_SALTS: ContextVar[random.Random | None] = ContextVar("campaign_prompt_salts", default=None)
+
+
+@contextmanager
+def salted_by(salts: random.Random) -> Iterator[None]:
+    """Every PromptSource made inside the block (and in the tasks started there) without a seed draws its salt
+    from `salts`: the same prompts, in the same order, each time the block's work runs in the same order."""
+    token = _SALTS.set(salts)
+    try:
+        yield
+    finally:
+        _SALTS.reset(token)
+
+
 class PromptSource:
     """Unique token-id prompts. Not thread-safe; one per measuring coroutine group is enough."""
 
     def __init__(self, *, seed: int | None = None) -> None:
-        self._salt = secrets.randbits(60) if seed is None else seed
+        salts = _SALTS.get()
+        self._salt = seed if seed is not None else salts.getrandbits(60) if salts else secrets.randbits(60)
         self._counter = 0
         self._filler = np.random.default_rng(self._salt)
 

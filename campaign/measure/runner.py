@@ -337,13 +337,21 @@ class Measurer:
         # GPU telemetry around each step (None: no GPU, or not asked for): throttling and energy per token.
         self.gpu_monitor = gpu_monitor
         self.max_attempts = max_attempts
-        self.prompts = prompts or PromptSource()
+        self._prompts = prompts
         # Text and chat prompt sources, made on first use (the corpus tokenized once by the server).
         self._sources: dict[tuple[str, str], Prompts] = {}
         self.on_event = on_event or (lambda _msg: None)
         self._ids = 0
         self._checked_metrics = False
         self._reset_available: bool | None = None   # whether the server exposes /reset_prefix_cache
+
+    @property
+    def prompts(self) -> PromptSource:
+        """The random ids of every cell, made at their first use: inside the loop that measures, whose context
+        says where a new source's salt comes from (measure.prompts.salted_by)."""
+        if self._prompts is None:
+            self._prompts = PromptSource()
+        return self._prompts
 
     # --- control plane -----------------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient, *, only: frozenset[str] | None = None) -> m.MetricsSnapshot:

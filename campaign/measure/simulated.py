@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import tempfile
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from campaign.core import clock
 from campaign.core.errors import LaunchError
 from campaign.http.endpoint import Endpoint, Timeouts
 from campaign.http.streams import Limits, Liveness, Reply, StreamError, Streams, StreamTimeout
+from campaign.measure import prompts
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.gpu import StepTelemetry
@@ -298,6 +300,8 @@ class SimulatedServer:
         self.lines: list[str] = []   # the simulator's log lines while it serves (where no `log` takes them)
         self._folder = tempfile.TemporaryDirectory(prefix="campaign-sim-")
         self.uds = str(Path(self._folder.name) / "sim.sock")
+        # Seeded by a string: random hashes it (SHA-512), the same in every process.
+        self._salts = random.Random(f"prompts/{config.seed}/{config.launch}")
         self.loop = looptime.new_event_loop(start=0.0, noop_cycles=SETTLE_CYCLES, resolution=RESOLUTION_S)
         self._stack = contextlib.AsyncExitStack()
         # The GPUs' energy, where the hardware has a power model (a measured entry's fit): a Measurer's monitor.
@@ -325,8 +329,9 @@ class SimulatedServer:
         return not self.loop.is_closed()
 
     def call(self, work: Coroutine[Any, Any, T]) -> T:
-        """`work` to its end on the simulated clock (every measured stamp inside reads it)."""
-        with clock.given(self.loop.time):
+        """`work` to its end on the simulated clock (every measured stamp inside reads it), its prompts salted
+        from the launch's seed and identity: the same night in simulated time reads the same every time."""
+        with clock.given(self.loop.time), prompts.salted_by(self._salts):
             return self.loop.run_until_complete(work)
 
     def close(self) -> None:
