@@ -72,8 +72,9 @@ from campaign.server.startup_log import StartupFacts
 SETTLE_S = 3.0  # how long the counters may lag the last streamed chunk
 MAX_ROUNDS = 1000  # a fixed-mode cell's rounds, whatever its minimums ask
 # Findings that say the client offered less than asked, or stamped late what it got, because its own host
-# stalled it: in a sustained window every pause between a stream's reply and its next request is the client's,
-# and every token that arrived while its loop stood still was stamped late; on a schedule, every late send.
+# stalled it, the one that moves the load most first: in a sustained window every pause between a stream's reply
+# and its next request is the client's, and every token that arrived while its loop stood still was stamped
+# late; on a schedule, every late send.
 CLIENT_STALLS = (Reason.FEWER_ACTIVE, Reason.SCHEDULE_BEHIND, Reason.CLIENT_STALLED)
 # Every host stall an attempt is measured again for: the client's, and a time-scaled simulator's that fell
 # behind its clock (its host starved it: its steps ran late, and the reading is not its hardware's).
@@ -448,8 +449,10 @@ class Measurer:
             attempts.append(attempt)
             if attempt.accepted:
                 result = self._result(base, spec, step, m.Delta(before, after), attempts)
-                stall = next(((r, c) for r, c in zip(result.reasons, result.reason_codes, strict=True)
-                              if c in HOST_STALLS), None)
+                # The stall that moved the load most names the attempt (HOST_STALLS' order): streams left
+                # idle, then sends late, then stamps late (a loaded host adds the last to any of them).
+                found = dict(zip(result.reason_codes, result.reasons, strict=True))
+                stall = next(((found[c], c) for c in HOST_STALLS if c in found), None)
                 # Only a stall alone: a finding that would come back on every attempt (errors, a queue, a
                 # clamp) stands at once, never measured three times over.
                 others = set(result.reason_codes) - set(HOST_STALLS) - CAVEATS
