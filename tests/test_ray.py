@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,6 +224,53 @@ def test_streamed_records_name_the_controllers_launch_folder_even_in_one_batch(t
     assert task.launches == {"launch-1": "launch-2"} and stored["launch"] == "launch-2"
     assert (run.root / "variants/A/launch-2/warmup.json").exists()
     assert not (run.root / "variants/A/cells/prefill-L8/bad.json").exists()  # warned, never fatal
+
+
+def test_a_ctrl_c_while_a_batch_is_written_keeps_the_whole_batch(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch taken off the queue exists nowhere else: a Ctrl-C that lands while its first file is written
+    stops the night after the last one (test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_
+    cluster once found a launch's server.json lost, the cell record beside it in one batch kept)."""
+    import json as _json
+
+    from fakes import builders
+
+    from campaign.core import errors
+    from campaign.core.progress import Progress
+    from campaign.night.ray_executor import RayExecutor, _Task
+
+    monkeypatch.setattr(errors, "_stop_requested", False)   # put back after the test, whatever the handler set
+    run = store.RunDir.create(tmp_path, "t")
+    builders.manifest(run, baseline="A", variants=["A"])
+    cell = {"schema_version": 7, "kind": "cell", "variant": "A", "repeat": 0, "launch": "launch-1",
+            "written_utc": "x", "result": {}, "gpu_telemetry": None}
+    batch = [{"task": "t1", "event": "files", "files": [("variants/A/cells/prefill-L8/rep-0.json",
+                                                        _json.dumps(cell))]},
+             {"task": "t1", "event": "files", "files": [("variants/A/launch-1/server.json", "{}")]}]
+
+    class Queue:
+        def qsize(self) -> int:
+            return len(batch)
+
+        def get_nowait_batch(self, n: int) -> list[dict[str, Any]]:
+            taken = batch[:n]
+            del batch[:n]
+            return taken
+
+    executor = RayExecutor(run, Progress(total_cells=0, estimate_s=0, live=False), engine="sim")
+    monkeypatch.setattr(executor, "queue", Queue(), raising=False)   # the Ray queue actor, faked
+    write = executor._write
+
+    def signalled(*args: Any) -> None:
+        write(*args)
+        if not (run.root / "variants/A/launch-1").exists():
+            errors.request_stop()   # the SIGINT handler, run where the main thread is: after the cell's file
+
+    monkeypatch.setattr(executor, "_write", signalled)
+    with pytest.raises(KeyboardInterrupt):
+        executor._drain({"t1": _Task(job=None, ref=None)})
+    assert (run.root / "variants/A/cells/prefill-L8/rep-0.json").exists()
+    assert (run.root / "variants/A/launch-1/server.json").exists()
 
 
 # --- a trace cell on Ray (issue 50): its file travels with the task ----------------------------------------

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 # Why a launch produced no server, as stored in failure.json: what the startup log showed (the first five, see
@@ -102,13 +103,35 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
 # weakref callback or a __del__ is printed and swallowed ("Exception ignored in ..."), so the flag stays set
 # and the runner checks it between cells: a SIGTERM or Ctrl-C is never lost.
 _stop_requested = False
+_stops = 0     # signals received so far
+_holding = 0   # blocks (stop_held) now open
 
 
 def request_stop(signum: int = 0, frame: object = None) -> None:
-    """A signal handler: remember the stop, and raise KeyboardInterrupt where the program is."""
-    global _stop_requested
+    """A signal handler: remember the stop, and raise KeyboardInterrupt where the program is (inside
+    `stop_held`, at the block's end)."""
+    global _stop_requested, _stops
     _stop_requested = True
-    raise KeyboardInterrupt
+    _stops += 1
+    if not _holding:
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_held() -> Iterator[None]:
+    """A stop signalled inside the block is raised at its end, not midway: for keeping what has already been
+    received and exists nowhere else (a batch of a Ray task's files, taken off its queue), which a
+    KeyboardInterrupt between two of its files would lose. A stop asked for before the block is not raised
+    again by it (a Ctrl-C's own clean-up drains through it)."""
+    global _holding
+    before = _stops
+    _holding += 1
+    try:
+        yield
+    finally:
+        _holding -= 1
+    if _stops != before and not _holding:
+        raise KeyboardInterrupt
 
 
 def check_stop() -> None:

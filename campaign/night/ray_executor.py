@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign.core import secret
-from campaign.core.errors import CampaignError, ConfigError
+from campaign.core.errors import CampaignError, ConfigError, stop_held
 from campaign.core.progress import Progress
 from campaign.measure import traces
 from campaign.night.launch import Campaign, LaunchWork, Options
@@ -380,25 +380,34 @@ class RayExecutor:
         return None if ref is None else (again, _Task(job, ref, losses=losses))
 
     def _drain(self, tasks: dict[str, _Task]) -> None:
-        """Every event the tasks have put on the queue so far: progress lines, and files for the run."""
+        """Every event the tasks have put on the queue so far: progress lines, and files for the run. A Ctrl-C
+        waits until the batch taken off the queue is written: its files are nowhere else (a test that stopped
+        the night as a cell's record appeared once found that launch's server.json, from the same batch, lost)."""
         while True:
-            try:
-                events = self.queue.get_nowait_batch(self.queue.qsize())
-            except Exception:  # noqa: BLE001 - ray.util.queue.Empty, or the queue actor gone with Ctrl-C
-                return
-            if not events:
-                return
-            for event in events:
-                kind = event.get("event")
-                if kind == "files":
-                    task = tasks.get(str(event.get("task")))
-                    self._write(task, event["files"], str(event.get("task")))
-                elif kind == "cell":
-                    self.progress.cell_done(str(event.get("text")))
-                elif kind == "status":
-                    self.progress.status(str(event.get("text")))
-                else:
-                    self.progress.note(str(event.get("text")))
+            with stop_held():
+                if not self._drain_batch(tasks):
+                    return
+
+    def _drain_batch(self, tasks: dict[str, _Task]) -> bool:
+        """One batch of events off the queue, handled; False when there was none."""
+        try:
+            events = self.queue.get_nowait_batch(self.queue.qsize())
+        except Exception:  # noqa: BLE001 - ray.util.queue.Empty, or the queue actor gone with Ctrl-C
+            return False
+        if not events:
+            return False
+        for event in events:
+            kind = event.get("event")
+            if kind == "files":
+                task = tasks.get(str(event.get("task")))
+                self._write(task, event["files"], str(event.get("task")))
+            elif kind == "cell":
+                self.progress.cell_done(str(event.get("text")))
+            elif kind == "status":
+                self.progress.status(str(event.get("text")))
+            else:
+                self.progress.note(str(event.get("text")))
+        return True
 
     def _write(self, task: _Task | None, files: list[tuple[str, str]], name: str) -> None:
         launches = task.launches if task is not None else self._orphans.setdefault(name, {})
