@@ -311,16 +311,18 @@ class Campaign:
     def _measure(self, server: Served, variant: Variant, repeat: int, queue: list[CellSpec],
                  retried: set[str], launch_dir: Path) -> bool:
         """Measure queued cells in order; True if the server died and the queue needs a fresh launch."""
-        # One GPU monitor per launch (its clock history is the launch's); none on the simulator, which would
-        # measure an idle GPU, nor where NVML is absent.
-        monitor = None if (self.options.engine or self.profile.engine) == "sim" else gpu.monitor(
-            indices=self._gpu_indices())
+        # One GPU monitor per launch (its clock history is the launch's): the server's own meter where it brings
+        # one (in simulated time, the simulator's power model); else NVML's, whose raw samples are stored with
+        # each cell, but none on the simulator over HTTP, which would measure an idle GPU, nor where NVML is
+        # absent.
+        meter = server.meter
+        monitor = None if meter is not None or (self.options.engine or self.profile.engine) == "sim" else (
+            gpu.monitor(indices=self._gpu_indices()))
         measurer = Measurer(
             server.target(self._timeouts()),
             max_attempts=self.options.max_attempts,
             on_event=lambda msg: self.progress.note(f"{variant.name}: {msg}"),
-            # In simulated time, the simulator's power model meters the steps (where the hardware has one).
-            gpu_monitor=server.meter if isinstance(server, simulated.SimulatedServer) else monitor,
+            gpu_monitor=meter if meter is not None else monitor,
         )
         self._warm_up(server, measurer, queue, variant, repeat, launch_dir)
         first: CellResult | None = None  # the launch's first cell, measured again at its end

@@ -14,6 +14,7 @@ from campaign.http.endpoint import Timeouts
 from campaign.measure.runner import Target
 from campaign.server import argv, startup_log
 from campaign.server.control import ControlClient, cross_check
+from campaign.server.gpu import StepMonitor
 from campaign.server.lifecycle import ReadyInfo, ServerProcess
 from campaign.server.profiles import FlagValue, LaunchProfile
 
@@ -30,6 +31,12 @@ class Served(Protocol):
 
     @property
     def max_num_seqs(self) -> int | None: ...
+
+    @property
+    def meter(self) -> StepMonitor | None:
+        """The server's own meter of its GPUs' energy, where it brings one (the simulator's power model, in
+        simulated time); None: the launch's NVML monitor, if any, meters the real GPUs."""
+        ...
 
     def target(self, timeouts: Timeouts | None = None) -> Target: ...
 
@@ -56,6 +63,11 @@ class LaunchedServer:
     def call(self, work: Coroutine[Any, Any, T]) -> T:
         """`work` on a fresh event loop, on the wall clock."""
         return aio.run(work)
+
+    @property
+    def meter(self) -> StepMonitor | None:
+        """A real server brings no meter of its own: NVML's counters are the launch's."""
+        return None
 
     @property
     def max_num_seqs(self) -> int | None:
