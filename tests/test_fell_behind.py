@@ -27,7 +27,7 @@ def _measured(rate: float) -> tuple[CellResult, sim_truth.Recorder, float]:
     launch = simulated.start(profile, {"max-num-seqs": 4}, seed=0)
     recorder = sim_truth.Recorder()
     spec = CellSpec(phase="rate", context_tokens=1024, max_tokens=128, request_rate=rate, duration_s=SPAN_S)
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as server:
+    with launch.serve(truth=recorder) as server:
         cell = server.call(Measurer(server.target()).run_cell(spec))
         anchor = server.anchor
     return cell, recorder, anchor
@@ -92,7 +92,7 @@ def test_the_mooncake_slice_that_timed_out_is_served_and_read_as_the_servers_que
     profile, _ = load_profile("a5000-tp2")
     launch = simulated.start(profile, {"gpu-memory-utilization": 0.90, "max-num-batched-tokens": 2048}, seed=0)
     recorder = sim_truth.Recorder()
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as server:
+    with launch.serve(truth=recorder) as server:
         cell = server.call(Measurer(server.target()).run_cell(spec))
     assert len(cell.records) == 162 and all(r.ok for r in cell.records)
     assert cell.status == "Valid" and cell.reason_codes == [Reason.SERVER_FELL_BEHIND], cell.reasons

@@ -30,7 +30,7 @@ from campaign.sim.server import Completion, Stream
 @pytest.fixture()
 def server() -> Iterator[SimulatedServer]:
     launch = start(load_profile("a5000-tp2")[0], {}, seed=0)
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as served:
+    with launch.serve() as served:
         yield served
 
 
@@ -139,7 +139,7 @@ def test_a_cancelled_request_is_aborted_and_a_closed_client_ends_one_in_flight(s
 def one_seat() -> Iterator[SimulatedServer]:
     """The simulated pair seating one request at a time: a second one waits in the queue."""
     launch = start(load_profile("a5000-tp2")[0], {"max-num-seqs": 1}, seed=0)
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as served:
+    with launch.serve() as served:
         yield served
 
 
@@ -207,7 +207,7 @@ def test_a_closed_loops_next_request_misses_the_step_planned_as_the_last_one_end
     recorder = sim_truth.Recorder()
     spec = CellSpec(phase="decode", mode="sustained", context_tokens=2048, concurrency=2, max_tokens=16,
                     window_s=20.0, warmup_s=0.0)
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as served:
+    with launch.serve(truth=recorder) as served:
         result = served.call(Measurer(served.target()).run_cell(spec))
     assert result.status == "Valid", result.reasons
     starts = {round(s.start, 9) for s in recorder.steps}
@@ -227,7 +227,7 @@ def test_a_launchs_prompts_in_simulated_time_are_its_own_and_the_same_every_time
 
     def drawn(launch: str) -> list[list[int]]:
         started = start(load_profile("a5000-tp2")[0], {}, seed=0, launch=launch)
-        with SimulatedServer(started.config, started.config.memory(), started.facts) as server:
+        with started.serve() as server:
             lazy = Measurer(server.target())   # its source is made in the loop, at the first cell
             return [server.call(ids()), server.call(ids()), server.call(_unique(lazy))]
 

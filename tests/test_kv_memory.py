@@ -127,7 +127,7 @@ def test_the_32k_window_simulates_and_a_window_inside_a_prefill_is_invalid_on_bo
     replayed = replay.run_cell(config, spec)
     assert replayed.status == "Invalid" and [f.code for f in replayed.findings] == [Reason.NO_TOKENS_IN_WINDOW]
     launch = simulated.start(profile, {}, seed=0)
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         measured = server.call(Measurer(server.target(None)).run_cell(spec))
     assert measured.status == "Invalid" and Reason.NO_TOKENS_IN_WINDOW in measured.reason_codes, measured.reasons
     assert measured.total_tok_s == 0.0   # the figure is kept as measured; the status says what it is

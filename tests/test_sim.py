@@ -356,7 +356,7 @@ def test_bimodal_fault_is_reported_as_two_modes(monkeypatch: pytest.MonkeyPatch)
     launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
     experiment = RepeatExperiment.model_validate({"kind": "repeat", "context": 1024, "concurrency": 4,
                                                   "mode": "fixed", "max_tokens": 256, "times": 6})
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         result = server.call(study.repeat_cell(server.target(), experiment.spec(30.0), times=experiment.times))
     assert result.details["bimodal"] is True, result.details["runs"]
     assert result.values["mean_total_tok_s"] is None  # never averaged into one meaningless number
@@ -416,7 +416,7 @@ def test_experiments_in_simulated_time_read_as_the_same_ones_over_http(a5000: La
     http_prefix, http_long = asyncio.run(measured(target))
     assert target.time_scale == TIME_SCALE
     launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         virtual_prefix, virtual_long = server.call(measured(server.target()))
     assert http_prefix.status == virtual_prefix.status == "Valid"
     for name in ("shared_first_hit_rate", "shared_first_wall_s", "speedup"):

@@ -58,7 +58,7 @@ def prompt_tok_s(flags: dict[str, str], *, launch: str = "baseline/0", profile: 
                  context: int = 8192) -> float:
     """A prefill cell's prompt tok/s on one launch in simulated time."""
     started = simulated.start(load_profile(profile)[0], flags, seed=0, launch=launch)
-    with simulated.SimulatedServer(started.config, started.config.memory(), started.facts) as server:
+    with started.serve() as server:
         figure = server.call(Measurer(server.target()).run_cell(
             CellSpec(phase="prefill", context_tokens=context, concurrency=1))).prompt_tok_s
     assert figure is not None

@@ -175,7 +175,7 @@ def test_the_replay_predicts_the_measurer_to_the_engines_last_digit(spec: CellSp
     launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
     predicted = sim_virtual.run_cell(launch.config, spec)
     recorder = sim_truth.Recorder()
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorder) as server:
+    with launch.serve(truth=recorder) as server:
         stored = server.call(Measurer(server.target()).run_cell(spec))
         anchor = server.anchor
     assert stored.status == predicted.status == "Valid", stored.reasons

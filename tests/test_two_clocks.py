@@ -42,7 +42,7 @@ from campaign.core import aio
 from campaign.measure import capacity, slo, study, traces
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.runner import Measurer, Target
-from campaign.measure.simulated import SimulatedServer, start
+from campaign.measure.simulated import start
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
 from campaign.sim.model import step_seconds
@@ -84,7 +84,7 @@ def in_simulated_time() -> Iterator[Side]:
     """Made before `over_http` (each test names it first): that fixture's environment would hand this launch
     its truth file."""
     launch = start(load_profile(PROFILE)[0], FLAGS, seed=0)
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         side = Side(server.call, Measurer(server.target()))
         side.call(_ready(side))
         yield side
@@ -270,7 +270,7 @@ def test_in_simulated_time_every_figure_is_the_engines_own_record(monkeypatch: p
     specs = [CellSpec(phase="decode", context_tokens=1024, concurrency=8, max_tokens=128, window_s=20.0, warmup_s=2.0),
              CellSpec(phase="rate", context_tokens=1024, max_tokens=64, request_rate=4.0, duration_s=30.0,
                       slo=slo.parse("ttft_p90_ms=500,tpot_p90_ms=30"))]
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts, truth=recorded) as server:
+    with launch.serve(truth=recorded) as server:
         measurer = Measurer(server.target())
         sustained, rate = (server.call(measurer.run_cell(spec)) for spec in specs)
         anchor = server.anchor

@@ -24,7 +24,7 @@ from campaign.bench.truth import environment
 from campaign.core import aio
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import Measurer
-from campaign.measure.simulated import SimulatedServer, start
+from campaign.measure.simulated import start
 from campaign.measure.study import ExperimentResult
 from campaign.night.launch import slo_search
 from campaign.night.launcher import launched
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     searches = [e for e in matrix.experiments() if isinstance(e, SloSearchExperiment)]
 
     launch = start(profile, flags, seed=0)
-    with SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         (virtual, virtual_found), virtual_s = _timed(
             server.call, _measured(Measurer(server.target()), matrix, specs, searches))
     with tempfile.TemporaryDirectory() as folder, \

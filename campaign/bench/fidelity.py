@@ -165,7 +165,7 @@ class Replayed:
 def replay(run: PublicRun) -> Replayed:
     """The run on the simulator in simulated time."""
     launch = simulated.start(profile_for(run), {}, seed=0)
-    with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+    with launch.serve() as server:
         result = server.call(Measurer(server.target(None)).run_cell(cell_for(run)))
     records = [RequestRecord.from_dict(r) for r in result.requests or []]
     return Replayed(run, figures(records), result.status)

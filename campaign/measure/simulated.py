@@ -202,6 +202,10 @@ class Launch:
     log: str
     facts: StartupFacts
 
+    def serve(self, *, truth: TruthSink | None = None) -> SimulatedServer:
+        """The launch serving from this process in simulated time (its engine's truth to `truth`, if given)."""
+        return SimulatedServer(self.config, self.config.memory(), self.facts, truth=truth)
+
 
 def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, launch: str = "") -> Launch:
     """The launch's command line as the launcher builds it, parsed by the simulator, and its startup log; a

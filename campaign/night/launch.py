@@ -281,7 +281,7 @@ class Campaign:
             flags=launch.flags, variant_flags=dict(flags), ready_s=launch.facts.engine_init_s or 0.0,
             facts=launch.facts, warnings=[], suggested=resolution))
         if pending or experiments:
-            with simulated.SimulatedServer(launch.config, launch.config.memory(), launch.facts) as server:
+            with launch.serve() as server:
                 self._measure(server, variant, repeat, list(pending), set(), launch_dir)
                 self._experiments(server, variant, repeat, experiments, launch_dir)
 
