@@ -20,8 +20,10 @@ from campaign.http.streamclient import StreamClient
 from campaign.http.streams import StreamError, Streams
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
+from campaign.measure import runner
 from campaign.measure.runner import Measurer
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
+from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
 from campaign.sim.server import Completion, Stream
@@ -239,3 +241,26 @@ def test_a_launchs_prompts_in_simulated_time_are_its_own_and_the_same_every_time
 
 async def _unique(measurer: Measurer) -> list[int]:
     return measurer.prompts.unique(16)
+
+
+def test_a_scrape_in_process_is_the_socket_scrapes_snapshot(server: SimulatedServer) -> None:
+    """/metrics in process is the collectors' samples without the text: after a cell (histograms observed, a
+    speculative-free engine's counters moved), the snapshot a Measurer takes in process equals, value for value
+    and label for label, the one it takes from the same server's /metrics over the socket; with `only`, those
+    names alone."""
+    target = server.target()
+    socket_only = replace(target, endpoint=replace(target.endpoint, in_process=None))
+    server.call(Measurer(target).run_cell(CellSpec(phase="decode", context_tokens=512, concurrency=4, max_tokens=32,
+                                                   window_s=2.0, warmup_s=0.5)))
+
+    async def both(only: frozenset[str] | None) -> tuple[m.MetricsSnapshot, m.MetricsSnapshot]:
+        async with socket_only.endpoint.async_control() as control:
+            return (await runner.scrape(target, control, only=only),
+                    await runner.scrape(socket_only, control, only=only))
+
+    for only in (None, m.GAUGES):
+        direct, over_socket = server.call(both(only))
+        assert direct.values == over_socket.values and direct.labels == over_socket.labels
+        assert set(direct.values) == (set(over_socket.values) if only is None else only & set(over_socket.values))
+    full, _ = server.call(both(None))
+    assert full.value(m.GENERATION_TOKENS) > 0 and full.value(f"{m.TTFT_HISTOGRAM}_count") > 0

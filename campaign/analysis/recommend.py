@@ -500,9 +500,13 @@ def short_answers_by_variant(run: RunDir) -> dict[str, dict[str, Any]]:
     for record in run.experiments():
         if record.result.kind == "slo-search":
             searches[record.variant].append(record.result.model_dump(mode="json"))
+    # In the matrix's order (a set's order moved with the interpreter's string hashing, so two runs of one
+    # night printed their short answers in different orders).
+    order = {variant.name: index for index, variant in enumerate(manifest.matrix_model().variants)}
     return {v: answers.short_answers(cells=cells.get(v, []), facts=facts.get(v), flags=flags.get(v, {}),
                                      floors=floors, hardware=profile.hardware,
                                      model_shape=profile.shape_name, time_scale=manifest.time_scale,
                                      searches=searches.get(v, []))
-            for v in sorted(set(facts) | set(cells), key=lambda name: name not in cells)}
+            for v in sorted(set(facts) | set(cells), key=lambda name: (name not in cells,
+                                                                        order.get(name, len(order)), name))}
 

@@ -15,12 +15,14 @@ import ipaddress
 import os
 import ssl
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.samples import Sample
 
 from campaign.core import secret
 from campaign.core.errors import CampaignError
@@ -89,6 +91,10 @@ class InProcess(Protocol):
     """A server in this process: it hands out a client of the measured path that needs no socket."""
 
     def streams(self, endpoint: Endpoint, limits: Limits | None) -> Streams: ...
+
+    def samples(self, only: frozenset[str] | None) -> Iterable[Sample]:
+        """Its /metrics as prometheus_client's samples, without the text (with `only`, those names' alone)."""
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -305,11 +305,16 @@ def _lag_max_ms(lags: list[float]) -> float | None:
     return 1000.0 * max(lags) if lags else None
 
 
-async def scrape(client: httpx.AsyncClient, *, server_version: str | None,
+async def scrape(target: Target, client: httpx.AsyncClient, *,
                  only: frozenset[str] | None = None) -> m.MetricsSnapshot:
     """The server's /metrics, parsed (a connection refused or reset is tried again for 10 s: a scrape is never
     a measured request); with `only`, just those samples (the server answers in full: vLLM 0.32's /metrics
-    ignores prometheus_client's `?name[]=` query, checked on the real CPU build)."""
+    ignores prometheus_client's `?name[]=` query, checked on the real CPU build). A server in this process
+    (the simulator in simulated time) hands its samples over without the text: the same samples, the same
+    snapshot (tests/test_in_process.py)."""
+    direct = target.endpoint.in_process
+    if direct is not None:
+        return m.snapshot(direct.samples(only), server_version=target.server_version)
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(httpx.TransportError), stop=stop_after_delay(10),
         wait=wait_exponential(multiplier=0.1, max=1.0), reraise=True,
@@ -317,7 +322,7 @@ async def scrape(client: httpx.AsyncClient, *, server_version: str | None,
         with attempt:
             response = await client.get("/metrics")
             response.raise_for_status()
-            return m.parse(response.text, server_version=server_version, only=only)
+            return m.parse(response.text, server_version=target.server_version, only=only)
     raise AssertionError("unreachable")
 
 
@@ -356,7 +361,7 @@ class Measurer:
 
     # --- control plane -----------------------------------------------------------------------------------
     async def scrape(self, client: httpx.AsyncClient, *, only: frozenset[str] | None = None) -> m.MetricsSnapshot:
-        return await scrape(client, server_version=self.target.server_version, only=only)
+        return await scrape(self.target, client, only=only)
 
     async def check_metrics(self, control: httpx.AsyncClient) -> None:
         """Before measuring: every family the run relies on must exist; a missing one is an error, not 0."""

@@ -5,9 +5,11 @@ MIT): the loop's clock stands still while anything is left to run and then moves
 so an engine step costs its simulated duration and the host's own work costs nothing, whatever this machine's
 speed or load. Every measured stamp reads that loop's time (core.clock). The measured requests reach the
 server without a socket (InProcessStreams: the server's own checks, the events a server writes, byte for byte,
-handed to the client's parser as they are emitted); the control plane (/metrics, /tokenize, /v1/models) goes
-over a Unix socket, HTTP as over TCP. The records, their parsing and every rule are the ones a real server is
-measured with, so a cell kind measured over HTTP is measured here with nothing written twice.
+handed to the client's parser as they are emitted); a scrape of /metrics takes the server's samples without
+their text (runner.scrape: the snapshot the text parses to, tests/test_in_process.py); the rest of the control
+plane (/tokenize, /v1/models, /reset_prefix_cache) goes over a Unix socket, HTTP as over TCP. The records,
+their parsing and every rule are the ones a real server is measured with, so a cell kind measured over HTTP is
+measured here with nothing written twice.
 
 `start` is a launch in simulated time: the command line the launcher builds, parsed by the simulator, and the
 startup log it prints, read by the parser that reads any vLLM's.
@@ -26,12 +28,13 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import looptime
+from prometheus_client.samples import Sample
 
 from campaign.core import clock
 from campaign.core.errors import LaunchError
@@ -70,8 +73,8 @@ class InProcessStreams:
     measured this way took 35 s over the Unix socket here, 23 s this way (with the histograms' kept text and
     the tokenizer's fix). The idle limit works as over HTTP (a reply's headers come at once, so it also bounds
     the wait for the first token; the client's other streams getting data keep it open, Liveness); a request
-    cancelled or timed out is aborted in the engine, as a closed connection is. The control plane (/metrics,
-    /tokenize, ...) still goes over the socket."""
+    cancelled or timed out is aborted in the engine, as a closed connection is. The control plane but
+    /metrics (/tokenize, ...) still goes over the socket."""
 
     connections_opened = 0
 
@@ -178,6 +181,9 @@ class _InProcess:
 
     def streams(self, endpoint: Endpoint, limits: Limits | None) -> Streams:
         return InProcessStreams(self.server, endpoint, limits)
+
+    def samples(self, only: frozenset[str] | None) -> Iterable[Sample]:
+        return self.server.metric_samples(only)
 
 
 def target(config: SimConfig, facts: StartupFacts, uds: str, timeouts: Timeouts | None = None, *,

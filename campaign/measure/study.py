@@ -199,7 +199,7 @@ def _contaminated(kind: ExperimentKind, key: str, exc: _Contaminated, attempts: 
 
 async def _scrape(target: Target, client: httpx.AsyncClient, *,
                   only: frozenset[str] | None = None) -> m.MetricsSnapshot:
-    return await runner.scrape(client, server_version=target.server_version, only=only)
+    return await runner.scrape(target, client, only=only)
 
 
 # --- context window -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from campaign.core import clock
 from campaign.core.errors import MetricMissingError
@@ -142,18 +143,28 @@ def _only(text: str, names: frozenset[str]) -> str:
 
 def parse(text: str, *, t: float | None = None, server_version: str | None = None,
           only: frozenset[str] | None = None) -> MetricsSnapshot:
-    """A scrape's samples by name (a name's label sets summed; `_info` samples also keep their labels).
+    """A scrape's text, parsed by prometheus_client (see `snapshot`).
     `only`: parse just these sample names, for a sampler that reads a few gauges many times (a simulator's
     /metrics of 400 lines took the library's parser 24 ms, the five gauges a sampler reads well under 1 ms)."""
+    families = text_string_to_metric_families(text if only is None else _only(text, only))
+    return snapshot((sample for family in families for sample in family.samples), t=t,
+                    server_version=server_version)
+
+
+def snapshot(samples: Iterable[Sample], *, t: float | None = None,
+             server_version: str | None = None) -> MetricsSnapshot:
+    """Samples by name (a name's label sets summed; `_info` samples also keep their labels; `_created` left
+    out): from a scrape's text (`parse`), or from a server in this process that hands its collectors' samples
+    over without the text (measure.simulated: the same samples, each float exactly as the text round-trips
+    it, since prometheus_client writes a float's repr)."""
     values: dict[str, float] = {}
     labels: dict[str, list[dict[str, str]]] = {}
-    for family in text_string_to_metric_families(text if only is None else _only(text, only)):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-            if sample.name.endswith("_info"):
-                labels.setdefault(sample.name, []).append(dict(sample.labels))
+    for sample in samples:
+        if sample.name.endswith("_created"):
+            continue
+        values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+        if sample.name.endswith("_info"):
+            labels.setdefault(sample.name, []).append(dict(sample.labels))
     return MetricsSnapshot(t=clock.now() if t is None else t, values=values, labels=labels,
                            server_version=server_version)
 

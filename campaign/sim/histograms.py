@@ -32,9 +32,11 @@ core on them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.samples import Sample
 
 from campaign.sim.engine import Request, Step
 
@@ -82,6 +84,7 @@ class RequestHistograms:
         # again (see exposition).
         self._alone: dict[int, CollectorRegistry] = {}
         self._text: dict[int, bytes] = {}
+        self._samples: dict[int, list[Sample]] = {}
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             family = Histogram(name, doc, ["model_name", "engine"], buckets=buckets, registry=registry)
@@ -173,6 +176,7 @@ class RequestHistograms:
         for histogram, value in pending:
             histogram.observe(value)
             self._text.pop(id(histogram), None)
+            self._samples.pop(id(histogram), None)
 
     def exposition(self) -> bytes:
         """The families' text exposition after a fold, byte for byte prometheus_client's `generate_latest` of
@@ -188,3 +192,13 @@ class RequestHistograms:
                 text = self._text[key] = generate_latest(alone)
             out.append(text)
         return b"".join(out)
+
+    def samples(self) -> Iterator[Sample]:
+        """The samples `exposition` writes, without the text (a client in this process reads them: see
+        Server.metric_samples), each family's kept as its text is until it observes again."""
+        self.fold()
+        for key, alone in self._alone.items():
+            kept = self._samples.get(key)
+            if kept is None:
+                kept = self._samples[key] = [sample for family in alone.collect() for sample in family.samples]
+            yield from kept

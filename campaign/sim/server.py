@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import json
 import os
 import signal
@@ -38,6 +39,7 @@ from packaging.version import Version
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from campaign.core.hardware import LONG_MODEL_LEN_ENV, long_model_len_allowed, resolve_hardware
 from campaign.sim import config as sim_config
@@ -564,6 +566,18 @@ class Server:
         of prometheus_client's own app, answers in full; checked on the real CPU build)."""
         exposition = b"" if self.histograms is None else self.histograms.exposition()
         return exposition + generate_latest(self.registry)
+
+    def metric_samples(self, only: frozenset[str] | None = None) -> Iterator[Sample]:
+        """/metrics' samples without its text, for a client in this process (measure.simulated): the collectors
+        `metrics_text` writes, read at the same moment, in its order; with `only`, the samples of those names.
+        The samplers scrape every quarter of a simulated second: writing, sending and parsing the text made
+        a third of a night in simulated time (a5000-tuning, one repeat: 20.7 s with the text, 13.7 s without,
+        run one after the other here)."""
+        histograms = iter(()) if self.histograms is None else self.histograms.samples()
+        gauges = (sample for family in self.registry.collect() for sample in family.samples)
+        for sample in itertools.chain(histograms, gauges):
+            if only is None or sample.name in only:
+                yield sample
 
     def reply_json(self, tokens: int) -> bytes:
         """The text of a reply's `tokens` tokens as an event carries it (JSON-encoded), made once per count."""
