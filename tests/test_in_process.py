@@ -18,9 +18,9 @@ from campaign.http.client import RequestRecord, new_client, stream_completion
 from campaign.http.endpoint import Timeouts
 from campaign.http.streamclient import StreamClient
 from campaign.http.streams import StreamError, Streams
+from campaign.measure import runner
 from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
-from campaign.measure import runner
 from campaign.measure.runner import Measurer
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
 from campaign.server import metrics as m
