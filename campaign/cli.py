@@ -6,11 +6,13 @@ its lines); what a command does lives in the layer that owns it (`measure.probe`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,9 +39,10 @@ from campaign.core.hardware import hardware_label
 from campaign.core.progress import Progress
 from campaign.http.endpoint import TLS, Endpoint, Timeouts, proxy_notice
 from campaign.measure import probe as measuring
-from campaign.measure.cells import CellSpec, TTFTMode
+from campaign.measure.cells import CellSpec
 from campaign.measure.runner import Target
 from campaign.night import orchestrate
+from campaign.night import simulate as simulating
 from campaign.night.launcher import launched
 from campaign.night.orchestrate import preflight
 from campaign.plan import replay as sim_virtual
@@ -416,22 +419,38 @@ def simulate(
     variant: Annotated[str | None, typer.Option("--variant", metavar="VARIANT",
         help="whose flags (default: the baseline)")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Markdown tables")] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="keep the two runs here, as `campaign run` stores them (default: a temporary folder, "
+                      "removed after)")] = None,
 ) -> None:
-    """Replay the matrix's prefill and decode cells on the simulator in simulated time (seconds, the same
-    every time): the decode matrix as the matrix says, each cell's change with the other TTFT mode, the prefill
-    row. The launch profile must name simulated hardware."""
+    """Measure one variant of the matrix in simulated time (seconds, the same every time): every cell kind and
+    experiment, as `campaign run --clock virtual` measures them; the decode matrix with each cell's change under
+    the other TTFT mode, the prefill row, the rate cells, the experiments. The launch profile must name
+    simulated hardware."""
 
-    loaded, _, _ = load_matrix(matrix)
+    loaded, matrix_path, _ = load_matrix(matrix)
     config = sim_virtual.config_for(loaded, variant)
     hardware = hardware_label(config.hardware) if config.measured is None else (
         f"{config.measured.name} (measured: {config.hardware})")
-    cells = sim_virtual.run_matrix(loaded, variant=variant)
-    modes = {c.spec.ttft for c in cells if c.spec.phase == "decode"}
-    flipped: TTFTMode = "cold" if modes == {"warm"} else "warm"
-    other = sim_virtual.run_matrix(loaded, variant=variant, ttft=flipped)
+    with contextlib.ExitStack() as stack:
+        folder = out if out is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="campaign-simulate-")))
+        measured = simulating.simulate(loaded, matrix_path, variant, folder, note=_err)
+    if measured.failures:
+        raise CampaignError(f"{loaded.name}: {measured.variant}: {report.failure_line(measured.failures[0])}",
+                            hint="these flags do not start on the simulated hardware; see the line above")
+    tables = report.virtual_tables(measured.cells, measured.flipped, measured.flipped_mode)
+    tables += [t for t in (report.rate_table(measured.cells), report.open_loop_state_table(measured.cells),
+                           report.experiments_table(measured.experiments)) if t]
     render = to_markdown if markdown else to_text
-    typer.echo(f"{loaded.name} on the simulated {hardware}, in simulated time (figures are the hardware's)\n")
-    typer.echo("\n\n".join(render(t) for t in report.virtual_tables(cells, other, flipped)))
+    typer.echo(f"{loaded.name} on the simulated {hardware}, in simulated time (figures are the hardware's)")
+    noise = config.faults.launch_noise
+    typer.echo(f"one launch of {measured.variant}" + (
+        f", whose speed draws the profile's launch noise (sigma {noise:.0%}), as each launch of a night does"
+        if noise else "") + "\n")
+    typer.echo("\n\n".join(render(t) for t in tables))
+    if out is not None:
+        typer.echo("\nstored: " + ", ".join(str(r.root) for r in measured.runs))
 
 
 @app.command()

@@ -18,16 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from campaign.cli import run_cli
 from campaign.measure.cells import CellSpec
 from campaign.plan import replay as sim_virtual
 from campaign.report import text as report
-from campaign.report.tables import to_markdown
+from campaign.report.tables import to_markdown, to_text
 from campaign.server import argv
 from campaign.server.profiles import PROJECT_ROOT, load_profile
 from campaign.sim import config as sim_config
 from campaign.sim import truth as sim_truth
 from campaign.sim.engine import Virtual, engine_for
 from campaign.spec.matrix import load_matrix, tokens
+from campaign.stored import store
 
 _tokens = itertools.count(10_000)
 
@@ -344,6 +346,48 @@ def test_campaign_simulate_prints_seed_000s_fixed_count_ladder() -> None:
     assert row[0] == "32" and len(row) == 1 + 2 * 7   # "total (per request)" at every rung
     totals = [float(v.replace(",", "")) for v in row[1::2]]
     assert totals == pytest.approx(list(SEED_000_TOTAL.values()), rel=0.10)
+
+
+def test_campaign_simulate_measures_every_kind_and_prints_what_its_runs_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 51: `campaign simulate` measures every kind a matrix holds, as `campaign run --clock virtual` does
+    (agent sessions at a rate, a production trace, a capacity search by rate, beside prefill and decode), and
+    its tables are its stored runs' (--out keeps them): the rate table and the experiments read as the report
+    renders them from the run directory, the decode cells as stored, each with its other-TTFT-mode twin."""
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(
+        "name: m\nprofile: h200\nbaseline: a\nvariants: [{name: a}, {name: b, flags: {max-num-seqs: 64}}]\n"
+        "window_s: 5\nslo: {ttft_p99_ms: 2000, tpot_p99_ms: 50}\nworkloads:\n"
+        "  - {kind: prefill, contexts: [2k]}\n"
+        "  - {kind: decode, contexts: [2k], concurrency: [4], max_tokens: 128, warmup_s: 1}\n"
+        "  - {kind: rate, sessions: {count: 4, turns: 2, system_tokens: 1k, user_tokens: 100}, rates: [1],\n"
+        "     max_tokens: 64, duration_s: 10}\n"
+        f"  - {{kind: trace, file: {PROJECT_ROOT / 'matrices/traces/mooncake-conversation-1k.jsonl'}, duration_s: 5}}\n"
+        "  - {kind: slo-search, context: 1k, max_tokens: 64, duration_s: 5, start_rps: 1}\n")
+    code = run_cli(["simulate", str(matrix), "--variant", "b", "--out", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    runs = sorted((tmp_path / "runs").glob("*/*"))
+    assert [r.parent.name for r in runs] == ["m", "m-ttft-warm"]
+    first, flipped = (store.RunDir(r) for r in runs)
+    assert first.manifest().not_replayed == [] and first.manifest().clock == "virtual"
+    cells = [c.result for c in first.cells()]
+    assert {c.variant for c in first.cells()} == {"b"}            # one variant, as its own baseline
+    rate = [c for c in cells if c.phase == "rate"]
+    assert len(rate) == 2 and all(c.status == "Valid" and c.completed for c in rate), [c.reasons for c in rate]
+    assert any(c.spec.sessions for c in rate) and any(c.spec.trace for c in rate)
+    table = report.rate_table(cells)
+    assert table is not None and to_text(table) in out
+    experiments = first.experiments()
+    assert [e.result.kind for e in experiments] == ["slo-search"] and experiments[0].result.values["max_rate_rps"]
+    shown = report.experiments_table(experiments)
+    assert shown is not None and to_text(shown) in out
+    # The decode cell as stored, its twin measured with the other TTFT mode in the second run.
+    decode = next(c for c in cells if c.phase == "decode")
+    twin = next(c.result for c in flipped.cells())
+    assert twin.spec.ttft == "warm" and decode.spec.ttft == "cold"
+    assert to_text(report.virtual_tables(cells, [twin], "warm")[0]) in out
+    assert f"{decode.total_tok_s:,.1f} (" in out
 
 
 def test_a_replayed_fixed_cell_primes_and_reuses_its_prompts_when_warm() -> None:

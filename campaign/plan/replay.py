@@ -1,6 +1,6 @@
 """A matrix's prefill and decode cells predicted on the engine alone, on its own clock (sim_engine.Virtual): no
-client, no server, no event loop, so `campaign tune`'s phase 1 (hundreds of cells), `campaign calibrate`'s fit
-(each cell again with trial costs) and `campaign simulate` run in seconds.
+client, no server, no event loop, so `campaign tune`'s phase 1 (hundreds of cells) and `campaign calibrate`'s fit
+(each cell again with trial costs) run in seconds.
 
 It is not a second method: a night in simulated time measures every cell with the Measurer against the
 simulator in this process (measure.simulated), and this predicts what that measures, to the simulated clock's
@@ -22,8 +22,8 @@ them (here: each step's counts as it ended), and random ids' rare repeats (a cou
 score is exactly 0, where the Measurer's random ids score about 2e-4: on a speculative model the acceptance
 draws differ by that much). Rate cells, agents and the study's experiments are the Measurer's alone.
 
-`campaign simulate MATRIX` prints the decode matrix (total tok/s) and the prefill row, measured as the matrix
-says and again with every decode cell's TTFT mode flipped.
+`campaign simulate` measures with the Measurer (night.simulate); tests/test_sim_calibration.py reproduces
+seed 004's table with this predictor, which agrees with it (tests/test_sim_night.py).
 """
 
 from __future__ import annotations
@@ -94,6 +94,14 @@ class VirtualCell:
     @property
     def reasons(self) -> list[str]:
         return [f"{f.code.value}: {f.message}" for f in self.findings]
+
+    @property
+    def reason_codes(self) -> list[Reason]:
+        return [f.code for f in self.findings]
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.ttft_s is None else 1000 * self.ttft_s
 
 
 class Prompts:

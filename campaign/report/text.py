@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from campaign.analysis.compare import CAVEAT, Comparison
 from campaign.core.progress import fmt_duration
 from campaign.measure.cells import CAVEATS, CellResult, CellSpec, Reason
 from campaign.measure.judged import FAMILY_ALPHA
 from campaign.plan.planning import Plan, Power, VariantPlan, cell_s, kv_unknown
-from campaign.plan.replay import VirtualCell
 from campaign.report import names
 from campaign.report.names import TOTAL_OVER_STREAMS, header
 from campaign.report.tables import Cell, Item, Table, to_text
@@ -870,15 +869,36 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
 
 
 # --- a matrix replayed on the simulator in simulated time (campaign simulate) ---------------------------------
-def _virtual_cell(cell: VirtualCell | None, other: VirtualCell | None) -> Cell:
+class Simulated(Protocol):
+    """A cell as `campaign simulate`'s tables show it: a stored CellResult, or plan.replay's prediction."""
+
+    @property
+    def spec(self) -> CellSpec: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def reasons(self) -> list[str]: ...
+    @property
+    def reason_codes(self) -> list[Reason]: ...
+    @property
+    def total_tok_s(self) -> float | None: ...
+    @property
+    def per_request_tok_s(self) -> float | None: ...
+    @property
+    def prompt_tok_s(self) -> float | None: ...
+    @property
+    def ttft_ms(self) -> float | None: ...
+
+
+def _virtual_cell(cell: Simulated | None, other: Simulated | None) -> Cell:
     if cell is None:
         return Cell(DASH)
     if cell.status == "Over capacity":
         return Cell("Over capacity", cls="cell over")
     if cell.status != "Valid":
-        codes = ", ".join(dict.fromkeys(f.code.value for f in cell.findings))
+        codes = ", ".join(dict.fromkeys(code.value for code in cell.reason_codes))
         # A window with no token has no decode figure to show, only the reason.
-        value = DASH if any(f.code is Reason.NO_TOKENS_IN_WINDOW for f in cell.findings) else fmt_num(cell.total_tok_s)
+        value = DASH if Reason.NO_TOKENS_IN_WINDOW in cell.reason_codes else fmt_num(cell.total_tok_s)
         return Cell(f"{value} ({cell.status}{': ' + codes if codes else ''})", title="; ".join(cell.reasons),
                     cls="cell bad")
     shown = fmt_num(cell.total_tok_s)
@@ -888,11 +908,11 @@ def _virtual_cell(cell: VirtualCell | None, other: VirtualCell | None) -> Cell:
     return Cell(shown)
 
 
-def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = (),
+def virtual_tables(cells: Sequence[Simulated], other: Sequence[Simulated] = (),
                    other_mode: str | None = None) -> list[Table]:
     """The decode matrix (total tok/s in the hardware's units; with `other`, its change against each cell in
     brackets) and the prefill row of a matrix run in simulated time."""
-    def sustained(of: Sequence[VirtualCell]) -> list[VirtualCell]:
+    def sustained(of: Sequence[Simulated]) -> list[Simulated]:
         return [c for c in of if c.spec.phase == "decode" and c.spec.mode == "sustained"]
 
     decode = sustained(cells)
@@ -914,7 +934,7 @@ def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = 
         at = {(c.spec.context_tokens, c.spec.concurrency): c for c in fixed}
         columns = sorted({c.spec.concurrency for c in fixed})
 
-        def ladder(c: VirtualCell | None) -> Item:
+        def ladder(c: Simulated | None) -> Item:
             if c is None:
                 return DASH
             if c.status != "Valid" or c.total_tok_s is None:
@@ -927,9 +947,9 @@ def virtual_tables(cells: Sequence[VirtualCell], other: Sequence[VirtualCell] = 
                                for ctx in sorted({c.spec.context_tokens for c in fixed})],
                          notes=[f"each rung: {names.name('total_tok_s')} ({names.name('per_request_tok_s')}); "
                                 f"{names.name(TOTAL_OVER_STREAMS)} would be the total over the column's count"]))
-    prefill = [c for c in cells if c.spec.phase == "prefill"]
+    prefill = sorted((c for c in cells if c.spec.phase == "prefill"), key=lambda c: c.spec.context_tokens)
     if prefill:
         out.append(Table(title="Prefill (one request, max_tokens 1)", headers=["Context", "Prompt tok/s", "TTFT"],
                          rows=[[fmt_context(c.spec.context_tokens), fmt_num(c.prompt_tok_s, 0),
-                                fmt_ms(None if c.ttft_s is None else 1000 * c.ttft_s)] for c in prefill]))
+                                fmt_ms(c.ttft_ms)] for c in prefill]))
     return out
