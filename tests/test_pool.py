@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from campaign.analysis.summary import gpu_effect
 from campaign.core.errors import CampaignError
@@ -22,6 +23,17 @@ from campaign.spec.matrix import load_matrix, schedule
 from campaign.stored import store
 
 MATRIX = "tests/fixtures/matrices/pool-sim.yaml"
+
+
+def two_variants(folder: Path) -> Path:
+    """pool-sim with its first two variants (the Ray tests need all four, more launches than their GPUs): two
+    repeats of two variants are four launches, two side by side on a pool of two, each variant's repeats on both
+    GPUs; half the launches of four variants, for the same placements to check."""
+    raw = yaml.safe_load((PROJECT_ROOT / MATRIX).read_text())
+    raw["variants"] = raw["variants"][:2]
+    path = folder / "pool-sim.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
 
 
 @pytest.mark.parametrize("text, gpus", [("0-3", [0, 1, 2, 3]), ("0,2,4-5", [0, 2, 4, 5]), (" 1 , 0 ", [1, 0]),
@@ -171,9 +183,9 @@ def test_a_profile_with_a_bad_gpu_list_is_refused_naming_the_file_and_key(tmp_pa
     assert "gpus" in str(caught.value) and str(path) in str(caught.value)
 
 
-def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _run(out: Path, *extra: str, matrix: Path | str = MATRIX) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
-    return subprocess.run([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out", str(out),
                            "--plain", *extra], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -186,18 +198,19 @@ def _rows(run: store.RunDir) -> list[tuple[str, int, str, int, int]]:
                   for r in report.export_rows(run.cells()))
 
 
-def test_four_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_path: Path) -> None:
+def test_two_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_path: Path) -> None:
     """The pool runs exactly the serial schedule's launches and cells (each stored once), two side by side on
     different GPUs and never two on one GPU, each variant's repeats on both GPUs so the GPU effect cancels."""
-    done = _run(tmp_path / "pool", "--gpus", "0,1")
+    matrix_path = two_variants(tmp_path)
+    done = _run(tmp_path / "pool", "--gpus", "0,1", matrix=matrix_path)
     assert done.returncode == 0, done.stderr[-3000:]
     run = store.RunDir(next((tmp_path / "pool" / "pool-sim").glob("*")))
     assert run.manifest().executor == "pool" and run.manifest().pool == [0, 1]
     # Every cell stored once, and the rows of the serial schedule (what a serial run measures, launch by
     # launch; the figures differ as repeats do).
     keys = [(c.variant, c.repeat, c.result.spec.key) for c in run.cells()]
-    assert len(keys) == len(set(keys)) == 4 * 2 * 2
-    matrix, _, _ = load_matrix(MATRIX)
+    assert len(keys) == len(set(keys)) == 2 * 2 * 2
+    matrix, _, _ = load_matrix(str(matrix_path))
     serial = sorted((variant, repeat, c.phase, c.context_tokens, c.concurrency)
                     for variant, repeat in schedule(matrix) for c in matrix.cells())
     assert _rows(run) == serial
@@ -210,7 +223,7 @@ def test_four_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_pa
         # The truth of where it ran: the simulated server declares the GPU it was given.
         log = (run.root / launch_dir / "server.log").read_text()
         assert f"rank 0 on CUDA_VISIBLE_DEVICES index {index}" in log
-    assert len(spans) == 8
+    assert len(spans) == 4
     overlapped = False
     for i, (gpu_a, start_a, end_a) in enumerate(spans):
         for gpu_b, start_b, end_b in spans[i + 1:]:
@@ -257,8 +270,10 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     import psutil
 
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
-    # One repeat (four launches): enough for two side by side when the signal lands, and a resume to finish.
-    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
+    # Two variants, one repeat: two launches side by side when the signal lands, each with cells left for the
+    # resume to finish.
+    matrix = two_variants(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
                              str(tmp_path), "--plain", "--gpus", "0,1", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     def servers() -> list[psutil.Process]:
@@ -289,9 +304,9 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain"],
                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
-    matrix, _, _ = load_matrix(MATRIX)
-    launches = schedule(matrix.model_copy(update={"repeats": 1}))   # the baseline opens and closes the night
-    assert len(run.cells()) == len(launches) * len(matrix.cells()) and run.manifest().pool == [0, 1]
+    loaded, _, _ = load_matrix(str(matrix))
+    launches = schedule(loaded.model_copy(update={"repeats": 1}))   # the baseline opens and closes the night
+    assert len(run.cells()) == len(launches) * len(loaded.cells()) and run.manifest().pool == [0, 1]
     assert {p.executor for _, p in run.placements()} == {"pool"}
 
 
