@@ -765,7 +765,8 @@ def tune(
         if step.load is not None and step.run is not None:
             tables.append(tune_report.confirmation_table(step.number, step.load, outcome.figure, str(step.run), [
                 (m.variant, tune_report.flags_text(m.flags), m.predicted, m.measured, m.error, m.status,
-                 m.outcome or "(baseline)") for m in step.measured], step.missed))
+                 m.outcome or "(baseline)") for m in step.measured], step.missed,
+                where=tune_report.measured_where(store.RunDir(step.run).manifest())))
         typer.echo("\n\n".join(to_text(t) for t in tables) + "\n")
         every += tables
     typer.echo(f"tune: {outcome.verdict}")

@@ -228,7 +228,15 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
     except SystemExit:
         raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
                           log_tail=errors.getvalue(), hint="see the simulator's usage line") from None
-    config = replace(config, seed=seed, time_scale=1.0, truth=None)
+    return boot(replace(config, seed=seed), spec.redacted_argv(), spec.flags)
+
+
+def boot(config: SimConfig, command: list[str] | None = None,
+         flags: Mapping[str, FlagValue] | None = None) -> Launch:
+    """A start in simulated time of a configuration already parsed (`start`'s, or one of `campaign tune`'s
+    candidates): the startup log the simulator prints for it and the facts read from that log, as from any
+    vLLM's; a start that fails is a LaunchError. `command` and `flags` are what the launch record keeps."""
+    config = replace(config, time_scale=1.0, truth=None)
     # Faults of a process or of its HTTP traffic have nothing to act on here: refused, never silently ignored.
     faults = config.faults
     unserved = [name for name, on in (("hang-startup", faults.hang_startup), ("crash-after", faults.crash_after),
@@ -247,7 +255,7 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
         raise LaunchError(failure.message if failure else "the simulated start failed",
                           kind=failure.kind if failure else "engine_init_failed", log_tail=log[-4000:],
                           hint=failure.hint if failure else None)
-    return Launch(config, spec.redacted_argv(), dict(spec.flags), log, facts)
+    return Launch(config, list(command or []), dict(flags or {}), log, facts)
 
 
 async def _cancel_the_rest() -> None:

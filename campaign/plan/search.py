@@ -3,7 +3,8 @@
 Each configuration (the baseline's flags with the trial's on top) is evaluated as the tool would measure it,
 on the engine's own clock (plan.replay): agents-at-floor bisects the concurrency of sustained streams (each
 re-sending its context, so the prefix cache serves it, as an agent's loop does) for the most that each still
-get the floor, within the KV cache and max-num-seqs; total-tok-s measures one such cell. A configuration the
+get the floor, within the KV cache and max-num-seqs; total-tok-s measures one such cell. Goodput is a rate
+cell measured by the Measurer itself against the simulator in simulated time (measure.simulated). A configuration the
 server would refuse (no memory for the KV cache, weights that do not fit, a window the cache cannot hold) or one
 that breaks a constraint is infeasible: it scores 0 (it serves no agent) and says why.
 
@@ -26,15 +27,13 @@ from typing import Any
 
 import optuna
 
-from campaign.measure import openloop
-from campaign.measure import slo as slos
+from campaign.measure import simulated
 from campaign.measure.answers import agents_that_fit
-from campaign.measure.cells import CellSpec
+from campaign.measure.cells import CellResult, CellSpec
+from campaign.measure.runner import Measurer
 from campaign.plan import replay
 from campaign.server.profiles import FlagValue
-from campaign.sim import truth as sim_truth
 from campaign.sim.config import SimConfig
-from campaign.sim.engine import Virtual, engine_for
 from campaign.spec.search_spec import MAX_AGENTS, Objective, Range, SearchBlock
 
 WARMUP_S = 2.0   # simulated seconds after every stream's first token before the window opens
@@ -125,41 +124,43 @@ def probe(config: SimConfig, objective: Objective, concurrency: int) -> replay.V
 
 @dataclass(frozen=True)
 class OpenLoop:
-    goodput_rps: float
-    held: bool                  # every bound's percentile within its limit
-    ttft_p99_s: float | None
-    requests: int
+    """The objective's rate cell as the tool measured it on the simulator, and the figures the search reads."""
+
+    cell: CellResult
+
+    @property
+    def goodput_rps(self) -> float | None:
+        return self.cell.goodput_rps
+
+    @property
+    def held(self) -> bool:
+        return bool(self.cell.slo_passed)
+
+    @property
+    def ttft_p99_s(self) -> float | None:
+        return None if self.cell.ttft_p99_ms is None else self.cell.ttft_p99_ms / 1000
+
+    @property
+    def requests(self) -> int:
+        return self.cell.scheduled_requests or 0
+
+    def why_none(self) -> str:
+        """Why the cell has no goodput (it was not measured, or nothing it sent was judged)."""
+        return f"the rate cell: {self.cell.status}" + (f": {self.cell.reasons[0]}" if self.cell.reasons else "")
 
 
 def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoop:
-    """Fresh requests arriving at the objective's rate (Poisson, seeded) for its window, on the engine: good
-    requests a second (first send to last end), as the tool's rate cells define goodput. Latencies count from
-    each request's scheduled arrival, which the engine takes at its next step boundary."""
+    """Fresh requests arriving at the objective's rate (Poisson) for its window, measured as the tool measures
+    any rate cell: the Measurer against the simulator serving this configuration from this process, in
+    simulated time (measure.simulated); goodput, the SLO's verdict and TTFT p99 are the cell's own. Until
+    2026-12-07 the engine alone replayed the arrivals here by rules of its own, and read 0.046-0.076 good req/s
+    where the Measurer on the same engine read 0.1-0.2 (a5000-tune at 0.5 req/s, TTFT p99 <= 5 s), so phase 2
+    in simulated time was refused."""
     assert objective.rate_rps is not None and objective.slo is not None
-    truth = sim_truth.Recorder()
-    sim = Virtual(engine_for(config, truth))
-    prompts = replay.Prompts()
-    scheduled = openloop.arrivals(objective.rate_rps, objective.window(), seed=seed)
-    for t in scheduled:
-        sim.run(until=t)
-        sim.now = max(sim.now, t)
-        sim.submit(prompts.fresh(objective.context), objective.max_tokens)
-    sim.run()
-    latencies = []
-    for sent, request in zip(scheduled, sorted(truth.all_requests(), key=lambda r: r.arrival), strict=True):
-        first, last = (request.emits[0][0], request.emits[-1][0]) if request.emits else (None, None)
-        gaps = request.tokens - 1
-        latencies.append(slos.RequestLatency(
-            ok=request.reason == "length", ttft_ms=None if first is None else (first - sent) * 1000,
-            tpot_ms=(last - first) / gaps * 1000 if first is not None and last is not None and gaps > 0 else None,
-            e2e_ms=None if request.finish is None else (request.finish - sent) * 1000))
-    ends = [r.finish for r in truth.all_requests() if r.finish is not None]
-    span = max(ends) - scheduled[0] if ends else 0.0
-    good = sum(latency.meets(objective.slo) for latency in latencies)
-    return OpenLoop(goodput_rps=good / span if span > 0 else 0.0,
-                    held=slos.evaluate(objective.slo, latencies).passed,
-                    ttft_p99_s=_p99([latency.ttft_ms / 1000 for latency in latencies if latency.ttft_ms is not None]),
-                    requests=len(latencies))
+    spec = CellSpec(phase="rate", context_tokens=objective.context, max_tokens=objective.max_tokens,
+                    request_rate=objective.rate_rps, duration_s=objective.window(), slo=objective.slo)
+    with simulated.boot(replace(config, seed=seed)).serve() as server:
+        return OpenLoop(server.call(Measurer(server.target()).run_cell(spec)))
 
 
 def figure_at(config: SimConfig, objective: Objective, load: int | None) -> float | None:
@@ -204,6 +205,8 @@ def evaluate(config: SimConfig, flags: Mapping[str, FlagValue], block: SearchBlo
 
     if objective.kind == "goodput":
         run = open_loop(config, objective)
+        if run.goodput_rps is None:
+            return Evaluation(own, 0.0, infeasible=run.why_none(), kv_cache_tokens=kv, probes=1)
         if limits.ttft_p99_s is not None and (run.ttft_p99_s is None or run.ttft_p99_s > limits.ttft_p99_s):
             return Evaluation(own, 0.0, infeasible=f"TTFT p99 over {limits.ttft_p99_s:g} s", kv_cache_tokens=kv,
                               ttft_p99_s=run.ttft_p99_s, probes=1)

@@ -230,16 +230,6 @@ def tune(matrix_name: str, *, out: Path, how: Launching, trials: int | None = No
         raise ConfigError(str(profile_path), "hardware", "the profile names no simulated hardware, so phase 1 has "
                           "nothing to search on", hint="give it hardware: (the tables') and model_shape:, or "
                           "calibrate it from a real run: campaign calibrate RUN_DIR")
-    if block.objective.kind == "goodput" and how.clock == "virtual" and (confirm if confirm is not None
-                                                                          else block.confirm):
-        # Simulated time measures rate cells now (measure.simulated), but phase 1 still predicts goodput with the
-        # engine's replay, which read 0.046-0.076 good req/s where the Measurer on the same engine read 0.1-0.2
-        # (a5000-tune at 0.5 req/s, TTFT p99 <= 5 s): phase 2 would only report that miss, round after round.
-        raise ConfigError(str(matrix_path), "search.objective.kind", "phase 2 of a goodput objective in simulated "
-                          "time would judge the replay's prediction against the Measurer's goodput, which read "
-                          "about twice it on the same engine",
-                          hint="run phase 2 on the wall clock (--clock wall: the simulator over HTTP or a real "
-                               "server), or predict only (--confirm 0)")
     baseline = next(v for v in matrix.variants if v.name == matrix.baseline)
     base = dict(baseline.flags)
     stamp = f"tune-{matrix.name}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}"
