@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
+# scipy.optimize is imported where a fit runs: importing it took 0.4 s of the 1.5 s every command's start
+# paid (the command line imports this module), as analysis/statistics.py imports scipy.stats.
 from campaign.analysis import exports as peer_exports
 from campaign.analysis.arrivals import FIGURES as OPEN_FIGURES
 from campaign.analysis.arrivals import (
@@ -255,6 +256,8 @@ def fit(observations: Sequence[Evidence], start: StepCosts = START, prior: StepC
     the evidence does not determine: one load's shape cannot split a step's fixed cost from its per-token
     cost, and NNLS would split them arbitrarily. None: the evidence alone (a run's own machine, which no table
     may know)."""
+    from scipy.optimize import nnls  # see the note at the imports: 0.4 s, paid only by a fit
+
     fitted = [o for o in observations if not o.held_out]
     seen = {figure for o in fitted for figure in _figures(o)}
     if not seen & set(PREFILL_FIGURES) or not seen & set(DECODE_FIGURES):
@@ -347,6 +350,8 @@ def _refined(fitted: Sequence[Evidence], costs: StepCosts,
     steps gather more arrivals each), so their slopes can point past the best, and the replay is the judge.
     Kept only where it reads the figures better; also says whether it converged (scipy's tolerances met before
     its budget of replays ran out)."""
+    from scipy.optimize import least_squares  # see the note at the imports: 0.4 s, paid only by a fit
+
     base = vector(costs)
     # Each term in units of its value (a term at 0 in units of START's, or of a millisecond for the API
     # server's time, which START leaves at 0): a slope's 2% step is then a step of that size.
@@ -382,6 +387,8 @@ def fit_power(costs: StepCosts, replayed: Sequence[tuple[Observation, replay.Vir
     each decode cell's replayed steps reads as measured (relative least squares, NNLS), on the fitted costs'
     schedule; and every such cell's prediction (held-out ones predicted, not fitted). None where no fitted cell measured
     energy (a run without NVML: the CPU build, a machine without a GPU)."""
+    from scipy.optimize import nnls  # see the note at the imports: 0.4 s, paid only by a fit
+
     rows, targets = [], []
     usable = [(obs, cell, _energy_row(costs, cell)) for obs, cell in replayed if obs.energy]
     for obs, _, row in usable:
