@@ -20,10 +20,10 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from scipy import special
-
 from campaign.measure.judged import FAMILY_ALPHA, MIN_EFFECT
 
+# scipy is imported where a figure needs it (scipy.special here, scipy.stats and scipy.optimize below), as in
+# core/stats.py: the command line imports this module, and every command's start paid for scipy.special.
 Verdict = Literal["better", "worse", "no difference", "not settled", "not judged", "not comparable", "no data"]
 
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
@@ -177,6 +177,8 @@ class Estimate:
         return "paired over rounds" if self.paired else "Welch"
 
     def interval(self, two_sided_alpha: float) -> tuple[float, float]:
+        from scipy import special
+
         half = float(special.stdtrit(self.df, 1 - two_sided_alpha / 2)) * self.se if self.se > 0 else 0.0
         return self.diff - half, self.diff + half
 
@@ -185,6 +187,8 @@ class Estimate:
         """Welch's two-sided p-value (scipy's ttest_ind_from_stats with equal_var=False, by its own formula)."""
         if self.se == 0:
             return 1.0 if self.diff == 0 else 0.0
+        from scipy import special
+
         return float(2 * special.stdtr(self.df, -abs(self.diff) / self.se))
 
 
@@ -206,6 +210,8 @@ def estimate(base: list[float], other: list[float], floors: tuple[float, float] 
 
 @functools.lru_cache(maxsize=4096)
 def _t(p: float, df: int) -> float:
+    from scipy import special
+
     return float(special.stdtrit(df, p))
 
 

@@ -6,9 +6,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
-# scipy.special's quantile rather than scipy.stats': core is imported by every command, and scipy.stats
-# alone would add over half a second to each start (scipy.special about a tenth).
-from scipy.special import stdtrit
+# scipy.special's quantile rather than scipy.stats', imported where it is used: core is imported by every
+# process the tool starts (each command, each simulated server, each pool or Ray worker), and scipy.stats
+# alone would add over half a second to each start, scipy.special 0.15-0.18 s (measured here, 2026-12-07: a
+# simulated server's imports took 0.55 s with it).
 
 
 def median(values: Sequence[float]) -> float | None:
@@ -84,6 +85,8 @@ def detectable_change(n: int, cv: float, *, tests: int, alpha: float = 0.05, pow
         return None
     if cv < 0:
         raise ValueError(f"a coefficient of variation is never negative (got {cv})")
+    from scipy.special import stdtrit
+
     df = 2 * n - 2
     quantiles = float(stdtrit(df, 1 - alpha / (2 * tests))) + float(stdtrit(df, power))
     return quantiles * cv * math.sqrt(2 / n)
