@@ -19,7 +19,7 @@ from campaign.plan import replay
 from campaign.plan import search as phase_one
 from campaign.report import html as html_report
 from campaign.server.profiles import load_profile
-from campaign.spec.matrix import load_matrix
+from campaign.spec.matrix import RateWorkload, load_matrix
 from campaign.spec.search_spec import SearchBlock
 from campaign.stored import store
 from campaign.tune import tuning
@@ -266,6 +266,35 @@ def test_goodput_is_a_rate_cell_the_measurer_measures_and_its_phase_2_runs_in_si
     baseline = next(p for p in record.predictions if p.variant == raw["baseline"])
     assert baseline.predicted and baseline.measured, baseline
     assert baseline.predicted == pytest.approx(baseline.measured, rel=0.25), baseline
+
+
+def test_goodput_on_agent_sessions_is_their_rate_cell_and_the_confirmation_measures_the_same_load() -> None:
+    """Goodput on agents (issue 51: tune searched goodput only on fresh prompts): with `sessions`, phase 1's
+    rate cell is the turns of agent sessions, each turn the session's history so far (the prefix cache serves
+    it), measured by the Measurer in simulated time; and the confirmation night's rate workload is the very
+    same cell (the same key), so phase 2 measures the load phase 1 predicted."""
+    matrix = load_matrix("a5000-tune")[0]
+    config = replay.config_for(matrix)
+    block = SearchBlock.model_validate({
+        "flags": {"max-num-batched-tokens": [2048, 8192]},
+        "objective": {"kind": "goodput", "sessions": {"count": 4, "turns": 3, "system_tokens": "2k",
+                                                      "user_tokens": 200},
+                      "max_tokens": 64, "rate_rps": 0.2, "slo": {"ttft_p99_ms": 60_000}, "window_s": 60}})
+    objective = block.objective
+    assert objective.context == 2048 + 200   # the first turn: the system prompt and one message
+    assert "agent sessions' turns (4 at once, 3 turns" in objective.describe()
+    run = phase_one.open_loop(config, objective)
+    assert run.cell.status == "Valid" and run.cell.spec.sessions == objective.sessions, run.cell.reasons
+    assert run.goodput_rps and run.held
+    assert run.cell.prefix_cache_hits and run.cell.prefix_cache_queries   # later turns' histories were served
+    assert run.cell.prefix_cache_hits / run.cell.prefix_cache_queries > 0.5
+    confirm = tuning._confirmation_matrix(matrix, Path("profile.yaml"), block, {}, [], 4, 1)
+    (rate,) = [w for w in confirm["workloads"] if w["kind"] == "rate"]
+    (spec,) = RateWorkload.model_validate(rate).cells(confirm["window_s"])
+    assert spec.key == run.cell.spec.key and spec.sessions == objective.sessions
+    with pytest.raises(ValueError, match="context with sessions"):
+        SearchBlock.model_validate({"flags": {"max-num-seqs": [8, 16]}, "objective": {
+            "kind": "goodput", "context": 2048, "sessions": {"count": 4}, "rate_rps": 1, "slo": {"ttft_p99_ms": 5}}})
 
 
 @pytest.mark.wall_timed

@@ -158,7 +158,8 @@ def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoo
     in simulated time was refused."""
     assert objective.rate_rps is not None and objective.slo is not None
     spec = CellSpec(phase="rate", context_tokens=objective.context, max_tokens=objective.max_tokens,
-                    request_rate=objective.rate_rps, duration_s=objective.window(), slo=objective.slo)
+                    request_rate=objective.rate_rps, duration_s=objective.window(), slo=objective.slo,
+                    sessions=objective.sessions)
     with simulated.boot(replace(config, seed=seed)).serve() as server:
         return OpenLoop(server.call(Measurer(server.target()).run_cell(spec)))
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from campaign.measure.cells import Sessions
 from campaign.measure.slo import Slo
 from campaign.measure.slo import parse as slo_parse
 from campaign.server.profiles import FlagValue
@@ -69,7 +70,10 @@ class Objective(BaseModel):
       max-num-seqs; the study's "how many agents can run against it at once".
     - total-tok-s: the total output rate with `concurrency` such streams.
     - goodput: requests a second that meet every bound of `slo` (the tool's definition: first send to last
-      end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`.
+      end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`; with `sessions`,
+      the requests are the turns of agent sessions instead (a rate workload's sessions: a shared system
+      prompt, each turn the session's history so far, so the prefix cache serves it), `context` their first
+      turn's length.
     - joules-per-token: the energy all the launch's GPUs draw per output token while their steps run (idle
       time between steps is not modelled) with `concurrency` such streams; lower is better. It needs a power
       model: a measured entry fitted to a run that measured energy (NVML); the hardware tables know speeds,
@@ -84,10 +88,29 @@ class Objective(BaseModel):
     concurrency: int | None = Field(default=None, gt=0)
     rate_rps: float | None = Field(default=None, gt=0)
     slo: Slo | None = None
+    sessions: Sessions | None = None
     # Each probe's window, in the hardware's seconds (default: three request lifetimes at the floor, at least
     # 20 s): agents that start together finish together, and a window shorter than a lifetime can miss the
     # moment they all send again (a 10 s window read every chunk size alike where 40 s tells them apart).
     window_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sessions_lengths(cls, data: Any) -> Any:
+        """With sessions, the prompt lengths are their turns': `context` is the first turn's (system + user)."""
+        if not isinstance(data, dict) or not isinstance(data.get("sessions"), dict):
+            return data
+        sessions = {k: tokens(v) if k in ("system_tokens", "user_tokens") else v
+                    for k, v in data["sessions"].items()}
+        if data.get("kind") != "goodput":
+            raise ValueError(f"sessions with {data.get('kind')}: agent sessions are an open-loop load, for goodput")
+        if "context" in data:
+            raise ValueError("context with sessions: the prompt lengths come from the sessions' turns; drop context")
+        try:
+            first = Sessions.model_validate(sessions).length(0, 0)
+        except ValidationError:   # the sessions field's own validation says what is wrong, and nothing else
+            return {**data, "sessions": sessions, "context": 1}
+        return {**data, "sessions": sessions, "context": first}
 
     @field_validator("context", mode="before")
     @classmethod
@@ -146,8 +169,12 @@ class Objective(BaseModel):
                     f"{self.max_tokens}-token replies")
         if self.kind == "goodput":
             assert self.slo is not None
-            return (f"goodput at {self.rate_rps:g} req/s of {self.context:,}-token prompts and "
-                    f"{self.max_tokens}-token replies, SLO {self.slo.text}")
+            load = f"{self.context:,}-token prompts" if self.sessions is None else (
+                f"agent sessions' turns ({self.sessions.count} at once, {self.sessions.turns} turns, a "
+                f"{self.sessions.system_tokens:,}-token system prompt, {self.sessions.user_tokens:,}-token "
+                "messages)")
+            return (f"goodput at {self.rate_rps:g} req/s of {load} and {self.max_tokens}-token replies, "
+                    f"SLO {self.slo.text}")
         if self.kind == "joules-per-token":
             return (f"joules per output token at {self.concurrency} streams, {self.context:,}-token context, "
                     f"{self.max_tokens}-token replies")

@@ -157,9 +157,10 @@ def _confirmation_matrix(matrix: Matrix, profile_path: Path, block: SearchBlock,
             {"kind": "decode", "mode": "sustained", "contexts": [objective.context],
              "concurrency": sorted({max(1, load // 4), load}),
              "max_tokens": objective.max_tokens, "ttft": "warm", "warmup_s": phase_one.WARMUP_S},
-            *([{"kind": "rate", "contexts": [objective.context], "rates": [objective.rate_rps],
-                "max_tokens": objective.max_tokens, "duration_s": objective.window(),
-                "slo": {b.name: b.limit_ms for b in objective.slo.bounds}}]
+            *([{"kind": "rate", "rates": [objective.rate_rps], "max_tokens": objective.max_tokens,
+                "duration_s": objective.window(), "slo": {b.name: b.limit_ms for b in objective.slo.bounds},
+                **({"contexts": [objective.context]} if objective.sessions is None else
+                   {"sessions": objective.sessions.model_dump()})}]
               if objective.kind == "goodput" and objective.slo is not None else []),
         ],
     }
