@@ -103,7 +103,8 @@ class Objective(BaseModel):
         sessions = {k: tokens(v) if k in ("system_tokens", "user_tokens") else v
                     for k, v in data["sessions"].items()}
         if data.get("kind") != "goodput":
-            raise ValueError(f"sessions with {data.get('kind')}: agent sessions are an open-loop load, for goodput")
+            raise ValueError(f"sessions with kind {data.get('kind')!r}: agent sessions are an open-loop load, "
+                             "for kind goodput")
         if "context" in data:
             raise ValueError("context with sessions: the prompt lengths come from the sessions' turns; drop context")
         try:
