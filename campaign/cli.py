@@ -429,13 +429,14 @@ def simulate(
     simulated hardware."""
 
     loaded, matrix_path, _ = load_matrix(matrix)
-    config = sim_virtual.config_for(loaded, variant)
+    one = simulating.one_variant(loaded, variant)
+    config = sim_virtual.profile_config(one.profile, one.variants[0].flags)
     hardware = hardware_label(config.hardware) if config.measured is None else (
         f"{config.measured.name} (measured: {config.hardware})")
     with contextlib.ExitStack() as stack:
         folder = out if out is not None else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="campaign-simulate-")))
-        measured = simulating.simulate(loaded, matrix_path, variant, folder, note=_err)
+        measured = simulating.simulate(one, matrix_path, folder, note=_err)
     if measured.failures:
         raise CampaignError(f"{loaded.name}: {measured.variant}: {report.failure_line(measured.failures[0])}",
                             hint="these flags do not start on the simulated hardware; see the line above")

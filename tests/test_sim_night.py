@@ -22,7 +22,6 @@ import pytest
 from campaign.analysis.recommend import diff_run
 from campaign.cli import run_cli
 from campaign.core.errors import LaunchError
-from campaign.core.progress import Progress
 from campaign.measure import corpus, simulated
 from campaign.measure.cells import CellSpec
 from campaign.measure.runner import SIMULATED_NOTE, Measurer
@@ -73,10 +72,7 @@ def night(matrix: Matrix, matrix_path: Path, out: Path) -> store.RunDir:
     profile, profile_path = load_profile(matrix.profile)
     with orchestrate.started(matrix, matrix_path, profile, profile_path, engine="sim", out=out,
                              clock="virtual") as tonight:
-        work = tonight.pending()
-        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
-                      live=False) as progress:
-            tonight.execute(progress)
+        tonight.execute_pending(live=False)
     return tonight.run
 
 

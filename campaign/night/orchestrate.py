@@ -191,6 +191,14 @@ class Night:
             return total / len(work) * math.ceil(len(work) / slots)
         return total
 
+    def execute_pending(self, live: bool | None) -> None:
+        """What the schedule still holds, with a progress display sized from it (`execute`; the command line's
+        own night also reports a resume with nothing left and a Ctrl-C, so it builds its display itself)."""
+        work = self.pending()
+        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=self.estimate_s(work),
+                      live=live) as progress:
+            self.execute(progress)
+
     def execute(self, progress: Progress, judge: Judge = recommend.judged,
                 clock: Callable[[], float] = time.monotonic) -> None:
         """Measure what the schedule still holds. A night run until settled (`repeats: auto`) then judges its

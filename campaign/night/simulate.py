@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from campaign.core.errors import CampaignError
-from campaign.core.progress import Progress
 from campaign.measure.cells import CellResult, TTFTMode
 from campaign.night import orchestrate
 from campaign.server.profiles import load_profile
@@ -61,22 +60,20 @@ def flipped(matrix: Matrix) -> tuple[Matrix, TTFTMode] | None:
                                      "workloads": [w.model_copy(update={"ttft": mode}) for w in decode]}), mode
 
 
-def simulate(matrix: Matrix, matrix_path: Path, variant: str | None, out: Path, *,
-             live: bool | None = False, note: Callable[[str], None] | None = None) -> Simulated:
-    """Both nights of `campaign simulate` in simulated time, stored under `out`."""
-    one = one_variant(matrix, variant)
+def simulate(one: Matrix, matrix_path: Path, out: Path, *, live: bool | None = False,
+             note: Callable[[str], None] | None = None) -> Simulated:
+    """Both nights of `campaign simulate` in simulated time, stored under `out`, for a matrix cut to one
+    variant (`one_variant`)."""
     profile, profile_path = load_profile(one.profile)
     runs: list[RunDir] = []
     other = flipped(one)
     for night in [one] + ([other[0]] if other else []):
         with orchestrate.started(night, matrix_path, profile, profile_path, engine="sim", out=out,
                                  clock="virtual") as tonight:
-            for line in tonight.notices:
-                (note or (lambda _line: None))(line)
-            work = tonight.pending()
-            with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=tonight.estimate_s(work),
-                          live=live) as progress:
-                tonight.execute(progress)
+            if note is not None:
+                for line in tonight.notices:
+                    note(line)
+            tonight.execute_pending(live)
             runs.append(tonight.run)
     first = runs[0]
     return Simulated(

@@ -869,7 +869,7 @@ def plan_tables(plan: Plan, *, repeats: int) -> list[Table]:
 
 
 # --- a matrix replayed on the simulator in simulated time (campaign simulate) ---------------------------------
-class Simulated(Protocol):
+class SimulatedCell(Protocol):
     """A cell as `campaign simulate`'s tables show it: a stored CellResult, or plan.replay's prediction."""
 
     @property
@@ -890,7 +890,7 @@ class Simulated(Protocol):
     def ttft_ms(self) -> float | None: ...
 
 
-def _virtual_cell(cell: Simulated | None, other: Simulated | None) -> Cell:
+def _virtual_cell(cell: SimulatedCell | None, other: SimulatedCell | None) -> Cell:
     if cell is None:
         return Cell(DASH)
     if cell.status == "Over capacity":
@@ -908,11 +908,11 @@ def _virtual_cell(cell: Simulated | None, other: Simulated | None) -> Cell:
     return Cell(shown)
 
 
-def virtual_tables(cells: Sequence[Simulated], other: Sequence[Simulated] = (),
+def virtual_tables(cells: Sequence[SimulatedCell], other: Sequence[SimulatedCell] = (),
                    other_mode: str | None = None) -> list[Table]:
     """The decode matrix (total tok/s in the hardware's units; with `other`, its change against each cell in
     brackets) and the prefill row of a matrix run in simulated time."""
-    def sustained(of: Sequence[Simulated]) -> list[Simulated]:
+    def sustained(of: Sequence[SimulatedCell]) -> list[SimulatedCell]:
         return [c for c in of if c.spec.phase == "decode" and c.spec.mode == "sustained"]
 
     decode = sustained(cells)
@@ -934,7 +934,7 @@ def virtual_tables(cells: Sequence[Simulated], other: Sequence[Simulated] = (),
         at = {(c.spec.context_tokens, c.spec.concurrency): c for c in fixed}
         columns = sorted({c.spec.concurrency for c in fixed})
 
-        def ladder(c: Simulated | None) -> Item:
+        def ladder(c: SimulatedCell | None) -> Item:
             if c is None:
                 return DASH
             if c.status != "Valid" or c.total_tok_s is None:

@@ -44,7 +44,7 @@ from campaign.server.profiles import (
     resolve_named,
 )
 from campaign.spec.search_spec import SearchBlock
-from campaign.spec.token_counts import tokens
+from campaign.spec.token_counts import session_tokens, tokens
 
 MATRIX_SCHEMA_VERSION = 1
 MATRICES_DIR = PROJECT_ROOT / "matrices"
@@ -153,12 +153,7 @@ class _LoadShape(_TextWorkload):
 
     _slo = field_validator("slo", mode="before")(_slo_input)
 
-    @field_validator("sessions", mode="before")
-    @classmethod
-    def _session_tokens(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: tokens(v) if k in ("system_tokens", "user_tokens") else v for k, v in value.items()}
-        return value
+    _session_tokens = field_validator("sessions", mode="before")(session_tokens)
 
     @model_validator(mode="after")
     def _chat_lengths_fixed(self) -> _LoadShape:

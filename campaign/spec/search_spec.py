@@ -24,7 +24,7 @@ from campaign.measure.cells import Sessions
 from campaign.measure.slo import Slo
 from campaign.measure.slo import parse as slo_parse
 from campaign.server.profiles import FlagValue
-from campaign.spec.token_counts import tokens
+from campaign.spec.token_counts import session_tokens, tokens
 
 MAX_AGENTS = 512   # agents-at-floor searches concurrency up to this (and the KV cache's and max-num-seqs' limits)
 
@@ -100,8 +100,7 @@ class Objective(BaseModel):
         """With sessions, the prompt lengths are their turns': `context` is the first turn's (system + user)."""
         if not isinstance(data, dict) or not isinstance(data.get("sessions"), dict):
             return data
-        sessions = {k: tokens(v) if k in ("system_tokens", "user_tokens") else v
-                    for k, v in data["sessions"].items()}
+        sessions = session_tokens(data["sessions"])
         if data.get("kind") != "goodput":
             raise ValueError(f"sessions with kind {data.get('kind')!r}: agent sessions are an open-loop load, "
                              "for kind goodput")

@@ -16,3 +16,11 @@ def tokens(value: Any) -> int:
     scale = 1024 if text.endswith("k") else 1
     number = float(text[:-1] if text.endswith("k") else text)
     return int(number * scale)
+
+
+def session_tokens(value: Any) -> Any:
+    """A sessions block as written (`{system_tokens: 6k, ...}`) with its token counts read; anything else as
+    given (the model's own validation says what is wrong with it)."""
+    if isinstance(value, dict):
+        return {k: tokens(v) if k in ("system_tokens", "user_tokens") else v for k, v in value.items()}
+    return value

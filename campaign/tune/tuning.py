@@ -34,7 +34,6 @@ from campaign.analysis import calibrate as calibration
 from campaign.analysis import recommend
 from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.hardware import hardware_label
-from campaign.core.progress import Progress
 from campaign.core.vllm_flags import merge
 from campaign.night import orchestrate
 from campaign.plan import replay
@@ -182,10 +181,7 @@ def _run(matrix_file: Path, folder: Path, how: Launching) -> RunDir:
     loaded, matrix_path, profile, profile_path = orchestrate.load_night(str(matrix_file), None, None, None)
     with orchestrate.started(loaded, matrix_path, profile, profile_path, engine=how.engine, out=folder,
                              gpus=how.gpus, ray=how.ray, ray_address=how.ray_address, clock=how.clock) as night:
-        work = night.pending()
-        with Progress(total_cells=sum(len(w.cells) for w in work), estimate_s=night.estimate_s(work),
-                      live=how.live) as progress:
-            night.execute(progress)
+        night.execute_pending(how.live)
         return night.run
 
 
