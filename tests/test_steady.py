@@ -1,15 +1,14 @@
 """Issue 34's steady state: whether an open-loop window was stationary, by Mann-Kendall's trend test and Sen's
 slope on its per-interval throughput and TPOT. The test statistic against scipy's own; the series against
 hand-made records; and on the simulator, a card that slows as it heats (the `throttle` fault) found drifting
-with the simulator's own records as the truth of every interval, where the same cell on a steady card is not."""
+with the simulator's own records as the truth of every interval, where the same cell on a steady card is not:
+both in simulated time, and the throttled card once more over HTTP at a time scale."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from campaign.http.client import RequestRecord
 from campaign.measure import steady
 from campaign.measure.cells import CellResult, CellSpec, Reason
 from campaign.measure.runner import SIM_BEHIND_NOTE, Measurer
-from campaign.night.launcher import LaunchedServer
 from campaign.server.profiles import FlagValue
 from campaign.sim import truth as sim_truth
 from campaign.stored import store
@@ -117,8 +115,7 @@ def test_a_steady_server_under_a_poisson_load_is_rarely_called_drifting_and_a_sh
     assert steady.steadiness(long_lived, (0.0, 30.0)) is None
 
 
-# --- on the simulated H200 -------------------------------------------------------------------------------
-TIME_SCALE = 5.0
+# --- on the simulated H200 ----------------------------------------------------------------------------------
 # Poisson arrivals on the steady card (its bursts move an interval's TPOT by up to 40%: no false alarm from them);
 # evenly spaced ones on the throttled card, so that what moves is the card.
 CELLS = {"steady": CellSpec(phase="rate", context_tokens=1024, max_tokens=128, request_rate=2.0, duration_s=60),
@@ -130,58 +127,19 @@ FLAGS: dict[str, dict[str, FlagValue]] = {"steady": {"max-model-len": 16384},
                                           "throttled": {"max-model-len": 16384, "fault": "throttle:1"}}
 
 
-@pytest.fixture(scope="module")
-def cards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[LaunchedServer, Path]]]:
-    """The same H200 twice: steady, and every step twice as long after a simulated minute."""
-    with simulated.with_truth(tmp_path_factory.mktemp("steady"), "h200", FLAGS["steady"], TIME_SCALE) as calm, \
-            simulated.with_truth(tmp_path_factory.mktemp("hot"), "h200", FLAGS["throttled"], TIME_SCALE) as hot:
-        yield {"steady": calm, "throttled": hot}
-
-
-def _kept_its_clock(cards: dict[str, tuple[LaunchedServer, Path]], card: str, folder: Path
-                    ) -> tuple[CellResult, sim_truth.Truth]:
-    """The card's cell, measured on a simulator that kept its clock. The premise is the simulator's: a host that
-    starves its process makes it fall behind (steps run late, requests live longer, fewer intervals fit the
-    window: under two CPU hogs beside a Ray test the throttled card's steadiness came out undefined). The engine's
-    own truth says how far it fell behind during the cell; past the tool's own 1% (runner.SIM_BEHIND_NOTE) the
-    reading is not judged, and the cell is measured again on a fresh card (a throttled card heats with its
-    simulated time, so it cannot be measured twice), at most three times. Returned with the engine's truth as
-    read after the cell."""
-    lost: list[float] = []
-    for attempt in range(3):
-        with contextlib.ExitStack() as stack:
-            server, truth_path = cards[card] if attempt == 0 else stack.enter_context(simulated.with_truth(
-                folder / f"again-{attempt}", "h200", FLAGS[card], TIME_SCALE))
-            before = sim_truth.read(truth_path).behind_s()
-            cell = asyncio.run(Measurer(server.target()).run_cell(CELLS[card]))
-            after = sim_truth.read(truth_path)
-            behind = (after.behind_s() - before) / CELLS[card].duration_s
-            if behind <= SIM_BEHIND_NOTE:
-                return cell, after
-            lost.append(round(behind, 3))
-    pytest.fail(f"the simulator fell behind its clock in every try (share of the cell's span): {lost}")
-
-
-@pytest.mark.wall_timed
-@pytest.mark.parametrize("card", ["steady", "throttled"])
-def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_simulators(
-        cards: dict[str, tuple[LaunchedServer, Path]], card: str, tmp_path: Path) -> None:
-    """A minute at 2 req/s (120 requests of 1,024 + 128 tokens) on the simulated H200: on the steady card (Poisson
-    arrivals) the window is steady and the cell carries no caveat; on the throttled one (evenly spaced arrivals;
-    every step 100% slower per simulated minute)
-    TPOT rises across the window, so the Valid cell carries not_steady with both regimes' numbers. Either way
-    each interval's throughput and TPOT are the engine's own emissions' (make truth's tolerances: 1% for a rate,
-    1 ms or 2% for a time)."""
-    cell, recorded = _kept_its_clock(cards, card, tmp_path)
+def _judged_against_the_engine(card: str, cell: CellResult, matched: truth.Matched, delay: float) -> None:
+    """The card's cell: Valid; steady, or not_steady with TPOT rising; each interval's throughput and TPOT the
+    engine's own emissions' (make truth's tolerances: 1% for a rate, 1 ms or 2% for a time)."""
     assert cell.status == "Valid", cell.reasons
     found = cell.steadiness
     lifetimes = [r.end_t - r.send_t for r in cell.records if r.ok and r.end_t is not None]
     assert found is not None and found.judged and found.tpot is not None and found.throughput is not None, (
         found, stats.median(lifetimes), len(lifetimes), cell.notes)
     assert cell.window is not None
-    matched = truth.Matched(recorded)
-    figures = truth.steadiness_figures(cell, matched, matched.delivery(cell.records, matched.of(cell.records)))
-    assert len(figures) == 20 and all(f.tool is not None for f in figures)
+    figures = truth.steadiness_figures(cell, matched, delay)
+    intervals = len(found.throughput_tok_s)
+    assert intervals >= steady.MIN_INTERVALS
+    assert len(figures) == 2 * intervals and all(f.tool is not None for f in figures)
     wrong = [f for f in figures if not f.ok]
     assert not wrong, wrong
     if card == "steady":
@@ -189,8 +147,58 @@ def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_s
     else:
         assert found.tpot.drifting and found.tpot.end > 1.25 * found.tpot.start
         assert cell.reason_codes == [Reason.NOT_STEADY]
-        assert re.match(r"the window was not steady: across 10 intervals of [0-9.]+ s, ", cell.reasons[0])
+        assert re.match(rf"the window was not steady: across {intervals} intervals of [0-9.]+ s, ", cell.reasons[0])
         assert "TPOT rose from" in cell.reasons[0]
+
+
+@pytest.mark.parametrize("card", ["steady", "throttled"])
+def test_a_card_that_slows_as_it_heats_is_not_steady_and_every_interval_is_the_simulators(card: str) -> None:
+    """A minute at 2 req/s (120 requests of 1,024 + 128 tokens) on the simulated H200, measured by the night's
+    Measurer in simulated time: on the steady card (Poisson arrivals) the window is steady and the cell carries
+    no caveat; on the throttled one (evenly spaced arrivals; every step 100% slower per simulated minute) TPOT
+    rises across the window, so the Valid cell carries not_steady with both regimes' numbers. Either way each
+    interval is the engine's own, read with no delivery delay."""
+    with simulated.in_simulated_time("h200", FLAGS[card]) as served:
+        cell = served.measure(CELLS[card])
+        matched = served.truth()
+    delay = matched.delivery(cell.records, matched.of(cell.records))
+    assert delay == 0.0   # the client reads each token the instant the engine emits it
+    _judged_against_the_engine(card, cell, matched, delay)
+
+
+# Over HTTP, where the client's stamps are the wall clock's at a time scale, converted to the hardware's: the
+# throttled card's cell in half the span (30 s at 4 req/s, replies of 64 tokens so that at least six intervals of
+# two request lifetimes fit; every step 50% slower per simulated half minute), 6 s of wall time at 5x.
+TIME_SCALE = 5.0
+HTTP_CELL = CELLS["throttled"].model_copy(update={"request_rate": 4.0, "duration_s": 30, "max_tokens": 64})
+HTTP_FLAGS: dict[str, FlagValue] = {"max-model-len": 16384, "fault": "throttle:1"}
+
+
+@pytest.mark.wall_timed
+def test_over_http_the_throttled_cards_intervals_are_the_hardwares_and_the_engines(tmp_path: Path) -> None:
+    """The throttled card over HTTP at 5x: the same verdict, and each interval in the hardware's units (a fifth
+    of the rate and five times the time would read five times off), against the engine's emissions moved onto
+    the client's clock by the launch's delivery delay. The premise is the simulator's: a host that starves its
+    process makes it fall behind (steps run late, requests live longer, fewer intervals fit the window: under
+    two CPU hogs beside a Ray test the throttled card's steadiness came out undefined). The engine's own truth
+    says how far it fell behind; past the tool's own 1% (runner.SIM_BEHIND_NOTE) the reading is not judged, and
+    the cell is measured again on a fresh card (a throttled card heats with its simulated time, so it cannot
+    be measured twice), at most three times."""
+    lost: list[float] = []
+    for attempt in range(3):
+        with simulated.with_truth(tmp_path / f"try-{attempt}", "h200", HTTP_FLAGS, TIME_SCALE) as (
+                server, truth_path):
+            cell = asyncio.run(Measurer(server.target()).run_cell(HTTP_CELL))
+            recorded = sim_truth.read(truth_path)
+        behind = recorded.behind_s() / HTTP_CELL.duration_s
+        if behind <= SIM_BEHIND_NOTE:
+            assert cell.time_scale == TIME_SCALE
+            matched = truth.Matched(recorded)
+            _judged_against_the_engine("throttled", cell, matched,
+                                       matched.delivery(cell.records, matched.of(cell.records)))
+            return
+        lost.append(round(behind, 3))
+    pytest.fail(f"the simulator fell behind its clock in every try (share of the cell's span): {lost}")
 
 
 def test_the_diff_names_a_cell_whose_window_was_not_steady(tmp_path: Path) -> None:
