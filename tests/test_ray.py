@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,23 +138,6 @@ def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster
     assert len(keys) == len(set(keys)) == CELLS_AT_ONE_REPEAT
 
 
-@pytest.mark.cpu_heavy
-def test_a_launch_wider_than_the_largest_node_is_refused_before_the_night(tmp_path: Path) -> None:
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
-    try:
-        out = subprocess.run([sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/crash-sim.yaml",
-                              "--engine", "sim", "--out", str(tmp_path), "--plain", "--executor", "ray",
-                              "--ray-address", cluster.address], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                             timeout=120)
-    finally:
-        cluster.shutdown()
-    assert out.returncode == 1, out.stderr[-2000:]
-    assert out.stderr.startswith("Error: the largest node of the Ray cluster has 1 GPUs; a launch needs 2\nhint: ")
-    assert not list(tmp_path.glob("*/*/manifest.json"))
-
-
 # A one-node cluster started with a low soft limit on open files (as a raylet often has: 1,024), the hard one
 # kept: it prints its address, and shuts down when its stdin closes.
 _LOW_LIMIT_CLUSTER = """
@@ -168,8 +152,33 @@ cluster.shutdown()
 """
 
 
+@pytest.fixture(scope="module")
+def one_gpu_node() -> Iterator[str]:
+    """The address of a one-node cluster of one GPU started with a low soft limit on open files
+    (_LOW_LIMIT_CLUSTER), shared by the tests that need no more (a cluster takes seconds to start)."""
+    cluster = subprocess.Popen([sys.executable, "-c", _LOW_LIMIT_CLUSTER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert cluster.stdout is not None
+        yield cluster.stdout.readline().strip()
+    finally:
+        cluster.communicate(input="", timeout=120)
+
+
 @pytest.mark.cpu_heavy
-def test_a_ray_task_raises_its_open_files_limit_to_the_nodes_hard_one(tmp_path: Path) -> None:
+def test_a_launch_wider_than_the_largest_node_is_refused_before_the_night(tmp_path: Path, one_gpu_node: str
+                                                                          ) -> None:
+    out = subprocess.run([sys.executable, "-m", "campaign", "run", "tests/fixtures/matrices/crash-sim.yaml",
+                          "--engine", "sim", "--out", str(tmp_path), "--plain", "--executor", "ray",
+                          "--ray-address", one_gpu_node], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.startswith("Error: the largest node of the Ray cluster has 1 GPUs; a launch needs 2\nhint: ")
+    assert not list(tmp_path.glob("*/*/manifest.json"))
+
+
+@pytest.mark.cpu_heavy
+def test_a_ray_task_raises_its_open_files_limit_to_the_nodes_hard_one(tmp_path: Path, one_gpu_node: str) -> None:
     """The plan checks the controller's limit, but a Ray task's client runs under its raylet's soft limit:
     300 streams on a node started at 256 open files failed their connections. The task raises its soft limit
     to the node's hard one, as the command does, and the cell's 300 requests all succeed."""
@@ -182,17 +191,10 @@ def test_a_ray_task_raises_its_open_files_limit_to_the_nodes_hard_one(tmp_path: 
     matrix.write_text("name: wide\nprofile: h200\nbaseline: base\nvariants:\n  - name: base\nrepeats: 1\n"
                       "warmup: false\nworkloads:\n  - {kind: decode, mode: fixed, contexts: [64], "
                       "concurrency: [300], max_tokens: 4}\n")
-    cluster = subprocess.Popen([sys.executable, "-c", _LOW_LIMIT_CLUSTER], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
-    try:
-        assert cluster.stdout is not None
-        address = cluster.stdout.readline().strip()
-        env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
-        out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
-                              str(tmp_path), "--plain", "--executor", "ray", "--ray-address", address],
-                             cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    finally:
-        cluster.communicate(input="", timeout=120)
+    env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
+    out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+                          str(tmp_path), "--plain", "--executor", "ray", "--ray-address", one_gpu_node],
+                         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run = store.RunDir(next((tmp_path / "wide").glob("*")))
     (cell,) = run.cells()
