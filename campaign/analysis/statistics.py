@@ -22,8 +22,10 @@ from typing import Literal
 
 from campaign.measure.judged import FAMILY_ALPHA, MIN_EFFECT
 
-# scipy is imported where a figure needs it (scipy.special here, scipy.stats and scipy.optimize below), as in
-# core/stats.py: the command line imports this module, and every command's start paid for scipy.special.
+# scipy is imported where a figure needs it (scipy.special, and scipy.optimize for the boundaries), as in
+# core/stats.py: the command line imports this module, and every command's start paid for scipy.special. The
+# normal law is scipy.special's (ndtr, ndtri), not scipy.stats.norm: the same functions, without scipy.stats'
+# import (0.84 s against 0.21 here), which every diff, report and night's end paid once.
 Verdict = Literal["better", "worse", "no difference", "not settled", "not judged", "not comparable", "no data"]
 
 MAX_ADVISED_REPEATS = 100  # beyond this the advice is to find the noise, not to repeat
@@ -93,10 +95,10 @@ def obrien_fleming(fraction: float, alpha: float = FAMILY_ALPHA) -> float:
     2 - 2 Phi(z_{1-alpha/2} / sqrt(t)). Almost nothing early, all of alpha at t = 1."""
     if fraction <= 0:
         return 0.0
-    from scipy import stats as sps
+    from scipy import special
 
     t = min(1.0, fraction)
-    return float(2 - 2 * sps.norm.cdf(sps.norm.ppf(1 - alpha / 2) / math.sqrt(t)))
+    return float(2 - 2 * special.ndtr(special.ndtri(1 - alpha / 2) / math.sqrt(t)))
 
 
 def sequential_alpha(rounds: int, max_rounds: int, first: int = 2, alpha: float = FAMILY_ALPHA) -> float:
@@ -122,8 +124,7 @@ def _boundaries(max_rounds: int, first: int, alpha: float) -> tuple[float, ...]:
     carry the density of S over the region where no look has stopped yet, and at each look find the bound
     whose crossing spends exactly that look's share of alpha."""
     import numpy as np
-    from scipy import optimize
-    from scipy import stats as sps
+    from scipy import optimize, special
 
     info = [float(r) for r in range(first, max_rounds + 1)]
     levels: list[float] = []
@@ -140,21 +141,22 @@ def _boundaries(max_rounds: int, first: int, alpha: float) -> tuple[float, ...]:
                      now: float = now) -> float:
             b = c * math.sqrt(now)
             u = np.asarray(grid)
-            return float(np.sum(np.asarray(mass) * (sps.norm.sf((b - u) / step) + sps.norm.cdf((-b - u) / step))))
+            return float(np.sum(np.asarray(mass) * (special.ndtr((u - b) / step) + special.ndtr((-b - u) / step))))
 
         if crossing(12.0) >= target:
             bound = 12.0
         else:
             bound = float(optimize.brentq(lambda c, t=target: crossing(c) - t, 0.0, 12.0, xtol=1e-7))
         spent += crossing(bound)
-        levels.append(float(2 * sps.norm.sf(bound)))
+        levels.append(float(2 * special.ndtr(-bound)))
         if k + 1 == len(info):
             break
         b = bound * math.sqrt(now)
         new_grid = np.linspace(-b, b, GRID)
         new_weights = np.full(GRID, 2 * b / (GRID - 1))
         new_weights[0] = new_weights[-1] = b / (GRID - 1)   # the trapezoid rule
-        kernel = sps.norm.pdf((new_grid[:, None] - grid[None, :]) / step) / step
+        z = (new_grid[:, None] - grid[None, :]) / step
+        kernel = np.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * step)   # the normal density
         density = kernel @ (density * weights)
         grid, weights = new_grid, new_weights
         previous_info = now
