@@ -493,6 +493,10 @@ def run(
         "--until-settled",
         help="rounds until every variant's verdict is settled, as `repeats: auto` (the matrix's max_repeats, "
              "default 10, and budget)")] = False,
+    with_report: Annotated[bool, typer.Option(
+        "--report/--no-report",
+        help="write the HTML report and its charts at the night's end (default; `campaign report RUN` writes "
+             "them later)")] = True,
 ) -> None:
     """Run a campaign: launch each flag set, measure, stop; store everything; end with the diff."""
 
@@ -528,7 +532,7 @@ def run(
                 progress.note(f"interrupted: every finished cell is stored in {tonight.run.root}; continue with\n"
                               f"  campaign run --resume {tonight.run.root}")
                 raise typer.Exit(130) from None
-        typer.echo(closing.night_end(tonight.run))
+        typer.echo(closing.night_end(tonight.run, with_report=with_report))
         _say_damaged(tonight.run)
         unfinished = tonight.unfinished()
     if unfinished:

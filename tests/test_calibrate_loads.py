@@ -250,7 +250,8 @@ def test_a_runs_rate_cells_calibrate_the_machine_and_predict_the_other_rate(
     path = tmp_path / "rate-cal.yaml"
     path.write_text(yaml.safe_dump(matrix))
     runs = tmp_path / "runs"
-    assert run_cli(["run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs), "--plain"]) == 0
+    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
+                    "--plain"]) == 0
     (run,) = [p for p in (runs / "rate-cal").iterdir() if p.is_dir()]
     capsys.readouterr()
     held = "rate-L1024-N128-Q0.6-poisson-D60-V0.5"

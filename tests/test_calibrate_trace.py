@@ -44,7 +44,8 @@ def _night(tmp_path: Path, trace: Path) -> Path:
     path = tmp_path / "trace-cal.yaml"
     path.write_text(yaml.safe_dump(matrix))
     runs = tmp_path / "runs"
-    assert run_cli(["run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs), "--plain"]) == 0
+    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
+                    "--plain"]) == 0
     (run,) = [p for p in (runs / "trace-cal").iterdir() if p.is_dir()]
     return run
 

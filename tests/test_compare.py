@@ -62,7 +62,8 @@ def _night(tmp_path: Path, name: str, fault: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(matrix))
     out = tmp_path / name
-    assert run_cli(["run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(out), "--plain"]) == 0
+    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(out),
+                    "--plain"]) == 0
     (run,) = (out / "nightly").iterdir()
     return run
 

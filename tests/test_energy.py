@@ -118,7 +118,8 @@ def test_calibrate_finds_the_power_model_again_from_a_runs_energy(
     path = tmp_path / "energy-fit.yaml"
     path.write_text(yaml.safe_dump(matrix))
     runs = tmp_path / "runs"
-    code, _, err = run_cli_out(capsys, "run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
+    code, _, err = run_cli_out(capsys, "run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual",
+                               "--out", str(runs),
                                "--plain")
     assert code == 0, err[-2000:]
     (run,) = [RunDir(p) for p in (runs / "energy-fit").iterdir() if p.is_dir()]

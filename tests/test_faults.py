@@ -144,7 +144,7 @@ def test_a_missing_vllm_executable_is_a_launch_error_before_the_night(no_vllm_pr
     assert "'no-such-vllm-binary' is not on the PATH [executable_not_found]" in one_error(launch)
     matrix = tmp_path / "m.yaml"
     matrix.write_text(REPEAT_MATRIX.replace("profile: a5000-tp2", f"profile: {no_vllm_profile.name}"))
-    run = cli("run", str(matrix), "--out", str(tmp_path / "runs"), "--plain")
+    run = cli("run", "--no-report", str(matrix), "--out", str(tmp_path / "runs"), "--plain")
     assert run.returncode == LaunchError.exit_code
     assert "executable_not_found" in one_error(run)
     assert not (tmp_path / "runs").exists()  # refused before a run directory was made
@@ -306,7 +306,8 @@ def test_the_real_cpu_builds_flag_list(tmp_path: Path) -> None:
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("faults")
     (folder / "m.yaml").write_text(REPEAT_MATRIX)
-    result = cli("run", str(folder / "m.yaml"), "--engine", "sim", "--out", str(folder / "runs"), "--plain")
+    result = cli("run", "--no-report", str(folder / "m.yaml"), "--engine", "sim", "--out", str(folder / "runs"),
+                 "--plain")
     assert result.returncode == 0, result.stderr[-3000:]
     return next((folder / "runs" / "faults").glob("*"))
 
@@ -325,7 +326,7 @@ def test_resuming_a_finished_run_is_a_no_op(finished_run: Path, tmp_path: Path) 
     run = _copy(finished_run, tmp_path)
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*.json"))
     assert "variants/only/experiments/repeat-decode-sustained-L64-C2-N16-W5/rep-0.json" in before
-    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
+    result = cli("run", "--no-report", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr
     assert "is complete: nothing left to measure" in result.stderr
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*.json")) == before
@@ -341,7 +342,7 @@ def test_a_damaged_result_is_kept_aside_and_measured_again(finished_run: Path, t
     export = cli("export", str(run), "--format", "csv")
     assert export.returncode == 0, export.stderr
     assert f"warning: skipped {cell}: damaged, not valid JSON" in export.stderr
-    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
+    result = cli("run", "--no-report", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr
     assert f"{cell} was damaged (not valid JSON): kept as rep-0.json.damaged" in result.stderr
     assert json.loads(cell.read_text())["result"]["status"] == "Valid"  # measured again
@@ -365,11 +366,11 @@ def test_two_writers_of_one_run_are_refused(finished_run: Path, tmp_path: Path) 
     """A second writer of a run directory is refused, naming the holder's pid; the lock goes with its holder."""
     run = _copy(finished_run, tmp_path)
     with store.RunDir(run).writer():
-        result = campaign("run", "--resume", str(run), "--engine", "sim", "--plain")
+        result = campaign("run", "--no-report", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 1
     assert f"{run} is being written by another campaign process (pid {os.getpid()})" in one_error(result)
     # The lock is gone with its holder: the next resume runs.
-    assert cli("run", "--resume", str(run), "--engine", "sim", "--plain").returncode == 0
+    assert cli("run", "--no-report", "--resume", str(run), "--engine", "sim", "--plain").returncode == 0
 
 
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing_half_written(tmp_path: Path,
@@ -419,7 +420,8 @@ def controller_until(matrix: Path, out: Path, log: Path, until: Callable[[], obj
     """`campaign run MATRIX` in the background, handed over once `until()` holds (polled, with a deadline);
     never left running. Its stderr goes to `log` (a pipe nobody reads could stall it)."""
     with log.open("wb") as err:
-        controller = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), *args, "--out", str(out),
+        controller = subprocess.Popen([sys.executable, "-m", "campaign", "run", "--no-report", str(matrix), *args,
+                                       "--out", str(out),
                                        "--plain"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + within_s
@@ -468,7 +470,7 @@ def test_sigkill_of_the_controller_takes_the_server_with_it_and_resume_loses_not
     run = next(out.glob("faults/*"))
     stored = {p: p.stat().st_ino for p in run.glob("variants/*/cells/*/rep-*.json")}
     assert stored
-    result = cli("run", "--resume", str(run), "--engine", "sim", "--plain")
+    result = cli("run", "--no-report", "--resume", str(run), "--engine", "sim", "--plain")
     assert result.returncode == 0, result.stderr[-3000:]
     assert all(p.stat().st_ino == inode for p, inode in stored.items())  # nothing finished was redone
     assert len(list(run.glob("variants/*/cells/*/rep-0.json"))) == 4

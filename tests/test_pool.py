@@ -185,7 +185,8 @@ def test_a_profile_with_a_bad_gpu_list_is_refused_naming_the_file_and_key(tmp_pa
 
 def _run(out: Path, *extra: str, matrix: Path | str = MATRIX) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
-    return subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out", str(out),
+    return subprocess.run([sys.executable, "-m", "campaign", "run", "--no-report", str(matrix), "--engine", "sim",
+                           "--out", str(out),
                            "--plain", *extra], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -237,7 +238,8 @@ def test_two_variants_on_a_pool_of_two_simulated_gpus_match_a_serial_run(tmp_pat
     assert "GPU effect: GPUs 1 read" in done.stdout
     assert "GPU pool: 0, 1" in done.stderr
     # A resume of the finished pool run has nothing left, and keeps its pool.
-    again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain"],
+    again = subprocess.run([sys.executable, "-m", "campaign", "run", "--no-report", "--resume", str(run.root),
+                            "--plain"],
                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
                            env=os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"})
     assert again.returncode == 0 and "nothing left to measure" in again.stderr
@@ -273,7 +275,8 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     # Two variants, one repeat: two launches side by side when the signal lands, each with cells left for the
     # resume to finish.
     matrix = two_variants(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", "--no-report", str(matrix), "--engine", "sim",
+                             "--out",
                              str(tmp_path), "--plain", "--gpus", "0,1", "--repeats", "1"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     def servers() -> list[psutil.Process]:
@@ -301,7 +304,8 @@ def test_ctrl_c_on_a_pool_stops_every_server_and_a_resume_finishes(tmp_path: Pat
     run = store.RunDir(next((tmp_path / "pool-sim").glob("*")))
     stops = [p for p in run.root.glob("variants/*/launch-*/stop.json")]
     assert len(stops) == len(list(run.root.glob("variants/*/launch-*/server.json")))  # each stopped, recorded
-    again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain"],
+    again = subprocess.run([sys.executable, "-m", "campaign", "run", "--no-report", "--resume", str(run.root),
+                            "--plain"],
                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     loaded, _, _ = load_matrix(str(matrix))
@@ -319,7 +323,7 @@ def test_a_pool_controller_killed_outright_takes_its_workers_and_servers_along(t
     import psutil
 
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", "--no-report", MATRIX, "--engine", "sim", "--out",
                              str(tmp_path), "--plain", "--gpus", "0,1"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120

@@ -1064,7 +1064,8 @@ def test_a_campaign_stores_rate_cells_and_a_search_and_the_diff_reads_capacity(t
         "  - {kind: rate, contexts: [4k], rates: [1], max_tokens: 64}\n"
         "  - {kind: slo-search, context: 4k, max_tokens: 64, start_rps: 2, max_probes: 2, resolution: 0.5,\n"
         "     concurrency: false}\n")
-    out = _cli("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+    out = _cli("run", "--no-report", str(matrix), "--engine", "sim", "--clock", "virtual", "--out",
+               str(tmp_path / "runs"),
                "--plain", env={"CAMPAIGN_SIM_TRUTH": None})
     assert "Capacity at the SLO (TTFT p90 <= 1500 ms, TPOT p90 <= 40 ms)" in out.stdout
     assert "Open-loop rates (SLO: TTFT p90 <= 1500 ms, TPOT p90 <= 40 ms)" in out.stdout

@@ -41,7 +41,8 @@ def test_a_campaign_on_a_local_ray_cluster_survives_a_lost_node(tmp_path: Path,
     try:
         env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(tmp_path), "--plain",
+            [sys.executable, "-m", "campaign", "run", "--no-report", MATRIX, "--engine", "sim", "--out",
+             str(tmp_path), "--plain",
              "--executor", "ray", "--ray-address", cluster.address, "--repeats", "1"],
             cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Mid-launch: once the first cell has streamed back, the second node goes, with the launches on it.
@@ -102,7 +103,8 @@ def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "campaign", "run", MATRIX, "--engine", "sim", "--out", str(tmp_path), "--plain",
+            [sys.executable, "-m", "campaign", "run", "--no-report", MATRIX, "--engine", "sim", "--out",
+             str(tmp_path), "--plain",
              "--executor", "ray", "--ray-address", cluster.address, "--repeats", "1"],
             cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
@@ -127,7 +129,8 @@ def test_ctrl_c_stops_every_remote_server_and_a_resume_finishes_on_a_new_cluster
     assert 0 < measured < CELLS_AT_ONE_REPEAT
     fresh = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     try:
-        again = subprocess.run([sys.executable, "-m", "campaign", "run", "--resume", str(run.root), "--plain",
+        again = subprocess.run([sys.executable, "-m", "campaign", "run", "--no-report", "--resume", str(run.root),
+                                "--plain",
                                 "--ray-address", fresh.address], cwd=PROJECT_ROOT, env=env, capture_output=True,
                                text=True, timeout=300)
     finally:
@@ -192,7 +195,8 @@ def test_a_ray_task_raises_its_open_files_limit_to_the_nodes_hard_one(tmp_path: 
                       "warmup: false\nworkloads:\n  - {kind: decode, mode: fixed, contexts: [64], "
                       "concurrency: [300], max_tokens: 4}\n")
     env = os.environ | {"CAMPAIGN_SIM_TIME_SCALE": "5"}
-    out = subprocess.run([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+    out = subprocess.run([sys.executable, "-m", "campaign", "run", "--no-report", str(matrix), "--engine", "sim",
+                          "--out",
                           str(tmp_path), "--plain", "--executor", "ray", "--ray-address", one_gpu_node],
                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -304,7 +308,8 @@ def test_a_trace_matrix_is_let_through_to_the_cluster(tmp_path: Path, capsys: py
     monkeypatch.setattr(ray_executor, "connect", reached)
     _, matrix = _trace_night(tmp_path)
     capsys.readouterr()
-    code = run_cli(["run", str(matrix), "--engine", "sim", "--executor", "ray", "--out", str(tmp_path / "runs")])
+    code = run_cli(["run", "--no-report", str(matrix), "--engine", "sim", "--executor", "ray", "--out",
+                    str(tmp_path / "runs")])
     assert (code, capsys.readouterr().err) == (1, "Error: reached the cluster\n")
 
 
@@ -372,7 +377,8 @@ def test_a_trace_night_runs_on_ray_while_the_nodes_cannot_read_the_file(tmp_path
     matrix.write_text(matrix.read_text().replace("  - name: a\n", "  - name: a\n  - name: b\n"
                                                                    "    flags: {max-num-seqs: 64}\n"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"CAMPAIGN_SIM_TIME_SCALE": "20"}
-    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", str(matrix), "--engine", "sim", "--out",
+    proc = subprocess.Popen([sys.executable, "-m", "campaign", "run", "--no-report", str(matrix), "--engine", "sim",
+                             "--out",
                              str(tmp_path / "runs"), "--plain", "--executor", "ray"], cwd=PROJECT_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     away = tmp_path / "elsewhere.csv"

@@ -199,6 +199,15 @@ def test_the_verdict_opens_the_markdown_and_ends_the_console_in_the_same_words(
     assert not (tmp_path / "forest-broken.png").exists()
     out = closing.night_end(run_dir)
     assert out.split("== Verdict ==\n", 1)[1].splitlines()[:len(lines)] == lines
+    assert out.splitlines()[-1] == f"report: {run_dir.root / 'report' / 'report.html'}"
+    assert (run_dir.root / "report" / "report.html").exists()
+    # `campaign run --no-report`: the same verdict and summary, no report and its charts, and how to write them.
+    shutil.rmtree(run_dir.root / "report")
+    (run_dir.root / "summary.json").unlink()
+    bare = closing.night_end(run_dir, with_report=False)
+    assert bare.splitlines()[:-1] == out.splitlines()[:-1]
+    assert bare.splitlines()[-1] == f"report: not written (--no-report); campaign report {run_dir.root}"
+    assert (run_dir.root / "summary.json").exists() and not (run_dir.root / "report").exists()
 
 
 def test_a_forest_plot_needs_something_to_show_and_says_when_it_cannot_compare(tmp_path: Path) -> None:

@@ -127,7 +127,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
     test_aa_campaign_on_the_simulator_finds_no_difference checks in simulated time. Seed 000's numbers
     themselves are test_sim_night's (a5000-tuning)."""
     matrix = str(MATRICES / "simtest-ab.yaml")
-    code, out, err = campaign(capsys, "run", matrix, "--engine", "sim", "--out", str(tmp_path), "--plain")
+    code, out, err = campaign(capsys, "run", "--no-report", matrix, "--engine", "sim", "--out", str(tmp_path),
+                              "--plain")
     assert code == 0, err[-3000:]
     lines = [line for line in out.splitlines() if line.startswith("recommendation:")]
     memory = next(line for line in lines if "gpu-memory-utilization 0.9 -> 0.95" in line)
@@ -147,7 +148,7 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
     run = store.RunDir(next(tmp_path.glob("simtest-ab/*")))
     assert all(c.result.client_lag_p99_ms is not None for c in run.cells())
     assert all((c.result.client_lag_max_ms or 0) >= (c.result.client_lag_p99_ms or 0) for c in run.cells())
-    code, _, err = campaign(capsys, "run", matrix, "--engine", "sim", "--clock", "virtual",
+    code, _, err = campaign(capsys, "run", "--no-report", matrix, "--engine", "sim", "--clock", "virtual",
                             "--out", str(tmp_path / "virtual"), "--plain")
     assert code == 0, err[-3000:]
     replayed = store.RunDir(next((tmp_path / "virtual").glob("simtest-ab/*")))
@@ -181,7 +182,7 @@ def test_aa_campaign_on_the_simulator_finds_no_difference(tmp_path: Path, capsys
     Valid on every launch though its replacements queue for the 2,048-token chunk (a request waits in its
     samples). test_sim_night reads the shipped a5000-aa's outcome; whether HTTP jitter reads as a difference
     is test_seed_000_ab_reproduced_on_the_simulator's (two pairs no faster than each other, over HTTP)."""
-    code, out, err = campaign(capsys, "run", str(MATRICES / "a5000-aa-sim.yaml"), "--engine", "sim",
+    code, out, err = campaign(capsys, "run", "--no-report", str(MATRICES / "a5000-aa-sim.yaml"), "--engine", "sim",
                               "--clock", "virtual", "--out", str(tmp_path), "--plain")
     assert code == 0, err[-3000:]
     lines = out.splitlines()
@@ -331,7 +332,7 @@ def test_a_server_dying_mid_cell_is_relaunched_and_the_cell_retried_once(
     Failed with why, the cells after it are measured on a fresh server, and the run ends with exit code 6."""
     # Each fresh server dies after 3 finished requests: the 4-wide cell never completes, the 1-wide one does.
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "crash-after:3")
-    code, _, err = campaign(capsys, "run", str(MATRICES / "crash-sim.yaml"), "--engine", "sim",
+    code, _, err = campaign(capsys, "run", "--no-report", str(MATRICES / "crash-sim.yaml"), "--engine", "sim",
                             "--out", str(tmp_path), "--plain")
     assert code == 6, err[-3000:]  # it finished, and says that a cell failed
     run = store.RunDir(next((tmp_path / "crash-sim").glob("*")))
@@ -527,7 +528,7 @@ def test_suggested_memory_utilisation_keeps_a_margin_and_says_so(tmp_path: Path,
     parsed as any vLLM's) less the margin, launched, stored and said; resuming with more repeats adds launches
     and re-measures nothing. A campaign in simulated time: the launch's resolution is the same code on either
     clock (test_pool.py resolves one over HTTP)."""
-    code, out, err = campaign(capsys, "run", str(MATRICES / "suggested-sim.yaml"), "--engine", "sim",
+    code, out, err = campaign(capsys, "run", "--no-report", str(MATRICES / "suggested-sim.yaml"), "--engine", "sim",
                               "--clock", "virtual", "--out", str(tmp_path), "--plain")
     assert code == 0, err[-3000:]
     servers = [json.loads(p.read_text()) for p in tmp_path.glob("suggested-sim/*/variants/advised/*/server.json")]
@@ -540,7 +541,7 @@ def test_suggested_memory_utilisation_keeps_a_margin_and_says_so(tmp_path: Path,
     # Resuming with more repeats adds launches, interleaved, and re-measures nothing.
     run_dir = next((tmp_path / "suggested-sim").glob("*"))
     stored = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
-    code, _, err = campaign(capsys, "run", "--resume", str(run_dir), "--repeats", "2", "--plain")
+    code, _, err = campaign(capsys, "run", "--no-report", "--resume", str(run_dir), "--repeats", "2", "--plain")
     assert code == 0, err[-3000:]
     after = {p: p.stat().st_ino for p in run_dir.glob("variants/*/cells/*/rep-*.json")}
     assert all(after[p] == inode for p, inode in stored.items())

@@ -235,7 +235,8 @@ def test_a_start_that_fails_in_simulated_time_is_recorded_as_a_real_one(tmp_path
     matrix.write_text("name: m\nprofile: a5000-tp2\nbaseline: a\nrepeats: 1\nvariants:\n  - {name: a}\n"
                       "  - {name: small, flags: {gpu-memory-utilization: 0.6}}\n"
                       "workloads:\n  - {kind: prefill, contexts: [2048]}\n")
-    result = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "o"),
+    result = campaign("run", "--no-report", str(matrix), "--engine", "sim", "--clock", "virtual", "--out",
+                      str(tmp_path / "o"),
                       "--plain")
     assert result.returncode == 6, result.stderr   # finished, but a launch failed
     run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
@@ -253,7 +254,8 @@ def test_every_kind_runs_in_simulated_time_and_nothing_is_left_out(tmp_path: Pat
                       "  - {kind: rate, contexts: [1024], rates: [2], duration_s: 10}\n"
                       "  - {kind: decode, contexts: [1024], concurrency: [1], prompts: code}\n"
                       "  - {kind: agents, sessions: [1], turns: 2, system_tokens: 200, user_tokens: 50}\n")
-    result = campaign("run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "o"),
+    result = campaign("run", "--no-report", str(matrix), "--engine", "sim", "--clock", "virtual", "--out",
+                      str(tmp_path / "o"),
                       "--plain")
     assert result.returncode == 0, result.stderr[-2000:]
     run = store.RunDir(next((tmp_path / "o" / "m").iterdir()))
@@ -286,7 +288,7 @@ def test_a_resumed_virtual_run_stays_in_simulated_time(tmp_path: Path) -> None:
     (the manifest's clock, not a flag given again), and leaves the shipped matrix as it was."""
     run = night(*load_matrix("h200-memory-quick")[:2], tmp_path)
     cells = len(run.cells())
-    more = campaign("run", "--resume", str(run.root), "--repeats", "2", "--plain")
+    more = campaign("run", "--no-report", "--resume", str(run.root), "--repeats", "2", "--plain")
     assert more.returncode == 0, more.stderr[-2000:]
     assert "SIMULATED in simulated time" in more.stdout and "\n== Verdict ==\n" in more.stdout, more.stdout[-2000:]
     repeats: dict[tuple[str, str], set[int]] = {}

@@ -353,7 +353,8 @@ def test_a_campaign_replays_a_trace_on_each_variant_and_the_diff_judges_it(
         f"workloads:\n  - {{kind: trace, file: {AZURE_CONV}, duration_s: 30, sample: 0.1}}\n")
     monkeypatch.delenv("CAMPAIGN_SIM_TRUTH", raising=False)   # the module's server's truth file
     capsys.readouterr()
-    code = run_cli(["run", str(matrix), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+    code = run_cli(["run", "--no-report", str(matrix), "--engine", "sim", "--clock", "virtual", "--out",
+                    str(tmp_path / "runs"),
                     "--plain"])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr[-3000:]

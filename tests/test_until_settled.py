@@ -37,7 +37,8 @@ def _night(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_repeats: int = 1
     path = tmp_path / "settle.yaml"
     path.write_text(MATRIX.format(max_repeats=max_repeats) + extra)
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "launch-noise:0.1")
-    ran = campaign("run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+    ran = campaign("run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out",
+                   str(tmp_path / "runs"),
                    "--plain")
     assert ran.returncode == 0, ran.stderr[-3000:]
     (root,) = (tmp_path / "runs" / "settle").iterdir()
@@ -92,7 +93,8 @@ def test_until_settled_from_the_command_line_and_a_budget(tmp_path: Path, monkey
     path = tmp_path / "fixed.yaml"
     path.write_text(MATRIX.replace("repeats: auto\nmax_repeats: {max_repeats}\n", "").format())
     monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "launch-noise:0.1")
-    ran = campaign("run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "a"),
+    ran = campaign("run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out",
+                   str(tmp_path / "a"),
                    "--plain", "--until-settled")
     assert ran.returncode == 0, ran.stderr[-3000:]
     (root,) = (tmp_path / "a" / "settle").iterdir()
@@ -100,7 +102,8 @@ def test_until_settled_from_the_command_line_and_a_budget(tmp_path: Path, monkey
     assert "round 3 of at most 10: still open: " in ran.stderr
     budget = tmp_path / "budget.yaml"
     budget.write_text(MATRIX.format(max_repeats=10) + "budget: 0.001s\n")
-    ran = campaign("run", str(budget), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "b"),
+    ran = campaign("run", "--no-report", str(budget), "--engine", "sim", "--clock", "virtual", "--out",
+                   str(tmp_path / "b"),
                    "--plain")
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "budget spent (" in ran.stderr and "still not settled: " in ran.stderr
@@ -135,7 +138,7 @@ def test_a_night_stopped_by_its_budget_is_continued_by_a_resume(tmp_path: Path,
     (stopped,) = [d for d in diff_run(run) if d.variant == "slow-prefill"]
     assert stopped.family_line.startswith("still open after 2 round(s) of at most 10 (the budget or an "
                                           "interruption stopped the night; campaign run --resume RUN continues it)")
-    ran = campaign("run", "--resume", str(run.root), "--plain")
+    ran = campaign("run", "--no-report", "--resume", str(run.root), "--plain")
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert run.settled()["slow-prefill"].outcome == "revert"
     assert all(path.read_bytes() == data for path, data in before.items())
@@ -147,7 +150,8 @@ def test_a_night_whose_baseline_never_starts_stops_its_rounds_and_says_why(tmp_p
     path = tmp_path / "broken.yaml"
     broken = "{name: base, flags: {max-model-len: 16384, fault: start-oom}}"
     path.write_text(MATRIX.format(max_repeats=10).replace("{name: base, flags: {max-model-len: 16384}}", broken))
-    ran = campaign("run", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(tmp_path / "runs"),
+    ran = campaign("run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out",
+                   str(tmp_path / "runs"),
                    "--plain")
     assert ran.returncode != 0
     assert "round 2: the variants cannot be judged (baseline 'base' has no measurements in " in ran.stderr

@@ -10,8 +10,9 @@ from campaign.report import text as report
 from campaign.stored.store import RunDir
 
 
-def night_end(run_dir: RunDir) -> str:
-    """Analyse the finished run, write summary.json and the report, and return the console's text."""
+def night_end(run_dir: RunDir, *, with_report: bool = True) -> str:
+    """Analyse the finished run, write summary.json and (`with_report`) the report, and return the console's
+    text."""
     lines: list[str] = []
     say = lines.append
     drift = summary.drift(run_dir)
@@ -41,11 +42,11 @@ def night_end(run_dir: RunDir) -> str:
     if effect.checked:
         say(f"GPU effect: {effect.message}")
     run_dir.write_summary(summary.summary_record(run_dir, drift_=drift, diffs=diffs, short=short))
-    written = html_report.write(run_dir)
+    written = html_report.write(run_dir) if with_report else None
     # The answer last, where the eye lands (the reports open with the same lines).
     verdict = report.verdict_table(diffs, drift=drift.message, latest=report.latest_cells(stored),
                                    servers=servers, short=short)
     say("\n== Verdict ==\n" + "\n".join(report.verdict_lines(verdict)))
     say(f"results: {run_dir.root}")
-    say(f"report: {written[0]}")
+    say(f"report: {written[0]}" if written else f"report: not written (--no-report); campaign report {run_dir.root}")
     return "\n".join(lines)
