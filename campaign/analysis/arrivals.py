@@ -130,7 +130,8 @@ class Arrivals:
     held_out: bool = False
     # A closed loop of this many requests in flight (run_load); None: each request arrived at its own time.
     max_concurrency: int | None = None
-    # Prompt tokens a hash id stands for, where the load's prompts share blocks (a trace's); None: they share none.
+    # Prompt tokens a hash id stands for, where the load's prompts share blocks (a trace's, agent sessions');
+    # None: they share none.
     block: int | None = None
 
     def replay(self, costs: StepCosts) -> Replayed:

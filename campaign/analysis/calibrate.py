@@ -27,11 +27,14 @@ Evidence used:
   with their own lengths (analysis.arrivals: the mean TTFT, the mean TPOT and output tok/s, as vLLM's bench
   defines them), a trace's prompts sharing the blocks its hash ids name (read again from the trace file, which
   must be the one the run read), so the prefix cache serves the replay what it served the run;
+- a run's agent-session cells the same way, each turn's prompt the system prompt every session shares and its
+  session's history so far, as the Measurer built it (measure.prompts.SessionTurns), so the replay's prefix
+  cache serves each turn its history as the measured server's did;
 - peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
   --save-detailed`, GuideLLM's benchmarks.json, AIPerf's profile_export.jsonl), replayed the same way on the
   launch profile the user names.
-Agent cells (a session's history is not rebuilt) and the study's experiments are listed as skipped. Held-out
-cells and exports are predicted by the fit, never fitted: the honest test of it.
+The study's experiments are listed as skipped. Held-out cells and exports are predicted by the fit, never fitted:
+the honest test of it.
 
 Long (about 750 lines): the fit, the power fit and the three sources of its evidence are one method; split, the
 rules a cell is used by would be read in several places.
@@ -70,7 +73,7 @@ from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
 from campaign.measure import traces
-from campaign.measure.cells import CellSpec
+from campaign.measure.cells import CellSpec, Sessions
 from campaign.plan import replay
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
@@ -551,19 +554,18 @@ def _load(cell: StoredCell) -> list[Timed] | str:
         return f"{result.status}, not a measurement to fit"
     if spec.prompts != "random" or spec.endpoint != "completions":
         return "text prompts through a template are not replayed token for token"
-    if spec.sessions is not None:
-        return "agent sessions share a system prompt and their history, which the replay does not rebuild"
     records = [RequestRecord.from_dict(r) for r in result.requests or []]
     failed = sum(1 for r in records if not r.ok)
     if failed or not records:
         return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
             "no request records stored"
-    shared: dict[str, tuple[int, ...]] = {}
+    shared: dict[str, tuple[int, ...]] | str = {}
     if spec.trace is not None:
-        blocks = _trace_blocks(spec.trace, records)
-        if isinstance(blocks, str):
-            return blocks
-        shared = blocks
+        shared = _trace_blocks(spec.trace, records)
+    elif spec.sessions is not None:
+        shared = _session_blocks(spec.sessions, spec.max_tokens, records)
+    if isinstance(shared, str):
+        return shared
     scale = result.time_scale or 1.0
     # In the order they were sent (a stored cell keeps them as they ended): requests sent at one instant (a
     # trace's arrivals in one millisecond) reach the engine, and are seated, in it; the replay seats them so.
@@ -577,6 +579,45 @@ def _sent_order(record: RequestRecord) -> tuple[float, int]:
     requests as it sends them: r1, r2, ...; another id ranks as 0, so its stored order stands)."""
     number = record.id[1:]
     return record.send_t, int(number) if record.id.startswith("r") and number.isdigit() else 0
+
+
+def shared_block(spec: CellSpec) -> int | None:
+    """Prompt tokens a hash id of the cell's replayed requests stands for (arrivals.run_load), where its prompts
+    share blocks: a trace's own block; for agent sessions the largest block that divides the system prompt, a
+    user message and a reply, so that every part is whole blocks; None where prompts share nothing."""
+    if spec.trace is not None:
+        return spec.trace.block_tokens
+    if spec.sessions is not None:
+        return math.gcd(spec.sessions.system_tokens, spec.sessions.user_tokens, spec.max_tokens)
+    return None
+
+
+def _session_blocks(shape: Sessions, reply_tokens: int, records: Sequence[RequestRecord]
+                    ) -> dict[str, tuple[int, ...]] | str:
+    """Each stored request's blocks (by record id) as the Measurer built its prompt (measure.prompts.SessionTurns):
+    the system prompt every session shares, then its session's parts so far (user message, reply, user message,
+    ...); turn k of a session extends turn k - 1's prompt. The request sent i-th is turn shape.turn(i); its stored
+    length must be that turn's, or the cell is not used."""
+    block = math.gcd(shape.system_tokens, shape.user_tokens, reply_tokens)
+    system = tuple(range(shape.system_tokens // block))
+    parts: dict[tuple[int, int], tuple[int, ...]] = {}
+    next_id = len(system)
+    out: dict[str, tuple[int, ...]] = {}
+    for index, record in enumerate(sorted(records, key=_sent_order)):
+        session, turn = shape.turn(index)
+        if record.prompt_tokens != shape.length(turn, reply_tokens):
+            return (f"its stored requests are not its sessions' turns in the order they were sent (the {index + 1}"
+                    f"-th has {record.prompt_tokens} prompt tokens, turn {turn + 1} has "
+                    f"{shape.length(turn, reply_tokens)})")
+        ids = list(system)
+        for j in range(2 * turn + 1):
+            if (session, j) not in parts:
+                count = (shape.user_tokens if j % 2 == 0 else reply_tokens) // block
+                parts[session, j] = tuple(range(next_id, next_id + count))
+                next_id += count
+            ids += parts[session, j]
+        out[record.id] = tuple(ids)
+    return out
 
 
 def _trace_blocks(trace: traces.TraceSlice, records: Sequence[RequestRecord]) -> dict[str, tuple[int, ...]] | str:
@@ -630,7 +671,7 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
             for _, load in used:
                 observations.append(Arrivals(variant, key, configs[variant], tuple(t.sent for t in load),
                                              measured_figures(load), held_out=bool(out), max_concurrency=closed,
-                                             block=None if spec.trace is None else spec.trace.block_tokens))
+                                             block=shared_block(spec)))
             if used:
                 seen |= out
             else:
