@@ -19,12 +19,13 @@ from campaign.plan import replay
 from campaign.plan import search as phase_one
 from campaign.report import html as html_report
 from campaign.server.profiles import load_profile
-from campaign.spec.matrix import RateWorkload, load_matrix
+from campaign.spec.matrix import RateWorkload, TraceWorkload, load_matrix
 from campaign.spec.search_spec import SearchBlock
 from campaign.stored import store
 from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT / "matrices" / "traces" / "mooncake-conversation-1k.jsonl"
 
 
 def campaign(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -295,6 +296,64 @@ def test_goodput_on_agent_sessions_is_their_rate_cell_and_the_confirmation_measu
     with pytest.raises(ValueError, match="context with sessions"):
         SearchBlock.model_validate({"flags": {"max-num-seqs": [8, 16]}, "objective": {
             "kind": "goodput", "context": 2048, "sessions": {"count": 4}, "rate_rps": 1, "slo": {"ttft_p99_ms": 5}}})
+
+
+def test_goodput_on_a_trace_is_its_slice_at_its_own_times_and_the_confirmation_replays_the_same_slice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Goodput on a production trace (issue 51: tune never searched a trace): with `trace`, phase 1's cell is
+    the slice's requests at their own times, with their own lengths and shared blocks, the very cell a matrix's
+    trace workload makes of it, measured by the Measurer in simulated time; the objective's lengths, rate and
+    window are the slice's; the trace file is the matrix file's neighbour; and the confirmation night's
+    workload is a trace workload whose cell is the very same (the same key): in simulated time phase 2 measures
+    exactly what phase 1 predicted (a baseline with a 4,096-token chunk against the pick, 2,048)."""
+    folder = tmp_path / "m"
+    (folder / "traces").mkdir(parents=True)
+    (folder / "traces" / MOONCAKE.name).write_bytes(MOONCAKE.read_bytes())
+    raw = yaml.safe_load((ROOT / "matrices" / "a5000-tune.yaml").read_text())
+    raw["profile"] = "a5000-tp2"
+    raw["variants"][0]["flags"] = {"max-num-batched-tokens": 4096}
+    raw["search"].update(flags={"max-num-batched-tokens": [2048, 4096]}, trials=2, confirm=1, constraints={},
+                         objective={"kind": "goodput", "slo": {"ttft_p99_ms": 20_000}, "trace": {
+                             "file": f"traces/{MOONCAKE.name}", "start_s": 120, "duration_s": 15,
+                             "length_scale": 0.25}})
+    path = folder / "trace-tune.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    matrix = load_matrix(str(path))[0]
+    assert matrix.search is not None
+    objective = matrix.search.objective
+    assert objective.trace is not None and objective.trace.file == str(folder / "traces" / MOONCAKE.name)
+    sliced = objective.trace.cell(objective.slo)
+    assert (objective.context, objective.max_tokens, objective.rate_rps, objective.window()) == (
+        sliced.context_tokens, sliced.max_tokens, sliced.request_rate, sliced.duration_s)
+    assert objective.describe().startswith(f"goodput at {objective.rate_rps:.3g} req/s of the trace {MOONCAKE.name} "
+                                           "from 120 s for 15 s (mean ")
+    run = phase_one.open_loop(replay.config_for(matrix), objective)
+    assert run.cell.status == "Valid" and run.cell.spec == sliced, run.cell.reasons
+    assert run.requests == run.cell.completed == len(sliced.trace.load())   # type: ignore[union-attr]
+    assert run.goodput_rps == run.cell.goodput_rps and run.goodput_rps   # the cell's own figure
+    confirm = tuning._confirmation_matrix(matrix, Path("profile.yaml"), matrix.search, {}, [], 4, 1)
+    (trace,) = [w for w in confirm["workloads"] if w["kind"] == "trace"]
+    (spec,) = TraceWorkload.model_validate(trace).cells(confirm["window_s"])
+    assert spec.key == run.cell.spec.key and spec.trace == sliced.trace
+    code, out, err = campaign(capsys, "tune", str(path), "--engine", "sim", "--clock", "virtual", "--out",
+                              str(tmp_path / "out"), "--plain")
+    assert code == 0, err[-3000:]
+    phase2 = out[out.index("Round 1, phase 2"):]
+    rows = {line.split()[0]: line.split() for line in phase2.splitlines() if line.startswith(("baseline ", "cand"))}
+    assert rows["candidate-1"][1:3] == ["max-num-batched-tokens", "2048"] and rows["candidate-1"][-1] == "keep"
+    assert all(row[-3] == "+0.0%" for row in rows.values()), phase2   # measured as predicted
+    (night,) = [store.RunDir(f.parent) for f in (tmp_path / "out").rglob("tune.json")]
+    assert {c.result.spec.key for c in night.cells() if c.result.spec.phase == "rate"} == {run.cell.spec.key}
+    # A trace is an open-loop load whose lengths and arrivals are its own: anything else is one line.
+    for objective_raw, said in (
+            ({"kind": "agents-at-floor", "floor_tok_s": 20}, "trace with kind 'agents-at-floor'"),
+            ({"kind": "goodput", "rate_rps": 1, "slo": {"ttft_p99_ms": 5}}, "rate_rps with trace"),
+            ({"kind": "goodput", "slo": {"ttft_p99_ms": 5}, "trace": {"file": "nowhere.jsonl"}}, "no such file")):
+        raw["search"]["objective"] = {"trace": {"file": f"traces/{MOONCAKE.name}"}, **objective_raw}
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ConfigError, match=said) as caught:
+            load_matrix(str(path))
+        assert "search.objective" in str(caught.value), caught.value
 
 
 @pytest.mark.wall_timed

@@ -150,16 +150,17 @@ class OpenLoop:
 
 
 def open_loop(config: SimConfig, objective: Objective, seed: int = 0) -> OpenLoop:
-    """Fresh requests arriving at the objective's rate (Poisson) for its window, measured as the tool measures
-    any rate cell: the Measurer against the simulator serving this configuration from this process, in
-    simulated time (measure.simulated); goodput, the SLO's verdict and TTFT p99 are the cell's own. Until
-    2026-12-07 the engine alone replayed the arrivals here by rules of its own, and read 0.046-0.076 good req/s
-    where the Measurer on the same engine read 0.1-0.2 (a5000-tune at 0.5 req/s, TTFT p99 <= 5 s), so phase 2
-    in simulated time was refused."""
+    """Fresh requests arriving at the objective's rate (Poisson) for its window (or its agent sessions' turns, or
+    its trace's slice at the trace's own times), measured as the tool measures any rate cell: the Measurer
+    against the simulator serving this configuration from this process, in simulated time (measure.simulated);
+    goodput, the SLO's verdict and TTFT p99 are the cell's own. Until 2026-12-07 the engine alone replayed the
+    arrivals here by rules of its own, and read 0.046-0.076 good req/s where the Measurer on the same engine read
+    0.1-0.2 (a5000-tune at 0.5 req/s, TTFT p99 <= 5 s), so phase 2 in simulated time was refused."""
     assert objective.rate_rps is not None and objective.slo is not None
-    spec = CellSpec(phase="rate", context_tokens=objective.context, max_tokens=objective.max_tokens,
-                    request_rate=objective.rate_rps, duration_s=objective.window(), slo=objective.slo,
-                    sessions=objective.sessions)
+    spec = objective.trace.cell(objective.slo) if objective.trace is not None else CellSpec(
+        phase="rate", context_tokens=objective.context, max_tokens=objective.max_tokens,
+        request_rate=objective.rate_rps, duration_s=objective.window(), slo=objective.slo,
+        sessions=objective.sessions)
     with simulated.boot(replace(config, seed=seed)).serve() as server:
         return OpenLoop(server.call(Measurer(server.target()).run_cell(spec)))
 

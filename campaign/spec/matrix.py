@@ -32,7 +32,6 @@ from campaign.measure.openloop import Arrival, rate_value
 from campaign.measure.prompts import prompt_source
 from campaign.measure.slo import Slo
 from campaign.measure.study import agents_key  # the experiment names its own results
-from campaign.measure.traces import TraceFormat
 from campaign.server import flag_list
 from campaign.server.profiles import (
     PROJECT_ROOT,
@@ -43,7 +42,7 @@ from campaign.server.profiles import (
     raise_flag_problems,
     resolve_named,
 )
-from campaign.spec.search_spec import SearchBlock
+from campaign.spec.search_spec import SearchBlock, TraceSource
 from campaign.spec.token_counts import session_tokens, tokens
 
 MATRIX_SCHEMA_VERSION = 1
@@ -209,21 +208,13 @@ class RateWorkload(_LoadShape):
                 for ctx in self.contexts or [0] for rate in self.rates]   # 0: rate_spec takes the sessions'
 
 
-class TraceWorkload(_Workload):
+class TraceWorkload(_Workload, TraceSource):
     """A production trace replayed (traces.py): its requests at their own times (divided by each of `speeds`),
-    with their own lengths and shared blocks, open loop; judged against the SLO where one is given. `file` is
-    the matrix file's neighbour unless absolute."""
+    with their own lengths and shared blocks, open loop; judged against the SLO where one is given. Which part
+    of which file: search_spec.TraceSource (a goodput objective's trace says it the same way)."""
 
     kind: Literal["trace"]
-    file: str = Field(min_length=1)
-    format: TraceFormat | None = None            # None: told from the file's first line
-    start_s: float = Field(default=0.0, ge=0)
-    duration_s: float | None = Field(default=None, gt=0)
     speeds: list[float] = Field(default_factory=lambda: [1.0], min_length=1)
-    sample: float = Field(default=1.0, gt=0, le=1)
-    length_scale: float = Field(default=1.0, gt=0)
-    max_requests: int | None = Field(default=None, gt=0)
-    block_size: int | None = Field(default=None, gt=0)   # tokens a hash id stands for; None: the format's
     max_concurrency: int | None = Field(default=None, gt=0)
     slo: Slo | None = None
 
@@ -237,15 +228,8 @@ class TraceWorkload(_Workload):
         return value
 
     def cells(self, window_s: float, matrix_slo: Slo | None = None) -> list[CellSpec]:
-        out = []
-        for speed in self.speeds:
-            sliced, requests = traces.plan(
-                Path(self.file), self.format, start_s=self.start_s, duration_s=self.duration_s, speed=speed,
-                sample=self.sample, length_scale=self.length_scale, max_requests=self.max_requests,
-                block_size=self.block_size)
-            out.append(CellSpec.from_trace(sliced, requests, slo=self.slo or matrix_slo,
-                                           max_concurrency=self.max_concurrency))
-        return out
+        return [CellSpec.from_trace(*self.plan(speed), slo=self.slo or matrix_slo, max_concurrency=self.max_concurrency)
+                for speed in self.speeds]
 
 
 class _Experiment(_Workload):
@@ -600,7 +584,8 @@ def load_matrix(name_or_path: str) -> tuple[Matrix, Path, dict[str, Any]]:
             hint = f"did you mean {suggestion}?" if suggestion else f"kinds: {', '.join(WORKLOAD_KINDS)}"
             raise ConfigError(str(path), f"workloads[{index}].kind", f"unknown workload kind {kind!r}", hint=hint)
     try:
-        matrix = Matrix.model_validate(data)
+        # `base`: where a search objective's trace file is read from (trace workloads' files: below).
+        matrix = Matrix.model_validate(data, context={"base": str(path.parent)})
     except ValidationError as exc:
         _raise_matrix_error(str(path), exc)
         raise

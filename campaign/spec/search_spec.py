@@ -7,6 +7,8 @@ search:
     max-num-batched-tokens: [512, 1024, 2048, 4096, 8192]    # choices (in order: the search treats them as ordinal)
     gpu-memory-utilization: {low: 0.80, high: 0.95, step: 0.05}   # a range (step: a grid; log: a log scale)
   objective: {kind: agents-at-floor, context: 16K, max_tokens: 256, floor_tok_s: 20}
+  # or goodput on a production trace's slice (its file next to the matrix), at the trace's own times:
+  # objective: {kind: goodput, trace: {file: traces/t.jsonl, start_s: 0, duration_s: 60}, slo: {ttft_p99_ms: 2000}}
   constraints: {kv_at_least_baseline: true, ttft_p99_s: 2.0}
   trials: 20          # evaluations on the simulator (default: a fifth of a finite grid, at least 10)
   confirm: 2          # candidates launched against the baseline on the real server
@@ -16,11 +18,21 @@ search:
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from campaign.measure.cells import Sessions
+from campaign.measure import traces
+from campaign.measure.cells import CellSpec, Sessions
 from campaign.measure.slo import Slo
 from campaign.measure.slo import parse as slo_parse
 from campaign.server.profiles import FlagValue
@@ -63,6 +75,38 @@ class Range(BaseModel):
         return [round(self.low + i * self.step, 10) for i in range(count)]
 
 
+class TraceSource(BaseModel):
+    """Which part of a trace file is replayed, and how (measure.traces.plan): a matrix's trace workload and a
+    goodput objective's trace both say it so. `file` is the matrix file's neighbour unless absolute."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str = Field(min_length=1)
+    format: traces.TraceFormat | None = None     # None: told from the file's first line
+    start_s: float = Field(default=0.0, ge=0)
+    duration_s: float | None = Field(default=None, gt=0)
+    sample: float = Field(default=1.0, gt=0, le=1)
+    length_scale: float = Field(default=1.0, gt=0)
+    max_requests: int | None = Field(default=None, gt=0)
+    block_size: int | None = Field(default=None, gt=0)   # tokens a hash id stands for; None: the format's
+
+    def plan(self, speed: float) -> tuple[traces.TraceSlice, list[traces.TraceRequest]]:
+        """The slice at `speed` (its arrivals that much faster): its stored description and its requests."""
+        return traces.plan(Path(self.file), self.format, start_s=self.start_s, duration_s=self.duration_s,
+                           speed=speed, sample=self.sample, length_scale=self.length_scale,
+                           max_requests=self.max_requests, block_size=self.block_size)
+
+
+class ObjectiveTrace(TraceSource):
+    """A goodput objective's load: a trace's slice at its own times (divided by `speed`)."""
+
+    speed: float = Field(default=1.0, gt=0)
+
+    def cell(self, slo: Slo | None) -> CellSpec:
+        """The slice's rate cell, as a matrix's trace workload makes it (CellSpec.from_trace)."""
+        return CellSpec.from_trace(*self.plan(self.speed), slo=slo)
+
+
 class Objective(BaseModel):
     """What a configuration is worth, measured on the simulator (phase 1) and on the real server (phase 2):
     - agents-at-floor: the most concurrent agents (sustained streams re-sending their context, so the prefix
@@ -73,7 +117,9 @@ class Objective(BaseModel):
       end) when fresh requests of `context` tokens arrive open-loop (Poisson) at `rate_rps`; with `sessions`,
       the requests are the turns of agent sessions instead (a rate workload's sessions: a shared system
       prompt, each turn the session's history so far, so the prefix cache serves it), `context` their first
-      turn's length.
+      turn's length; with `trace`, the requests of a trace's slice at their own times, with their own lengths
+      and shared blocks, `context`, `max_tokens`, `rate_rps` and the window the slice's (its mean lengths,
+      its mean rate, its span).
     - joules-per-token: the energy all the launch's GPUs draw per output token while their steps run (idle
       time between steps is not modelled) with `concurrency` such streams; lower is better. It needs a power
       model: a measured entry fitted to a run that measured energy (NVML); the hardware tables know speeds,
@@ -89,6 +135,7 @@ class Objective(BaseModel):
     rate_rps: float | None = Field(default=None, gt=0)
     slo: Slo | None = None
     sessions: Sessions | None = None
+    trace: ObjectiveTrace | None = None
     # Each probe's window, in the hardware's seconds (default: three request lifetimes at the floor, at least
     # 20 s): agents that start together finish together, and a window shorter than a lifetime can miss the
     # moment they all send again (a 10 s window read every chunk size alike where 40 s tells them apart).
@@ -111,6 +158,37 @@ class Objective(BaseModel):
         except ValidationError:   # the sessions field's own validation says what is wrong, and nothing else
             return {**data, "sessions": sessions, "context": 1}
         return {**data, "sessions": sessions, "context": first}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_load(cls, data: Any, info: ValidationInfo) -> Any:
+        """With a trace, the lengths, the rate and the window are the slice's, read from the file (relative to
+        the matrix's folder, which load_matrix gives as the validation context's `base`)."""
+        if not isinstance(data, dict) or not isinstance(data.get("trace"), dict):
+            return data
+        if data.get("kind") != "goodput":
+            raise ValueError(f"trace with kind {data.get('kind')!r}: a trace is an open-loop load, for kind goodput")
+        given = [key for key in ("context", "max_tokens", "rate_rps", "window_s", "sessions") if key in data]
+        if given:
+            raise ValueError(f"{given[0]} with trace: the lengths, arrivals and span come from the trace's slice; "
+                             f"drop {given[0]}")
+        try:
+            trace = ObjectiveTrace.model_validate(data["trace"])
+        except ValidationError:   # the trace field's own validation says what is wrong, and nothing else
+            return data
+        base = Path((info.context or {}).get("base", "."))
+        path = Path(trace.file).expanduser()
+        path = path if path.is_absolute() else (base / path).resolve()
+        if not path.is_file():
+            raise ValueError(f"trace.file: no such file: {path} (relative to the matrix file, or absolute)")
+        trace = trace.model_copy(update={"file": str(path)})
+        try:
+            cell = trace.cell(None)
+        except traces.EmptySlice as exc:
+            raise ValueError(f"trace: {exc}; widen the slice (start_s, duration_s, sample, max_requests)") from None
+        assert cell.request_rate is not None and cell.duration_s is not None
+        return {**data, "trace": trace, "context": cell.context_tokens, "max_tokens": cell.max_tokens,
+                "rate_rps": cell.request_rate, "window_s": cell.duration_s}
 
     @field_validator("context", mode="before")
     @classmethod
@@ -173,6 +251,13 @@ class Objective(BaseModel):
                 f"agent sessions' turns ({self.sessions.count} at once, {self.sessions.turns} turns, a "
                 f"{self.sessions.system_tokens:,}-token system prompt, {self.sessions.user_tokens:,}-token "
                 "messages)")
+            if self.trace is not None:
+                span = "to its end" if self.trace.duration_s is None else f"for {self.trace.duration_s:g} s"
+                load = (f"the trace {Path(self.trace.file).name} from {self.trace.start_s:g} s {span}"
+                        + (f" at {self.trace.speed:g}x" if self.trace.speed != 1 else "")
+                        + f" (mean {self.context:,}-token prompts")
+                return (f"goodput at {self.rate_rps:.3g} req/s of {load}, {self.max_tokens}-token replies), "
+                        f"SLO {self.slo.text}")
             return (f"goodput at {self.rate_rps:g} req/s of {load} and {self.max_tokens}-token replies, "
                     f"SLO {self.slo.text}")
         if self.kind == "joules-per-token":

@@ -156,13 +156,23 @@ def _confirmation_matrix(matrix: Matrix, profile_path: Path, block: SearchBlock,
             {"kind": "decode", "mode": "sustained", "contexts": [objective.context],
              "concurrency": sorted({max(1, load // 4), load}),
              "max_tokens": objective.max_tokens, "ttft": "warm", "warmup_s": phase_one.WARMUP_S},
-            *([{"kind": "rate", "rates": [objective.rate_rps], "max_tokens": objective.max_tokens,
-                "duration_s": objective.window(), "slo": {b.name: b.limit_ms for b in objective.slo.bounds},
-                **({"contexts": [objective.context]} if objective.sessions is None else
-                   {"sessions": objective.sessions.model_dump()})}]
-              if objective.kind == "goodput" and objective.slo is not None else []),
+            *([_open_loop_workload(objective)] if objective.kind == "goodput" and objective.slo is not None else []),
         ],
     }
+
+
+def _open_loop_workload(objective: Objective) -> dict[str, Any]:
+    """The goodput objective's load as the confirmation night's workload: the very cell phase 1 measured (fresh
+    prompts or agent sessions at its rate, or its trace's slice at the trace's own times)."""
+    assert objective.slo is not None
+    slo = {b.name: b.limit_ms for b in objective.slo.bounds}
+    if objective.trace is not None:
+        return {"kind": "trace", **objective.trace.model_dump(exclude={"speed"}, exclude_none=True),
+                "speeds": [objective.trace.speed], "slo": slo}
+    return {"kind": "rate", "rates": [objective.rate_rps], "max_tokens": objective.max_tokens,
+            "duration_s": objective.window(), "slo": slo,
+            **({"contexts": [objective.context]} if objective.sessions is None else
+               {"sessions": objective.sessions.model_dump()})}
 
 
 @dataclass(frozen=True)
