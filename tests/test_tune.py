@@ -19,7 +19,7 @@ from campaign.plan import replay
 from campaign.plan import search as phase_one
 from campaign.report import html as html_report
 from campaign.server.profiles import load_profile
-from campaign.spec.matrix import RateWorkload, TraceWorkload, load_matrix
+from campaign.spec.matrix import Matrix, RateWorkload, TraceWorkload, load_matrix
 from campaign.spec.search_spec import SearchBlock
 from campaign.stored import store
 from campaign.tune import tuning
@@ -322,6 +322,8 @@ def test_goodput_on_a_trace_is_its_slice_at_its_own_times_and_the_confirmation_r
     assert matrix.search is not None
     objective = matrix.search.objective
     assert objective.trace is not None and objective.trace.file == str(folder / "traces" / MOONCAKE.name)
+    # As a run stores it (the validated matrix's dump) it reads back the same, without the matrix's folder.
+    assert Matrix.model_validate(matrix.model_dump(mode="json")) == matrix
     sliced = objective.trace.cell(objective.slo)
     assert (objective.context, objective.max_tokens, objective.rate_rps, objective.window()) == (
         sliced.context_tokens, sliced.max_tokens, sliced.request_rate, sliced.duration_s)
@@ -348,6 +350,7 @@ def test_goodput_on_a_trace_is_its_slice_at_its_own_times_and_the_confirmation_r
     for objective_raw, said in (
             ({"kind": "agents-at-floor", "floor_tok_s": 20}, "trace with kind 'agents-at-floor'"),
             ({"kind": "goodput", "rate_rps": 1, "slo": {"ttft_p99_ms": 5}}, "rate_rps with trace"),
+            ({"kind": "goodput", "sessions": {"count": 2}, "slo": {"ttft_p99_ms": 5}}, "sessions with trace"),
             ({"kind": "goodput", "slo": {"ttft_p99_ms": 5}, "trace": {"file": "nowhere.jsonl"}}, "no such file")):
         raw["search"]["objective"] = {"trace": {"file": f"traces/{MOONCAKE.name}"}, **objective_raw}
         path.write_text(yaml.safe_dump(raw))

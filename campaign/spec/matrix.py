@@ -125,15 +125,6 @@ class DecodeWorkload(_TextWorkload):
         ]
 
 
-def _slo_input(value: Any) -> Any:
-    """An SLO as written (`{ttft_p99_ms: 2000, floor_tok_s: 20}` or "ttft_p99_ms=2000,...") or as stored."""
-    if value is None or (isinstance(value, dict) and "bounds" in value) or isinstance(value, Slo):
-        return value
-    if isinstance(value, dict | str):
-        return slos.parse(value)
-    raise ValueError("an SLO is a mapping of bounds, e.g. {ttft_p99_ms: 2000, tpot_p99_ms: 50}")
-
-
 def _rate_input(value: Any) -> Any:
     """`inf` (as fast as the cap allows) is None; every other rate a number of requests a second above 0."""
     return [rate_value(v) for v in value] if isinstance(value, list) else value
@@ -150,7 +141,7 @@ class _LoadShape(_TextWorkload):
     slo: Slo | None = None                              # default: the matrix's slo
     sessions: Sessions | None = None                    # agent traffic: the lengths come from its turns
 
-    _slo = field_validator("slo", mode="before")(_slo_input)
+    _slo = field_validator("slo", mode="before")(slos.field_input)
 
     _session_tokens = field_validator("sessions", mode="before")(session_tokens)
 
@@ -218,7 +209,7 @@ class TraceWorkload(_Workload, TraceSource):
     max_concurrency: int | None = Field(default=None, gt=0)
     slo: Slo | None = None
 
-    _slo = field_validator("slo", mode="before")(_slo_input)
+    _slo = field_validator("slo", mode="before")(slos.field_input)
 
     @field_validator("speeds")
     @classmethod
@@ -455,7 +446,7 @@ class Matrix(BaseModel):
     # `campaign tune`: the flags it may set, what it maximises, its constraints (spec.search_spec).
     search: SearchBlock | None = None
 
-    _slo = field_validator("slo", mode="before")(_slo_input)
+    _slo = field_validator("slo", mode="before")(slos.field_input)
 
     @model_validator(mode="before")
     @classmethod

@@ -34,7 +34,7 @@ from pydantic import (
 from campaign.measure import traces
 from campaign.measure.cells import CellSpec, Sessions
 from campaign.measure.slo import Slo
-from campaign.measure.slo import parse as slo_parse
+from campaign.measure.slo import field_input as slo_field_input
 from campaign.server.profiles import FlagValue
 from campaign.spec.token_counts import session_tokens, tokens
 
@@ -168,7 +168,11 @@ class Objective(BaseModel):
             return data
         if data.get("kind") != "goodput":
             raise ValueError(f"trace with kind {data.get('kind')!r}: a trace is an open-loop load, for kind goodput")
-        given = [key for key in ("context", "max_tokens", "rate_rps", "window_s", "sessions") if key in data]
+        if data.get("sessions") is not None:
+            raise ValueError("sessions with trace: the requests are the trace's; drop sessions")
+        given = [key for key in ("context", "max_tokens", "rate_rps", "window_s") if data.get(key) is not None]
+        if len(given) == 4:
+            return data   # resolved from its slice already: a stored run's matrix (Manifest.matrix_model)
         if given:
             raise ValueError(f"{given[0]} with trace: the lengths, arrivals and span come from the trace's slice; "
                              f"drop {given[0]}")
@@ -195,10 +199,7 @@ class Objective(BaseModel):
     def _count(cls, value: Any) -> Any:
         return tokens(value)
 
-    @field_validator("slo", mode="before")
-    @classmethod
-    def _slo(cls, value: Any) -> Any:
-        return slo_parse(value) if isinstance(value, dict | str) else value
+    _slo = field_validator("slo", mode="before")(slo_field_input)
 
     @model_validator(mode="after")
     def _needs(self) -> Objective:
