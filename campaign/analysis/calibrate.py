@@ -30,13 +30,14 @@ Evidence used:
 - a run's agent-session cells the same way, each turn's prompt the system prompt every session shares and its
   session's history so far, as the Measurer built it (measure.prompts.SessionTurns), so the replay's prefix
   cache serves each turn its history as the measured server's did;
+- a run's long-context and overload experiments the same way (unique random-token prompts, each alone or all at
+  once); the study's other experiments are listed as skipped, each with why;
 - peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
   --save-detailed`, GuideLLM's benchmarks.json, AIPerf's profile_export.jsonl), replayed the same way on the
   launch profile the user names.
-The study's experiments are listed as skipped. Held-out cells and exports are predicted by the fit, never fitted:
-the honest test of it.
+Held-out cells and exports are predicted by the fit, never fitted: the honest test of it.
 
-Long (about 750 lines): the fit, the power fit and the three sources of its evidence are one method; split, the
+Long (about 850 lines): the fit, the power fit and the four sources of its evidence are one method; split, the
 rules a cell is used by would be read in several places.
 """
 
@@ -74,6 +75,7 @@ from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
 from campaign.measure import traces
 from campaign.measure.cells import CellSpec, Sessions
+from campaign.measure.study import ExperimentResult
 from campaign.plan import replay
 from campaign.sim import config as sim_config
 from campaign.sim import measured as sim_measured
@@ -566,12 +568,46 @@ def _load(cell: StoredCell) -> list[Timed] | str:
         shared = _session_blocks(spec.sessions, spec.max_tokens, records)
     if isinstance(shared, str):
         return shared
-    scale = result.time_scale or 1.0
+    return _timed(records, result.time_scale or 1.0, shared)
+
+
+def _timed(records: Sequence[RequestRecord], scale: float, shared: dict[str, tuple[int, ...]] | None = None
+           ) -> list[Timed]:
+    """Measured requests as a load at their own send times, in the hardware's seconds (`scale`: the run's time
+    scale), each with the blocks it shares (by record id)."""
     # In the order they were sent (a stored cell keeps them as they ended): requests sent at one instant (a
     # trace's arrivals in one millisecond) reach the engine, and are seated, in it; the replay seats them so.
-    return [Timed(Sent(r.send_t * scale, r.usage_prompt_tokens or r.prompt_tokens, r.tokens, shared.get(r.id, ())),
+    return [Timed(Sent(r.send_t * scale, r.usage_prompt_tokens or r.prompt_tokens, r.tokens,
+                       (shared or {}).get(r.id, ())),
                   (r.chunk_t[0] - r.send_t) * scale, (r.chunk_t[-1] - r.send_t) * scale)
             for r in sorted(records, key=_sent_order) if r.chunk_t]
+
+
+# The study's experiments whose requests are a load like a rate cell's: unique random-token prompts on the
+# completions endpoint, each alone (long context: one prompt after another) or all at once (overload: a burst
+# past max-num-seqs), replayed at their own send times. The others say why not.
+REPLAYED_EXPERIMENTS = ("long-context", "overload")
+_NOT_REPLAYED = {
+    "prefix-order": "its arms share a prompt prefix by design, in blocks the replay does not rebuild",
+    "agents": "its agents re-send their growing histories, which the replay does not rebuild",
+    "context-window": "it measures how the server treats an oversized prompt, not a speed",
+    "repeat": "its runs are sustained decode windows, fitted where the night measured them as cells",
+    "slo-search": "its probes are judged against an SLO; the night's rate cells are the load to fit",
+}
+
+
+def _experiment_load(result: ExperimentResult, scale: float) -> list[Timed] | str:
+    """A stored experiment's requests as a measured load (REPLAYED_EXPERIMENTS), or why it is not used."""
+    if result.kind not in REPLAYED_EXPERIMENTS:
+        return _NOT_REPLAYED.get(result.kind, f"a {result.kind} experiment is not replayed")
+    if result.status != "Valid":
+        return f"{result.status}, not a measurement to fit"
+    records = [RequestRecord.from_dict(r) for r in result.requests]
+    failed = sum(1 for r in records if not r.ok)
+    if failed or not records:
+        return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
+            "no request records stored"
+    return _timed(records, scale)
 
 
 def _sent_order(record: RequestRecord) -> tuple[float, int]:
@@ -691,6 +727,19 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
         observations.append(Observation(variant=variant, spec=cells[0].result.spec, config=configs[variant],
                                         figure=kinds.pop(), values=tuple(values), held_out=bool(out),
                                         energy=energy))
+    scale = run.manifest().time_scale if run.manifest_path.exists() else 1.0
+    for item in run.experiments():
+        variant, key = item.variant, item.result.key
+        timed = _experiment_load(item.result, scale) if variant in configs else "no ready launch"
+        if isinstance(timed, str):
+            line = f"{variant}:{key}: {timed}"
+            if line not in skipped:
+                skipped.append(line)
+            continue
+        out = {f"{variant}:{key}", key} & wanted
+        seen |= out
+        observations.append(Arrivals(variant, key, configs[variant], tuple(t.sent for t in timed),
+                                     measured_figures(timed), held_out=bool(out)))
     unknown = wanted - seen
     skipped_keys = {line.split(": ", 1)[0]: line for line in skipped}
     for name in sorted(unknown):
