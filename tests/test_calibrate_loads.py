@@ -281,15 +281,16 @@ def test_a_runs_rate_cells_calibrate_the_machine_and_predict_the_other_rate_and_
     assert entry.held_out_error.max_abs is not None and entry.held_out_error.max_abs <= 0.05, entry.fit
 
 
-def test_a_runs_long_context_and_overload_experiments_are_evidence_the_fit_uses(
+def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The study's long-context prompts (each alone) and overload burst (past max-num-seqs, all at once) are
-    loads like a rate cell's: their requests replayed at their own send times are evidence. On the simulated
-    A5000 pair decoding 25% slower and prefilling 25% faster than its tables say (in simulated time), a fit on
-    two decode cells, a prefill cell and the two experiments matches every one of them within 2% (measured:
-    1.0%) and predicts the held-out 8K prefill within 2% (measured: 0.0%); without the experiments the same
-    cells were fitted no better than 12.4% (the burst is what tells a batch's decode cost apart). The study's
-    other experiments are listed as skipped, each with why."""
+    loads like a rate cell's, and so is every probe of a capacity search (an open loop at a rate, a closed loop
+    at a concurrency): their requests replayed at their own send times are evidence. On the simulated A5000
+    pair decoding 25% slower and prefilling 25% faster than its tables say (in simulated time), a fit on two
+    decode cells, a prefill cell and the two experiments matches every one of them within 2% (measured: 1.0%)
+    and predicts the held-out 8K prefill and the search's every probe, by rate and by concurrency, within 2%
+    (measured: 1.2%); without the experiments the same cells were fitted no better than 12.4% (the burst is
+    what tells a batch's decode cost apart). The study's other experiments are listed as skipped, each with why."""
     matrix = {"schema_version": 1, "name": "exp-cal", "profile": "a5000-tp2", "baseline": "baseline",
               "variants": [{"name": "baseline", "flags": {"fault": "decode-speed:0.75,prefill-speed:1.25",
                                                           "max-num-seqs": 16}}],
@@ -298,24 +299,29 @@ def test_a_runs_long_context_and_overload_experiments_are_evidence_the_fit_uses(
                              "max_tokens": 128},
                             {"kind": "long-context", "contexts": [4096, 12288], "reply_tokens": 64},
                             {"kind": "overload", "factor": 1.5, "prompt_tokens": 256, "reply_tokens": 64},
+                            {"kind": "slo-search", "context": 1024, "max_tokens": 64, "duration_s": 20,
+                             "start_rps": 0.5, "resolution": 0.5, "max_probes": 4, "max_concurrency": 8},
                             {"kind": "context-window", "reply_tokens": 8}],
-              "repeats": 1, "window_s": 10}
+              "slo": {"ttft_p99_ms": 5000, "tpot_p99_ms": 100}, "repeats": 1, "window_s": 10}
     path = tmp_path / "exp-cal.yaml"
     path.write_text(yaml.safe_dump(matrix))
     runs = tmp_path / "runs"
     assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
                     "--plain"]) == 0
     (run,) = [p for p in (runs / "exp-cal").iterdir() if p.is_dir()]
+    (search,) = [e.result.key for e in RunDir(run).experiments() if e.result.kind == "slo-search"]
     capsys.readouterr()
-    code = run_cli(["calibrate", str(run), "--hold-out", "prefill-L8192", "--name", "exp", "--dir",
-                    str(tmp_path / "m")])
+    code = run_cli(["calibrate", str(run), "--hold-out", "prefill-L8192", "--hold-out", search, "--name", "exp",
+                    "--dir", str(tmp_path / "m")])
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = cal.sim_measured.load(tmp_path / "m" / "exp.yaml")
     used = {(c.key, c.figure) for c in entry.fit if not c.held_out}
-    assert {("long-context", f) for f in ("mean_ttft_s", "mean_tpot_s", "output_tok_s")} <= used
-    assert {("overload-x1.5", f) for f in ("mean_ttft_s", "mean_tpot_s", "output_tok_s")} <= used
+    for key in ("long-context", "overload-x1.5"):
+        assert {(key, f) for f in ("mean_ttft_s", "mean_tpot_s", "output_tok_s")} <= used
+    probes = {c.key for c in entry.fit if c.held_out and c.key.startswith(search)}
+    assert any(k.endswith(" req/s") for k in probes) and any(k.endswith(" streams") for k in probes), probes
     assert entry.fitted_error.max_abs is not None and entry.fitted_error.max_abs <= 0.02, entry.fit
-    assert entry.held_out_error.cells == 1 and entry.held_out_error.max_abs is not None
+    assert entry.held_out_error.cells == 1 + 3 * len(probes) and entry.held_out_error.max_abs is not None
     assert entry.held_out_error.max_abs <= 0.02, entry.fit
     assert "context-window: it measures how the server treats an oversized prompt, not a speed" in out

@@ -31,7 +31,8 @@ Evidence used:
   session's history so far, as the Measurer built it (measure.prompts.SessionTurns), so the replay's prefix
   cache serves each turn its history as the measured server's did;
 - a run's long-context and overload experiments the same way (unique random-token prompts, each alone or all at
-  once); the study's other experiments are listed as skipped, each with why;
+  once), and each probe of a capacity search (a rate cell of its own); the study's other experiments are listed
+  as skipped, each with why;
 - peers' per-request exports (`campaign calibrate --export`, analysis.exports: vLLM's `bench serve
   --save-detailed`, GuideLLM's benchmarks.json, AIPerf's profile_export.jsonl), replayed the same way on the
   launch profile the user names.
@@ -74,7 +75,7 @@ from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
 from campaign.measure import traces
-from campaign.measure.cells import CellSpec, Sessions
+from campaign.measure.cells import CellResult, CellSpec, Sessions
 from campaign.measure.study import ExperimentResult
 from campaign.plan import replay
 from campaign.sim import config as sim_config
@@ -548,10 +549,10 @@ def _figure(cell: StoredCell) -> tuple[Figure, float | None] | str:
     return f"a {spec.phase} cell is multi-step and is not replayed"
 
 
-def _load(cell: StoredCell) -> list[Timed] | str:
-    """A stored rate cell's requests as a measured load at their own send times (in the hardware's seconds),
-    or why it is not used."""
-    result, spec = cell.result, cell.result.spec
+def _load(result: CellResult) -> list[Timed] | str:
+    """A stored rate cell's requests (a night's cell, or a capacity search's probe) as a measured load at their
+    own send times (in the hardware's seconds), or why it is not used."""
+    spec = result.spec
     if result.status != "Valid":
         return f"{result.status}, not a measurement to fit"
     if spec.prompts != "random" or spec.endpoint != "completions":
@@ -585,21 +586,45 @@ def _timed(records: Sequence[RequestRecord], scale: float, shared: dict[str, tup
 
 # The study's experiments whose requests are a load like a rate cell's: unique random-token prompts on the
 # completions endpoint, each alone (long context: one prompt after another) or all at once (overload: a burst
-# past max-num-seqs), replayed at their own send times. The others say why not.
-REPLAYED_EXPERIMENTS = ("long-context", "overload")
+# past max-num-seqs), replayed at their own send times; and a capacity search, whose every probe is a rate cell
+# (open loop at a rate, or a closed loop at a concurrency). The others say why not.
+REPLAYED_EXPERIMENTS = ("long-context", "overload", "slo-search")
 _NOT_REPLAYED = {
     "prefix-order": "its arms share a prompt prefix by design, in blocks the replay does not rebuild",
     "agents": "its agents re-send their growing histories, which the replay does not rebuild",
     "context-window": "it measures how the server treats an oversized prompt, not a speed",
     "repeat": "its runs are sustained decode windows, fitted where the night measured them as cells",
-    "slo-search": "its probes are judged against an SLO; the night's rate cells are the load to fit",
 }
 
 
-def _experiment_load(result: ExperimentResult, scale: float) -> list[Timed] | str:
-    """A stored experiment's requests as a measured load (REPLAYED_EXPERIMENTS), or why it is not used."""
+@dataclass(frozen=True)
+class _ExperimentLoad:
+    """One load of a stored experiment: its name among the evidence, its requests, and a closed loop's streams."""
+
+    key: str
+    timed: list[Timed]
+    max_concurrency: int | None = None
+    block: int | None = None
+
+
+def _experiment_loads(result: ExperimentResult, scale: float) -> list[_ExperimentLoad] | str:
+    """A stored experiment's requests as measured loads (REPLAYED_EXPERIMENTS; a capacity search's probes one
+    each, named `<key> at <rate> req/s` or `<key> at <n> streams`), or why it is not used."""
     if result.kind not in REPLAYED_EXPERIMENTS:
         return _NOT_REPLAYED.get(result.kind, f"a {result.kind} experiment is not replayed")
+    if result.kind == "slo-search":
+        loads, why = [], "no probe stored"
+        for probe in (CellResult.model_validate(p) for p in result.details.get("probes") or []):
+            timed = _load(probe)
+            spec = probe.spec
+            if isinstance(timed, str):
+                why = timed
+                continue
+            at = f"{spec.request_rate:g} req/s" if spec.request_rate is not None else f"{spec.max_concurrency} streams"
+            loads.append(_ExperimentLoad(f"{result.key} at {at}", timed,
+                                         spec.max_concurrency if spec.request_rate is None else None,
+                                         shared_block(spec)))
+        return loads or why
     if result.status != "Valid":
         return f"{result.status}, not a measurement to fit"
     records = [RequestRecord.from_dict(r) for r in result.requests]
@@ -607,7 +632,7 @@ def _experiment_load(result: ExperimentResult, scale: float) -> list[Timed] | st
     if failed or not records:
         return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
             "no request records stored"
-    return _timed(records, scale)
+    return [_ExperimentLoad(result.key, _timed(records, scale))]
 
 
 def _sent_order(record: RequestRecord) -> tuple[float, int]:
@@ -700,7 +725,7 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
     for (variant, key), cells in sorted(grouped.items()):
         if cells[0].result.spec.phase == "rate" and variant in configs:
             out = {f"{variant}:{key}", key} & wanted
-            loads = [(c, _load(c)) for c in cells]
+            loads = [(c, _load(c.result)) for c in cells]
             used = [(c, load) for c, load in loads if not isinstance(load, str) and load]
             spec = cells[0].result.spec
             closed = spec.max_concurrency if spec.request_rate is None else None   # a closed loop's streams
@@ -729,17 +754,19 @@ def run_cells(run: RunDir, held_out: Iterable[str] = ()) -> RunCells:
                                         energy=energy))
     scale = run.manifest().time_scale if run.manifest_path.exists() else 1.0
     for item in run.experiments():
-        variant, key = item.variant, item.result.key
-        timed = _experiment_load(item.result, scale) if variant in configs else "no ready launch"
-        if isinstance(timed, str):
-            line = f"{variant}:{key}: {timed}"
+        variant = item.variant
+        replayed = _experiment_loads(item.result, scale) if variant in configs else "no ready launch"
+        if isinstance(replayed, str):
+            line = f"{variant}:{item.result.key}: {replayed}"
             if line not in skipped:
                 skipped.append(line)
             continue
-        out = {f"{variant}:{key}", key} & wanted
-        seen |= out
-        observations.append(Arrivals(variant, key, configs[variant], tuple(t.sent for t in timed),
-                                     measured_figures(timed), held_out=bool(out)))
+        for exp in replayed:
+            out = {f"{variant}:{exp.key}", exp.key, f"{variant}:{item.result.key}", item.result.key} & wanted
+            seen |= out
+            observations.append(Arrivals(variant, exp.key, configs[variant], tuple(t.sent for t in exp.timed),
+                                         measured_figures(exp.timed), held_out=bool(out),
+                                         max_concurrency=exp.max_concurrency, block=exp.block))
     unknown = wanted - seen
     skipped_keys = {line.split(": ", 1)[0]: line for line in skipped}
     for name in sorted(unknown):
