@@ -661,6 +661,9 @@ def calibrate(
         "--profile", metavar="PROFILE", help="the launch profile of the server the exports measured (its "
                                              "flags and KV cache)")] = None,
     folder: Annotated[Path, typer.Option("--dir", metavar="DIR", help="where the entry is written")] = MEASURED_DIR,
+    fit_experiments: Annotated[bool, typer.Option(
+        "--fit-experiments", help="fit the run's long-context, overload and capacity-search requests too "
+                                  "(default: its cells only; --hold-out takes their keys)")] = False,
 ) -> None:
     """Fit the simulator's step costs to a measured run (or a peer's per-request exports) and write a hardware
     entry a profile can name."""
@@ -696,7 +699,8 @@ def calibrate(
                                 hint="name a directory under runs/ that `campaign run` wrote")
         chosen = name or Path(stored.manifest().matrix_model().profile).stem
         _check_entry_name(chosen)
-        entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [])
+        entry, fitted, cells = calibration.calibrate(stored, chosen, hold_out or [],
+                                                     fit_experiments=fit_experiments)
         skipped = cells.skipped
         _, assumed = calibration.block_size(cells.baseline)
         kv_from += f", {assumed}" if assumed else ""

@@ -129,6 +129,25 @@ def test_calibrate_the_real_cpu_run_and_predict_a_held_out_cell(tmp_path: Path,
     assert entry.device == "CPU" and len(entry.fit) == 9 and entry.fitted_error.cells == 8
 
 
+def test_the_real_cpu_runs_experiments_are_fitted_where_their_replies_streamed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With --fit-experiments, the demo's real CPU run: a long-context or overload load some of whose replies
+    arrived whole (every token in one chunk: the build's busy API server) shows no decode time, and its TPOT of
+    0 is no step's; it is listed as skipped with why, never fitted as 0 (which divided a relative error by
+    zero), and the loads whose replies streamed are fitted."""
+    run = tmp_path / "run"
+    shutil.copytree(CPU_RUN, run)
+    code = run_cli(["calibrate", str(run), "--fit-experiments", "--dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "skipped baseline:long-context: 2 of 2 replies arrived whole (every token at once): the server's " \
+           "decode time was not seen" in out
+    assert "prefix-order-K4: its arms share a prompt prefix by design" in out
+    entry = sim_measured.load(tmp_path / "cpu-tiny.yaml")
+    fitted = [c for c in entry.fit if not c.held_out and c.key in {"long-context", "overload-x1.25"}]
+    assert fitted and all(c.measured > 0 for c in fitted), entry.fit   # each a load whose replies streamed
+
+
 def test_a_profile_naming_the_entry_is_simulated_with_its_costs(tmp_path: Path) -> None:
     """The written entry is what the printed figures came from (replayed from the file, a cell reads exactly
     as the fit said), and a profile naming it launches a simulated server sized as the real one's log said."""

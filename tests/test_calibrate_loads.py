@@ -285,12 +285,13 @@ def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The study's long-context prompts (each alone) and overload burst (past max-num-seqs, all at once) are
     loads like a rate cell's, and so is every probe of a capacity search (an open loop at a rate, a closed loop
-    at a concurrency): their requests replayed at their own send times are evidence. On the simulated A5000
-    pair decoding 25% slower and prefilling 25% faster than its tables say (in simulated time), a fit on two
-    decode cells, a prefill cell and the two experiments matches every one of them within 2% (measured: 1.0%)
-    and predicts the held-out 8K prefill and the search's every probe, by rate and by concurrency, within 2%
-    (measured: 1.2%); without the experiments the same cells were fitted no better than 12.4% (the burst is
-    what tells a batch's decode cost apart). The study's other experiments are listed as skipped, each with why."""
+    at a concurrency): with --fit-experiments their requests replayed at their own send times are evidence.
+    On the simulated A5000 pair decoding 25% slower and prefilling 25% faster than its tables say (in simulated
+    time), a fit on two decode cells, a prefill cell and the two experiments matches every one of them within
+    2% (measured: 1.0%) and predicts the held-out 8K prefill and the search's every probe, by rate and by
+    concurrency, within 2% (measured: 1.2%); without the experiments the same cells were fitted no better than
+    12.4% (the burst is what tells a batch's decode cost apart). The study's other experiments are listed as
+    skipped, each with why."""
     matrix = {"schema_version": 1, "name": "exp-cal", "profile": "a5000-tp2", "baseline": "baseline",
               "variants": [{"name": "baseline", "flags": {"fault": "decode-speed:0.75,prefill-speed:1.25",
                                                           "max-num-seqs": 16}}],
@@ -311,8 +312,8 @@ def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses
     (run,) = [p for p in (runs / "exp-cal").iterdir() if p.is_dir()]
     (search,) = [e.result.key for e in RunDir(run).experiments() if e.result.kind == "slo-search"]
     capsys.readouterr()
-    code = run_cli(["calibrate", str(run), "--hold-out", "prefill-L8192", "--hold-out", search, "--name", "exp",
-                    "--dir", str(tmp_path / "m")])
+    code = run_cli(["calibrate", str(run), "--fit-experiments", "--hold-out", "prefill-L8192", "--hold-out", search,
+                    "--name", "exp", "--dir", str(tmp_path / "m")])
     out, err = capsys.readouterr()
     assert code == 0, err
     entry = cal.sim_measured.load(tmp_path / "m" / "exp.yaml")
@@ -325,3 +326,7 @@ def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses
     assert entry.held_out_error.cells == 1 + 3 * len(probes) and entry.held_out_error.max_abs is not None
     assert entry.held_out_error.max_abs <= 0.02, entry.fit
     assert "context-window: it measures how the server treats an oversized prompt, not a speed" in out
+    # By default a fit is the cells' alone: the experiments are asked for.
+    assert run_cli(["calibrate", str(run), "--name", "cells", "--dir", str(tmp_path / "m")]) == 0
+    assert not {c.key for c in cal.sim_measured.load(tmp_path / "m" / "cells.yaml").fit} & {
+        "long-context", "overload-x1.5"}
