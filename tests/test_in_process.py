@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +24,7 @@ from campaign.measure.cells import CellSpec
 from campaign.measure.prompts import PromptSource
 from campaign.measure.runner import Measurer
 from campaign.measure.simulated import InProcessStreams, SimulatedServer, start
+from campaign.plan import replay
 from campaign.server import metrics as m
 from campaign.server.profiles import load_profile
 from campaign.sim import truth as sim_truth
@@ -264,3 +266,23 @@ def test_a_scrape_in_process_is_the_socket_scrapes_snapshot(server: SimulatedSer
         assert set(direct.values) == (set(over_socket.values) if only is None else only & set(over_socket.values))
     full, _ = server.call(both(None))
     assert full.value(m.GENERATION_TOKENS) > 0 and full.value(f"{m.TTFT_HISTOGRAM}_count") > 0
+
+
+def test_a_launch_in_simulated_time_reads_no_wall_clock_variables(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A served simulator's time scale and truth file (CAMPAIGN_SIM_TIME_SCALE, CAMPAIGN_SIM_TRUTH, as an HTTP
+    launch beside it in the same process sets them) have nothing to act on in process: a launch in simulated
+    time and a plan's configuration start at the hardware's speed without a truth file. Read, a truth file an
+    HTTP launch had written refused the start ("exists"): a test of both clocks in one module failed so in
+    the suite, where its HTTP fixture had started first."""
+    written = tmp_path / "truth.jsonl"
+    written.write_text("{}\n")
+    monkeypatch.setenv("CAMPAIGN_SIM_TRUTH", str(written))
+    monkeypatch.setenv("CAMPAIGN_SIM_TIME_SCALE", "5")
+    monkeypatch.setenv("CAMPAIGN_SIM_FAULTS", "launch-noise:0.02")   # the server's variables are still read
+    profile, path = load_profile("h200")
+    launch = start(profile, {}, seed=0)
+    assert launch.config.time_scale == 1.0 and launch.config.truth is None
+    assert launch.config.faults.launch_noise == 0.02
+    planned = replay.loaded_profile_config(profile, path)
+    assert planned.time_scale == 1.0 and planned.truth is None and planned.faults.launch_noise == 0.02

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import io
 import json
-import os
 import random
 import tempfile
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -224,7 +223,7 @@ def start(profile: LaunchProfile, flags: Mapping[str, FlagValue], *, seed: int, 
     try:
         with contextlib.redirect_stderr(errors):
             # The profile's environment is the server's: the vLLM variables it sets act as they would on it.
-            config = sim_config.parse(command, launch=launch, env={**os.environ, **spec.env_overrides})
+            config = sim_config.parse(command, launch=launch, env=sim_config.in_process_env(spec.env_overrides))
     except SystemExit:
         raise LaunchError(errors.getvalue().strip().splitlines()[-1], kind="bad_argument",
                           log_tail=errors.getvalue(), hint="see the simulator's usage line") from None

@@ -118,7 +118,6 @@ def parse(items: dict[str, object] | str) -> Slo:
     return Slo(bounds=tuple(bounds))
 
 
-
 def field_input(value: object) -> object:
     """What a model's `slo` field takes: an SLO as written (`{ttft_p99_ms: 2000, floor_tok_s: 20}` or
     "ttft_p99_ms=2000,..."), parsed; or as stored (an Slo, or its dump: a mapping of `bounds`), as it is."""
@@ -127,6 +126,7 @@ def field_input(value: object) -> object:
     if isinstance(value, dict | str):
         return parse(value)
     raise ValueError("an SLO is a mapping of bounds, e.g. {ttft_p99_ms: 2000, tpot_p99_ms: 50}")
+
 
 @dataclass(frozen=True)
 class RequestLatency:

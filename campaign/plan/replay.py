@@ -29,7 +29,6 @@ seed 004's table with this predictor, which agrees with it (tests/test_sim_night
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -143,7 +142,7 @@ def loaded_profile_config(profile: LaunchProfile, path: Path,
     command = spec.argv
     try:
         return sim_config.parse_checked(command[command.index("campaign.sim") + 1:],
-                                        env={**os.environ, **spec.env_overrides})
+                                        env=sim_config.in_process_env(spec.env_overrides))
     except ValueError as exc:   # the simulator would refuse to start: a measured file, a flag out of bounds
         raise ConfigError(str(path), "hardware" if "--hardware" in str(exc) else "flags", str(exc),
                           hint="the simulator's own words; fix the profile, the matrix's flags or the measured file") \

@@ -244,7 +244,7 @@ def _model_len(text: str) -> int | None:
     return None if text.strip().lower() in {"auto", "-1"} else _human_int(text)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", description="vllm-campaign's vLLM simulator")
     p.add_argument("model_tag", nargs="?")
     p.add_argument("--model")
@@ -281,12 +281,12 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--trust-remote-code", "--enable-auto-tool-choice", "--disable-uvicorn-access-log",
                  "--enforce-eager"):
         p.add_argument(flag, action="store_true")
-    p.add_argument("--time-scale", type=float, default=float(os.environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")))
+    p.add_argument("--time-scale", type=float, default=float(environ.get("CAMPAIGN_SIM_TIME_SCALE", "1")))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version-style", default=os.environ.get("CAMPAIGN_SIM_VERSION_STYLE", VERSION))
+    p.add_argument("--version-style", default=environ.get("CAMPAIGN_SIM_VERSION_STYLE", VERSION))
     p.add_argument("--fault", action="append", default=[
-        f for f in os.environ.get("CAMPAIGN_SIM_FAULTS", "").split(",") if f])
-    p.add_argument("--truth", type=Path, default=os.environ.get("CAMPAIGN_SIM_TRUTH") or None,
+        f for f in environ.get("CAMPAIGN_SIM_FAULTS", "").split(",") if f])
+    p.add_argument("--truth", type=Path, default=environ.get("CAMPAIGN_SIM_TRUTH") or None,
                    help="write what the simulated server really did, as JSON lines, to this new file (or a file per "
                         "launch in this directory)")
     return p
@@ -301,6 +301,18 @@ def option_names() -> frozenset[str]:
     return frozenset(names)
 
 
+# A served process's variables on the wall clock: its time scale and its truth file. In this process (a launch
+# in simulated time, a plan) the clock is the engine's and the truth goes to the caller's sink, so they have
+# nothing to act on; read there, a truth file another launch had written refused the start ("exists").
+WALL_ONLY_ENV = frozenset({"CAMPAIGN_SIM_TIME_SCALE", "CAMPAIGN_SIM_TRUTH"})
+
+
+def in_process_env(overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment a launch in this process is parsed with: this process's, with the profile's overrides,
+    less WALL_ONLY_ENV."""
+    return {k: v for k, v in {**os.environ, **overrides}.items() if k not in WALL_ONLY_ENV}
+
+
 def parse(argv: list[str], *, launch: str | None = None,
           measured: sim_measured.MeasuredHardware | None = None, env: Mapping[str, str] | None = None) -> SimConfig:
     """The command line as a SimConfig; mistakes end in argparse's usage error (exit 2), as vLLM's do. `launch`:
@@ -309,7 +321,7 @@ def parse(argv: list[str], *, launch: str | None = None,
     `env`: the server's environment where it is not this process's (a launch in simulated time, a plan): the
     vLLM variables that change what it does at start-up are read from it."""
     environ = os.environ if env is None else env
-    p = _parser()
+    p = _parser(environ)
     args = p.parse_args(argv)
     model = args.model or args.model_tag
     if not model:
