@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
+from fakes import simulated
 
 from campaign.analysis import arrivals
 from campaign.analysis import calibrate as cal
@@ -251,12 +251,7 @@ def test_a_runs_rate_cells_calibrate_the_machine_and_predict_the_other_rate_and_
                             {"kind": "rate", "sessions": sessions, "rates": [0.5], "max_tokens": 32,
                              "duration_s": 60}],
               "repeats": 1}
-    path = tmp_path / "rate-cal.yaml"
-    path.write_text(yaml.safe_dump(matrix))
-    runs = tmp_path / "runs"
-    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
-                    "--plain"]) == 0
-    (run,) = [p for p in (runs / "rate-cal").iterdir() if p.is_dir()]
+    run = simulated.night_in_simulated_time(tmp_path, matrix)
     stored = RunDir(run)
     (agents,) = [c for c in stored.cells() if c.result.spec.sessions is not None]
     # The premise: the replay's prompts share what the Measurer's shared, block for block (the largest block
@@ -304,12 +299,7 @@ def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses
                              "start_rps": 0.5, "resolution": 0.5, "max_probes": 4, "max_concurrency": 8},
                             {"kind": "context-window", "reply_tokens": 8}],
               "slo": {"ttft_p99_ms": 5000, "tpot_p99_ms": 100}, "repeats": 1, "window_s": 10}
-    path = tmp_path / "exp-cal.yaml"
-    path.write_text(yaml.safe_dump(matrix))
-    runs = tmp_path / "runs"
-    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
-                    "--plain"]) == 0
-    (run,) = [p for p in (runs / "exp-cal").iterdir() if p.is_dir()]
+    run = simulated.night_in_simulated_time(tmp_path, matrix)
     (search,) = [e.result.key for e in RunDir(run).experiments() if e.result.kind == "slo-search"]
     capsys.readouterr()
     code = run_cli(["calibrate", str(run), "--fit-experiments", "--hold-out", "prefill-L8192", "--hold-out", search,

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-import yaml
+from fakes import simulated
 
 from campaign.analysis import calibrate as cal
 from campaign.analysis.arrivals import Arrivals, Sent, Timed, measured_figures, run_load
@@ -41,13 +41,7 @@ def _night(tmp_path: Path, trace: Path) -> Path:
     matrix = {"schema_version": 1, "name": "trace-cal", "profile": str(profile), "baseline": "baseline",
               "variants": [{"name": "baseline", "flags": {"fault": FAULT}}],
               "workloads": slices, "repeats": 1}
-    path = tmp_path / "trace-cal.yaml"
-    path.write_text(yaml.safe_dump(matrix))
-    runs = tmp_path / "runs"
-    assert run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
-                    "--plain"]) == 0
-    (run,) = [p for p in (runs / "trace-cal").iterdir() if p.is_dir()]
-    return run
+    return simulated.night_in_simulated_time(tmp_path, matrix)
 
 
 @pytest.fixture(scope="module")

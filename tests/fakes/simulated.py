@@ -7,8 +7,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from campaign.bench import truth
+from campaign.cli import run_cli
 from campaign.http.endpoint import Timeouts
 from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.runner import Measurer
@@ -55,3 +59,16 @@ def in_simulated_time(profile: str, flags: dict[str, FlagValue], *, seed: int = 
     recorded = sim_truth.Recorder()
     with launch.serve(truth=recorded) as server:
         yield InSimulatedTime(server, recorded)
+
+
+def night_in_simulated_time(folder: Path, matrix: dict[str, Any]) -> Path:
+    """`campaign run` of `matrix` (a mapping, written as `folder`/NAME.yaml) on the simulator in simulated time,
+    without the report; the run's folder."""
+    path = folder / f"{matrix['name']}.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    runs = folder / "runs"
+    code = run_cli(["run", "--no-report", str(path), "--engine", "sim", "--clock", "virtual", "--out", str(runs),
+                    "--plain"])
+    assert code == 0, f"campaign run {path} exited {code}"
+    (run,) = [p for p in (runs / matrix["name"]).iterdir() if p.is_dir()]
+    return run
