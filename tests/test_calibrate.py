@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from campaign.analysis import calibrate as cal
+from campaign.analysis.arrivals import Arrivals
 from campaign.cli import run_cli
 from campaign.core.errors import ConfigError
 from campaign.night.launcher import launched
@@ -129,23 +130,21 @@ def test_calibrate_the_real_cpu_run_and_predict_a_held_out_cell(tmp_path: Path,
     assert entry.device == "CPU" and len(entry.fit) == 9 and entry.fitted_error.cells == 8
 
 
-def test_the_real_cpu_runs_experiments_are_fitted_where_their_replies_streamed(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_real_cpu_runs_experiments_are_taken_where_their_replies_streamed() -> None:
     """With --fit-experiments, the demo's real CPU run: a long-context or overload load some of whose replies
     arrived whole (every token in one chunk: the build's busy API server) shows no decode time, and its TPOT of
-    0 is no step's; it is listed as skipped with why, never fitted as 0 (which divided a relative error by
-    zero), and the loads whose replies streamed are fitted."""
-    run = tmp_path / "run"
-    shutil.copytree(CPU_RUN, run)
-    code = run_cli(["calibrate", str(run), "--fit-experiments", "--dir", str(tmp_path)])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert "skipped baseline:long-context: 2 of 2 replies arrived whole (every token at once): the server's " \
-           "decode time was not seen" in out
-    assert "prefix-order-K4: its arms share a prompt prefix by design" in out
-    entry = sim_measured.load(tmp_path / "cpu-tiny.yaml")
-    fitted = [c for c in entry.fit if not c.held_out and c.key in {"long-context", "overload-x1.25"}]
-    assert fitted and all(c.measured > 0 for c in fitted), entry.fit   # each a load whose replies streamed
+    0 is no step's; it is listed as skipped with why, never taken as 0 (which divided the fit's relative error
+    by zero: "array must not contain infs or NaNs"), and the loads whose replies streamed are taken, every
+    figure above 0. By default the experiments are not taken at all."""
+    cells = cal.run_cells(RunDir(CPU_RUN), fit_experiments=True)
+    assert ("baseline:long-context: 2 of 2 replies arrived whole (every token at once): the server's decode time "
+            "was not seen") in cells.skipped
+    assert any(s.endswith("prefix-order-K4: its arms share a prompt prefix by design, in blocks the replay does "
+                          "not rebuild") for s in cells.skipped)
+    taken = [o for o in cells.observations if isinstance(o, Arrivals) and o.key in {"long-context", "overload-x1.25"}]
+    assert taken and all(value > 0 for o in taken for value in o.measured.values()), [o.measured for o in taken]
+    assert not [o for o in cal.run_cells(RunDir(CPU_RUN)).observations
+                if isinstance(o, Arrivals) and o.key in {"long-context", "overload-x1.25"}]
 
 
 def test_a_profile_naming_the_entry_is_simulated_with_its_costs(tmp_path: Path) -> None:

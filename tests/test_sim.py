@@ -116,7 +116,7 @@ def test_sim_startup_log_reads_like_vllm(a5000: LaunchedServer) -> None:
 
 @pytest.mark.wall_timed
 def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Seed 000's A/B (three flag sets, interleaved rounds until settled: two launches each, at most three)
+    """Seed 000's A/B (three flag sets, interleaved rounds until settled: two launches each, at most two)
     measured over HTTP at 5x is the same campaign as replayed in simulated time: the same keep and revert,
     every Valid cell's figures (the hardware's on both sides, format 10, no division by the scale anywhere)
     within 10%, each cell storing the client's own timing noise (a window whose client stood still is measured
@@ -135,8 +135,8 @@ def test_seed_000_ab_reproduced_on_the_simulator(tmp_path: Path, capsys: pytest.
     assert "KV cache +15.0%, agents at 8K context 61 -> 70" in memory and memory.endswith(": keep")
     batch = next(line for line in lines if "max-num-batched-tokens 2,048 -> 8,192" in line)
     # In simulated time every launch is the same and the batch's figures are shown within 3%: revert for the
-    # KV cost, as seed 000 did. Over HTTP at 5x the host's jitter may leave them unshown: at three rounds that
-    # is a cost with no benefit shown, reverted (issue 54); at two, not settled, saying what would settle it;
+    # KV cost, as seed 000 did. Over HTTP at 5x the host's jitter may leave them unshown: at the last round
+    # that is a cost with no benefit shown, reverted (issue 54), or not settled, saying what would settle it;
     # never "no difference" and never better or worse.
     assert "KV cache -0.8%" in batch and (
         batch.endswith(": revert (a cost with no benefit: every deciding figure is shown within +-3%)")
