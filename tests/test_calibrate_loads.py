@@ -33,6 +33,7 @@ from campaign.analysis.exports import read_vllm_bench
 from campaign.bench import fidelity
 from campaign.cli import run_cli
 from campaign.core.errors import CampaignError
+from campaign.measure.study import ExperimentResult
 from campaign.plan import replay
 from campaign.sim.config import SimConfig
 from campaign.sim.model import StepCosts
@@ -320,3 +321,12 @@ def test_a_runs_experiments_and_capacity_search_probes_are_evidence_the_fit_uses
     assert run_cli(["calibrate", str(run), "--name", "cells", "--dir", str(tmp_path / "m")]) == 0
     assert not {c.key for c in cal.sim_measured.load(tmp_path / "m" / "cells.yaml").fit} & {
         "long-context", "overload-x1.5"}
+
+
+def test_a_capacity_search_whose_probes_do_not_read_as_cells_is_skipped_with_why() -> None:
+    """A search stored in another format than this tool's cells is listed as skipped, never a crash."""
+    search = ExperimentResult(kind="slo-search", key="slo-search-x", status="Valid",
+                              details={"probes": [{"request_rate": 1.0}]})
+    assert cal._experiment_loads(search, 1.0) == ("its probes are stored in a format this version does not read "
+                                                  "as cells")
+    assert cal._experiment_loads(search.model_copy(update={"details": {}}), 1.0) == "no probe stored"

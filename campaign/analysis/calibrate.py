@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import ValidationError
 
 # scipy.optimize is imported where a fit runs: importing it took 0.4 s of the 1.5 s every command's start
 # paid (the command line imports this module), as analysis/statistics.py imports scipy.stats.
@@ -625,7 +626,12 @@ def _experiment_loads(result: ExperimentResult, scale: float) -> list[_Experimen
         return _NOT_REPLAYED.get(result.kind, f"a {result.kind} experiment is not replayed")
     if result.kind == "slo-search":
         loads, why = [], "no probe stored"
-        for probe in (CellResult.model_validate(p) for p in result.details.get("probes") or []):
+        for stored in result.details.get("probes") or []:
+            try:
+                probe = CellResult.model_validate(stored)
+            except ValidationError:   # a probe kept in another format than this tool's cells
+                why = "its probes are stored in a format this version does not read as cells"
+                continue
             timed = _load(probe)
             spec = probe.spec
             if isinstance(timed, str):
