@@ -38,7 +38,7 @@ Evidence used:
   launch profile the user names.
 Held-out cells and exports are predicted by the fit, never fitted: the honest test of it.
 
-Long (about 850 lines): the fit, the power fit and the four sources of its evidence are one method; split, the
+Long (about 900 lines): the fit, the power fit and the four sources of its evidence are one method; split, the
 rules a cell is used by would be read in several places.
 """
 

@@ -219,8 +219,7 @@ class TraceWorkload(_Workload, TraceSource):
         return value
 
     def cells(self, window_s: float, matrix_slo: Slo | None = None) -> list[CellSpec]:
-        return [CellSpec.from_trace(*self.plan(speed), slo=self.slo or matrix_slo, max_concurrency=self.max_concurrency)
-                for speed in self.speeds]
+        return [self.cell_at(speed, self.slo or matrix_slo, self.max_concurrency) for speed in self.speeds]
 
 
 class _Experiment(_Workload):

@@ -96,6 +96,10 @@ class TraceSource(BaseModel):
                            speed=speed, sample=self.sample, length_scale=self.length_scale,
                            max_requests=self.max_requests, block_size=self.block_size)
 
+    def cell_at(self, speed: float, slo: Slo | None, max_concurrency: int | None = None) -> CellSpec:
+        """The slice's rate cell at `speed` (CellSpec.from_trace): a trace workload's, and an objective's."""
+        return CellSpec.from_trace(*self.plan(speed), slo=slo, max_concurrency=max_concurrency)
+
 
 class ObjectiveTrace(TraceSource):
     """A goodput objective's load: a trace's slice at its own times (divided by `speed`)."""
@@ -103,8 +107,8 @@ class ObjectiveTrace(TraceSource):
     speed: float = Field(default=1.0, gt=0)
 
     def cell(self, slo: Slo | None) -> CellSpec:
-        """The slice's rate cell, as a matrix's trace workload makes it (CellSpec.from_trace)."""
-        return CellSpec.from_trace(*self.plan(self.speed), slo=slo)
+        """The slice's rate cell, as a matrix's trace workload makes it."""
+        return self.cell_at(self.speed, slo)
 
 
 class Objective(BaseModel):
