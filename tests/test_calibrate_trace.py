@@ -58,7 +58,7 @@ def test_a_trace_cells_replay_is_the_servers_run_with_its_prefixes_shared_as_the
     speed faults) give back every figure the cell measured (mean TTFT, mean TPOT, output tok/s) and read from
     the prefix cache what the server's counter said it served. Two things had to be right for that: the
     shared blocks (dropped, each prompt its own as before trace cells were replayed, the replay reads no hit and
-    its mean TTFT is off), and the order of requests sent at one instant (Mooncake has several a millisecond;
+    its mean TTFT is long), and the order of requests sent at one instant (Mooncake has several a millisecond;
     replayed in the order they ended, the mean TTFT read 8-13% short and the mean TPOT 11-16% long)."""
     run, _ = night
     cells = cal.run_cells(RunDir(run))
@@ -79,7 +79,10 @@ def test_a_trace_cells_replay_is_the_servers_run_with_its_prefixes_shared_as_the
         own, _ = run_load(server, [Sent(s.at_s, s.prompt_tokens, s.output_tokens) for s in load.load], server.costs)
         assert sum(r.cached or 0 for r in own if r is not None) == 0
         ttft = statistics.fmean(r.emits[0][0] - r.arrival for r in own if r is not None)
-        assert abs(ttft / load.measured["mean_ttft_s"] - 1) > 0.02, load.key
+        # Without the hits every prompt is prefilled whole, and its first token comes later: 1.3-2.2% on the
+        # three loads, ten times the 0.1% the shared replay is held to (the API server's 10 ms a request is
+        # most of a TTFT at this load).
+        assert ttft / load.measured["mean_ttft_s"] - 1 > 0.01, load.key
 
 
 def test_a_runs_trace_cell_calibrates_the_machine_and_predicts_the_others(

@@ -68,7 +68,8 @@ def test_a_profile_stating_its_card_inline_launches(tmp_path: Path, capsys: pyte
     ({"memory_gb": 24, "bandwidth_gb_s": -1, "bf16_tflops": 165.2},
      "hardware: bandwidth_gb_s: a number above 0 is expected, got -1"),
     ({**RTX_4090, "count": 0}, "hardware: count: a whole number of cards, at least 1, is expected, got 0"),
-], ids=["unknown-key", "missing", "null", "negative", "count"])
+    ({**RTX_4090, "link_gb_s": 0}, "hardware: link_gb_s: a number above 0 is expected, got 0"),
+], ids=["unknown-key", "missing", "null", "negative", "count", "link"])
 def test_a_card_that_does_not_read_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      card: dict[str, object], says: str) -> None:
     path = profile_with(tmp_path, card)
@@ -99,12 +100,41 @@ def test_every_row_of_the_tables_names_its_source_and_reads_as_a_datasheet_does(
     with room for the cache (the smallest here, 24 GB cards, included), its step costs computed."""
     for name, card in HARDWARE.items():
         assert card.source.startswith("https://"), name
-        assert card.memory_gb > 0 and card.bandwidth_gb_s > 0, name
+        assert card.memory_gb > 0 and card.bandwidth_gb_s > 0 and card.link_gb_s in {32, 64, 300, 448, 450, 900}, name
         assert card.int8_tops >= card.bf16_tflops and (card.fp8_tflops or card.bf16_tflops) >= card.bf16_tflops
         mem = sim_model.memory(hardware=name, model="meta-llama/Llama-3.1-8B", tp=1, utilization=0.9,
                                max_num_batched_tokens=2048)
         assert mem.kv_tokens > 8192, (name, mem)
         assert sim_model.step_costs(hardware=name, model="meta-llama/Llama-3.1-8B", tp=1).fixed_s > 0
+
+
+def test_tensor_parallelism_pays_two_all_reduces_a_layer_over_the_cards_link() -> None:
+    """Llama-2-70B (80 layers, hidden 8192, from its shipped config.json) on four H100s: each token sends its
+    hidden state's 16,384 bytes 160 times, 2 x 3/4 of them by a ring, over the link: the same card joined by PCIe
+    5.0 (64 GB/s) instead of NVLink (450) pays more per token by exactly the bytes over the slower link, and
+    nothing more per step. One card pays nothing, and a seed's pair (fitted on its own tensor parallelism) no
+    separate term."""
+    model = "meta-llama/Llama-2-70b-hf"
+    h100 = {"name": "h100-on-pcie", "memory_gb": 80, "bandwidth_gb_s": 3350, "bf16_tflops": 989.5,
+            "fp8_tflops": 1979, "int8_tops": 1979, "reported_gib": 79.22, "count": 4}
+    nvlink = sim_model.step_costs(hardware="h100-sxmx4", model=model, tp=4)
+    pcie = sim_model.step_costs(hardware=json.dumps({**h100, "link_gb_s": 64}), model=model, tp=4)
+    alone = sim_model.step_costs(hardware="h100-sxm", model=model, tp=4)   # the row's link, stated per card
+    assert nvlink == alone
+    per_token_bytes = 160 * 8192 * 2 * (2 * 3 / 4)
+    assert pcie.fixed_s == pytest.approx(nvlink.fixed_s)
+    assert pcie.prefill_s_per_token - nvlink.prefill_s_per_token == pytest.approx(
+        per_token_bytes / 64e9 - per_token_bytes / 450e9)
+    assert pcie.decode_s_per_token - nvlink.decode_s_per_token == pytest.approx(
+        per_token_bytes / 64e9 - per_token_bytes / 450e9)
+    one = sim_model.step_costs(hardware="h100-sxm", model=model, tp=1)
+    assert nvlink.prefill_s_per_token - one.prefill_s_per_token / 4 == pytest.approx(per_token_bytes / 450e9)
+    cal = sim_model.calibration_for("h100-sxm", model)
+    assert cal.link_term and nvlink.fixed_s == pytest.approx(cal.fixed_step_s + (one.fixed_s - cal.fixed_step_s) / 4)
+    seed = sim_model.calibration_for("a5000x2", "qwen-27b-hybrid")
+    assert not seed.link_term
+    card, _ = resolve_hardware("a5000x2") or (HARDWARE["l4"], 0)
+    assert sim_model.tp_link(seed, card, sim_model.require_shape("qwen-27b-hybrid"), 2) == 0.0
 
 
 def test_a_count_of_cards_is_the_digits_after_the_last_x() -> None:

@@ -22,6 +22,10 @@ class Hardware:
     # vendor's figure less 1% (reported_gib()).
     reported: float | None = None
     reported_source: str = ""
+    # What one card sends another per second for tensor parallelism's all-reduces, one way (GB/s): NVLink's
+    # where the form factor joins the cards by it (SXM boards; the NVL cards' bridges), else the PCIe slot's
+    # x16 (4.0: 32, 5.0: 64), the vendor's figure halved where it prints both directions together.
+    link_gb_s: float = 32.0
 
     def reported_gib(self) -> float:
         """The card's memory as vLLM counts it (torch's total, GiB). Vendors state GDDR and HBM cards in binary
@@ -51,28 +55,32 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
              23.99, "torch on an RTX 4090 prints total_memory=24563MB; nvidia-smi 24564MiB (vllm-project/vllm#7553)"),
     Hardware("l40s", 48, 864, 362.05, 733, 733, "https://www.nvidia.com/en-us/data-center/l40s/", 44.42,
              "vLLM 0.7.1 log, 2x L40S (vllm-project/vllm#15815): ECC takes its share"),
-    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100),
+    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100, link_gb_s=300),
     Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624, _A100),
     Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979, _H100, 79.22,
-             "vLLM's memory-profiling log on an 80 GB H100 (vllm-project/vllm#10511, total_gpu_memory 79.22GiB)"),
-    Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100),
-    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200),
-    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200, 140.4, "seed 004's startup log"),
+             "vLLM's memory-profiling log on an 80 GB H100 (vllm-project/vllm#10511, total_gpu_memory 79.22GiB)",
+             link_gb_s=450),
+    Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100, link_gb_s=64),
+    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200, link_gb_s=450),
+    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200, 140.4, "seed 004's startup log", link_gb_s=450),
     Hardware("rtx-3090", 24, 936, 71, None, 284, _AMPERE + " (appendix A, GeForce RTX 3090)", 23.69,
              "vLLM 0.6.4-era log on an RTX 3090 (vllm-project/vllm#10517, total_gpu_memory=23.69GiB)"),
     Hardware("rtx-5090", 32, 1792, 209.5, 419, 838,
              "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"
-             " (appendix, GeForce RTX 5090)"),
+             " (appendix, GeForce RTX 5090)", link_gb_s=64),
     Hardware("rtx-a6000", 48, 768, 154.8, None, 309.7, _AMPERE + " (appendix, NVIDIA RTX A6000)"),
     Hardware("rtx-6000-ada", 48, 960, 364.2, 728.5, 728.5, _ADA + " (appendix, RTX 6000 Ada Generation)"),
     Hardware("l4", 24, 300, 121, 242.5, 242.5,
              "https://www.nvidia.com/en-us/data-center/l4/ (sparse figures only, halved)"),
-    Hardware("a100-40gb-sxm", 40, 1555, 312, None, 624, _A100),
-    Hardware("h100-nvl", 94, 3900, 835.5, 1670.5, 1670.5, _H100 + " (per GPU, not the pair)"),
+    Hardware("a100-40gb-sxm", 40, 1555, 312, None, 624, _A100, link_gb_s=300),
+    Hardware("h100-nvl", 94, 3900, 835.5, 1670.5, 1670.5, _H100 + " (per GPU, not the pair)", link_gb_s=300),
     Hardware("b200", 180, 8000, 2250, 4500, 4500,
-             "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, eight GPUs' figures divided by eight)"),
+             "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, eight GPUs' figures divided by eight)",
+             link_gb_s=900),
     Hardware("mi300x", 192, 5300, 1307.4, 2614.9, 2614.9,
-             "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense figures as printed)"),
+             "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense figures as printed; "
+             "the link: seven Infinity Fabric links of 64 GB/s each way to the board's seven other GPUs)",
+             link_gb_s=448),
 )}
 
 
@@ -101,6 +109,9 @@ class ModelShape:
     # (experts per token / experts); None: dense, or not known.
     expert_params_b: float | None = None
     expert_share: float | None = None
+    # Its decoder layers (num_hidden_layers): tensor parallelism all-reduces twice in each (sim.model's link
+    # term); None: not known, and no link term is charged.
+    layers: int | None = None
 
     @property
     def held_params_b(self) -> float:
@@ -122,17 +133,17 @@ def long_model_len_allowed(value: str) -> bool:
 
 
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
-    ModelShape("llama-3-8b", 8.03, 2.0, 131_072, 8_192),
-    ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344, 32_768),
-    ModelShape("qwen3-32b", 32.8, 2.0, 262_144, 40_960),
+    ModelShape("llama-3-8b", 8.03, 2.0, 131_072, 8_192, layers=32),
+    ModelShape("qwen2.5-7b", 7.62, 2.0, 57_344, 32_768, layers=28),
+    ModelShape("qwen3-32b", 32.8, 2.0, 262_144, 40_960, layers=64),
     # Seed 000's 27B hybrid (16 attention + 48 Gated DeltaNet layers), 4-bit GPTQ weights on the A5000 pair;
     # Qwen3.5-27B's native window is 262,144 tokens (seed 004 measures contexts up to 256K on it).
-    ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536, 262_144),
-    ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536, 262_144),
-    ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536, 262_144),
+    ModelShape("qwen-27b-hybrid", 26.9, 0.5625, 65_536, 262_144, layers=64),
+    ModelShape("qwen3.5-27b-gptq-int4", 26.9, 0.5625, 65_536, 262_144, layers=64),
+    ModelShape("qwen3.5-27b", 26.9, 2.0, 65_536, 262_144, layers=64),
     # Small dense models used as speculative drafters: 28 layers x 8 KV heads x 128 x (K, V) x 2 bytes each.
-    ModelShape("qwen3-0.6b", 0.75, 2.0, 114_688, 40_960),
-    ModelShape("qwen3-1.7b", 2.03, 2.0, 114_688, 40_960),
+    ModelShape("qwen3-0.6b", 0.75, 2.0, 114_688, 40_960, layers=28),
+    ModelShape("qwen3-1.7b", 2.03, 2.0, 114_688, 40_960, layers=28),
 )}
 
 
@@ -153,15 +164,16 @@ def is_measured(hardware: str) -> bool:
 
 # A card stated inline (a profile's `hardware:` mapping, passed to the simulator as JSON): its keys.
 INLINE_REQUIRED = ("memory_gb", "bandwidth_gb_s", "bf16_tflops")
-INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count", "reported_gib")
+INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count", "reported_gib", "link_gb_s")
 
 
 def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     """A card stated by its figures rather than named from the tables: memory (GB, as the vendor states it),
     bandwidth (GB/s), dense BF16 TFLOPS, optionally dense FP8 TFLOPS (none: no FP8), dense INT8 TOPS (default
     twice the BF16 figure, as on Ampere, Ada and Hopper), what the driver reports (`reported_gib`: vLLM's
-    total_gpu_memory or torch's total_memory, GiB; default the vendor's figure less 1%) and how many (`count`,
-    default 1). Raises ValueError naming the key and what it expects."""
+    total_gpu_memory or torch's total_memory, GiB; default the vendor's figure less 1%), what one card sends
+    another for tensor parallelism (`link_gb_s`, GB/s one way; default PCIe 4.0 x16's 32) and how many
+    (`count`, default 1). Raises ValueError naming the key and what it expects."""
     unknown = sorted(set(card) - set(INLINE_REQUIRED) - set(INLINE_OPTIONAL))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}: a card inline takes "
@@ -187,7 +199,8 @@ def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     hw = Hardware(name=f"inline:{card.get('name') or 'card'}", memory_gb=positive("memory_gb") or 0.0,
                   bandwidth_gb_s=positive("bandwidth_gb_s") or 0.0, bf16_tflops=bf16,
                   fp8_tflops=positive("fp8_tflops"), int8_tops=positive("int8_tops") or 2 * bf16,
-                  reported=positive("reported_gib"), reported_source="stated inline" if "reported_gib" in card else "")
+                  reported=positive("reported_gib"), reported_source="stated inline" if "reported_gib" in card else "",
+                  link_gb_s=positive("link_gb_s") or Hardware.link_gb_s)
     return hw, count
 
 

@@ -221,7 +221,7 @@ def shape_from_config(name: str, config: dict[str, Any]) -> ModelShape:
         kv_bytes_per_token=int(_kv_layer_slots(kinds) * kv_per_layer), window=window_of(text),
         total_params_b=total / 1e9, kv_shards=kv_shards,
         attention_flops_per_token_per_ctx=attention_flops * kinds.count("full"), notes=tuple(notes),
-        vocab=vocab, hidden=hidden,
+        vocab=vocab, hidden=hidden, layers=layers,
         expert_params_b=moe_layers * experts * expert_size / 1e9 if moe_layers and experts else None,
         expert_share=per_token / experts if moe_layers and experts and per_token else None,
         mlp_width=per_token * int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0)

@@ -19,7 +19,7 @@ from typing import Literal
 
 from packaging.version import Version
 
-from campaign.core.hardware import HARDWARE, MODELS, ModelShape, resolve_hardware
+from campaign.core.hardware import HARDWARE, MODELS, Hardware, ModelShape, resolve_hardware
 from campaign.core.model_config import model_shape, require_shape
 
 GIB = 2**30
@@ -88,9 +88,9 @@ class UnfittedSteps:
 
     fixed_step_s: float = 0.0038
     bandwidth_efficiency: float = 1.0
-    decode_mfu: float = 19.6
-    prefill_mfu: float = 1.42
-    request_s: float = 0.0088   # StepCosts.request_s: each request's time with the API server
+    decode_mfu: float = 58.2
+    prefill_mfu: float = 1.96
+    request_s: float = 0.0104   # StepCosts.request_s: each request's time with the API server
 
 
 UNFITTED_STEPS = UnfittedSteps()
@@ -116,6 +116,9 @@ class Calibration:
     attention_flops_per_token_per_ctx: float  # 4 x heads x head_dim x attention layers (x kernel advantage)
     kv_read_factor: float = 1.0         # attention kernels read the KV cache at a different efficiency
     request_s: float = 0.0              # StepCosts.request_s (the seeds' fits hold it in their steps' costs)
+    # Under tensor parallelism, each token's hidden states cross the cards' link (tp_link); False: the fitted
+    # steps hold the all-reduces (the seeds' pairs were fitted on their own TP).
+    link_term: bool = False
     # A pair no measurement fitted: the activation and non-torch terms come from the model's config
     # (UNFITTED_PROFILE) instead of activation_bytes_per_batched_token and other_gib.
     profiled: UnfittedProfile | None = None
@@ -168,7 +171,8 @@ def calibration_for(hardware: str, model: str, unfitted: UnfittedSteps = UNFITTE
         activation_bytes_per_batched_token=UNFITTED_PROFILE.fallback_bytes_per_token,
         fixed_step_s=unfitted.fixed_step_s, bandwidth_efficiency=unfitted.bandwidth_efficiency,
         decode_mfu=unfitted.decode_mfu, prefill_mfu=unfitted.prefill_mfu, request_s=unfitted.request_s,
-        attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx, profiled=UNFITTED_PROFILE)
+        link_term=True, attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx,
+        profiled=UNFITTED_PROFILE)
 
 
 @dataclass(frozen=True)
@@ -356,6 +360,21 @@ class StepPower:
         return self.compute_w, self.memory_w
 
 
+ACTIVATION_BYTES = 2   # a token's hidden state between the layers, in BF16 whatever the weights' type
+
+
+def tp_link(cal: Calibration, hw: Hardware, shape: ModelShape, tp: int) -> float:
+    """Tensor parallelism's all-reduces, per token scheduled: each layer sums its attention's and its MLP's
+    partial outputs over the `tp` cards, two all-reduces a layer, each sending, by a ring, 2 (tp - 1) / tp of
+    the tokens' hidden states over the link (Hardware.link_gb_s, one way). Nothing at one card, for a pair whose
+    fitted steps hold them (the seeds'), or for a shape whose layers or hidden size are not known. An
+    all-reduce's start-up is not a term of its own: fitted with the other constants on the TP 1 and TP 2 runs
+    (`--fit`), it came out at 1 us, less than those runs tell apart, and the fixed cost holds it."""
+    if tp <= 1 or not cal.link_term or not shape.layers or not shape.hidden:
+        return 0.0
+    return 2 * shape.layers * shape.hidden * ACTIVATION_BYTES * (2 * (tp - 1) / tp) / (hw.link_gb_s * 1e9)
+
+
 def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None = None,
                unfitted: UnfittedSteps = UNFITTED_STEPS) -> StepCosts:
     """The roofline of a (hardware, model) pair of the tables at tensor parallelism `tp`, as step costs (a pair
@@ -381,10 +400,11 @@ def step_costs(*, hardware: str, model: str, tp: int, drafter: ModelShape | None
                  + cal.fixed_step_s / 2,
                  "draft_s_per_seq": 2 * drafter.params_b * 1e9 / (peak * cal.decode_mfu),
                  "draft_kv_read_s_per_token": drafter.kv_bytes_per_token / bandwidth}
+    link_s_per_token = tp_link(cal, hw, shape, tp)
     return StepCosts(
         fixed_s=cal.fixed_step_s + weights / bandwidth,
-        decode_s_per_token=flops_per_token / (peak * cal.decode_mfu),
-        prefill_s_per_token=flops_per_token / (peak * cal.prefill_mfu),
+        decode_s_per_token=flops_per_token / (peak * cal.decode_mfu) + link_s_per_token,
+        prefill_s_per_token=flops_per_token / (peak * cal.prefill_mfu) + link_s_per_token,
         attention_s_per_token_ctx=cal.attention_flops_per_token_per_ctx / (peak * cal.prefill_mfu),
         kv_read_s_per_token=cal.kv_read_factor * cal.kv_bytes_per_token / bandwidth, request_s=cal.request_s,
         **draft, **experts)
