@@ -79,10 +79,10 @@ def test_a_trace_cells_replay_is_the_servers_run_with_its_prefixes_shared_as_the
         own, _ = run_load(server, [Sent(s.at_s, s.prompt_tokens, s.output_tokens) for s in load.load], server.costs)
         assert sum(r.cached or 0 for r in own if r is not None) == 0
         ttft = statistics.fmean(r.emits[0][0] - r.arrival for r in own if r is not None)
-        # Without the hits every prompt is prefilled whole, and its first token comes later: 1.3-2.2% on the
-        # three loads, ten times the 0.1% the shared replay is held to (the API server's 10 ms a request is
-        # most of a TTFT at this load).
-        assert ttft / load.measured["mean_ttft_s"] - 1 > 0.01, load.key
+        # Without the hits every prompt is prefilled whole, and its first token comes later: 0.75-2.9% on the
+        # three loads (the second half-minute shares the fewest blocks), where the shared replay is held within
+        # 0.1% (the API server's 10 ms a request is most of a TTFT at this load).
+        assert ttft / load.measured["mean_ttft_s"] - 1 > 0.003, load.key
 
 
 def test_a_runs_trace_cell_calibrates_the_machine_and_predicts_the_others(

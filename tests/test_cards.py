@@ -21,7 +21,7 @@ from campaign.tune import tuning
 
 ROOT = Path(__file__).resolve().parents[1]
 RTX_4090 = {"name": "my-4090", "memory_gb": 24, "bandwidth_gb_s": 1008, "bf16_tflops": 165.2, "fp8_tflops": 330.3,
-            "int8_tops": 660.6, "reported_gib": 23.99}
+            "int8_tops": 660.6, "reported_gib": 23.99, "generation": "ada"}
 
 
 def profile_with(tmp_path: Path, hardware: object, name: str = "card.yaml") -> Path:
@@ -69,7 +69,9 @@ def test_a_profile_stating_its_card_inline_launches(tmp_path: Path, capsys: pyte
      "hardware: bandwidth_gb_s: a number above 0 is expected, got -1"),
     ({**RTX_4090, "count": 0}, "hardware: count: a whole number of cards, at least 1, is expected, got 0"),
     ({**RTX_4090, "link_gb_s": 0}, "hardware: link_gb_s: a number above 0 is expected, got 0"),
-], ids=["unknown-key", "missing", "null", "negative", "count", "link"])
+    ({**RTX_4090, "generation": "lovelace"},
+     "hardware: generation: one of ampere, ada, hopper, blackwell, cdna3 is expected, got 'lovelace'"),
+], ids=["unknown-key", "missing", "null", "negative", "count", "link", "generation"])
 def test_a_card_that_does_not_read_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      card: dict[str, object], says: str) -> None:
     path = profile_with(tmp_path, card)
@@ -135,6 +137,28 @@ def test_tensor_parallelism_pays_two_all_reduces_a_layer_over_the_cards_link() -
     assert not seed.link_term
     card, _ = resolve_hardware("a5000x2") or (HARDWARE["l4"], 0)
     assert sim_model.tp_link(seed, card, sim_model.require_shape("qwen-27b-hybrid"), 2) == 0.0
+
+
+def test_a_cards_generation_sets_the_share_of_its_bandwidth_a_step_reads_at() -> None:
+    """The unfitted roofline reads memory at a share of the datasheet's bandwidth fitted by generation (Hopper's
+    on H100 runs, Ampere's on an A100's, Ada's on an L40S's: `make fidelity --fit`): an A100's weights take that
+    share's time, and an RTX 4090 is read at Ada's share, the A5000 (with a model no seed fitted) at Ampere's;
+    a card stated inline without its generation is read as Hopper."""
+    model = "meta-llama/Llama-3.1-8B"
+    steps = sim_model.UNFITTED_STEPS
+    assert sim_model.calibration_for("a100-80gb-sxm", model).bandwidth_efficiency == steps.ampere_bandwidth_efficiency
+    assert sim_model.calibration_for("l40s", model).bandwidth_efficiency == steps.ada_bandwidth_efficiency
+    assert sim_model.calibration_for("rtx-4090", model).bandwidth_efficiency == steps.ada_bandwidth_efficiency
+    assert sim_model.calibration_for("a5000", model).bandwidth_efficiency == steps.ampere_bandwidth_efficiency
+    assert sim_model.calibration_for("h100-sxm", model).bandwidth_efficiency == steps.bandwidth_efficiency
+    assert sim_model.calibration_for("b200", model).bandwidth_efficiency == steps.bandwidth_efficiency
+    inline = {k: v for k, v in RTX_4090.items() if k != "generation"}
+    assert sim_model.calibration_for(json.dumps(inline), model).bandwidth_efficiency == steps.bandwidth_efficiency
+    # The fixed part of a step on one A100 is the fixed cost and the weights (16.06 GB in BF16) at that share.
+    costs = sim_model.step_costs(hardware="a100-80gb-sxm", model=model, tp=1)
+    weights = sim_model.require_shape(model).params_b * 1e9 * 2
+    assert costs.fixed_s == pytest.approx(steps.fixed_step_s + weights / (2039e9 * steps.ampere_bandwidth_efficiency),
+                                          rel=0.01)
 
 
 def test_a_count_of_cards_is_the_digits_after_the_last_x() -> None:

@@ -58,11 +58,13 @@ def test_a_closed_loop_run_replays_on_the_simulator_and_is_scored() -> None:
 
 def test_the_calibrated_split_groups_a_card_and_models_runs_and_fits_every_other() -> None:
     """`make fidelity --calibrated`'s split: BLIS's four card-and-model groups of five open-loop runs (the
-    saturated and closed-loop runs left out), each in rate order; a run's load is its rate for 30 s at its mean
-    lengths. The fit itself is the calibrate tests' (tests/test_calibrate_loads.py); its error on these runs is
-    the benchmark's output (docs/simulator.md)."""
+    saturated and closed-loop runs left out) and the sim-to-real runs' one group of four (Qwen3-14B on one
+    H100, two workloads' two stages; a source's runs are not grouped with another's), each in rate order; a
+    run's load is its rate for 30 s at its mean lengths. The fit itself is the calibrate tests'
+    (tests/test_calibrate_loads.py); its error on these runs is the benchmark's output (docs/simulator.md)."""
     found = fidelity.groups(fidelity.load_runs())
-    assert sorted(len(g) for g in found) == [5, 5, 5, 5]
+    assert sorted(len(g) for g in found) == [4, 5, 5, 5, 5]
+    assert {r.id for g in found if len(g) == 4 for r in g} == {"s2r-59-0", "s2r-59-1", "s2r-13-0", "s2r-13-1"}
     for members in found:
         assert all(m.saturated is None and m.workload.kind == "rate" for m in members)
         rates = [m.workload.rate_rps or 0.0 for m in members]

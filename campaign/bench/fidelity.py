@@ -12,6 +12,9 @@ token) / (tokens - 1) per request, the tool's own, averaged; the BLIS source pub
 What the replay leaves out, and says: the sources' prompt structure (BLIS: shared system prompts and multi-turn
 chat, an 8 GiB CPU KV offload; GPUStack: ShareGPT's spread of lengths through the chat template, Qwen3 thinking),
 each BLIS stage's 600 s (60 s here: the unsaturated runs are steady within seconds) and the stage before it;
+the lengths of the sim-to-real runs (`s2r-`), which the source does not publish (the general workload's, as
+measured on Llama-2-70B), and what a run's `note` says it assumes (the A100s' form); a figure the source does
+not publish (the s2r runs' throughput) is not scored;
 runs the source marks as saturated (the client's timeouts ended most requests) are listed, not scored: their
 means are of the few requests that finished before the source's client gave up, which no replay of the load
 reads without that client's timeout.
@@ -21,7 +24,8 @@ the runs scored, beside the errors other simulators publish. `--calibrated` adds
 tables' costs as the prior) on every other open-loop run of each card and model, the rest predicted: the
 calibrated error on runs held out. Exit status 0 either way; the last line is machine-readable JSON.
 `--fit` instead searches the unfitted roofline's constants (sim.model.UnfittedSteps) on the FITTED_ON runs and
-prints them: how the shipped ones were found.
+prints them: how the shipped ones were found (the shared ones on the H100 runs, then each other generation's
+bandwidth share alone on its card's runs).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from campaign.analysis import calibrate as calibration
 from campaign.analysis.arrivals import Arrivals, OpenFigure, Sent
 from campaign.core import stats
 from campaign.core.errors import CampaignError
+from campaign.core.hardware import resolve_hardware
 from campaign.http.client import RequestRecord
 from campaign.measure import openloop, simulated
 from campaign.measure.cells import CellSpec
@@ -58,7 +63,9 @@ SPAN_S = 60.0   # an open-loop run replayed for this long (the sources' stages r
 # The runs the simulator's unfitted step constants (sim.model.UnfittedSteps) were fitted to: their error is the
 # fit's residual; every other run is held out.
 FITTED_ON = frozenset({"blis-T1", "blis-T2", "blis-T3", "blis-T9", "blis-T10", "blis-T19", "blis-T20", "blis-T21",
-                       "blis-T22", "blis-T23"})
+                       "blis-T22", "blis-T23",
+                       # Llama-3.1-8B's two stages on one A100 and on one L40S: Ampere's and Ada's bandwidth
+                       "s2r-38-0", "s2r-38-1", "s2r-55-0", "s2r-55-1"})
 # What other simulators publish of their own error against real vLLM (the project's peer survey, late 2026).
 ANCHORS = [
     ("LLMServingSim", "3% or less, mean TTFT and TPOT", "self-reported"),
@@ -87,7 +94,8 @@ class RealFigures(BaseModel):
     """What the source published for the run (the hardware's units)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    output_tok_s: float = Field(gt=0, description="output tokens a second over the run")
+    output_tok_s: float | None = Field(default=None, gt=0, description="output tokens a second over the run; None: "
+                                                                      "the source publishes none")
     ttft_mean_ms: float = Field(gt=0, description="mean time to first token")
     tpot_mean_ms: float = Field(gt=0, description="mean time per output token after the first")
 
@@ -106,6 +114,7 @@ class PublicRun(BaseModel):
     workload: Workload
     real: RealFigures
     saturated: str | None = Field(default=None, description="why the run is listed and not scored")
+    note: str | None = Field(default=None, description="what the replay assumes that the source does not state")
 
 
 class PublicRuns(BaseModel):
@@ -196,12 +205,15 @@ def _load(run: PublicRun) -> tuple[Sent, ...]:
 
 
 def groups(runs: list[PublicRun]) -> list[list[PublicRun]]:
-    """Open-loop runs scored, by card, model, version and flags, in rate order; only groups of three or more (a
-    fit on one run's two means leaves too much to the prior to say anything of the calibration)."""
+    """Open-loop runs scored, by source, card, model, version and flags, in rate order; only groups of three or
+    more (a fit on one run's two means leaves too much to the prior to say anything of the calibration). A
+    source's runs are not fitted with another's: their clients and prompt structure differ, and a user
+    calibrates from their own runs."""
     by: dict[str, list[PublicRun]] = {}
     for run in runs:
         if run.saturated is None and run.workload.kind == "rate":
-            key = json.dumps([run.hardware, run.model, run.vllm_version, run.flags], sort_keys=True)
+            key = json.dumps([run.id.split("-")[0], run.hardware, run.model, run.vllm_version, run.flags],
+                             sort_keys=True)
             by.setdefault(key, []).append(run)
     return [sorted(g, key=lambda r: r.workload.rate_rps or 0.0) for g in by.values() if len(g) >= 3]
 
@@ -248,25 +260,32 @@ def objective(observations: list[Arrivals], steps: sim_model.UnfittedSteps) -> f
     return sum(errors) / len(errors)
 
 
-def fit_unfitted(observations: list[Arrivals], start: sim_model.UnfittedSteps = sim_model.UNFITTED_STEPS
-                 ) -> tuple[sim_model.UnfittedSteps, float]:
+# The other generations' own constant (sim.model.UnfittedSteps), fitted second on that generation's runs alone.
+GENERATION_FIELDS = {"ampere": "ampere_bandwidth_efficiency", "ada": "ada_bandwidth_efficiency"}
+
+
+def fit_unfitted(observations: list[Arrivals], start: sim_model.UnfittedSteps = sim_model.UNFITTED_STEPS,
+                 only: frozenset[str] | None = None) -> tuple[sim_model.UnfittedSteps, float]:
     """A pattern search of the unfitted roofline's constants on the runs, from `start`: coordinate by
     coordinate, a move kept while it lowers the objective, the move halved each round; the bandwidth's
     efficiency kept at or below 1, request_s at or above 0. Hand-written because scipy's searches did worse
     here (a queue makes the objective piecewise; on the recovery test's two runs, tests/test_fidelity.py):
     this one reached 1.9% in 15 s at its 6 rounds (2.2% in 10 s at 4), Powell 1.3% in 155 s, Nelder-Mead
-    stalled at 22% (its first simplex cannot move request_s off 0)."""
+    stalled at 22% (its first simplex cannot move request_s off 0). `only`: the constants searched (default
+    all), the others held."""
     best, score = start, objective(observations, start)
     step = FIT_STEP
     for _ in range(FIT_ROUNDS):
         for field in fields(sim_model.UnfittedSteps):
+            if only is not None and field.name not in only:
+                continue
             for direction in (1.0, -1.0):
                 moved = False
                 while True:
                     value = getattr(best, field.name)
                     new = (max(0.0, value + direction * step * REQUEST_S_SCALE) if field.name == "request_s"
                            else value * (1 + direction * step))
-                    if field.name == "bandwidth_efficiency":
+                    if field.name.endswith("bandwidth_efficiency"):
                         new = min(new, 1.0)
                     if new == value:
                         break
@@ -312,27 +331,43 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
+def _generation(run: PublicRun) -> str:
+    resolved = resolve_hardware(run.hardware)
+    return resolved[0].generation if resolved is not None else "hopper"
+
+
+def _card(run: PublicRun) -> str:
+    """The run's card, without how many (h100-sxmx4 -> h100-sxm)."""
+    resolved = resolve_hardware(run.hardware)
+    return resolved[0].name if resolved is not None else run.hardware
+
+
 def report(done: list[Replayed], skipped: list[PublicRun]) -> tuple[str, dict[str, Any]]:
     """The table and its summary (text), and the summary as data."""
     lines = [f"{'run':16} {'figure':14} {'real':>10} {'simulated':>10} {'error':>8}"]
     for item in done:
         for figure in FIGURES:
             real = getattr(item.run.real, figure)
+            if real is None:
+                continue   # the source publishes no such figure for this run
             value = item.simulated[figure]
             err = error(value, real)
             shown = "-" if value is None else f"{value:,.1f}"
             lines.append(f"{item.run.id:16} {figure:14} {real:>10,.1f} {shown:>10} {_pct(err):>8}"
                          + ("" if item.status == "Valid" else f"  (cell {item.status})"))
     summary: dict[str, Any] = {}
-    for group, members in (("held out", [d for d in done if d.run.id not in FITTED_ON]),
-                           ("fitted on", [d for d in done if d.run.id in FITTED_ON])):
+    held = [d for d in done if d.run.id not in FITTED_ON]
+    cards = sorted({_card(d.run) for d in held})
+    by_card = [(f"held out on {card}", [d for d in held if _card(d.run) == card]) for card in cards]
+    for group, members in [("held out", held), *(by_card if len(cards) > 1 else []),
+                           ("fitted on", [d for d in done if d.run.id in FITTED_ON])]:
         lines.append("")
         lines.append(f"uncalibrated, {group}: {len(members)} runs (cards and models no seed measured)"
                      + (": the fit's residual, not a prediction" if group == "fitted on" else ""))
         summary[group] = {}
         for figure in FIGURES:
-            absolute = sorted(abs(e) for d in members
-                              if (e := error(d.simulated[figure], getattr(d.run.real, figure))) is not None)
+            absolute = sorted(abs(e) for d in members if (real := getattr(d.run.real, figure)) is not None
+                              if (e := error(d.simulated[figure], real)) is not None)
             median = stats.median(absolute)
             worst = max(absolute) if absolute else None
             within = sum(1 for e in absolute if e <= TARGETS[figure])
@@ -364,10 +399,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: campaign/bench/public_runs.yaml: {exc}", file=sys.stderr)  # noqa: T201
         return 2
     if args.fit:
-        observations = [observation(r) for r in runs if r.id in FITTED_ON]
-        _say(f"start: {sim_model.UNFITTED_STEPS} objective {objective(observations, sim_model.UNFITTED_STEPS):.4f}")
-        fitted, score = fit_unfitted(observations)
-        _say(json.dumps({"fit": {f.name: getattr(fitted, f.name) for f in fields(fitted)}, "objective": score}))
+        # First the shared constants on the Hopper runs, then each other generation's efficiency on its own.
+        by_generation: dict[str, list[Arrivals]] = {}
+        for run in runs:
+            if run.id in FITTED_ON:
+                by_generation.setdefault(_generation(run), []).append(observation(run))
+        hopper = by_generation.pop("hopper")
+        shared = frozenset(f.name for f in fields(sim_model.UnfittedSteps)) - set(GENERATION_FIELDS.values())
+        _say(f"start: {sim_model.UNFITTED_STEPS} objective {objective(hopper, sim_model.UNFITTED_STEPS):.4f}")
+        fitted, score = fit_unfitted(hopper, only=shared)
+        scores = {"hopper": score}
+        for generation, observations in sorted(by_generation.items()):
+            fitted, scores[generation] = fit_unfitted(observations, fitted,
+                                                      only=frozenset({GENERATION_FIELDS[generation]}))
+        _say(json.dumps({"fit": {f.name: getattr(fitted, f.name) for f in fields(fitted)}, "objective": scores}))
         return 0
     chosen = [r for r in runs if not args.only or r.id in args.only]
     done: list[Replayed] = []

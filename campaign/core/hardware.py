@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
+
+Generation = Literal["ampere", "ada", "hopper", "blackwell", "cdna3"]
+GENERATIONS: tuple[Generation, ...] = ("ampere", "ada", "hopper", "blackwell", "cdna3")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,10 @@ class Hardware:
     # where the form factor joins the cards by it (SXM boards; the NVL cards' bridges), else the PCIe slot's
     # x16 (4.0: 32, 5.0: 64), the vendor's figure halved where it prints both directions together.
     link_gb_s: float = 32.0
+    # The chip's generation (NVIDIA's architecture, AMD's CDNA): the unfitted roofline's bandwidth efficiency is
+    # fitted by generation (sim.model.UnfittedSteps), its memory and kernels reaching a different share of the
+    # datasheet's figure on each.
+    generation: Generation = "hopper"
 
     def reported_gib(self) -> float:
         """The card's memory as vLLM counts it (torch's total, GiB). Vendors state GDDR and HBM cards in binary
@@ -50,37 +58,42 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     Hardware("rtx-a5000", 24, 768, 111.1, None, 222.2,
              "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/rtx/nvidia-rtx-a5000-"
              "datasheet.pdf (INT8: twice the dense FP16 figure, the GA102 ratio; the datasheet prints none)",
-             23.99, "seed 000's startup log"),
+             23.99, "seed 000's startup log", generation="ampere"),
     Hardware("rtx-4090", 24, 1008, 165.2, 330.3, 660.6, _ADA + " (appendix, GeForce RTX 4090; v2.02's FP8 figure)",
-             23.99, "torch on an RTX 4090 prints total_memory=24563MB; nvidia-smi 24564MiB (vllm-project/vllm#7553)"),
+             23.99, "torch on an RTX 4090 prints total_memory=24563MB; nvidia-smi 24564MiB (vllm-project/vllm#7553)",
+             generation="ada"),
     Hardware("l40s", 48, 864, 362.05, 733, 733, "https://www.nvidia.com/en-us/data-center/l40s/", 44.42,
-             "vLLM 0.7.1 log, 2x L40S (vllm-project/vllm#15815): ECC takes its share"),
-    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100, link_gb_s=300),
-    Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624, _A100),
+             "vLLM 0.7.1 log, 2x L40S (vllm-project/vllm#15815): ECC takes its share", generation="ada"),
+    Hardware("a100-80gb-sxm", 80, 2039, 312, None, 624, _A100, link_gb_s=300, generation="ampere"),
+    Hardware("a100-80gb-pcie", 80, 1935, 312, None, 624, _A100, generation="ampere"),
     Hardware("h100-sxm", 80, 3350, 989.5, 1979, 1979, _H100, 79.22,
              "vLLM's memory-profiling log on an 80 GB H100 (vllm-project/vllm#10511, total_gpu_memory 79.22GiB)",
-             link_gb_s=450),
-    Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100, link_gb_s=64),
-    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200, link_gb_s=450),
-    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200, 140.4, "seed 004's startup log", link_gb_s=450),
+             link_gb_s=450, generation="hopper"),
+    Hardware("h100-pcie", 80, 2000, 756.5, 1513, 1513, _H100, link_gb_s=64, generation="hopper"),
+    Hardware("h200-sxm", 141, 4800, 989.5, 1979, 1979, _H200, link_gb_s=450, generation="hopper"),
+    Hardware("h200-nvl", 141, 4800, 835.5, 1670.5, 1670.5, _H200, 140.4, "seed 004's startup log", link_gb_s=450,
+             generation="hopper"),
     Hardware("rtx-3090", 24, 936, 71, None, 284, _AMPERE + " (appendix A, GeForce RTX 3090)", 23.69,
-             "vLLM 0.6.4-era log on an RTX 3090 (vllm-project/vllm#10517, total_gpu_memory=23.69GiB)"),
+             "vLLM 0.6.4-era log on an RTX 3090 (vllm-project/vllm#10517, total_gpu_memory=23.69GiB)",
+             generation="ampere"),
     Hardware("rtx-5090", 32, 1792, 209.5, 419, 838,
              "https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell/nvidia-rtx-blackwell-gpu-architecture.pdf"
-             " (appendix, GeForce RTX 5090)", link_gb_s=64),
-    Hardware("rtx-a6000", 48, 768, 154.8, None, 309.7, _AMPERE + " (appendix, NVIDIA RTX A6000)"),
-    Hardware("rtx-6000-ada", 48, 960, 364.2, 728.5, 728.5, _ADA + " (appendix, RTX 6000 Ada Generation)"),
+             " (appendix, GeForce RTX 5090)", link_gb_s=64, generation="blackwell"),
+    Hardware("rtx-a6000", 48, 768, 154.8, None, 309.7, _AMPERE + " (appendix, NVIDIA RTX A6000)", generation="ampere"),
+    Hardware("rtx-6000-ada", 48, 960, 364.2, 728.5, 728.5, _ADA + " (appendix, RTX 6000 Ada Generation)",
+             generation="ada"),
     Hardware("l4", 24, 300, 121, 242.5, 242.5,
-             "https://www.nvidia.com/en-us/data-center/l4/ (sparse figures only, halved)"),
-    Hardware("a100-40gb-sxm", 40, 1555, 312, None, 624, _A100, link_gb_s=300),
-    Hardware("h100-nvl", 94, 3900, 835.5, 1670.5, 1670.5, _H100 + " (per GPU, not the pair)", link_gb_s=300),
+             "https://www.nvidia.com/en-us/data-center/l4/ (sparse figures only, halved)", generation="ada"),
+    Hardware("a100-40gb-sxm", 40, 1555, 312, None, 624, _A100, link_gb_s=300, generation="ampere"),
+    Hardware("h100-nvl", 94, 3900, 835.5, 1670.5, 1670.5, _H100 + " (per GPU, not the pair)", link_gb_s=300,
+             generation="hopper"),
     Hardware("b200", 180, 8000, 2250, 4500, 4500,
              "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, eight GPUs' figures divided by eight)",
-             link_gb_s=900),
+             link_gb_s=900, generation="blackwell"),
     Hardware("mi300x", 192, 5300, 1307.4, 2614.9, 2614.9,
              "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (dense figures as printed; "
              "the link: seven Infinity Fabric links of 64 GB/s each way to the board's seven other GPUs)",
-             link_gb_s=448),
+             link_gb_s=448, generation="cdna3"),
 )}
 
 
@@ -164,7 +177,7 @@ def is_measured(hardware: str) -> bool:
 
 # A card stated inline (a profile's `hardware:` mapping, passed to the simulator as JSON): its keys.
 INLINE_REQUIRED = ("memory_gb", "bandwidth_gb_s", "bf16_tflops")
-INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count", "reported_gib", "link_gb_s")
+INLINE_OPTIONAL = ("name", "fp8_tflops", "int8_tops", "count", "reported_gib", "link_gb_s", "generation")
 
 
 def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
@@ -172,8 +185,9 @@ def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
     bandwidth (GB/s), dense BF16 TFLOPS, optionally dense FP8 TFLOPS (none: no FP8), dense INT8 TOPS (default
     twice the BF16 figure, as on Ampere, Ada and Hopper), what the driver reports (`reported_gib`: vLLM's
     total_gpu_memory or torch's total_memory, GiB; default the vendor's figure less 1%), what one card sends
-    another for tensor parallelism (`link_gb_s`, GB/s one way; default PCIe 4.0 x16's 32) and how many
-    (`count`, default 1). Raises ValueError naming the key and what it expects."""
+    another for tensor parallelism (`link_gb_s`, GB/s one way; default PCIe 4.0 x16's 32), the chip's
+    `generation` (one of GENERATIONS; default hopper, the one the roofline's constants were first fitted on) and
+    how many (`count`, default 1). Raises ValueError naming the key and what it expects."""
     unknown = sorted(set(card) - set(INLINE_REQUIRED) - set(INLINE_OPTIONAL))
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}: a card inline takes "
@@ -196,11 +210,15 @@ def inline_card(card: dict[str, object]) -> tuple[Hardware, int]:
         raise ValueError(f"count: a whole number of cards, at least 1, is expected, got {count!r}")
     bf16 = positive("bf16_tflops")
     assert bf16 is not None
+    generation = card.get("generation", "hopper")
+    if generation not in GENERATIONS:
+        raise ValueError(f"generation: one of {', '.join(GENERATIONS)} is expected, got {generation!r}")
     hw = Hardware(name=f"inline:{card.get('name') or 'card'}", memory_gb=positive("memory_gb") or 0.0,
                   bandwidth_gb_s=positive("bandwidth_gb_s") or 0.0, bf16_tflops=bf16,
                   fp8_tflops=positive("fp8_tflops"), int8_tops=positive("int8_tops") or 2 * bf16,
                   reported=positive("reported_gib"), reported_source="stated inline" if "reported_gib" in card else "",
-                  link_gb_s=positive("link_gb_s") or Hardware.link_gb_s)
+                  link_gb_s=positive("link_gb_s") or Hardware.link_gb_s,
+                  generation=next(g for g in GENERATIONS if g == generation))
     return hw, count
 
 

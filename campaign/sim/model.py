@@ -19,7 +19,7 @@ from typing import Literal
 
 from packaging.version import Version
 
-from campaign.core.hardware import HARDWARE, MODELS, Hardware, ModelShape, resolve_hardware
+from campaign.core.hardware import HARDWARE, MODELS, Generation, Hardware, ModelShape, resolve_hardware
 from campaign.core.model_config import model_shape, require_shape
 
 GIB = 2**30
@@ -87,10 +87,21 @@ class UnfittedSteps:
     terms, which a max is not)."""
 
     fixed_step_s: float = 0.0038
-    bandwidth_efficiency: float = 1.0
+    bandwidth_efficiency: float = 1.0   # Hopper's, and the generations no public run measured (Blackwell, CDNA3)
+    ampere_bandwidth_efficiency: float = 0.854   # fitted on an A100 80 GB's runs
+    ada_bandwidth_efficiency: float = 0.828      # fitted on an L40S's runs
     decode_mfu: float = 58.2
     prefill_mfu: float = 1.96
     request_s: float = 0.0104   # StepCosts.request_s: each request's time with the API server
+
+
+def bandwidth_efficiency(steps: UnfittedSteps, generation: Generation) -> float:
+    """The share of the datasheet's memory bandwidth a step's reads reach on a chip of `generation`."""
+    if generation == "ampere":
+        return steps.ampere_bandwidth_efficiency
+    if generation == "ada":
+        return steps.ada_bandwidth_efficiency
+    return steps.bandwidth_efficiency
 
 
 UNFITTED_STEPS = UnfittedSteps()
@@ -169,7 +180,7 @@ def calibration_for(hardware: str, model: str, unfitted: UnfittedSteps = UNFITTE
         reported_memory_gib=hw.reported_gib(), kv_bytes_per_token=float(shape.kv_bytes_per_token),
         block_size=16, cuda_graph_gib=UNFITTED_PROFILE.cuda_graph_gib, other_gib=UNFITTED_PROFILE.non_torch_gib,
         activation_bytes_per_batched_token=UNFITTED_PROFILE.fallback_bytes_per_token,
-        fixed_step_s=unfitted.fixed_step_s, bandwidth_efficiency=unfitted.bandwidth_efficiency,
+        fixed_step_s=unfitted.fixed_step_s, bandwidth_efficiency=bandwidth_efficiency(unfitted, hw.generation),
         decode_mfu=unfitted.decode_mfu, prefill_mfu=unfitted.prefill_mfu, request_s=unfitted.request_s,
         link_term=True, attention_flops_per_token_per_ctx=shape.attention_flops_per_token_per_ctx,
         profiled=UNFITTED_PROFILE)
