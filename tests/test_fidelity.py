@@ -97,7 +97,27 @@ def test_the_unfitted_constants_fit_finds_known_ones_from_the_simulators_own_fig
                                                    and v is not None}))
     assert all(len(o.measured) == 2 for o in observations)
     assert fidelity.objective(observations, start) > 0.1
-    fitted, score = fidelity.fit_unfitted(observations, start)
+    fitted, score = fidelity.fit_unfitted(observations, start, only=fidelity.SHARED_FIELDS)   # H100 runs
     # Within 2% on average: the search's reach on an objective a queue makes piecewise (its docstring).
     assert score < 0.02 and fidelity.objective(observations, fitted) == score, (score, fitted)
     assert abs(fitted.request_s - truth.request_s) < 0.005, fitted
+
+
+def test_a_generations_bandwidth_share_is_fitted_on_its_own_cards_runs() -> None:
+    """`--fit`'s second stage: one generation's bandwidth share alone, the shared constants held, on a run of a
+    card of it whose "published" means are the simulator's own at a known share (Ampere's at 0.7, Llama-3.1-8B
+    on one A100 at 2.5 requests a second): the search finds the share within 2%, and moves nothing else."""
+    runs = {r.id: r for r in fidelity.load_runs()}
+    truth = replace(sim_model.UNFITTED_STEPS, ampere_bandwidth_efficiency=0.7)
+    obs = fidelity.observation(runs["s2r-38-0"])
+    config = obs.config
+    costs = sim_model.step_costs(hardware=config.hardware, model=config.model_shape, tp=config.tensor_parallel_size,
+                                 unfitted=truth)
+    predicted = obs.replay(costs).predicted
+    obs = replace(obs, measured={f: v for f, v in predicted.items() if f in obs.measured and v is not None})
+    assert len(obs.measured) == 2
+    start = replace(sim_model.UNFITTED_STEPS, ampere_bandwidth_efficiency=1.0)
+    fitted, _ = fidelity.fit_unfitted([obs], start, only=frozenset({fidelity.GENERATION_FIELDS["ampere"]}))
+    assert fitted.ampere_bandwidth_efficiency == pytest.approx(0.7, rel=0.02), fitted
+    assert {f: getattr(fitted, f) for f in fidelity.SHARED_FIELDS} == {
+        f: getattr(start, f) for f in fidelity.SHARED_FIELDS}

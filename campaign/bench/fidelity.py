@@ -260,8 +260,10 @@ def objective(observations: list[Arrivals], steps: sim_model.UnfittedSteps) -> f
     return sum(errors) / len(errors)
 
 
-# The other generations' own constant (sim.model.UnfittedSteps), fitted second on that generation's runs alone.
+# The other generations' own constant (sim.model.UnfittedSteps), fitted second on that generation's runs alone;
+# the rest first, on the Hopper runs.
 GENERATION_FIELDS = {"ampere": "ampere_bandwidth_efficiency", "ada": "ada_bandwidth_efficiency"}
+SHARED_FIELDS = frozenset(f.name for f in fields(sim_model.UnfittedSteps)) - set(GENERATION_FIELDS.values())
 
 
 def fit_unfitted(observations: list[Arrivals], start: sim_model.UnfittedSteps = sim_model.UNFITTED_STEPS,
@@ -405,9 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             if run.id in FITTED_ON:
                 by_generation.setdefault(_generation(run), []).append(observation(run))
         hopper = by_generation.pop("hopper")
-        shared = frozenset(f.name for f in fields(sim_model.UnfittedSteps)) - set(GENERATION_FIELDS.values())
         _say(f"start: {sim_model.UNFITTED_STEPS} objective {objective(hopper, sim_model.UNFITTED_STEPS):.4f}")
-        fitted, score = fit_unfitted(hopper, only=shared)
+        fitted, score = fit_unfitted(hopper, only=SHARED_FIELDS)
         scores = {"hopper": score}
         for generation, observations in sorted(by_generation.items()):
             fitted, scores[generation] = fit_unfitted(observations, fitted,
