@@ -402,33 +402,6 @@ def test_at_a_time_scale_a_window_is_the_hardwares_seconds_and_the_cell_lives_th
 
 
 @pytest.mark.wall_timed
-def test_experiments_in_simulated_time_read_as_the_same_ones_over_http(a5000: LaunchedServer) -> None:
-    """The peer of a virtual night's experiments: the same study functions over HTTP on the simulator at 5x
-    (their figures the hardware's, format 10) and in simulated time against the simulator in this process."""
-    target = target_of(a5000)
-
-    async def measured(target: Target) -> tuple[study.ExperimentResult, study.ExperimentResult]:
-        async with target.endpoint.async_control() as control:
-            await Measurer(target).check_metrics(control)   # the scale, as the orchestrator learns it
-        return (await study.prefix_order(target, block_size=a5000.facts.block_size, agents=4, shared_tokens=2400,
-                                         task_tokens=200, reply_tokens=64),
-                await study.long_context(target, [2048, 8192], reply_tokens=64))
-
-    http_prefix, http_long = asyncio.run(measured(target))
-    assert target.time_scale == TIME_SCALE
-    launch = simulated.start(load_profile("a5000-tp2")[0], {}, seed=0)
-    with launch.serve() as server:
-        virtual_prefix, virtual_long = server.call(measured(server.target()))
-    assert http_prefix.status == virtual_prefix.status == "Valid"
-    for name in ("shared_first_hit_rate", "shared_first_wall_s", "speedup"):
-        http, virtual = http_prefix.values[name], virtual_prefix.values[name]
-        assert http is not None and virtual is not None
-        assert http == pytest.approx(virtual, rel=0.10, abs=0.02), name   # a loaded host lags
-    for http_row, virtual_row in zip(http_long.details["rows"], virtual_long.details["rows"], strict=True):
-        for name in ("ttft_s", "generation_tok_s", "prompt_tok_s"):
-            assert http_row[name] == pytest.approx(virtual_row[name], rel=0.10), (http_row, name)
-
-
 def test_the_eta_of_a_time_scaled_night_is_the_hardwares_estimate_over_the_scale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """h200-speed-matrix at 20x once said "ETA 12h02m" for a night of minutes: the plan's estimate is the

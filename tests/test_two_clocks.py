@@ -299,7 +299,7 @@ def test_seed_000s_experiments_agree_on_both_clocks(in_simulated_time: Side,
     for w_row, v_row in zip(wall[0].details["rows"], virtual[0].details["rows"], strict=True):
         for name in ("ttft_s", "generation_tok_s", "prompt_tok_s"):
             agree(w_row[name], v_row[name], f"long context {w_row['context_tokens']} {name}")
-    for name in ("shared_first_hit_rate", "speedup"):
+    for name in ("shared_first_hit_rate", "shared_first_wall_s", "speedup"):
         agree(wall[1].values[name], virtual[1].values[name], f"prefix order {name}")
     for name in ("ran_concurrently", "queued", "completed"):
         assert wall[2].values[name] == virtual[2].values[name], name
