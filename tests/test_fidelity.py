@@ -117,7 +117,7 @@ def test_a_generations_bandwidth_share_is_fitted_on_its_own_cards_runs() -> None
     obs = replace(obs, measured={f: v for f, v in predicted.items() if f in obs.measured and v is not None})
     assert len(obs.measured) == 2
     start = replace(sim_model.UNFITTED_STEPS, ampere_bandwidth_efficiency=1.0)
-    fitted, _ = fidelity.fit_unfitted([obs], start, only=frozenset({fidelity.GENERATION_FIELDS["ampere"]}))
+    fitted, _ = fidelity.fit_unfitted([obs], start, only=frozenset({sim_model.GENERATION_BANDWIDTH["ampere"]}))
     assert fitted.ampere_bandwidth_efficiency == pytest.approx(0.7, rel=0.02), fitted
     assert {f: getattr(fitted, f) for f in fidelity.SHARED_FIELDS} == {
         f: getattr(start, f) for f in fidelity.SHARED_FIELDS}

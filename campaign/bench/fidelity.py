@@ -46,7 +46,7 @@ from campaign.analysis import calibrate as calibration
 from campaign.analysis.arrivals import Arrivals, OpenFigure, Sent
 from campaign.core import stats
 from campaign.core.errors import CampaignError
-from campaign.core.hardware import resolve_hardware
+from campaign.core.hardware import Generation, resolve_hardware
 from campaign.http.client import RequestRecord
 from campaign.measure import openloop, simulated
 from campaign.measure.cells import CellSpec
@@ -260,10 +260,10 @@ def objective(observations: list[Arrivals], steps: sim_model.UnfittedSteps) -> f
     return sum(errors) / len(errors)
 
 
-# The other generations' own constant (sim.model.UnfittedSteps), fitted second on that generation's runs alone;
-# the rest first, on the Hopper runs.
-GENERATION_FIELDS = {"ampere": "ampere_bandwidth_efficiency", "ada": "ada_bandwidth_efficiency"}
-SHARED_FIELDS = frozenset(f.name for f in fields(sim_model.UnfittedSteps)) - set(GENERATION_FIELDS.values())
+# The other generations' own constant (sim.model.GENERATION_BANDWIDTH), fitted second on that generation's runs
+# alone; the rest first, on the Hopper runs.
+SHARED_FIELDS = (frozenset(f.name for f in fields(sim_model.UnfittedSteps))
+                 - set(sim_model.GENERATION_BANDWIDTH.values()))
 
 
 def fit_unfitted(observations: list[Arrivals], start: sim_model.UnfittedSteps = sim_model.UNFITTED_STEPS,
@@ -333,7 +333,7 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
-def _generation(run: PublicRun) -> str:
+def _generation(run: PublicRun) -> Generation:
     resolved = resolve_hardware(run.hardware)
     return resolved[0].generation if resolved is not None else "hopper"
 
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.fit:
         # First the shared constants on the Hopper runs, then each other generation's efficiency on its own.
-        by_generation: dict[str, list[Arrivals]] = {}
+        by_generation: dict[Generation, list[Arrivals]] = {}
         for run in runs:
             if run.id in FITTED_ON:
                 by_generation.setdefault(_generation(run), []).append(observation(run))
@@ -411,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         fitted, score = fit_unfitted(hopper, only=SHARED_FIELDS)
         scores = {"hopper": score}
         for generation, observations in sorted(by_generation.items()):
-            fitted, scores[generation] = fit_unfitted(observations, fitted,
-                                                      only=frozenset({GENERATION_FIELDS[generation]}))
+            fitted, scores[generation] = fit_unfitted(
+                observations, fitted, only=frozenset({sim_model.GENERATION_BANDWIDTH[generation]}))
         _say(json.dumps({"fit": {f.name: getattr(fitted, f.name) for f in fields(fitted)}, "objective": scores}))
         return 0
     chosen = [r for r in runs if not args.only or r.id in args.only]

@@ -79,12 +79,13 @@ class UnfittedSteps:
     """A pair no measurement fitted: the roofline's overheads and efficiencies and the API server's time per
     request, fitted by `python -m campaign.bench.fidelity --fit` (a pattern search on mean |log error| of mean
     TPOT and TTFT) to ten public runs of real vLLM 0.15.1 on H100s: Llama-2-7B at TP 1 and CodeLlama-34B at
-    TP 2 (campaign/bench/fidelity.py FITTED_ON); `make fidelity` gives the error on the fourteen held out
-    (Llama-2-70B at TP 4, Mixtral-8x7B, GPUStack's Qwen3-8B on vLLM 0.11). The step's terms add up, so a decode
-    batch's arithmetic, which hides under its weights' read on a real GPU, is charged at a "decode MFU" far
-    above 1, and a prefill chunk's partly so: the additive form's stand-in for that overlap, not an efficiency
-    a GPU reaches (a roofline's max of the two terms would not need it; calibrate's fit is linear in the
-    terms, which a max is not)."""
+    TP 2 (campaign/bench/fidelity.py FITTED_ON); then Ampere's and Ada's share of their bandwidth, alone, on
+    Llama-3.1-8B's runs on an A100 and an L40S. `make fidelity` gives the error on the runs held out (other
+    models, TP sizes and workloads on H100s, A100s and an L40S; GPUStack's Qwen3-8B on vLLM 0.11). The step's
+    terms add up, so a decode batch's arithmetic, which hides under its weights' read on a real GPU, is charged
+    at a "decode MFU" far above 1, and a prefill chunk's partly so: the additive form's stand-in for that
+    overlap, not an efficiency a GPU reaches (a roofline's max of the two terms would not need it; calibrate's
+    fit is linear in the terms, which a max is not)."""
 
     fixed_step_s: float = 0.0038
     bandwidth_efficiency: float = 1.0   # Hopper's, and the generations no public run measured (Blackwell, CDNA3)
@@ -95,13 +96,15 @@ class UnfittedSteps:
     request_s: float = 0.0104   # StepCosts.request_s: each request's time with the API server
 
 
+# The generations with a bandwidth share of their own (UnfittedSteps' field); any other takes Hopper's.
+GENERATION_BANDWIDTH: dict[Generation, str] = {"ampere": "ampere_bandwidth_efficiency",
+                                               "ada": "ada_bandwidth_efficiency"}
+
+
 def bandwidth_efficiency(steps: UnfittedSteps, generation: Generation) -> float:
     """The share of the datasheet's memory bandwidth a step's reads reach on a chip of `generation`."""
-    if generation == "ampere":
-        return steps.ampere_bandwidth_efficiency
-    if generation == "ada":
-        return steps.ada_bandwidth_efficiency
-    return steps.bandwidth_efficiency
+    share: float = getattr(steps, GENERATION_BANDWIDTH.get(generation, "bandwidth_efficiency"))
+    return share
 
 
 UNFITTED_STEPS = UnfittedSteps()
