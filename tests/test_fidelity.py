@@ -121,3 +121,16 @@ def test_a_generations_bandwidth_share_is_fitted_on_its_own_cards_runs() -> None
     assert fitted.ampere_bandwidth_efficiency == pytest.approx(0.7, rel=0.02), fitted
     assert {f: getattr(fitted, f) for f in fidelity.SHARED_FIELDS} == {
         f: getattr(start, f) for f in fidelity.SHARED_FIELDS}
+
+
+def test_a_saturated_run_is_scored_only_where_its_client_gave_up_on_almost_nothing() -> None:
+    """BLIS's four reasoning runs at 4 requests a second outran their servers. T24's client gave up on 4 of its
+    4,800 requests: its means are of nearly all of them, so it is replayed over the source's whole span (4,800
+    requests at 4 a second: 1,200 s, the queue growing all along) and scored beyond saturation; the other three
+    (1,600-4,068 given up) are listed, not scored."""
+    runs = {r.id: r for r in fidelity.load_runs()}
+    assert [rid for rid in ("blis-T4", "blis-T11", "blis-T17", "blis-T24") if fidelity.scored(runs[rid])] == [
+        "blis-T24"]
+    assert fidelity.cell_for(runs["blis-T24"]).duration_s == pytest.approx(1200.0)
+    assert fidelity.cell_for(runs["blis-T1"]).duration_s == fidelity.SPAN_S
+    assert all(fidelity.scored(r) for r in runs.values() if r.saturated is None)

@@ -15,9 +15,11 @@ each BLIS stage's 600 s (60 s here: the unsaturated runs are steady within secon
 the lengths of the sim-to-real runs (`s2r-`), which the source does not publish (the general workload's, as
 measured on Llama-2-70B), and what a run's `note` says it assumes (the A100s' form); a figure the source does
 not publish (the s2r runs' throughput) is not scored;
-runs the source marks as saturated (the client's timeouts ended most requests) are listed, not scored: their
-means are of the few requests that finished before the source's client gave up, which no replay of the load
-reads without that client's timeout.
+runs the source marks as saturated where the client's timeouts ended more than 1% of the requests are listed,
+not scored: their means are of the requests that finished before the source's client gave up, which no replay
+of the load reads without that client's timeout. A saturated run whose client gave up on fewer (blis-T24) is
+replayed over the source's whole span (its requests / its rate: a queue grows with the span) and scored on its
+own line, beyond saturation.
 
 Prints one row per run and figure (real, simulated, error), then per figure the median and largest error over
 the runs scored, beside the errors other simulators publish. `--calibrated` adds `campaign calibrate`'s fit (the
@@ -83,6 +85,9 @@ class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["rate", "closed"] = Field(description="open loop at rate_rps, or a closed loop of concurrency")
     rate_rps: float | None = Field(default=None, gt=0, description="requests a second (kind rate)")
+    requests: int | None = Field(default=None, gt=0, description="how many the source sent (kind rate): the replay "
+                                                                 "then spans requests / rate, as the source did (a "
+                                                                 "saturated server's queue grows with the span)")
     arrival: Literal["constant", "poisson"] = Field(default="constant", description="how arrivals are spaced")
     concurrency: int | None = Field(default=None, gt=0, description="requests in flight (kind closed)")
     duration_s: float | None = Field(default=None, gt=0, description="the closed loop's benchmark duration")
@@ -113,7 +118,10 @@ class PublicRun(BaseModel):
     flags: dict[str, Any] = Field(description="the server's flags as launched (vLLM's defaults written out)")
     workload: Workload
     real: RealFigures
-    saturated: str | None = Field(default=None, description="why the run is listed and not scored")
+    saturated: str | None = Field(default=None, description="why the source's server fell behind its arrivals")
+    failed: int | None = Field(default=None, ge=0, description="requests the source's client gave up on (its "
+                                                               "timeouts); a saturated run is scored where they are "
+                                                               "at most 1% of workload.requests")
     note: str | None = Field(default=None, description="what the replay assumes that the source does not state")
 
 
@@ -136,13 +144,26 @@ def profile_for(run: PublicRun) -> LaunchProfile:
         "vllm_version": run.vllm_version, "flags": run.flags})
 
 
+SCORED_FAILURES = 0.01   # a saturated run whose client gave up on at most this share is scored: its means are
+# of nearly every request; past it they are of the requests that finished before the client's timeout
+
+
+def scored(run: PublicRun) -> bool:
+    """Whether the run's means can be replayed: not saturated, or saturated with nearly every request served."""
+    if run.saturated is None:
+        return True
+    sent = run.workload.requests
+    return sent is not None and run.failed is not None and run.failed <= SCORED_FAILURES * sent
+
+
 def cell_for(run: PublicRun) -> CellSpec:
     """The run's load as one rate cell: fixed prompt and reply lengths, the source's rate or concurrency."""
     load = run.workload
     common: dict[str, Any] = {"phase": "rate", "context_tokens": load.prompt_tokens,
                               "max_tokens": load.output_tokens}
     if load.kind == "rate":
-        return CellSpec(**common, request_rate=load.rate_rps, arrival=load.arrival, duration_s=SPAN_S)
+        span = load.requests / load.rate_rps if load.requests and load.rate_rps else SPAN_S
+        return CellSpec(**common, request_rate=load.rate_rps, arrival=load.arrival, duration_s=span)
     return CellSpec(**common, max_concurrency=load.concurrency, duration_s=load.duration_s or SPAN_S)
 
 
@@ -358,10 +379,12 @@ def report(done: list[Replayed], skipped: list[PublicRun]) -> tuple[str, dict[st
             lines.append(f"{item.run.id:16} {figure:14} {real:>10,.1f} {shown:>10} {_pct(err):>8}"
                          + ("" if item.status == "Valid" else f"  (cell {item.status})"))
     summary: dict[str, Any] = {}
-    held = [d for d in done if d.run.id not in FITTED_ON]
+    held = [d for d in done if d.run.id not in FITTED_ON and d.run.saturated is None]
     cards = sorted({_card(d.run) for d in held})
     by_card = [(f"held out on {card}", [d for d in held if _card(d.run) == card]) for card in cards]
+    beyond = [d for d in done if d.run.saturated is not None]
     for group, members in [("held out", held), *(by_card if len(cards) > 1 else []),
+                           *([("held out beyond saturation", beyond)] if beyond else []),
                            ("fitted on", [d for d in done if d.run.id in FITTED_ON])]:
         lines.append("")
         lines.append(f"uncalibrated, {group}: {len(members)} runs (cards and models no seed measured)"
@@ -379,7 +402,8 @@ def report(done: list[Replayed], skipped: list[PublicRun]) -> tuple[str, dict[st
                          f"{_pct(worst).lstrip('+'):>7}; {within} of {len(absolute)} within the "
                          f"{100 * TARGETS[figure]:.0f}% target")
     for run in skipped:
-        lines.append(f"not scored: {run.id}: saturated: {run.saturated}")
+        lines.append(f"not scored: {run.id}: saturated: {run.saturated}; its means are of the requests that "
+                     "finished before the source's client gave up")
     lines.append("")
     lines.append("what other simulators publish of their error against real vLLM:")
     lines += [f"  {name}: {figure} ({basis})" for name, figure, basis in ANCHORS]
@@ -418,10 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in runs if not args.only or r.id in args.only]
     done: list[Replayed] = []
     for run in chosen:
-        if run.saturated is None:
+        if scored(run):
             done.append(replay(run))
             print(f"  replayed {run.id}", file=sys.stderr, flush=True)  # noqa: T201
-    text, summary = report(done, [r for r in chosen if r.saturated is not None])
+    text, summary = report(done, [r for r in chosen if not scored(r)])
     print(text)  # noqa: T201
     out: dict[str, Any] = {"fidelity": summary}
     if args.calibrated:
