@@ -76,7 +76,7 @@ from campaign.core.errors import CampaignError, ConfigError
 from campaign.core.vllm_flags import human_int, value_of
 from campaign.http.client import RequestRecord
 from campaign.measure import traces
-from campaign.measure.cells import CellResult, CellSpec, Sessions
+from campaign.measure.cells import CellResult, CellSpec
 from campaign.measure.study import ExperimentResult
 from campaign.plan import replay
 from campaign.sim import config as sim_config
@@ -558,19 +558,27 @@ def _load(result: CellResult) -> list[Timed] | str:
         return f"{result.status}, not a measurement to fit"
     if spec.prompts != "random" or spec.endpoint != "completions":
         return "text prompts through a template are not replayed token for token"
-    records = [RequestRecord.from_dict(r) for r in result.requests or []]
-    failed = sum(1 for r in records if not r.ok)
-    if failed or not records:
-        return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
-            "no request records stored"
+    records = _served(result.requests or [])
+    if isinstance(records, str):
+        return records
     shared: dict[str, tuple[int, ...]] | str = {}
     if spec.trace is not None:
         shared = _trace_blocks(spec.trace, records)
     elif spec.sessions is not None:
-        shared = _session_blocks(spec.sessions, spec.max_tokens, records)
+        shared = _session_blocks(spec, records)
     if isinstance(shared, str):
         return shared
     return _seen(_timed(records, result.time_scale or 1.0, shared))
+
+
+def _served(stored: Sequence[dict[str, Any]]) -> list[RequestRecord] | str:
+    """A stored cell's or experiment's request records, or why they are no load to fit: none stored, or some
+    failed (a replay would serve them)."""
+    records = [RequestRecord.from_dict(r) for r in stored]
+    failed = sum(1 for r in records if not r.ok)
+    if not records:
+        return "no request records stored"
+    return f"{failed} of {len(records)} requests failed: a replay would serve them" if failed else records
 
 
 def _seen(timed: list[Timed]) -> list[Timed] | str:
@@ -644,11 +652,9 @@ def _experiment_loads(result: ExperimentResult, scale: float) -> list[_Experimen
         return loads or why
     if result.status != "Valid":
         return f"{result.status}, not a measurement to fit"
-    records = [RequestRecord.from_dict(r) for r in result.requests]
-    failed = sum(1 for r in records if not r.ok)
-    if failed or not records:
-        return f"{failed} of {len(records)} requests failed: a replay would serve them" if records else \
-            "no request records stored"
+    records = _served(result.requests)
+    if isinstance(records, str):
+        return records
     timed = _seen(_timed(records, scale))
     return timed if isinstance(timed, str) else [_ExperimentLoad(result.key, timed)]
 
@@ -671,13 +677,13 @@ def shared_block(spec: CellSpec) -> int | None:
     return None
 
 
-def _session_blocks(shape: Sessions, reply_tokens: int, records: Sequence[RequestRecord]
-                    ) -> dict[str, tuple[int, ...]] | str:
-    """Each stored request's blocks (by record id) as the Measurer built its prompt (measure.prompts.SessionTurns):
-    the system prompt every session shares, then its session's parts so far (user message, reply, user message,
-    ...); turn k of a session extends turn k - 1's prompt. The request sent i-th is turn shape.turn(i); its stored
-    length must be that turn's, or the cell is not used."""
-    block = math.gcd(shape.system_tokens, shape.user_tokens, reply_tokens)
+def _session_blocks(spec: CellSpec, records: Sequence[RequestRecord]) -> dict[str, tuple[int, ...]] | str:
+    """Each stored request's blocks (by record id, of shared_block's size) as the Measurer built its prompt
+    (measure.prompts.SessionTurns): the system prompt every session shares, then its session's parts so far (user
+    message, reply, user message, ...); turn k of a session extends turn k - 1's prompt. The request sent i-th is
+    turn shape.turn(i); its stored length must be that turn's, or the cell is not used."""
+    shape, reply_tokens, block = spec.sessions, spec.max_tokens, shared_block(spec)
+    assert shape is not None and block is not None
     system = tuple(range(shape.system_tokens // block))
     parts: dict[tuple[int, int], tuple[int, ...]] = {}
     next_id = len(system)

@@ -48,7 +48,7 @@ from campaign.analysis import calibrate as calibration
 from campaign.analysis.arrivals import Arrivals, OpenFigure, Sent
 from campaign.core import stats
 from campaign.core.errors import CampaignError
-from campaign.core.hardware import Generation, resolve_hardware
+from campaign.core.hardware import Generation, Hardware, resolve_hardware
 from campaign.http.client import RequestRecord
 from campaign.measure import openloop, simulated
 from campaign.measure.cells import CellSpec
@@ -354,15 +354,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}%"
 
 
-def _generation(run: PublicRun) -> Generation:
+def _card(run: PublicRun) -> Hardware:
+    """The run's card, without how many (h100-sxmx4 -> h100-sxm's row; test_fidelity holds every run's known)."""
     resolved = resolve_hardware(run.hardware)
-    return resolved[0].generation if resolved is not None else "hopper"
-
-
-def _card(run: PublicRun) -> str:
-    """The run's card, without how many (h100-sxmx4 -> h100-sxm)."""
-    resolved = resolve_hardware(run.hardware)
-    return resolved[0].name if resolved is not None else run.hardware
+    if resolved is None:
+        raise ValueError(f"{run.id}: hardware {run.hardware!r} is not a row of the tables")
+    return resolved[0]
 
 
 def report(done: list[Replayed], skipped: list[PublicRun]) -> tuple[str, dict[str, Any]]:
@@ -380,8 +377,8 @@ def report(done: list[Replayed], skipped: list[PublicRun]) -> tuple[str, dict[st
                          + ("" if item.status == "Valid" else f"  (cell {item.status})"))
     summary: dict[str, Any] = {}
     held = [d for d in done if d.run.id not in FITTED_ON and d.run.saturated is None]
-    cards = sorted({_card(d.run) for d in held})
-    by_card = [(f"held out on {card}", [d for d in held if _card(d.run) == card]) for card in cards]
+    cards = sorted({_card(d.run).name for d in held})
+    by_card = [(f"held out on {card}", [d for d in held if _card(d.run).name == card]) for card in cards]
     beyond = [d for d in done if d.run.saturated is not None]
     for group, members in [("held out", held), *(by_card if len(cards) > 1 else []),
                            *([("held out beyond saturation", beyond)] if beyond else []),
@@ -429,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         by_generation: dict[Generation, list[Arrivals]] = {}
         for run in runs:
             if run.id in FITTED_ON:
-                by_generation.setdefault(_generation(run), []).append(observation(run))
+                by_generation.setdefault(_card(run).generation, []).append(observation(run))
         hopper = by_generation.pop("hopper")
         _say(f"start: {sim_model.UNFITTED_STEPS} objective {objective(hopper, sim_model.UNFITTED_STEPS):.4f}")
         fitted, score = fit_unfitted(hopper, only=SHARED_FIELDS)
