@@ -123,7 +123,9 @@ def replay_config(config: SimConfig, costs: StepCosts) -> SimConfig:
     return replace(config, costs_override=costs)
 
 
-def test_the_simulators_own_loads_are_fitted_and_another_load_is_predicted_within_5_percent() -> None:
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_simulators_own_loads_are_fitted_and_another_load_is_predicted_within_5_percent(
+        asynchronous: bool) -> None:
     """Truth (the simulator's own records): three Poisson loads the simulated A5000 pair served with its tables'
     costs (20 requests at 0.1 a second, each mostly alone, and 30 each at 0.4 and 0.8, which queue; prompts of
     200-2,000 tokens, replies of 16-256), fitted from a start that knows nothing of those costs (calibrate's
@@ -133,9 +135,14 @@ def test_the_simulators_own_loads_are_fitted_and_another_load_is_predicted_withi
     API server (StepCosts.request_s, which START leaves at 0): the fit finds it within 2 ms (measured: 41.2
     ms), from the light load, whose first tokens it is a large share of (in a queue it is a few percent of a
     TTFT, and other terms can stand in for it: fitted on the two queueing loads alone, it stayed at 0 and the
-    held-out load read 16% off). With no such time (0 ms), the same fit reads 1.6 ms and 0.25% held out."""
+    held-out load read 16% off). With no such time (0 ms), the same fit reads 1.6 ms and 0.25% held out.
+    All of that without async scheduling. With it (vLLM's default from 0.14: a request arriving while a step
+    runs waits a step more), the figures read within 0.4% and the held-out load within 2%, but the fit from
+    START settles where the API server's time reads 29 ms and the fixed cost holds the rest: the true costs
+    are a fixed point of the fit too (every figure exact), which its rounds do not reach from START. Not
+    asserted: a known limit of the fit (docs/simulator.md)."""
     request_s = 0.04
-    config = _config()
+    config = replace(_config(), async_scheduling=asynchronous)
     config = replay_config(config, replace(config.costs, request_s=request_s))
     fitted_loads = [_poisson(0.1, 20, (200, 2000), (16, 256), seed=4), _poisson(0.4, 30, (200, 2000), (16, 256), 1),
                     _poisson(0.8, 30, (200, 2000), (16, 256), 2)]
@@ -150,7 +157,8 @@ def test_the_simulators_own_loads_are_fitted_and_another_load_is_predicted_withi
     assert fit.cells == 9 and predicted.cells == 3
     assert fit.max_abs is not None and fit.max_abs <= 0.01, fitted.cells
     assert predicted.max_abs is not None and predicted.max_abs <= 0.05, fitted.cells
-    assert fitted.costs.request_s == pytest.approx(request_s, abs=0.002), fitted.costs
+    if not asynchronous:
+        assert fitted.costs.request_s == pytest.approx(request_s, abs=0.002), fitted.costs
 
 
 def _export(path: Path, timed: list[Timed], **extra: object) -> Path:

@@ -47,11 +47,13 @@ def test_a_request_alone_waits_out_its_api_server_time_on_every_driver() -> None
     assert measured.ttft_ms == pytest.approx(1000 * (plain + REQUEST_S), rel=1e-6)
 
 
-def test_a_busy_engine_steps_on_while_a_new_request_is_with_the_api_server() -> None:
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_busy_engine_steps_on_while_a_new_request_is_with_the_api_server(asynchronous: bool) -> None:
     """One request decoding, another arriving mid-stream: the first's tokens keep their pace (its steps do not
-    wait for the second), and the second is seated in the first step that begins after its time with the API
-    server is over."""
-    without, with_api = _configs()
+    wait for the second), and the second is seated in the first step planned after its time with the API
+    server is over: the first that begins after it, or with async scheduling (planned as the step before it
+    began), the one after that."""
+    without, with_api = (replace(c, async_scheduling=asynchronous) for c in _configs())
     load = [Sent(0.0, 512, 64), Sent(0.2, 512, 8)]
     (first_plain, _), (first, second) = (arrivals.run_load(c, load, c.costs)[0] for c in (without, with_api))
     assert first_plain is not None and first is not None and second is not None and second.admitted is not None
@@ -61,7 +63,8 @@ def test_a_busy_engine_steps_on_while_a_new_request_is_with_the_api_server() -> 
     assert second.admitted >= 0.2 + REQUEST_S
     emitted = [t for t, _ in first.emits]
     assert any(0.2 < t < 0.2 + REQUEST_S for t in emitted)   # the first streamed on meanwhile
-    assert second.admitted == min(t for t in emitted if t >= 0.2 + REQUEST_S)   # seated in the next step
+    after = sorted(t for t in emitted if t >= 0.2 + REQUEST_S)
+    assert second.admitted == after[1 if asynchronous else 0]   # seated in the next step planned
 
 
 def test_the_truth_counts_no_wait_for_the_api_server_as_the_simulator_falling_behind() -> None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from campaign.cli import run_cli
 from campaign.measure.cells import CellSpec
@@ -213,6 +214,48 @@ def test_virtual_runs_are_deterministic() -> None:
         runs.append([(r.arrival, r.emits) for r in truth.requests])
     assert runs[0] == runs[1] and len(runs[0]) > 4
 
+
+
+def _arrival_during_a_step(*flags: str) -> tuple[float, float, float]:
+    """Llama-3.1-8B on one H100 (the tables' roofline): one request decoding, a second reaching the engine
+    (its API server's time over) just after a step began. (The step it arrived in, the second's first token's
+    time after that step's end, and the first token's time of a request sent to the idle engine.)"""
+    base = ["m", "--hardware", "h100-sxm", "--model-shape", "meta-llama/Llama-3.1-8B", "--max-model-len", "4096"]
+    config = sim_config.parse([*base, *flags])
+    recorder = sim_truth.Recorder()
+    sim = Virtual(engine_for(config, recorder))
+    alone = sim.submit(unique(500), 400)
+    sim.run(until=0.2)
+    step = recorder.steps[-1]
+    late = sim.submit(unique(500), 8, at=step.start + 1e-6 - config.costs.request_s)
+    sim.run()
+    first = next(r for r in recorder.requests if r.id == alone.id).emits[0][0]
+    return step.end - step.start, next(r for r in recorder.requests if r.id == late.id).emits[0][0] - step.end, first
+
+
+def test_async_scheduling_seats_a_request_a_step_later_than_vllm_without_it() -> None:
+    """vLLM's async scheduling (the default from 0.14) plans each step while the one before it runs: a request
+    reaching the engine while a step runs is not in the next step, planned already, but in the one after; an
+    idle engine plans at once. The simulator does the same by the version it imitates, and as
+    --async-scheduling / --no-async-scheduling say."""
+    step, sync_wait, sync_first = _arrival_during_a_step("--version-style", "0.13")
+    _, async_wait, async_first = _arrival_during_a_step("--version-style", "0.15.1")
+    assert async_first == sync_first                    # an idle engine: no step to wait for
+    # Without: prefilled in the step after the one it arrived in. With: in the one after that (a decode step
+    # of the running request, about as long as the one it arrived in).
+    assert async_wait - sync_wait == pytest.approx(step, rel=0.05)
+    assert _arrival_during_a_step("--version-style", "0.13", "--async-scheduling")[1] == async_wait
+    assert _arrival_during_a_step("--version-style", "0.33.0", "--no-async-scheduling")[1] == sync_wait
+
+
+def test_which_vllm_versions_schedule_asynchronously() -> None:
+    """On by default from vLLM 0.14, except with speculative decoding other than MTP or EAGLE; the flag
+    decides where given."""
+    on = sim_config.async_scheduling_on
+    assert not on(Version("0.13.0"), None, None) and on(Version("0.14.0"), None, None)
+    assert on(Version("0.33.0"), None, "mtp") and on(Version("0.33.0"), None, "eagle3")
+    assert not on(Version("0.33.0"), None, "ngram") and not on(Version("0.33.0"), None, "draft_model")
+    assert on(Version("0.11.0"), True, None) and not on(Version("0.33.0"), False, "mtp")
 
 # --- seed 004's whole table: h200-speed-matrix as shipped, in simulated time ------------------------------
 # Total tok/s by context (rows) and simultaneous requests 1-128 (columns); None: "Over capacity" on the page.

@@ -150,6 +150,9 @@ class SimConfig:
     # Whether this vLLM counts its CUDA-graph estimate against the KV cache (sim_model.cudagraphs_reserved: the
     # version imitated and VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS in the server's environment).
     cuda_graphs: bool = True
+    # vLLM's async scheduling (async_scheduling_on: the version imitated, --async-scheduling, the drafter): a step
+    # is planned while the one before it runs, so a request arriving is seated a step later than without.
+    async_scheduling: bool = False
 
     @property
     def name(self) -> str:
@@ -269,6 +272,7 @@ def _parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--block-size", type=int)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--speculative-config", type=json.loads)
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--kv-cache-memory-bytes", type=_human_int)   # per card; overrides the utilisation's share
@@ -431,7 +435,24 @@ def parse(argv: list[str], *, launch: str | None = None,
         speed_factor=launch_speed(faults.launch_noise, args.seed, identity), measured=measured,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         cuda_graphs=sim_model.cudagraphs_reserved(version, environ.get(sim_model.CUDAGRAPH_ENV)),
+        async_scheduling=async_scheduling_on(version, args.async_scheduling,
+                                             (spec.get("method") or "draft_model") if k else None),
     )
+
+
+ASYNC_DEFAULT_SINCE = Version("0.14")
+
+
+def async_scheduling_on(version: Version, flag: bool | None, speculative_method: str | None) -> bool:
+    """Whether a vLLM of `version` schedules asynchronously: as --async-scheduling says (True, False), else
+    by default from 0.14 (its release notes: on by default, except with speculative decoding other than MTP and
+    EAGLE, pipeline parallelism and the CPU backend, which the simulator does not run), never before."""
+    if flag is not None:
+        return flag
+    if version < ASYNC_DEFAULT_SINCE:
+        return False
+    method = (speculative_method or "").lower()
+    return not method or "mtp" in method or "eagle" in method
 
 
 def parse_checked(argv: list[str], *, launch: str | None = None,

@@ -3,7 +3,9 @@
 Each step the scheduler decodes every running sequence (1 + k positions with speculative decoding), continues
 running prefills in chunks and admits waiting requests while seats (max-num-seqs) and the batched-token budget
 (max-num-batched-tokens) remain; KV blocks come from the block manager, and a sequence that finds none preempts
-the newest one, which recomputes later. A step lasts what sim_model's roofline says. The engine never reads a
+the newest one, which recomputes later. With async scheduling (vLLM's default from 0.14: SimConfig
+async_scheduling) a step is planned while the one before it runs, so a request that arrives during a step is
+seated in the one after the next. A step lasts what sim_model's roofline says. The engine never reads a
 clock: `schedule()` plans a step, `complete(step, start, end)` emits its tokens at the simulated time `end`.
 The HTTP server drives it against the wall clock (sim.py); `Virtual` drives it on a clock the caller owns, with
 no wall clock at all, which is what the calibration tests use. Everything it does goes to a `TruthSink`.
@@ -47,6 +49,7 @@ class Request:
     proposing: bool = False              # drafts in the step being planned (set by the scheduler)
     hashes: list[int] | None = None      # the prompt's full-block hashes, made once at its first admission
     ready: float = 0.0                   # when the engine may seat it: its arrival plus the costs' request_s
+    plans: int = 0                       # steps the engine had planned when it arrived (async scheduling's order)
 
     @property
     def in_prefill(self) -> bool:
@@ -135,6 +138,10 @@ class Engine:
         self.success = 0
         self._four: frozenset[str] = frozenset()
         self._first_step: float | None = None
+        # With async scheduling, when the step now being planned was really planned: the start of the step that
+        # just ran, where the engine still had sequences running when it ended; None: it was planned now.
+        self._planned_at: float | None = None
+        self._plans = 0   # steps planned so far
 
     @property
     def busy(self) -> bool:
@@ -148,6 +155,7 @@ class Engine:
             req.accept_p = method.rate(score) if override is None else override
             req.propose_p = method.proposal_chance(score) if override is None else 1.0
         req.ready = now + self.config.costs.request_s
+        req.plans = self._plans
         self.waiting.append(req)
         self.truth.arrival(req, now)
 
@@ -167,6 +175,13 @@ class Engine:
     def schedule(self, at: float) -> Step:
         """Plan the next step; `at` is when the scheduler runs (requests it seats are admitted then)."""
         cfg = self.config
+        # vLLM's async scheduling plans a step while the one before it runs: a request seated in it must have
+        # reached the engine before that one was planned, as it began (a step later than without; an idle
+        # engine plans at once). Told by order, not by comparing times: a client's answer to the step before
+        # arrives as that one begins, after its planning (vLLM sends a step's tokens out before it plans the
+        # next), and two clocks round that instant differently.
+        self._plans += 1
+        planned = None if self._planned_at is None or not cfg.async_scheduling else self._planned_at
         budget = cfg.max_num_batched_tokens
         decoding = [r for r in self.running if r.computed >= len(r.prompt)]   # not in prefill
         k = cfg.num_speculative_tokens
@@ -197,8 +212,9 @@ class Engine:
                 self.waiting.popleft()
                 self._finish(req, at, "abort")
                 continue
-            if req.ready > at:
-                break   # still with the API server; those behind it arrived later
+            if req.ready > at or (planned is not None and (req.plans >= self._plans - 1 or req.ready > planned)):
+                break   # still with the API server, or not there when the step was planned; those behind it
+                # arrived later
             hit = self._admit(req)
             took = self._prefill_chunk(req, budget)
             if took is None:
@@ -267,6 +283,7 @@ class Engine:
                 if self.config.faults.crash_after is not None and self.success >= self.config.faults.crash_after:
                     if self.on_crash is not None:
                         self.on_crash()
+        self._planned_at = start if self.running else None
         self.truth.step(step, start, end, running=len(self.running), waiting=len(self.waiting),
                         kv_used=self.blocks.used)
 
@@ -371,9 +388,9 @@ class Virtual:
     A request's end reaches its client as a server's does: `on_finish(t)` runs once the engine has planned the
     step after the one the request ended in (vLLM plans it the moment the last ends, before the tokens reach the
     client; so does the simulator's HTTP server), or at once where the engine then has nothing to plan. A next
-    request it sends arrives at `t` and is seated from the step after that one, as a closed loop's request over
-    HTTP is: the Measurer in simulated time and this agree to the simulated clock's nanosecond
-    (tests/test_sim_night.py)."""
+    request it sends arrives at `t` and is seated from the step after that one (with async scheduling, from the
+    one after that), as a closed loop's request over HTTP is: the Measurer in simulated time and this agree to
+    the simulated clock's nanosecond (tests/test_sim_night.py)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
