@@ -114,16 +114,16 @@ def test_the_card_memory_is_what_the_driver_reports() -> None:
 
 def test_the_32k_window_simulates_and_a_window_inside_a_prefill_is_invalid_on_both_clocks(tmp_path: Path) -> None:
     """The same profile simulates cells at 32K (`campaign simulate`'s replay): a prefill of 30,000 tokens is
-    Valid. A sustained cell of fresh 32,000-token prompts with 48-token replies and a 2 s window: the window
+    Valid. A sustained cell of fresh 32,000-token prompts with 48-token replies and a 1 s window: the window
     opens 1.5 s after the first reply's first token, just after that reply ends, and falls inside the next
-    prompt's prefill (over 5 s), so no token arrives in it. Both the replay and the Measurer in simulated time
+    prompt's prefill (about 1.5 s on the unfitted roofline), so no token arrives in it. Both the replay and the Measurer in simulated time
     (the night's path) call it Invalid (no_tokens_in_window) instead of a Valid 0 tok/s."""
     profile, path = load_profile(str(_profile(tmp_path, "")))
     config = replay.loaded_profile_config(profile, path)
     prefill = CellSpec(phase="prefill", context_tokens=30_000, concurrency=1)
     assert replay.run_cell(config, prefill).status == "Valid"
     spec = CellSpec(phase="decode", mode="sustained", context_tokens=32_000, concurrency=1, max_tokens=48,
-                    window_s=2.0, warmup_s=1.5)
+                    window_s=1.0, warmup_s=1.5)
     replayed = replay.run_cell(config, spec)
     assert replayed.status == "Invalid" and [f.code for f in replayed.findings] == [Reason.NO_TOKENS_IN_WINDOW]
     launch = simulated.start(profile, {}, seed=0)
