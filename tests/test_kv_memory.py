@@ -116,8 +116,9 @@ def test_the_32k_window_simulates_and_a_window_inside_a_prefill_is_invalid_on_bo
     """The same profile simulates cells at 32K (`campaign simulate`'s replay): a prefill of 30,000 tokens is
     Valid. A sustained cell of fresh 32,000-token prompts with 48-token replies and a 1 s window: the window
     opens 1.5 s after the first reply's first token, just after that reply ends, and falls inside the next
-    prompt's prefill (about 1.5 s on the unfitted roofline), so no token arrives in it. Both the replay and the Measurer in simulated time
-    (the night's path) call it Invalid (no_tokens_in_window) instead of a Valid 0 tok/s."""
+    prompt's prefill (about 1.5 s on the unfitted roofline), so no token arrives in it. Both the replay and the
+    Measurer in simulated time (the night's path) call it Invalid (no_tokens_in_window) instead of a Valid 0
+    tok/s."""
     profile, path = load_profile(str(_profile(tmp_path, "")))
     config = replay.loaded_profile_config(profile, path)
     prefill = CellSpec(phase="prefill", context_tokens=30_000, concurrency=1)
