@@ -215,7 +215,6 @@ def test_virtual_runs_are_deterministic() -> None:
     assert runs[0] == runs[1] and len(runs[0]) > 4
 
 
-
 def _arrival_during_a_step(*flags: str) -> tuple[float, float, float]:
     """Llama-3.1-8B on one H100 (the tables' roofline): one request decoding, a second reaching the engine
     (its API server's time over) just after a step began. (The step it arrived in, the second's first token's
