@@ -248,13 +248,18 @@ def test_async_scheduling_seats_a_request_a_step_later_than_vllm_without_it() ->
 
 
 def test_which_vllm_versions_schedule_asynchronously() -> None:
-    """On by default from vLLM 0.14, except with speculative decoding other than MTP or EAGLE; the flag
-    decides where given."""
+    """On by default from vLLM 0.14, except with speculative decoding other than MTP or EAGLE and on the CPU
+    backend; the flag decides where given."""
     on = sim_config.async_scheduling_on
     assert not on(Version("0.13.0"), None, None) and on(Version("0.14.0"), None, None)
     assert on(Version("0.33.0"), None, "mtp") and on(Version("0.33.0"), None, "eagle3")
     assert not on(Version("0.33.0"), None, "ngram") and not on(Version("0.33.0"), None, "draft_model")
     assert on(Version("0.11.0"), True, None) and not on(Version("0.33.0"), False, "mtp")
+    assert not on(Version("0.33.0"), None, None, cpu=True)
+    # The CPU build's measured entry (its log said CPU) is simulated as the CPU backend schedules: in step.
+    profile, _ = load_profile("cpu-tiny")
+    command = argv.build(profile, engine="sim", port=8000).argv
+    assert not sim_config.parse(command[command.index("campaign.sim") + 1:]).async_scheduling
 
 # --- seed 004's whole table: h200-speed-matrix as shipped, in simulated time ------------------------------
 # Total tok/s by context (rows) and simultaneous requests 1-128 (columns); None: "Over capacity" on the page.

@@ -436,20 +436,23 @@ def parse(argv: list[str], *, launch: str | None = None,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         cuda_graphs=sim_model.cudagraphs_reserved(version, environ.get(sim_model.CUDAGRAPH_ENV)),
         async_scheduling=async_scheduling_on(version, args.async_scheduling,
-                                             (spec.get("method") or "draft_model") if k else None),
+                                             (spec.get("method") or "draft_model") if k else None,
+                                             cpu=measured is not None and (measured.device or "").upper() == "CPU"),
     )
 
 
 ASYNC_DEFAULT_SINCE = Version("0.14")
 
 
-def async_scheduling_on(version: Version, flag: bool | None, speculative_method: str | None) -> bool:
+def async_scheduling_on(version: Version, flag: bool | None, speculative_method: str | None, *,
+                        cpu: bool = False) -> bool:
     """Whether a vLLM of `version` schedules asynchronously: as --async-scheduling says (True, False), else
     by default from 0.14 (its release notes: on by default, except with speculative decoding other than MTP and
-    EAGLE, pipeline parallelism and the CPU backend, which the simulator does not run), never before."""
+    EAGLE, with pipeline parallelism, which the simulator does not run, and on the CPU backend: `cpu`, a
+    measured entry whose log said CPU), never before."""
     if flag is not None:
         return flag
-    if version < ASYNC_DEFAULT_SINCE:
+    if version < ASYNC_DEFAULT_SINCE or cpu:
         return False
     method = (speculative_method or "").lower()
     return not method or "mtp" in method or "eagle" in method
