@@ -854,11 +854,14 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
         log.line(f"Worker_TP{rank}", "INFO", "gpu_worker.py:772", f"Available KV cache memory: {mem.kv_gib:.2f} GiB")
     concurrency = (f"Maximum concurrency for {args.max_model_len:,} tokens per request: "
                    f"{mem.kv_tokens / args.max_model_len:.2f}x")
+    # The device as the measured entry's log said it (the CPU build prints "CPU KV cache size"): what a run of
+    # this server then records, and what calibrate replays it as (CPU: no async scheduling).
+    device = "CPU" if args.measured is not None and (args.measured.device or "").upper() == "CPU" else "GPU"
     if args.version_style >= ONE_LINE_KV_SINCE:
-        log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"GPU KV cache size: {mem.kv_tokens:,} tokens, "
+        log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"{device} KV cache size: {mem.kv_tokens:,} tokens, "
                  + concurrency)
     else:   # two lines up to 0.22 (0.28 has one)
-        log.line("EngineCore", "INFO", "kv_cache_utils.py:1307", f"GPU KV cache size: {mem.kv_tokens:,} tokens")
+        log.line("EngineCore", "INFO", "kv_cache_utils.py:1307", f"{device} KV cache size: {mem.kv_tokens:,} tokens")
         log.line("EngineCore", "INFO", "kv_cache_utils.py:1311", concurrency)
     log.line("EngineCore", "INFO", "core.py:396", "init engine (profile, create kv cache, warmup model) took "
              f"{time.monotonic() - began + 30 / args.time_scale:.2f} s")
