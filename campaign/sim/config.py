@@ -437,7 +437,7 @@ def parse(argv: list[str], *, launch: str | None = None,
         cuda_graphs=sim_model.cudagraphs_reserved(version, environ.get(sim_model.CUDAGRAPH_ENV)),
         async_scheduling=async_scheduling_on(version, args.async_scheduling,
                                              (spec.get("method") or "draft_model") if k else None,
-                                             cpu=measured is not None and (measured.device or "").upper() == "CPU"),
+                                             cpu=measured is not None and measured.on_cpu),
     )
 
 

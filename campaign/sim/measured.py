@@ -162,6 +162,11 @@ class MeasuredHardware(_Record):
     power: PowerRecord | None = Field(default=None, description="what the GPUs draw, fitted to measured energy "
                                                                 "per token; None: the run measured no energy")
 
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the measured server was vLLM's CPU backend (its log said CPU)."""
+        return (self.device or "").upper() == "CPU"
+
 
 def load(path: Path) -> MeasuredHardware:
     """The file, or ValueError naming it and what is wrong (the simulator's argument error shows it)."""

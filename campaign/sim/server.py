@@ -856,7 +856,7 @@ def start_up(args: SimConfig, log: Log, visible_devices: str | None = None) -> t
                    f"{mem.kv_tokens / args.max_model_len:.2f}x")
     # The device as the measured entry's log said it (the CPU build prints "CPU KV cache size"): what a run of
     # this server then records, and what calibrate replays it as (CPU: no async scheduling).
-    device = "CPU" if args.measured is not None and (args.measured.device or "").upper() == "CPU" else "GPU"
+    device = "CPU" if args.measured is not None and args.measured.on_cpu else "GPU"
     if args.version_style >= ONE_LINE_KV_SINCE:
         log.line("EngineCore", "INFO", "kv_cache_utils.py:1148", f"{device} KV cache size: {mem.kv_tokens:,} tokens, "
                  + concurrency)
